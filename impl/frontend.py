@@ -1,0 +1,134 @@
+"""Torch front end shared by every implementation: SPEC §9 validation before any launch.
+
+The checks themselves live in :mod:`dsv4_compressor.spec.validation`, so a GPU wrapper and
+the NumPy spec reject the same calls with the same messages. Nothing here launches work or
+synchronizes with the device, except the optional debug checks, which copy the (small)
+metadata to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..spec.pooling import active_tokens
+from ..spec.validation import (
+    ArrayInfo,
+    CompressCall,
+    SaveCall,
+    StoreCall,
+    check_compress,
+    check_contract,
+    check_save_contract,
+    check_save_partial_states,
+    check_store,
+)
+
+_TORCH_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+}
+
+
+def describe_torch(name: str, tensor) -> ArrayInfo:
+    """The :class:`ArrayInfo` of a torch tensor (strides in elements, device as a string)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    return ArrayInfo(
+        name=name,
+        dtype=_TORCH_DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.")),
+        shape=tuple(tensor.shape),
+        strides=tuple(tensor.stride()),
+        itemsize=tensor.element_size(),
+        address=tensor.data_ptr(),
+        device=str(tensor.device),
+    )
+
+
+def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False) -> SaveCall:
+    """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks)."""
+    call = check_save_partial_states(
+        describe_torch("kv_score", kv_score),
+        describe_torch("ape", ape),
+        describe_torch("positions", positions),
+        describe_torch("slot_mapping", slot_mapping),
+        describe_torch("state_cache", state_cache),
+        block_size,
+    )
+    if debug:
+        check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
+    return call
+
+
+@dataclass(frozen=True)
+class CompressStoreCall:
+    """A validated ``compress_norm_rope_store`` call."""
+
+    pooling: CompressCall
+    store: StoreCall
+
+
+def validate_compress_norm_rope_store(
+    state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+    rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
+) -> CompressStoreCall:
+    """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks)."""
+    pooling = check_compress(
+        describe_torch("state_cache", state_cache),
+        describe_torch("token_to_req_indices", token_to_req_indices),
+        describe_torch("positions", positions),
+        describe_torch("slot_mapping", slot_mapping),
+        describe_torch("block_table", block_table),
+        block_size,
+        describe_torch("kv_slot_mapping", kv_slot_mapping),
+        compress_ratio,
+    )
+    store = check_store(
+        describe_torch("rms_norm_weight", rms_norm_weight),
+        rms_norm_eps,
+        describe_torch("cos_sin_cache", cos_sin_cache),
+        describe_torch("k_cache", k_cache),
+        layout,
+        fp8_scale,
+        describe_torch("state_cache", state_cache),
+    )
+    if debug:
+        positions_h, slots_h, kv_slots_h = (t.cpu().numpy() for t in (positions, slot_mapping, kv_slot_mapping))
+        check_contract(
+            pooling.config, active_tokens(positions_h, slots_h, kv_slots_h, pooling.config.ratio),
+            token_to_req_indices.cpu().numpy(), positions_h, slots_h, block_table.cpu().numpy(),
+            state_cache.shape[0], pooling.block_size, kv_slots_h,
+            num_entries=k_cache.shape[0] * store.entries_per_page, cos_sin_rows=cos_sin_cache.shape[0],
+        )
+    return CompressStoreCall(pooling=pooling, store=store)
+
+
+def flashmla_page_view(k_cache: torch.Tensor) -> torch.Tensor:
+    """A ``uint8 [num_pages, page_stride]`` view of a flashmla_fp8 cache's pages (same memory).
+
+    Kernels address ``page * page_stride + byte``; only bytes below ``B*584`` are written.
+    The last page's view is cut at ``B*584`` so the view never reaches past the buffer.
+    """
+    num_pages, entries, entry_bytes = k_cache.shape
+    page_stride = k_cache.stride(0) if num_pages > 1 else entries * entry_bytes
+    return torch.as_strided(k_cache, (num_pages, entries * entry_bytes), (page_stride, 1))
+
+
+def numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor; bf16 as uint16 patterns and e4m3 as uint8 bytes."""
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+        return tensor.numpy().view(np.uint16)
+    if tensor.dtype == torch.float8_e4m3fn:
+        return tensor.view(torch.uint8).numpy()
+    return tensor.numpy()

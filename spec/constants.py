@@ -1,0 +1,66 @@
+"""SPEC §1: notation and constants.
+
+Every binary32 constant is written as its bit pattern, exactly as SPEC.md gives it, and
+decoded once here, so no decimal literal can round differently on another platform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+HEAD_DIM = 512  # H: width of a compressed entry
+ROPE_DIM = 64  # R: channels 448..511 are rotated
+NOPE_DIM = 448  # N: channels 0..447 are quantized to E4M3
+QUANT_BLOCK = 64  # G: one UE8M0 scale per 64 NoPE channels
+NUM_QUANT_BLOCKS = NOPE_DIM // QUANT_BLOCK  # 7
+FP8_MAX = 448.0  # largest finite E4M3FN magnitude
+
+# FlashMLA "MODEL1" sparse FP8 entry: 448 E4M3 bytes + 64 bf16 RoPE values, plus 8 scale bytes.
+DATA_RECORD_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 576
+SCALE_RECORD_BYTES = 8  # 7 UE8M0 bytes + one pad byte 0
+ENTRY_BYTES = DATA_RECORD_BYTES + SCALE_RECORD_BYTES  # 584
+
+
+def f32_from_bits(bits: int) -> np.float32:
+    """The binary32 number with the given 32-bit pattern."""
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+LOG2E = f32_from_bits(0x3FB8AA3B)  # L = log2(e) rounded to binary32
+AMAX_FLOOR = f32_from_bits(0x38D1B717)  # AMIN = 1e-4 rounded to binary32
+EXP2S_COEFFS = tuple(
+    f32_from_bits(b)
+    for b in (0x3F800000, 0x3F317218, 0x3E75FDED, 0x3D63576A, 0x3C1D96DE, 0x3AAFA2B5, 0x3920E999)
+)  # C0..C6 of exp2s' polynomial
+
+SUPPORTED_RATIOS = (4, 128)
+
+
+@dataclass(frozen=True)
+class RatioConfig:
+    """The shape constants that follow from a compress ratio ``r``."""
+
+    ratio: int  # r: tokens pooled into one entry
+    overlap: int  # coff: 2 for C4 (overlapped windows), 1 for C128
+    state_width: int  # SW = coff * H: kv (and score) channels saved per token
+    window: int  # W = coff * r: rows pooled per entry
+
+    @property
+    def state_row_width(self) -> int:
+        """Floats in one state-cache row: kv[0:SW] then score[0:SW]."""
+        return 2 * self.state_width
+
+
+def ratio_config(compress_ratio: int) -> RatioConfig:
+    """SPEC §1: coff, SW and W for ratio 4 (C4) or 128 (C128)."""
+    if compress_ratio not in SUPPORTED_RATIOS:
+        raise ValueError(f"compress_ratio: expected one of {SUPPORTED_RATIOS}, got {compress_ratio!r}")
+    overlap = 2 if compress_ratio == 4 else 1
+    return RatioConfig(
+        ratio=compress_ratio,
+        overlap=overlap,
+        state_width=overlap * HEAD_DIM,
+        window=overlap * compress_ratio,
+    )

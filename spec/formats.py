@@ -1,0 +1,97 @@
+"""SPEC §2: the number formats of the cache, bf16, E4M3 and the UE8M0 block exponent.
+
+bf16 values travel as ``uint16`` arrays of bf16 bit patterns and E4M3 values as ``uint8``
+arrays of E4M3FN bytes, so NumPy alone can represent every stored byte.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .constants import AMAX_FLOOR, FP8_MAX
+
+F32 = np.float32
+
+
+# ---- bf16 -----------------------------------------------------------------------------
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round finite binary32 values to bfloat16 (nearest, ties to even); ``uint16`` patterns.
+
+    Adding ``0x7FFF`` plus the lowest kept bit to the 32-bit pattern and dropping the low
+    16 bits rounds the magnitude to nearest-even; a carry moves into the exponent, as it
+    should. The sign bit is untouched, so ``-0`` stays ``-0``.
+    """
+    bits = np.asarray(x, dtype=F32).view(np.uint32)
+    lowest_kept = (bits >> np.uint32(16)) & np.uint32(1)
+    return ((bits + np.uint32(0x7FFF) + lowest_kept) >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """The binary32 value of bf16 bit patterns (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """SPEC ``bf16(x)``: round to bfloat16 and use the result as the binary32 it represents."""
+    return bf16_to_f32(bf16_bits(x))
+
+
+# ---- E4M3FN ---------------------------------------------------------------------------
+def _e4m3_magnitudes() -> np.ndarray:
+    """The 127 finite non-negative E4M3FN values, indexed by their 7-bit code (0x00..0x7E)."""
+    codes = np.arange(0x7F)
+    exponent = codes >> 3
+    mantissa = codes & 7
+    subnormal = mantissa * 2.0**-9  # exponent field 0: m/8 * 2^-6
+    normal = (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7.0)
+    return np.where(exponent == 0, subnormal, normal).astype(F32)
+
+
+E4M3_MAGNITUDES = _e4m3_magnitudes()  # increasing: 0, 2^-9, ..., 448
+
+
+def e4m3_bits(v: np.ndarray) -> np.ndarray:
+    """SPEC ``e4m3(v)``: OCP E4M3FN byte of binary32 ``v``.
+
+    Round to the nearest representable magnitude, ties to the even code (mantissa LSB 0),
+    subnormals kept (smallest 2^-9), magnitudes beyond 448 saturate to 448 (code 0x7E; the
+    NaN code 0x7F is never produced), and the sign is kept, so ``-0`` gives ``0x80``.
+    """
+    v = np.asarray(v, dtype=F32)
+    magnitude = np.minimum(np.abs(v), F32(FP8_MAX))
+    table = E4M3_MAGNITUDES
+    upper = np.clip(np.searchsorted(table, magnitude, side="left"), 1, len(table) - 1)
+    lower = upper - 1
+    to_lower = magnitude - table[lower]  # exact: both operands are close binary32 values
+    to_upper = table[upper] - magnitude
+    code = np.where(to_lower < to_upper, lower, upper)
+    tie = to_lower == to_upper
+    code = np.where(tie, np.where(lower % 2 == 0, lower, upper), code)
+    sign = (v.view(np.uint32) >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80)
+    return code.astype(np.uint8) | sign
+
+
+def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
+    """The binary32 value of E4M3FN bytes (finite codes only)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    magnitude = E4M3_MAGNITUDES[np.minimum(codes & 0x7F, 0x7E)]
+    return np.where(codes & 0x80, -magnitude, magnitude).astype(F32)
+
+
+# ---- UE8M0 block exponent -------------------------------------------------------------
+def ue8m0_exponent(amax: np.ndarray) -> np.ndarray:
+    """SPEC ``ue8m0``: the smallest integer ``k`` with ``max(amax, AMIN) <= 448 * 2^k``.
+
+    With ``a = m * 2^e`` and ``1/2 <= m < 1`` (``frexp``, exact) and ``448 = 0.875 * 2^9``:
+    ``448 * 2^(e-9) = 0.875 * 2^e`` holds ``a`` iff ``m <= 0.875``, and ``448 * 2^(e-10)
+    < 2^(e-1) <= a`` never does; so ``k = e - 9``, plus one when ``m > 0.875``.
+    The comparison is exact, with no rounded division.
+    """
+    a = np.maximum(np.asarray(amax, dtype=F32), AMAX_FLOOR)
+    mantissa, exponent = np.frexp(a)
+    return (exponent.astype(np.int64) - 9) + (mantissa > 0.875)
+
+
+def ue8m0_scale_byte(k: np.ndarray) -> np.ndarray:
+    """The stored UE8M0 byte ``127 + k``."""
+    return (np.asarray(k, dtype=np.int64) + 127).astype(np.uint8)

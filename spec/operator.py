@@ -1,0 +1,108 @@
+"""SPEC §8: the public operations, composed from §4-§7 after the §9 checks.
+
+Arrays in, buffers written in place. Argument names and dtypes follow vLLM's DeepSeek V4
+compressor; bf16 data travels as ``uint16`` bit patterns and E4M3 data as ``uint8`` bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .constants import HEAD_DIM
+from .formats import bf16_to_f32
+from .layouts import store_bf16, store_flashmla_fp8, store_fp8_per_tensor
+from .pooling import active_tokens, pool
+from .postprocess import quantize_nope, rms_norm, rope_bf16_bits, rope_row
+from .validation import check_compress, check_contract, check_store, describe_numpy
+
+F32 = np.float32
+
+__all__ = ["compress", "compress_norm_rope_store"]
+
+
+def _validated_pooling_call(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping, compress_ratio):
+    return check_compress(
+        describe_numpy("state_cache", state_cache),
+        describe_numpy("token_to_req_indices", token_to_req_indices),
+        describe_numpy("positions", positions),
+        describe_numpy("slot_mapping", slot_mapping),
+        describe_numpy("block_table", block_table),
+        block_size,
+        describe_numpy("kv_slot_mapping", kv_slot_mapping),
+        compress_ratio,
+    )
+
+
+def compress(
+    state_cache: np.ndarray,  # float32 [num_state_blocks, bs, 2*SW]
+    token_to_req_indices: np.ndarray,  # int32 [T]: block_table row of each token
+    positions: np.ndarray,  # int64 [T]
+    slot_mapping: np.ndarray,  # int64 [T]: state slot, -1 = padding
+    block_table: np.ndarray,  # int32 [num_reqs, max_blocks]: state blocks per request
+    block_size: int,  # bs
+    kv_slot_mapping: np.ndarray,  # int64 [T]: compressed-cache slot, -1 = none
+    *,
+    compress_ratio: int,  # 4 (C4, overlapped) or 128 (C128)
+    debug: bool = False,
+) -> np.ndarray:
+    """SPEC §5: the compressed vector ``x`` (float32 ``[T, 512]``); rows of inactive tokens are NaN."""
+    call = _validated_pooling_call(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping, compress_ratio)
+    active = active_tokens(positions, slot_mapping, kv_slot_mapping, call.config.ratio)
+    if debug:
+        check_contract(call.config, active, token_to_req_indices, positions, slot_mapping, block_table, state_cache.shape[0], call.block_size, kv_slot_mapping)
+    x = np.full((call.num_tokens, HEAD_DIM), np.nan, dtype=F32)
+    tokens = np.flatnonzero(active)
+    x[tokens] = pool(state_cache, block_table, token_to_req_indices[tokens], positions[tokens], call.config, call.block_size)
+    return x
+
+
+def compress_norm_rope_store(
+    state_cache: np.ndarray,  # float32 [num_state_blocks, bs, 2*SW]
+    token_to_req_indices: np.ndarray,  # int32 [T]
+    positions: np.ndarray,  # int64 [T]
+    slot_mapping: np.ndarray,  # int64 [T]
+    block_table: np.ndarray,  # int32 [num_reqs, max_blocks]
+    block_size: int,  # bs
+    rms_norm_weight: np.ndarray,  # float32 [512] or uint16 [512] (bf16 bit patterns)
+    rms_norm_eps: float,  # rounded to binary32
+    cos_sin_cache: np.ndarray,  # float32 [max_pos, 64]: cos[0:32] then sin[0:32]
+    k_cache: np.ndarray,  # flashmla_fp8: uint8 [num_pages, B, 584]; bf16: uint16 [num_pages, B, 512]; fp8_per_tensor: uint8 [num_pages, B, 512]
+    kv_slot_mapping: np.ndarray,  # int64 [T]
+    *,
+    compress_ratio: int,
+    layout: str = "flashmla_fp8",
+    fp8_scale: float | None = None,
+    debug: bool = False,
+) -> None:
+    """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token."""
+    call = _validated_pooling_call(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping, compress_ratio)
+    store = check_store(
+        describe_numpy("rms_norm_weight", rms_norm_weight),
+        rms_norm_eps,
+        describe_numpy("cos_sin_cache", cos_sin_cache),
+        describe_numpy("k_cache", k_cache, uint8_as="float8_e4m3fn" if layout == "fp8_per_tensor" else "uint8"),
+        layout,
+        fp8_scale,
+        describe_numpy("state_cache", state_cache),
+    )
+    active = active_tokens(positions, slot_mapping, kv_slot_mapping, call.config.ratio)
+    if debug:
+        check_contract(
+            call.config, active, token_to_req_indices, positions, slot_mapping, block_table, state_cache.shape[0],
+            call.block_size, kv_slot_mapping, num_entries=k_cache.shape[0] * store.entries_per_page,
+            cos_sin_rows=cos_sin_cache.shape[0],
+        )
+    tokens = np.flatnonzero(active)
+    if tokens.size == 0:
+        return
+    weight = bf16_to_f32(rms_norm_weight) if rms_norm_weight.dtype == np.uint16 else rms_norm_weight
+    x = pool(state_cache, block_table, token_to_req_indices[tokens], positions[tokens], call.config, call.block_size)
+    y = rms_norm(x, weight, store.eps)
+    rope_bits = rope_bf16_bits(y, cos_sin_cache[rope_row(positions[tokens], call.config.ratio)])
+    slots = kv_slot_mapping[tokens]
+    if store.layout == "flashmla_fp8":
+        store_flashmla_fp8(k_cache, slots, quantize_nope(y), rope_bits)
+    elif store.layout == "bf16":
+        store_bf16(k_cache, slots, y, rope_bits)
+    else:
+        store_fp8_per_tensor(k_cache, slots, y, rope_bits, store.fp8_scale)

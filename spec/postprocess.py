@@ -1,0 +1,75 @@
+"""SPEC §6: RMSNorm of the compressed vector, NoPE quantization and RoPE of the last 64."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arithmetic import add, div, mul, sqrt, sub, tree
+from .constants import NOPE_DIM, NUM_QUANT_BLOCKS, QUANT_BLOCK, ROPE_DIM
+from .formats import bf16, bf16_bits, e4m3_bits, ue8m0_exponent, ue8m0_scale_byte
+
+F32 = np.float32
+INV_HEAD_DIM = F32(2.0**-9)  # 1/512, exact
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
+    """``y[d] = mul(mul(x[d], rr), w[d])`` with ``rr = div(1, sqrt(add(mul(ss, 2^-9), eps)))``.
+
+    ``ss = tree(mul(x[d], x[d]))`` over the 512 channels in channel order. ``weight`` is the
+    binary32 value of the (bf16 or fp32) norm weight.
+    """
+    ss = tree(mul(x, x), axis=-1)
+    ms = mul(ss, INV_HEAD_DIM)
+    rr = div(F32(1.0), sqrt(add(ms, F32(eps))))
+    return mul(mul(x, rr[..., None]), weight)
+
+
+@dataclass(frozen=True)
+class QuantizedNope:
+    """NoPE channels of each token quantized in 7 blocks of 64."""
+
+    codes: np.ndarray  # uint8 [n, 448]: E4M3 bytes
+    scale_bytes: np.ndarray  # uint8 [n, 7]: UE8M0 bytes 127 + k
+    amax: np.ndarray  # float32 [n, 7]: block amax of the bf16-rounded values (for reports)
+
+
+def quantize_nope(y: np.ndarray) -> QuantizedNope:
+    """Per block ``g``: ``q = bf16(y)``, ``amax = max |q|``, ``k`` per UE8M0, ``e4m3(q * 2^-k)``.
+
+    Scaling by a power of two is exact whenever the result is a normal binary32; when it is
+    subnormal it is far below E4M3's smallest half-step 2^-10 and encodes to a signed zero
+    either way.
+    """
+    q = bf16(y[..., :NOPE_DIM]).reshape(*y.shape[:-1], NUM_QUANT_BLOCKS, QUANT_BLOCK)
+    amax = np.max(np.abs(q), axis=-1)
+    k = ue8m0_exponent(amax)
+    scaled = np.ldexp(q, (-k[..., None]).astype(np.int32))
+    codes = e4m3_bits(scaled).reshape(*y.shape[:-1], NOPE_DIM)
+    return QuantizedNope(codes=codes, scale_bytes=ue8m0_scale_byte(k), amax=amax.astype(F32))
+
+
+def rope_row(positions: np.ndarray, compress_ratio: int) -> np.ndarray:
+    """The ``cos_sin_cache`` row of an entry: ``cp = (p // r) * r``, the group's first position."""
+    return (positions // compress_ratio) * compress_ratio
+
+
+def apply_rope(y: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
+    """Rotate the pairs ``(a, b) = (y[448 + 2j], y[449 + 2j])`` of the unrounded ``y``.
+
+    ``o0 = sub(mul(a, co), mul(b, si))``, ``o1 = add(mul(a, si), mul(b, co))`` with
+    ``co = cos_sin[j]`` and ``si = cos_sin[32 + j]``; returns the 64 rotated fp32 values in
+    channel order (interleaved pairs).
+    """
+    half = ROPE_DIM // 2
+    a, b = y[..., NOPE_DIM::2], y[..., NOPE_DIM + 1::2]
+    co, si = cos_sin[..., :half], cos_sin[..., half:]
+    o0 = sub(mul(a, co), mul(b, si))
+    o1 = add(mul(a, si), mul(b, co))
+    return np.stack([o0, o1], axis=-1).reshape(*y.shape[:-1], ROPE_DIM)
+
+
+def rope_bf16_bits(y: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
+    """The stored RoPE part: ``bf16`` bit patterns (uint16 ``[n, 64]``) of the rotated pairs."""
+    return bf16_bits(apply_rope(y, cos_sin))

@@ -1,0 +1,351 @@
+"""SPEC §9: argument validation, shared by the NumPy spec and every torch front end.
+
+The checks work on :class:`ArrayInfo` descriptions (dtype name, shape, strides in elements,
+address, device), so the spec and the GPU wrappers reject exactly the same calls with
+exactly the same messages, before anything is written. Every error is a ``ValueError``
+whose text names the argument, what was expected and what was given.
+
+The debug checks (:func:`check_contract`) look at *values*: block-table entries and slots
+against the buffers. SPEC §9 leaves them to the caller; they cost a host pass over the
+metadata and are off unless asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constants import ENTRY_BYTES, HEAD_DIM, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS, ratio_config
+
+LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")
+STATE_ALIGN_BYTES = 16
+STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes)
+PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What validation needs to know about one array argument."""
+
+    name: str  # the argument's name in the public API
+    dtype: str  # "float32", "int32", "int64", "uint8", "bfloat16", "float8_e4m3fn", ...
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    itemsize: int  # bytes per element
+    address: int  # address of element [0, ..., 0]
+    device: str = "cpu"
+
+
+_NUMPY_DTYPE_NAMES = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.uint16): "bfloat16",  # the spec's bf16 containers are uint16 bit patterns
+}
+
+
+def describe_numpy(name: str, array, *, uint8_as: str = "uint8") -> ArrayInfo:
+    """Describe a NumPy array; ``uint16`` counts as bf16 and ``uint8`` as ``uint8_as``."""
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name}: expected a numpy.ndarray, got {type(array).__name__}")
+    dtype = _NUMPY_DTYPE_NAMES.get(array.dtype, str(array.dtype))
+    if dtype == "uint8":
+        dtype = uint8_as
+    itemsize = array.dtype.itemsize
+    if any(s % itemsize for s in array.strides):
+        raise ValueError(f"{name}: expected strides that are whole elements, got {array.strides} bytes")
+    return ArrayInfo(
+        name=name,
+        dtype=dtype,
+        shape=tuple(array.shape),
+        strides=tuple(s // itemsize for s in array.strides),
+        itemsize=itemsize,
+        address=array.__array_interface__["data"][0],
+    )
+
+
+# ---- elementary checks ------------------------------------------------------------------
+def _fail(name: str, expected: str, given) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {given}")
+
+
+def _dtype(info: ArrayInfo, *allowed: str) -> None:
+    if info.dtype not in allowed:
+        _fail(info.name, "dtype " + " or ".join(allowed), info.dtype)
+
+
+def _rank(info: ArrayInfo, rank: int, shape_doc: str) -> None:
+    if len(info.shape) != rank:
+        _fail(info.name, f"{rank} dimensions {shape_doc}", f"shape {list(info.shape)}")
+
+
+def _dim(info: ArrayInfo, axis: int, size: int, what: str) -> None:
+    if info.shape[axis] != size:
+        _fail(info.name, f"shape[{axis}] = {size} ({what})", f"shape {list(info.shape)}")
+
+
+def _unit_last_stride(info: ArrayInfo) -> None:
+    if info.shape and info.shape[-1] > 1 and info.strides[-1] != 1:
+        _fail(info.name, "last stride 1 (contiguous rows)", f"strides {list(info.strides)}")
+    if any(s < 0 for s in info.strides):
+        _fail(info.name, "non-negative strides", f"strides {list(info.strides)}")
+
+
+def _aligned(info: ArrayInfo, alignment: int) -> None:
+    if info.address % alignment:
+        _fail(info.name, f"a {alignment}-byte aligned base address", f"address 0x{info.address:x}")
+
+
+def _no_self_overlap(info: ArrayInfo) -> None:
+    """Distinct indices must address distinct elements (the array is written in place)."""
+    dims = sorted((s, n) for s, n in zip(info.strides, info.shape) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            _fail(info.name, "strides under which no two elements overlap", f"strides {list(info.strides)} for shape {list(info.shape)}")
+        extent = stride * (size - 1) + extent
+
+
+def _same_device(*infos: ArrayInfo) -> None:
+    first = infos[0]
+    for info in infos[1:]:
+        if info.device != first.device:
+            _fail(info.name, f"a tensor on {first.device} (like {first.name})", f"a tensor on {info.device}")
+
+
+def _int_arg(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(name, "an integer", repr(value))
+    if value < minimum:
+        _fail(name, f"an integer >= {minimum}", value)
+    return int(value)
+
+
+def _per_token(info: ArrayInfo, dtype: str, num_tokens: int, reference: str) -> None:
+    _dtype(info, dtype)
+    _rank(info, 1, "[T]")
+    if info.shape[0] != num_tokens:
+        _fail(info.name, f"length T = {num_tokens} (the length of {reference})", info.shape[0])
+    _unit_last_stride(info)
+
+
+def _state_cache(info: ArrayInfo, config: RatioConfig, block_size: int) -> None:
+    _dtype(info, "float32")
+    _rank(info, 3, "[num_state_blocks, block_size, 2*SW]")
+    width = config.state_row_width
+    if info.shape[2] != width:
+        _fail(info.name, f"shape[2] = 2*SW = {width} for compress_ratio {config.ratio} (overlap {config.overlap})", f"shape {list(info.shape)}")
+    _dim(info, 1, block_size, "block_size")
+    _unit_last_stride(info)
+    s0, s1 = info.strides[0], info.strides[1]
+    if (info.shape[0] > 1 and s0 % STATE_STRIDE_MULTIPLE) or (block_size > 1 and s1 % STATE_STRIDE_MULTIPLE):
+        _fail(info.name, f"strides[0] and strides[1] multiples of {STATE_STRIDE_MULTIPLE} elements (16 bytes)", f"strides {list(info.strides)}")
+    if (block_size > 1 and s1 < width) or (info.shape[0] > 1 and s0 < block_size * max(s1, width)):
+        _fail(info.name, f"non-overlapping rows (strides[1] >= {width}, strides[0] >= block_size*strides[1])", f"strides {list(info.strides)}")
+    _aligned(info, STATE_ALIGN_BYTES)
+
+
+# ---- per-operation checks --------------------------------------------------------------
+@dataclass(frozen=True)
+class SaveCall:
+    """What a validated ``save_partial_states`` call needs."""
+
+    config: RatioConfig
+    num_tokens: int
+    block_size: int
+
+
+def check_save_partial_states(
+    kv_score: ArrayInfo, ape: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
+    state_cache: ArrayInfo, block_size,
+) -> SaveCall:
+    """SPEC §4/§9 checks of ``save_partial_states``; the ratio is ``ape.shape[0]``."""
+    _dtype(ape, "float32")
+    _rank(ape, 2, "[compress_ratio, SW]")
+    if ape.shape[0] not in SUPPORTED_RATIOS:
+        _fail(ape.name, f"shape[0] = compress_ratio in {SUPPORTED_RATIOS}", f"shape {list(ape.shape)}")
+    config = ratio_config(ape.shape[0])
+    _dim(ape, 1, config.state_width, f"SW for compress_ratio {config.ratio} (overlap {config.overlap})")
+    _unit_last_stride(ape)
+    block_size = _int_arg("block_size", block_size, 1)
+    _dtype(positions, "int64")
+    _rank(positions, 1, "[T]")
+    _unit_last_stride(positions)
+    num_tokens = positions.shape[0]
+    _per_token(slot_mapping, "int64", num_tokens, positions.name)
+    _dtype(kv_score, "float32")
+    _rank(kv_score, 2, "[T, 2*SW]")
+    if kv_score.shape[0] != num_tokens:
+        _fail(kv_score.name, f"shape[0] = T = {num_tokens} (the length of {positions.name})", f"shape {list(kv_score.shape)}")
+    _dim(kv_score, 1, config.state_row_width, f"2*SW for compress_ratio {config.ratio}")
+    _unit_last_stride(kv_score)
+    _state_cache(state_cache, config, block_size)
+    _same_device(state_cache, kv_score, ape, positions, slot_mapping)
+    return SaveCall(config=config, num_tokens=num_tokens, block_size=block_size)
+
+
+@dataclass(frozen=True)
+class CompressCall:
+    """What a validated pooling call needs."""
+
+    config: RatioConfig
+    num_tokens: int
+    block_size: int
+
+
+def check_compress(
+    state_cache: ArrayInfo, token_to_req_indices: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
+    block_table: ArrayInfo, block_size, kv_slot_mapping: ArrayInfo, compress_ratio,
+) -> CompressCall:
+    """SPEC §3/§9 checks of the pooling inputs."""
+    if isinstance(compress_ratio, bool) or compress_ratio not in SUPPORTED_RATIOS:
+        _fail("compress_ratio", f"one of {SUPPORTED_RATIOS}", repr(compress_ratio))
+    config = ratio_config(int(compress_ratio))
+    block_size = _int_arg("block_size", block_size, 1)
+    _dtype(positions, "int64")
+    _rank(positions, 1, "[T]")
+    _unit_last_stride(positions)
+    num_tokens = positions.shape[0]
+    _per_token(token_to_req_indices, "int32", num_tokens, positions.name)
+    _per_token(slot_mapping, "int64", num_tokens, positions.name)
+    _per_token(kv_slot_mapping, "int64", num_tokens, positions.name)
+    _dtype(block_table, "int32")
+    _rank(block_table, 2, "[num_reqs, max_blocks]")
+    _unit_last_stride(block_table)
+    _state_cache(state_cache, config, block_size)
+    _same_device(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    return CompressCall(config=config, num_tokens=num_tokens, block_size=block_size)
+
+
+@dataclass(frozen=True)
+class StoreCall:
+    """What a validated store needs."""
+
+    layout: str
+    entries_per_page: int  # B
+    page_stride: int  # in elements of k_cache (bytes for flashmla_fp8)
+    eps: np.float32
+    fp8_scale: np.float32 | None
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(name, "a real number", repr(value))
+    return float(value)
+
+
+def check_store(
+    rms_norm_weight: ArrayInfo, rms_norm_eps, cos_sin_cache: ArrayInfo, k_cache: ArrayInfo,
+    layout, fp8_scale, reference: ArrayInfo,
+) -> StoreCall:
+    """SPEC §6/§7/§9 checks of the post-processing inputs and the destination cache."""
+    if layout not in LAYOUTS:
+        _fail("layout", "one of " + ", ".join(repr(x) for x in LAYOUTS), repr(layout))
+    _dtype(rms_norm_weight, "bfloat16", "float32")
+    _rank(rms_norm_weight, 1, f"[{HEAD_DIM}]")
+    _dim(rms_norm_weight, 0, HEAD_DIM, "head width H")
+    _unit_last_stride(rms_norm_weight)
+    eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
+    if not (math.isfinite(eps) and eps > 0):
+        _fail("rms_norm_eps", "a finite value > 0 after rounding to binary32", repr(rms_norm_eps))
+    _dtype(cos_sin_cache, "float32")
+    _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
+    _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
+    _unit_last_stride(cos_sin_cache)
+    if layout == "flashmla_fp8":
+        _dtype(k_cache, "uint8")
+        _rank(k_cache, 3, f"[num_pages, B, {ENTRY_BYTES}]")
+        _dim(k_cache, 2, ENTRY_BYTES, "bytes per FlashMLA entry")
+        entries = k_cache.shape[1]
+        if entries < 1:
+            _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
+        if k_cache.strides[2] != 1 or (entries > 1 and k_cache.strides[1] != ENTRY_BYTES):
+            _fail(k_cache.name, f"strides (page_stride, {ENTRY_BYTES}, 1): a page is B*{ENTRY_BYTES} contiguous bytes", f"strides {list(k_cache.strides)}")
+        page_stride = k_cache.strides[0]
+        if k_cache.shape[0] > 1 and (page_stride % PAGE_STRIDE_MULTIPLE or page_stride < entries * ENTRY_BYTES):
+            _fail(k_cache.name, f"a page stride (strides[0]) >= B*{ENTRY_BYTES} = {entries * ENTRY_BYTES} bytes and a multiple of {PAGE_STRIDE_MULTIPLE}", f"{page_stride}")
+        _aligned(k_cache, PAGE_STRIDE_MULTIPLE)
+    else:
+        _dtype(k_cache, "bfloat16" if layout == "bf16" else "float8_e4m3fn")
+        _rank(k_cache, 3, f"[num_pages, B, {HEAD_DIM}]")
+        _dim(k_cache, 2, HEAD_DIM, "head width H")
+        entries = k_cache.shape[1]
+        if entries < 1:
+            _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
+        _unit_last_stride(k_cache)
+        _no_self_overlap(k_cache)
+        page_stride = k_cache.strides[0]
+    scale = None
+    if layout == "fp8_per_tensor":
+        if fp8_scale is None:
+            _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
+        scale = np.float32(_real("fp8_scale", fp8_scale))
+        if not (math.isfinite(scale) and scale > 0):
+            _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
+    elif fp8_scale is not None:
+        _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
+    _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
+    return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale)
+
+
+# ---- debug: values against buffers -------------------------------------------------------
+def _contract(message: str) -> None:
+    raise ValueError(f"debug check: {message}")
+
+
+def check_save_contract(positions: np.ndarray, slot_mapping: np.ndarray, num_state_blocks: int, block_size: int) -> None:
+    """Saved tokens: positions >= 0, slots inside the state cache, no slot saved twice."""
+    saved = np.flatnonzero(slot_mapping >= 0)
+    num_slots = num_state_blocks * block_size
+    for t in saved:
+        if positions[t] < 0:
+            _contract(f"positions[{t}] = {positions[t]} is negative for a token with slot_mapping[{t}] = {slot_mapping[t]}")
+        if slot_mapping[t] >= num_slots:
+            _contract(f"slot_mapping[{t}] = {slot_mapping[t]} is outside the state cache ({num_slots} slots)")
+    values, counts = np.unique(slot_mapping[saved], return_counts=True)
+    if np.any(counts > 1):
+        _contract(f"state slot {values[counts > 1][0]} is written by more than one token")
+
+
+def check_contract(
+    config: RatioConfig, active: np.ndarray, token_to_req_indices: np.ndarray, positions: np.ndarray,
+    slot_mapping: np.ndarray, block_table: np.ndarray, num_state_blocks: int, block_size: int,
+    kv_slot_mapping: np.ndarray, num_entries: int | None = None, cos_sin_rows: int | None = None,
+) -> None:
+    """Active tokens: request rows, every window row's block-table entry, entry slots, RoPE rows."""
+    num_reqs, max_blocks = block_table.shape
+    for t in np.flatnonzero(slot_mapping >= 0):
+        if positions[t] < 0:
+            _contract(f"positions[{t}] = {positions[t]} is negative for a token with slot_mapping[{t}] = {slot_mapping[t]}")
+        if slot_mapping[t] >= num_state_blocks * block_size:
+            _contract(f"slot_mapping[{t}] = {slot_mapping[t]} is outside the state cache ({num_state_blocks * block_size} slots)")
+    for t in np.flatnonzero(active):
+        q = int(token_to_req_indices[t])
+        if not 0 <= q < num_reqs:
+            _contract(f"token_to_req_indices[{t}] = {q} is outside block_table's {num_reqs} rows")
+        p = int(positions[t])
+        for i in range(config.window):
+            pos = p - config.window + 1 + i
+            if pos < 0:
+                continue
+            column = pos // block_size
+            if column >= max_blocks:
+                _contract(f"token {t} (position {p}) needs block_table[{q}, {column}] but block_table has {max_blocks} columns")
+            block = int(block_table[q, column])
+            if not 0 <= block < num_state_blocks:
+                _contract(f"block_table[{q}, {column}] = {block} (token {t}, position {p}, window row {i}) is outside [0, {num_state_blocks}) state blocks")
+        if num_entries is not None and kv_slot_mapping[t] >= num_entries:
+            _contract(f"kv_slot_mapping[{t}] = {kv_slot_mapping[t]} is outside k_cache ({num_entries} entries)")
+        if cos_sin_rows is not None:
+            row = (p // config.ratio) * config.ratio
+            if row >= cos_sin_rows:
+                _contract(f"token {t} (position {p}) rotates with cos_sin_cache row {row} but cos_sin_cache has {cos_sin_rows} rows")
+    slots = kv_slot_mapping[active]
+    values, counts = np.unique(slots, return_counts=True)
+    if np.any(counts > 1):
+        _contract(f"compressed-cache slot {values[counts > 1][0]} is written by more than one active token")
