@@ -84,6 +84,7 @@ def build_batch(
     spare_pages: int = 2,
     drop_entry_fraction: float = 0.0,
     unsaved_fraction: float = 0.0,
+    slot_for_non_boundary: bool = False,
 ) -> Batch:
     """Build the metadata for ``requests`` (tokens packed request by request).
 
@@ -96,6 +97,8 @@ def build_batch(
       scattered among the others when ``padding_at_end`` is false.
     - ``drop_entry_fraction`` of the boundary tokens get ``kv_slot_mapping = -1`` and
       ``unsaved_fraction`` of all tokens get ``slot_mapping = -1`` (both inactive).
+    - ``slot_for_non_boundary`` gives non-boundary tokens the slot of the entry their group
+      will fill (inactive all the same: only the boundary token writes it).
     """
     config = ratio_config(compress_ratio)
     if not requests:
@@ -103,13 +106,14 @@ def build_batch(
     req_index = np.concatenate([np.full(r.num_tokens, i, dtype=np.int32) for i, r in enumerate(requests)])
     positions = np.concatenate([np.arange(r.context_len, r.context_len + r.num_tokens, dtype=np.int64) for r in requests])
     boundary = is_boundary(positions, compress_ratio)
+    has_entry = np.ones_like(boundary) if slot_for_non_boundary else boundary
 
     # state blocks: every column a new position or a boundary window row lands in
     last_position = max(r.context_len + r.num_tokens for r in requests)
     max_blocks = -(-last_position // block_size)
     needed = np.zeros((len(requests), max_blocks), dtype=bool)
     needed[req_index, positions // block_size] = True
-    for t in np.flatnonzero(boundary):
+    for t in np.flatnonzero(has_entry):
         first = max(int(positions[t]) - config.window + 1, 0)
         needed[req_index[t], first // block_size: int(positions[t]) // block_size + 1] = True
     num_state_blocks = int(needed.sum()) + spare_state_blocks
@@ -118,15 +122,15 @@ def build_batch(
 
     # compressed-cache pages: the entry p // r of every boundary token
     entries = positions // compress_ratio
-    max_pages = max(int(entries[boundary].max(initial=0)) // entries_per_page + 1, 1)
+    max_pages = max(int(entries[has_entry].max(initial=0)) // entries_per_page + 1, 1)
     page_needed = np.zeros((len(requests), max_pages), dtype=bool)
-    page_needed[req_index[boundary], entries[boundary] // entries_per_page] = True
+    page_needed[req_index[has_entry], entries[has_entry] // entries_per_page] = True
     num_pages = int(page_needed.sum()) + spare_pages
     kv_block_table = _allocate(page_needed, num_pages, rng)
     kv_slot_mapping = np.full(positions.shape, -1, dtype=np.int64)
-    kv_slot_mapping[boundary] = (
-        kv_block_table[req_index[boundary], entries[boundary] // entries_per_page].astype(np.int64) * entries_per_page
-        + entries[boundary] % entries_per_page
+    kv_slot_mapping[has_entry] = (
+        kv_block_table[req_index[has_entry], entries[has_entry] // entries_per_page].astype(np.int64) * entries_per_page
+        + entries[has_entry] % entries_per_page
     )
     if drop_entry_fraction > 0:
         kv_slot_mapping[boundary & (rng.random(positions.shape) < drop_entry_fraction)] = -1

@@ -1,0 +1,120 @@
+"""The implementation protocol and how the suite finds implementations.
+
+An implementation is any object (a module will do) with SPEC §8's two operations taking
+torch tensors with vLLM's names and dtypes::
+
+    save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+    compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping,
+                             block_table, block_size, rms_norm_weight, rms_norm_eps,
+                             cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
+                             layout="flashmla_fp8", fp8_scale=None)
+
+and optionally ``SUPPORTED_DEVICES`` (default ``("cuda",)``). Both operations write in
+place and must raise ``ValueError`` (having written nothing) on the inputs of SPEC §9.
+
+Names the suite understands: the built-ins ``spec``, ``torch``, ``triton``, ``cutedsl``;
+``module:attribute`` (attribute may be a factory called with no arguments); or a name
+registered by another package under the entry-point group ``dsv4_compressor.implementations``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Protocol
+
+from ..spec import compress_norm_rope_store as spec_compress_norm_rope_store
+from ..spec import save_partial_states as spec_save_partial_states
+
+ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
+BUILTIN = {
+    "spec": "dsv4_compressor.conformance.implementations:SpecImplementation",
+    "torch": "dsv4_compressor.conformance.torch_reference:TorchReference",
+    "triton": "dsv4_compressor.impl.triton",
+    "cutedsl": "dsv4_compressor.impl.cutedsl",
+}
+
+
+class Implementation(Protocol):
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size) -> None: ...
+
+    def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
+                                 block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
+                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None) -> None: ...
+
+
+class SpecImplementation:
+    """The NumPy specification behind the protocol (CPU tensors; same §9 checks as the kernels)."""
+
+    SUPPORTED_DEVICES = ("cpu",)
+    name = "spec"
+
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
+        from ..impl.frontend import numpy_view, validate_save_partial_states
+
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        spec_save_partial_states(*(numpy_view(t) for t in (kv_score, ape, positions, slot_mapping, state_cache)), block_size)
+
+    def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
+                                 block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
+                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None):
+        from ..impl.frontend import numpy_view, validate_compress_norm_rope_store
+
+        validate_compress_norm_rope_store(
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+            fp8_scale=fp8_scale,
+        )
+        spec_compress_norm_rope_store(
+            numpy_view(state_cache), numpy_view(token_to_req_indices), numpy_view(positions), numpy_view(slot_mapping),
+            numpy_view(block_table), block_size, numpy_view(rms_norm_weight), rms_norm_eps, numpy_view(cos_sin_cache),
+            numpy_view(k_cache), numpy_view(kv_slot_mapping), compress_ratio=compress_ratio, layout=layout,
+            fp8_scale=fp8_scale,
+        )
+
+
+@dataclass
+class LoadedImplementation:
+    name: str
+    target: Any  # has the two operations
+    devices: tuple[str, ...]
+
+    def device(self) -> str | None:
+        """The first supported device present here, or ``None``."""
+        import torch
+
+        for device in self.devices:
+            if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
+                return device
+        return None
+
+
+def _resolve(reference: str) -> Any:
+    module_name, _, attribute = reference.partition(":")
+    target = importlib.import_module(module_name)
+    for part in filter(None, attribute.split(".")):
+        target = getattr(target, part)
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "compress_norm_rope_store")):
+        target = target()  # a class or a factory
+    return target
+
+
+def load_implementation(name: str) -> LoadedImplementation:
+    """Find an implementation by built-in name, ``module:attribute`` or entry point."""
+    if name in BUILTIN:
+        reference = BUILTIN[name]
+    elif ":" in name or "." in name:
+        reference = name
+    else:
+        found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            known = sorted(set(BUILTIN) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+            raise ValueError(f"--impl: expected one of {known} or module:attribute, got {name!r}")
+        reference = found[0].value
+    target = _resolve(reference)
+    missing = [op for op in ("save_partial_states", "compress_norm_rope_store") if not callable(getattr(target, op, None))]
+    if missing:
+        raise ValueError(f"--impl {name}: expected an object with save_partial_states and compress_norm_rope_store, missing {missing}")
+    devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
+    return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target, devices=devices)

@@ -1,0 +1,207 @@
+"""A second, independent implementation of SPEC.md in plain torch (CPU or CUDA).
+
+It shares no code with ``dsv4_compressor.spec``: constants are retyped from SPEC.md, the
+tree is written recursively (halves) rather than level by level, bf16 and E4M3 come from
+torch's own conversions, and the UE8M0 exponent from a float64 ``ceil(log2(a / 448))``.
+Agreement between the two, byte for byte, is the evidence that each reads SPEC.md right.
+
+Every float32 operation is a separate torch elementwise op, hence correctly rounded and
+never fused. It is slow (a Python loop over window rows is avoided, but nothing is fused)
+and meant for checking, not serving.
+
+``TorchReference`` also takes *mutations*: deliberate deviations (the scale floor of
+vLLM's CuTe kernels, RoPE at the token's own position, approximate exp2, ...) so the
+conformance suite can prove it catches each of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+F32 = torch.float32
+MUTATIONS = (
+    "scale_floor",  # UE8M0 from max(amax/448, 1e-4) instead of max(amax, 1e-4) (SPEC §11)
+    "rope_at_token_position",  # rotate with cos_sin_cache[p] instead of [(p // r) * r]
+    "approximate_exp2",  # torch.exp2 instead of exp2s (an engine's ex2.approx)
+    "skip_invalid_rows",  # leave C4's invalid rows out of the trees instead of adding +0
+    "write_non_boundary",  # also store entries for non-boundary tokens with a kv slot
+    "rope_rounded_to_bf16_first",  # rotate bf16(y) instead of the fp32 y (DeepSeek reference)
+    "pad_byte_ff",  # write 0xFF as the scale record's pad byte
+    "sequential_sum",  # left-to-right sums instead of the pairwise trees
+)
+
+
+def _bits_to_f32(bits: int) -> torch.Tensor:
+    return torch.tensor([bits], dtype=torch.int32).view(F32)[0]
+
+
+@dataclass(frozen=True)
+class _Constants:
+    log2e: torch.Tensor
+    amin: torch.Tensor
+    coeffs: tuple[torch.Tensor, ...]
+
+
+def _constants(device) -> _Constants:
+    # SPEC §1/§2, retyped from SPEC.md.
+    coeffs = (0x3F800000, 0x3F317218, 0x3E75FDED, 0x3D63576A, 0x3C1D96DE, 0x3AAFA2B5, 0x3920E999)
+    return _Constants(
+        log2e=_bits_to_f32(0x3FB8AA3B).to(device),
+        amin=_bits_to_f32(0x38D1B717).to(device),
+        coeffs=tuple(_bits_to_f32(c).to(device) for c in coeffs),
+    )
+
+
+class TorchReference:
+    """SPEC.md in torch; ``mutations`` (names from :data:`MUTATIONS`) make it deviate on purpose."""
+
+    SUPPORTED_DEVICES = ("cpu", "cuda")
+
+    def __init__(self, mutations: tuple[str, ...] = ()):
+        unknown = set(mutations) - set(MUTATIONS)
+        if unknown:
+            raise ValueError(f"mutations: expected names from {MUTATIONS}, got {sorted(unknown)}")
+        self.mutations = frozenset(mutations)
+        self.name = "torch" + "".join(f"+{m}" for m in sorted(self.mutations))
+
+    # ---- arithmetic --------------------------------------------------------------------
+    def _sum(self, v: torch.Tensor, dim: int) -> torch.Tensor:
+        """SPEC tree: add(tree(first half), tree(second half)), recursively."""
+        n = v.shape[dim]
+        if "sequential_sum" in self.mutations:
+            acc = v.select(dim, 0)
+            for i in range(1, n):
+                acc = acc + v.select(dim, i)
+            return acc
+        if n == 1:
+            return v.select(dim, 0)
+        first, second = v.split(n // 2, dim=dim)
+        return self._sum(first, dim) + self._sum(second, dim)
+
+    def _exp2(self, x: torch.Tensor, c: _Constants) -> torch.Tensor:
+        if "approximate_exp2" in self.mutations:
+            return torch.exp2(x)
+        j = torch.round(x.clamp(min=-126.0))  # round half to even; exact
+        f = x.clamp(min=-126.0) - j
+        p = c.coeffs[6].expand_as(f)
+        for k in range(5, -1, -1):
+            p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
+        result = torch.ldexp(p, j)
+        return torch.where(x < -126.0, torch.zeros_like(result), result)
+
+    @staticmethod
+    def _bf16(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16).to(F32)
+
+    def _ue8m0(self, amax: torch.Tensor, c: _Constants) -> torch.Tensor:
+        """k = ceil(log2(a / 448)) in float64 (exact enough: see the spec's derivation)."""
+        if "scale_floor" in self.mutations:
+            scale = torch.maximum(amax.double() / 448.0, c.amin.double().new_tensor(1e-4))
+            return torch.ceil(torch.log2(scale)).to(torch.int64)
+        a = torch.maximum(amax, c.amin).double()
+        return torch.ceil(torch.log2(a / 448.0)).to(torch.int64)
+
+    # ---- SPEC §4 -----------------------------------------------------------------------
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
+        width = ape.shape[1]
+        ratio = ape.shape[0]
+        saved = torch.nonzero(slot_mapping >= 0).flatten()
+        slots = slot_mapping[saved]
+        blocks, offsets = slots // block_size, slots % block_size
+        rows = kv_score[saved]
+        state_cache[blocks, offsets, :width] = rows[:, :width]
+        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[positions[saved] % ratio]
+
+    # ---- SPEC §5 -----------------------------------------------------------------------
+    def _pool(self, state_cache, block_table, requests, positions, ratio, block_size, c):
+        overlap = 2 if ratio == 4 else 1
+        window, width = overlap * ratio, overlap * 512
+        i = torch.arange(window, device=positions.device)
+        pos = positions[:, None] - window + 1 + i[None, :]
+        valid = pos >= 0
+        safe = pos.clamp(min=0)
+        blocks = block_table[requests[:, None].long(), safe // block_size].long()
+        rows = state_cache[blocks, safe % block_size]  # [n, W, 2*SW]
+        kv_parts, score_parts = [], []
+        for row in range(window):
+            h = row // ratio
+            kv_parts.append(rows[:, row, h * 512:(h + 1) * 512])
+            score_parts.append(rows[:, row, width + h * 512: width + (h + 1) * 512])
+        kv = torch.stack(kv_parts, dim=1)
+        score = torch.stack(score_parts, dim=1)
+        v3 = valid[:, :, None]
+        m = torch.where(v3, score, torch.full_like(score, -math.inf)).amax(dim=1, keepdim=True)
+        e = self._exp2((torch.where(v3, score, m) - m) * c.log2e, c)
+        u = kv * e
+        if "skip_invalid_rows" in self.mutations:
+            # a kernel that loops over the valid rows only (C4's first window: rows 4..7)
+            return torch.stack([self._sum(u[t][valid[t]], 0) / self._sum(e[t][valid[t]], 0) for t in range(u.shape[0])])
+        zero = torch.zeros_like(e)
+        e = torch.where(v3, e, zero)
+        u = torch.where(v3, u, zero)
+        return self._sum(u, 1) / self._sum(e, 1)
+
+    # ---- SPEC §6-§8 ----------------------------------------------------------------------
+    def compress_norm_rope_store(
+        self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+        rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *,
+        compress_ratio, layout="flashmla_fp8", fp8_scale=None,
+    ):
+        device = state_cache.device
+        c = _constants(device)
+        r = compress_ratio
+        boundary = (positions + 1) % r == 0
+        if "write_non_boundary" in self.mutations:
+            boundary = torch.ones_like(boundary)
+        active = (slot_mapping >= 0) & boundary & (kv_slot_mapping >= 0)
+        tokens = torch.nonzero(active).flatten()
+        if tokens.numel() == 0:
+            return
+        p = positions[tokens]
+        x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
+        eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
+        ss = self._sum(x * x, 1)
+        rr = 1.0 / torch.sqrt(ss * (1.0 / 512.0) + eps)
+        w = rms_norm_weight.to(F32)
+        y = (x * rr[:, None]) * w[None, :]
+        # RoPE
+        cp = p if "rope_at_token_position" in self.mutations else (p // r) * r
+        cs = cos_sin_cache[cp]
+        ry = self._bf16(y) if "rope_rounded_to_bf16_first" in self.mutations else y
+        a, b = ry[:, 448::2], ry[:, 449::2]
+        co, si = cs[:, :32], cs[:, 32:]
+        o0 = a * co - b * si
+        o1 = a * si + b * co
+        rope = torch.stack([o0, o1], dim=2).reshape(-1, 64).to(torch.bfloat16)
+        slots = kv_slot_mapping[tokens]
+        entries = k_cache.shape[1]
+        page, offset = slots // entries, slots % entries
+        nope = self._bf16(y[:, :448])
+        if layout == "flashmla_fp8":
+            blocks = nope.reshape(-1, 7, 64)
+            k = self._ue8m0(blocks.abs().amax(dim=2), c)
+            scaled = torch.ldexp(blocks, (-k)[:, :, None].to(F32)).clamp(-448.0, 448.0)
+            codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, 448)
+            scale_bytes = (k + 127).to(torch.uint8)
+            pad = torch.full((tokens.numel(), 1), 0xFF if "pad_byte_ff" in self.mutations else 0, dtype=torch.uint8, device=device)
+            page_stride = k_cache.stride(0) if k_cache.shape[0] > 1 else entries * 584
+            pages = torch.as_strided(k_cache, (k_cache.shape[0], entries * 584), (page_stride, 1))
+            data = torch.cat([codes, rope.view(torch.uint8).reshape(-1, 128)], dim=1)
+            columns = (offset * 576)[:, None] + torch.arange(576, device=device)
+            pages[page[:, None], columns] = data
+            scale_columns = (entries * 576 + offset * 8)[:, None] + torch.arange(8, device=device)
+            pages[page[:, None], scale_columns] = torch.cat([scale_bytes, pad], dim=1)
+        elif layout == "bf16":
+            k_cache[page, offset] = torch.cat([nope.to(torch.bfloat16), rope], dim=1)
+        else:
+            inv = 1.0 / torch.tensor(fp8_scale, dtype=F32, device=device)
+            z = torch.cat([nope, rope.to(F32)], dim=1)
+            k_cache[page, offset] = (z * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def torch_reference(mutations: tuple[str, ...] = ()) -> TorchReference:
+    """The conformance entry for ``--impl torch`` (and, with mutations, the suite's own mutants)."""
+    return TorchReference(mutations)

@@ -1,0 +1,34 @@
+"""Test session setup shared by every folder.
+
+- Without a CUDA GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is
+  set here, before anything imports Triton.
+- Tests marked ``gpu`` are skipped cleanly when no CUDA GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+HAS_CUDA = _cuda_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
