@@ -1,0 +1,607 @@
+"""The SVG figures of ``docs/``: ``python -m dsv4_compressor figures [--out-dir DIR] [--check]``.
+
+Every figure is built by string concatenation from the numbers of SPEC.md (read from
+:mod:`dsv4_compressor.spec.constants`), with no plotting library: this module needs only the
+Python standard library, so the docs can be regenerated anywhere. The output is
+deterministic (fixed number formatting, no timestamps), so ``docs/test_docs.py`` can check
+that the committed SVGs are exactly what this script writes.
+
+Figures:
+
+- ``pipeline.svg``      the data flow from projections to cache bytes
+- ``state_cache.svg``   a state-cache block: rows of ``kv | score`` and padded strides
+- ``c4_window.svg``     C4's overlapped windows, the halves, the first window's invalid rows
+- ``c128_window.svg``   C128's 128 rows through the block table, and the Block8 reduction
+- ``flashmla_page.svg`` a ``flashmla_fp8`` page byte by byte (B = 4)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+try:  # the SPEC constants, when the package is importable (it always is via ``-m``)
+    from ..spec.constants import (
+        DATA_RECORD_BYTES,
+        ENTRY_BYTES,
+        HEAD_DIM,
+        NOPE_DIM,
+        NUM_QUANT_BLOCKS,
+        QUANT_BLOCK,
+        SCALE_RECORD_BYTES,
+    )
+except ImportError:  # pragma: no cover - run as a plain script
+    HEAD_DIM, NOPE_DIM, QUANT_BLOCK, NUM_QUANT_BLOCKS = 512, 448, 64, 7
+    DATA_RECORD_BYTES, SCALE_RECORD_BYTES, ENTRY_BYTES = 576, 8, 584
+
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "figures"
+
+# ---- palette: one meaning per colour across all figures ----------------------------------
+KV = "#4E79A7"  # kv projections (blue)
+KV_LIGHT = "#C9D8EA"
+SCORE = "#F28E2B"  # scores, ape added (orange)
+SCORE_LIGHT = "#FBD9B5"
+H0 = "#76B7B2"  # C4 half 0: the first 512 channels (used as group c-1 of entry c)
+H0_LIGHT = "#D3EAE8"
+H1 = "#E17C9A"  # C4 half 1: the second 512 channels (used as group c of entry c)
+H1_LIGHT = "#F6D5DF"
+NOPE = "#59A14F"  # NoPE E4M3 bytes (green)
+NOPE_LIGHT = "#CFE6CB"
+ROPE = "#9C6FB0"  # RoPE bf16 values (purple)
+ROPE_LIGHT = "#E3D5EA"
+SCALE = "#EDC948"  # UE8M0 scale bytes (yellow)
+SCALE_LIGHT = "#F8EBB8"
+PAD = "#BAB0AC"  # the scale record's pad byte 0 (grey)
+BLOCK = "#9C755F"  # block tables, physical blocks (brown)
+BLOCK_LIGHT = "#E8DCD3"
+SAVE = "#EAF1F8"  # boxes of save_partial_states
+COMPRESS = "#F3EEF7"  # boxes of compress_norm_rope_store
+INK = "#222222"
+MUTED = "#666666"
+LINE = "#444444"
+FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
+MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+
+# ---- a tiny SVG writer -------------------------------------------------------------------
+def _n(value: float) -> str:
+    """A fixed, platform-independent number format (at most 2 decimals, no trailing zeros)."""
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+class Svg:
+    """Accumulates SVG elements; :meth:`render` returns the document as text."""
+
+    def __init__(self, width: float, height: float, title: str):
+        self.width, self.height, self.title = width, height, title
+        self.body: list[str] = []
+
+    def rect(self, x, y, w, h, fill="none", stroke=LINE, sw=1.0, dash=None, rx=0, opacity=None):
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += f' rx="{_n(rx)}"' if rx else ""
+        extra += f' fill-opacity="{_n(opacity)}"' if opacity is not None else ""
+        self.body.append(
+            f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(w)}" height="{_n(h)}" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{_n(sw)}"{extra}/>'
+        )
+
+    def line(self, x1, y1, x2, y2, stroke=LINE, sw=1.0, dash=None, arrow=False):
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += ' marker-end="url(#arrow)"' if arrow else ""
+        self.body.append(
+            f'<line x1="{_n(x1)}" y1="{_n(y1)}" x2="{_n(x2)}" y2="{_n(y2)}" stroke="{stroke}" stroke-width="{_n(sw)}"{extra}/>'
+        )
+
+    def path(self, d, fill="none", stroke=LINE, sw=1.0, dash=None, arrow=False, opacity=None):
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        extra += ' marker-end="url(#arrow)"' if arrow else ""
+        extra += f' fill-opacity="{_n(opacity)}"' if opacity is not None else ""
+        self.body.append(f'<path d="{d}" fill="{fill}" stroke="{stroke}" stroke-width="{_n(sw)}"{extra}/>')
+
+    def text(self, x, y, s, size=12, anchor="start", weight="normal", fill=INK, mono=False, italic=False):
+        while "  " in s:  # SVG collapses runs of spaces: keep them as no-break spaces
+            s = s.replace("  ", " \u00a0")
+        family = MONO if mono else FONT
+        extra = ' font-weight="bold"' if weight == "bold" else ""
+        extra += ' font-style="italic"' if italic else ""
+        self.body.append(
+            f'<text x="{_n(x)}" y="{_n(y)}" font-family="{family}" font-size="{_n(size)}" '
+            f'text-anchor="{anchor}" fill="{fill}"{extra}>{_esc(s)}</text>'
+        )
+
+    def hatched(self, x, y, w, h, color=PAD, stroke=LINE, sw=1.0, dash=None):
+        """A rectangle filled with the diagonal hatch (memory that is not part of the data)."""
+        pattern = "hatch-red" if color == "red" else "hatch"
+        self.rect(x, y, w, h, fill="#FFFFFF", stroke="none", sw=0)
+        self.rect(x, y, w, h, fill=f"url(#{pattern})", stroke=stroke, sw=sw, dash=dash)
+
+    def brace(self, x1, x2, y, label, size=11, below=True, fill=INK):
+        """A square bracket under (or over) ``[x1, x2]`` with a centred label."""
+        d = 6 if below else -6
+        self.path(f"M{_n(x1)},{_n(y)} L{_n(x1)},{_n(y + d)} L{_n(x2)},{_n(y + d)} L{_n(x2)},{_n(y)}", sw=1)
+        ty = y + d + (13 if below else -5)
+        self.text((x1 + x2) / 2, ty, label, size=size, anchor="middle", fill=fill)
+
+    def legend(self, x, y, items, cols=1, col_width=220, size=11):
+        """Swatches with labels; ``items`` are ``(fill, label)`` with fill ``'hatch'`` for hatched."""
+        for index, (fill, label) in enumerate(items):
+            cx = x + (index % cols) * col_width
+            cy = y + (index // cols) * 20
+            if fill == "hatch":
+                self.hatched(cx, cy - 10, 18, 12)
+            elif fill == "hatch-red":
+                self.hatched(cx, cy - 10, 18, 12, color="red", dash="3,2")
+            else:
+                self.rect(cx, cy - 10, 18, 12, fill=fill)
+            self.text(cx + 25, cy, label, size=size)
+
+    def render(self) -> str:
+        head = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_n(self.width)}" height="{_n(self.height)}" '
+            f'viewBox="0 0 {_n(self.width)} {_n(self.height)}">\n'
+            f"<title>{_esc(self.title)}</title>\n"
+            "<defs>\n"
+            '<pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            '<rect width="6" height="6" fill="#F4F4F4"/><line x1="0" y1="0" x2="0" y2="6" stroke="#B5B5B5" stroke-width="2"/></pattern>\n'
+            '<pattern id="hatch-red" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            '<rect width="6" height="6" fill="#FFF5F5"/><line x1="0" y1="0" x2="0" y2="6" stroke="#E8A0A0" stroke-width="2"/></pattern>\n'
+            '<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
+            f'<path d="M0,0 L10,5 L0,10 z" fill="{LINE}"/></marker>\n'
+            "</defs>\n"
+            f'<rect x="0" y="0" width="{_n(self.width)}" height="{_n(self.height)}" fill="#FFFFFF"/>\n'
+        )
+        return head + "\n".join(self.body) + "\n</svg>\n"
+
+
+# ---- figure 1: the data flow ---------------------------------------------------------------
+def pipeline() -> str:
+    svg = Svg(980, 800, "DeepSeek V4 KV compressor: data flow from projections to cache bytes")
+    svg.text(490, 30, "From projections to cache bytes", size=18, anchor="middle", weight="bold")
+    svg.text(490, 50, "one call of save_partial_states, then one of compress_norm_rope_store, per layer and step",
+             size=12, anchor="middle", fill=MUTED)
+
+    def box(x, y, w, h, title, lines, fill):
+        svg.rect(x, y, w, h, fill=fill, stroke=LINE, rx=6)
+        svg.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
+        for index, line in enumerate(lines):
+            svg.text(x + w / 2, y + 38 + 16 * index, line, size=11.5, anchor="middle", mono=True)
+
+    cx, w = 490, 620
+    x = cx - w / 2
+    box(x, 66, w, 62, "inputs of this step (T tokens)",
+        ["kv_score[T, 2·SW] fp32 = kv ‖ score,   ape[r, SW] fp32", "positions, slot_mapping (state slot, −1 = padding)"], "#FFFFFF")
+    box(x, 150, w, 62, "save_partial_states (§4)",
+        ["slot ≥ 0:  S = state_cache[slot // bs, slot % bs]", "S[0:SW] = kv (copied);  S[SW:2SW] = add(score, ape[p mod r])"], SAVE)
+    box(x, 234, w, 62, "activity rule (§5)   — inactive tokens write nothing",
+        ["slot_mapping[t] ≥ 0  and  (p + 1) mod r = 0  and  kv_slot_mapping[t] ≥ 0",
+         "an active (boundary) token produces entry p // r"], COMPRESS)
+    box(x, 318, w, 62, "window gather through block_table (§5)",
+        ["row i = 0..W−1: pos = p − W + 1 + i (valid iff pos ≥ 0)",
+         "S_i = state_cache[block_table[q, pos // bs], pos % bs], half h = i // r"], COMPRESS)
+    box(x, 402, w, 62, "per-channel softmax pooling (§5)   → x fp32[512]",
+        ["M = max s_i;  e_i = exp2s(mul(sub(s_i, M), L));  u_i = mul(kv_i, e_i)",
+         "x = div(tree(u_0..u_W−1), tree(e_0..e_W−1))   (invalid rows: +0)"], COMPRESS)
+    box(x, 486, w, 62, "RMSNorm (§6)   → y fp32[512]",
+        ["rr = div(1, sqrt(add(mul(tree(x·x), 2^−9), eps)))",
+         "y = mul(mul(x, rr), w)"], COMPRESS)
+    for y0 in (128, 212, 296, 380, 464):
+        svg.line(cx, y0, cx, y0 + 20, arrow=True, sw=1.4)
+    # the two branches
+    lx, rx, bw = 60, 510, 410
+    svg.path(f"M{_n(cx)},548 L{_n(cx)},560 L{_n(lx + bw / 2)},560 L{_n(lx + bw / 2)},572", arrow=True, sw=1.4)
+    svg.path(f"M{_n(cx)},560 L{_n(rx + bw / 2)},560 L{_n(rx + bw / 2)},572", arrow=True, sw=1.4)
+    svg.rect(lx, 574, bw, 80, fill=NOPE_LIGHT, stroke=LINE, rx=6)
+    svg.text(lx + bw / 2, 593, "NoPE: y[0:448], 7 blocks of 64", size=13, anchor="middle", weight="bold")
+    for index, line in enumerate(["q = bf16(y);  amax = max |q| per block",
+                                  "k = smallest int with max(amax, 1e−4) ≤ 448·2^k",
+                                  "scale byte 127 + k;  byte = e4m3(q · 2^−k)"]):
+        svg.text(lx + bw / 2, 612 + 16 * index, line, size=11.5, anchor="middle", mono=True)
+    svg.rect(rx, 574, bw, 80, fill=ROPE_LIGHT, stroke=LINE, rx=6)
+    svg.text(rx + bw / 2, 593, "RoPE: y[448:512], unrounded fp32", size=13, anchor="middle", weight="bold")
+    for index, line in enumerate(["(a, b) = (y[448+2j], y[449+2j]), cp = (p // r)·r",
+                                  "o0 = a·cos − b·sin,  o1 = a·sin + b·cos",
+                                  "(co, si from cos_sin_cache[cp]);  bf16(o0), bf16(o1)"]):
+        svg.text(rx + bw / 2, 612 + 16 * index, line, size=11.5, anchor="middle", mono=True)
+    svg.line(lx + bw / 2, 654, lx + bw / 2, 676, arrow=True, sw=1.4)
+    svg.line(rx + bw / 2, 654, rx + bw / 2, 676, arrow=True, sw=1.4)
+    box(lx, 678, rx + bw - lx, 62, "store at kv_slot_mapping[t]: page = slot // B, o = slot % B (§7)",
+        ["flashmla_fp8: 576-byte data record + 8-byte scale record;  bf16: 512 × bf16",
+         "fp8_per_tensor: 512 × e4m3(mul(z, div(1, fp8_scale)));  no other byte is written"], COMPRESS)
+    svg.legend(lx, 776, [(SAVE, "save_partial_states: writes state_cache only"),
+                         (COMPRESS, "compress_norm_rope_store: reads state_cache, writes k_cache")],
+               cols=2, col_width=360, size=11.5)
+    return svg.render()
+
+
+# ---- figure 2: the state cache --------------------------------------------------------------
+def state_cache() -> str:
+    svg = Svg(1000, 590, "State cache: rows of kv then score, padded strides")
+    svg.text(500, 30, "State cache (C4: SW = 1024, bs = 4), fp32 [num_state_blocks, bs, 2·SW]", size=17,
+             anchor="middle", weight="bold")
+    svg.text(500, 50, "strides (s0, s1, 1) in elements; here s1 = 2176 (row padding 128) and s0 = 5·s1 (one padding row per block)",
+             size=12, anchor="middle", fill=MUTED)
+    x0, scale = 150, 0.3  # px per float
+    width, s1 = 2048, 2176
+    row_h, gap = 22, 4
+    y = 124
+    quarters = ((0, "kv[0:512]", KV_LIGHT, 0, "copied"), (512, "kv[512:1024]", KV_LIGHT, 1, "copied"),
+                (1024, "score[0:512]", SCORE_LIGHT, 0, "+ ape[p mod r]"), (1536, "score[512:1024]", SCORE_LIGHT, 1, "+ ape[p mod r]"))
+    for start, label, _, half, _ in quarters:
+        svg.text(x0 + (start + 256) * scale, y - 22, label, size=11, anchor="middle", mono=True)
+        svg.text(x0 + (start + 256) * scale, y - 8, f"half {half}", size=10, anchor="middle",
+                 fill=H0 if half == 0 else H1, weight="bold")
+    for tick in (0, 512, 1024, 1536, 2048, 2176):
+        svg.text(x0 + tick * scale, y - 38, str(tick), size=10, anchor="middle", fill=MUTED)
+        svg.line(x0 + tick * scale, y - 34, x0 + tick * scale, y - 30, stroke=MUTED)
+    rows = [(block, offset) for block in (0, 1) for offset in range(5)]
+
+    def row_y(index, block):
+        return y + index * (row_h + gap) + block * 14
+
+    for index, (block, offset) in enumerate(rows):
+        ry = row_y(index, block)
+        if offset == 4:
+            svg.hatched(x0, ry, s1 * scale, row_h)
+            svg.text(x0 - 8, ry + 15, "pad row", size=10.5, anchor="end", fill=MUTED)
+            continue
+        for start, _, fill, half, note in quarters:
+            svg.rect(x0 + start * scale, ry, 512 * scale, row_h, fill=fill, stroke=LINE, sw=0.6)
+            svg.rect(x0 + start * scale, ry, 512 * scale, 4, fill=H0 if half == 0 else H1, stroke="none", sw=0)
+            svg.text(x0 + (start + 256) * scale, ry + 16, note, size=10.5, anchor="middle", fill=MUTED)
+        svg.rect(x0, ry, width * scale, row_h, fill="none", stroke=LINE, sw=1)
+        svg.hatched(x0 + width * scale, ry, (s1 - width) * scale, row_h)
+        svg.text(x0 - 8, ry + 15, f"b={block}, o={offset} (slot {block * 4 + offset})", size=10.5, anchor="end", mono=True)
+    # stride arrows
+    ax = x0 + s1 * scale + 24
+    svg.path(f"M{_n(ax)},{_n(y)} L{_n(ax)},{_n(y + row_h + gap)}", arrow=True, sw=1.2)
+    svg.line(ax - 5, y, ax + 5, y)
+    svg.text(ax + 8, y + 14, "s1 ≥ 2·SW,", size=11)
+    svg.text(ax + 8, y + 28, "multiple of 4", size=10, fill=MUTED)
+    blk1 = row_y(5, 1)
+    svg.path(f"M{_n(ax + 90)},{_n(y)} L{_n(ax + 90)},{_n(blk1)}", arrow=True, sw=1.2)
+    svg.line(ax + 85, y, ax + 95, y)
+    svg.text(ax + 98, y + 66, "s0 ≥ bs·s1,", size=11)
+    svg.text(ax + 98, y + 80, "multiple of 4", size=10, fill=MUTED)
+    svg.brace(x0 + width * scale, x0 + s1 * scale, row_y(9, 1) + row_h + 4, "row padding", size=10)
+    base = row_y(9, 1) + row_h + 56
+    svg.text(40, base, "&S[b, o, d] = base + 4·(b·s0 + o·s1 + d) bytes;  base 16-byte aligned, last stride 1", size=12.5, mono=True)
+    svg.text(40, base + 20, "position p of request q:  slot = block_table[q, p // bs]·bs + p % bs;  b = slot // bs, o = slot % bs",
+             size=12.5, mono=True)
+    svg.text(40, base + 42, "C128 (SW = 512): the same row with kv[0:512] ‖ score[0:512] (a single half); production bs = 8.",
+             size=12.5)
+    svg.text(40, base + 62, "Padding (hatched) is never read or written; compress_norm_rope_store never writes the state cache.",
+             size=12.5)
+    svg.legend(40, base + 94, [(KV_LIGHT, "kv (copied from kv_score)"), (SCORE_LIGHT, "score, ape added"),
+                               ("hatch", "padding, never touched"), (H0, "C4 half 0 (channels 0..511)"),
+                               (H1, "C4 half 1 (channels 512..1023)")],
+               cols=3, col_width=300, size=11)
+    return svg.render()
+
+
+# ---- figure 3: C4 windows -----------------------------------------------------------------
+def c4_window() -> str:
+    svg = Svg(1000, 620, "C4: overlapped windows of 8 rows")
+    svg.text(500, 30, "C4 (r = 4, W = 8): entry c pools half 0 of group c−1 and half 1 of group c", size=17,
+             anchor="middle", weight="bold")
+    x0, cw = 190, 38
+    first, last = -4, 15
+
+    def cx(p):
+        return x0 + (p - first) * cw
+
+    def marker(x, y):
+        svg.path(f"M{_n(x - 6)},{_n(y)} L{_n(x + 6)},{_n(y)} L{_n(x)},{_n(y + 9)} z", fill=INK, stroke="none", sw=0)
+
+    ty = 92  # token boxes
+    svg.text(x0 - 12, ty - 22, "position p", size=11, anchor="end", fill=MUTED)
+    svg.text(x0 - 12, ty + 14, "half 0", size=11, anchor="end", fill=H0, weight="bold")
+    svg.text(x0 - 12, ty + 34, "half 1", size=11, anchor="end", fill=H1, weight="bold")
+    for p in range(first, last + 1):
+        x = cx(p)
+        svg.text(x + cw / 2, ty - 22, str(p).replace("-", "−"), size=11, anchor="middle", fill=MUTED if p < 0 else INK)
+        if p < 0:
+            svg.hatched(x + 2, ty, cw - 4, 40, color="red", dash="3,2")
+            continue
+        svg.rect(x + 2, ty, cw - 4, 20, fill=H0_LIGHT)
+        svg.rect(x + 2, ty + 20, cw - 4, 20, fill=H1_LIGHT)
+        if (p + 1) % 4 == 0:
+            marker(x + cw / 2, ty - 14)
+    svg.text(x0 - 12, ty + 60, "group", size=11, anchor="end", fill=MUTED)
+    svg.text(x0 - 12, ty + 74, "state block (bs = 4)", size=10, anchor="end", fill=MUTED)
+    for g in range(4):
+        svg.brace(cx(4 * g) + 2, cx(4 * g + 4) - 2, ty + 46, f"group {g}", size=11)
+        svg.text((cx(4 * g) + cx(4 * g + 4)) / 2, ty + 74, f"block_table[q, {g}]", size=9.5, anchor="middle", mono=True, fill=MUTED)
+    svg.brace(cx(-4) + 2, cx(0) - 2, ty + 46, "pos < 0", size=10.5, fill=MUTED)
+
+    ly = 212
+    for c in range(4):
+        y = ly + c * 46
+        p = 4 * c + 3
+        svg.text(x0 - 12, y + 17, f"entry {c} (p = {p})", size=12, anchor="end", weight="bold")
+        svg.line(cx(p) + cw / 2, ty + 80, cx(p) + cw / 2, y, stroke=LINE, sw=0.6, dash="2,3")
+        for i in range(8):
+            pos = p - 7 + i
+            x = cx(pos)
+            if pos < 0:
+                svg.hatched(x + 2, y, cw - 4, 24, color="red", dash="3,2")
+                svg.text(x + cw / 2, y + 16, "+0", size=11, anchor="middle", fill="#B03030", weight="bold")
+                continue
+            fill = H0_LIGHT if i < 4 else H1_LIGHT
+            stroke = H0 if i < 4 else H1
+            svg.rect(x + 2, y, cw - 4, 24, fill=fill, stroke=stroke, sw=1.5)
+            svg.text(x + cw / 2, y + 16, f"i={i}", size=10, anchor="middle")
+    svg.text(cx(-4), ly + 4 * 46 + 6,
+             "entry 0: rows 0..3 are invalid (positions −4..−1): they read nothing and add e = u = +0 to both trees",
+             size=11.5, fill="#B03030")
+
+    # the state row and the half rule
+    ry = ly + 4 * 46 + 42
+    svg.text(x0 - 12, ry + 17, "state row S_i", size=12, anchor="end", weight="bold")
+    seg = 120
+    for index, (label, fill, half) in enumerate((("kv[0:512]", KV_LIGHT, 0), ("kv[512:1024]", KV_LIGHT, 1),
+                                                 ("score[0:512]", SCORE_LIGHT, 0), ("score[512:1024]", SCORE_LIGHT, 1))):
+        x = x0 + index * seg
+        svg.rect(x, ry, seg, 24, fill=fill)
+        svg.rect(x, ry, seg, 5, fill=H0 if half == 0 else H1, stroke="none", sw=0)
+        svg.text(x + seg / 2, ry + 18, label, size=10.5, anchor="middle", mono=True)
+        svg.text(x, ry + 38, str(index * 512), size=10, anchor="middle", fill=MUTED)
+    svg.text(x0 + 4 * seg, ry + 38, "2048", size=10, anchor="middle", fill=MUTED)
+    svg.text(x0 + 4 * seg + 16, ry + 10, "half 0 = columns [0:512] and [1024:1536]", size=11, fill=H0, weight="bold")
+    svg.text(x0 + 4 * seg + 16, ry + 26, "half 1 = columns [512:1024] and [1536:2048]", size=11, fill=H1, weight="bold")
+    fy = ry + 68
+    for index, line in enumerate([
+        "row i of the entry of boundary token p:  pos_i = p − 7 + i,  valid iff pos_i ≥ 0,  half h = i // 4",
+        "kv_i[c] = S_i[512·h + c],  s_i[c] = S_i[1024 + 512·h + c]   (c = 0..511, channels independent)",
+        "x[c] = div(tree(u_0..u_7), tree(e_0..e_7)), trees over the rows in row order;  RoPE row cp = (p // 4)·4",
+    ]):
+        svg.text(40, fy + 20 * index, line, size=12, mono=True)
+    ly2 = fy + 78
+    svg.legend(40, ly2, [(H0_LIGHT, "half 0 of the row's token"), (H1_LIGHT, "half 1 of the row's token"),
+                         ("hatch-red", "invalid row: e = u = +0")], cols=4, col_width=225, size=11)
+    marker(40 + 3 * 225 + 9, ly2 - 9)
+    svg.text(40 + 3 * 225 + 25, ly2, "boundary token", size=11)
+    return svg.render()
+
+
+# ---- figure 4: C128 windows ---------------------------------------------------------------
+PHYSICAL_IDS = (13, 2, 19, 7, 0, 16, 10, 4, 21, 9, 14, 1, 18, 6, 11, 22)  # block_table[q, 16c + j], shuffled
+LANES_A = "#F2F2F2"
+LANES_B = "#D9D9D9"
+XOR = "#2F6690"
+
+
+def c128_window() -> str:
+    svg = Svg(1060, 625, "C128: 128 window rows through the block table")
+    svg.text(530, 30, "C128 (r = 128, W = 128, bs = 8): the window is 16 state blocks found through block_table", size=17,
+             anchor="middle", weight="bold")
+    x0, bw = 150, 46
+    right = x0 + 16 * bw + 10
+    y = 78
+    svg.text(x0 - 10, y + 17, "window rows", size=11.5, anchor="end", weight="bold")
+    for j in range(16):
+        x = x0 + j * bw
+        svg.rect(x + 1, y, bw - 2, 26, fill=KV_LIGHT)
+        for r in range(1, 8):
+            svg.line(x + 1 + r * (bw - 2) / 8, y, x + 1 + r * (bw - 2) / 8, y + 26, stroke="#8FA9C8", sw=0.5)
+        svg.text(x + bw / 2, y - 6, f"{8 * j}..{8 * j + 7}", size=9, anchor="middle", fill=MUTED)
+    svg.text(right, y + 11, "rows i = 0..127", size=11)
+    svg.text(right, y + 25, "pos = 128c + i", size=11, mono=True)
+    ty = y + 58
+    svg.text(x0 - 10, ty + 17, "block_table[q, ·]", size=11.5, anchor="end", weight="bold", mono=True)
+    for j in range(16):
+        x = x0 + j * bw
+        svg.line(x + bw / 2, y + 26, x + bw / 2, ty, arrow=True, sw=1)
+        svg.rect(x + 1, ty, bw - 2, 26, fill=BLOCK_LIGHT, stroke=BLOCK)
+        svg.text(x + bw / 2, ty + 17, str(PHYSICAL_IDS[j]), size=12, anchor="middle", weight="bold")
+        svg.text(x + bw / 2, ty + 40, f"16c+{j}", size=8.5, anchor="middle", fill=MUTED, mono=True)
+    svg.text(right, ty + 11, "column = pos // 8", size=11, mono=True)
+    svg.text(right, ty + 25, "row = pos % 8", size=11, mono=True)
+    # physical blocks
+    py = ty + 130
+    pw = 16 * bw / 23
+    svg.text(x0 - 10, py + 17, "state_cache", size=11.5, anchor="end", weight="bold", mono=True)
+    used = set(PHYSICAL_IDS)
+    for b in range(23):
+        x = x0 + b * pw
+        if b in used:
+            svg.rect(x + 1, py, pw - 2, 26, fill=KV_LIGHT)
+        else:
+            svg.hatched(x + 1, py, pw - 2, 26)
+        svg.text(x + pw / 2, py + 40, str(b), size=9.5, anchor="middle", fill=MUTED)
+    for j, b in enumerate(PHYSICAL_IDS):
+        svg.line(x0 + j * bw + bw / 2, ty + 46, x0 + b * pw + pw / 2, py, stroke=BLOCK, sw=0.9, arrow=True)
+    svg.text(right, py + 11, "physical blocks", size=11)
+    svg.text(right, py + 25, "(hatched: not this window's)", size=10, fill=MUTED)
+
+    # Block8 mapping and the reduction tree
+    ry = py + 92
+    svg.text(530, ry, "Block8 mapping (a hint): 8 warps × 2 blocks give tree(u_0..u_127) in row order", size=14,
+             anchor="middle", weight="bold")
+    ry += 18
+    svg.text(x0 - 10, ry + 16, "lanes", size=11.5, anchor="end", weight="bold")
+    for j in range(16):
+        x = x0 + j * bw
+        svg.rect(x + 1, ry, bw - 2, 24, fill=LANES_A if j % 2 == 0 else LANES_B)
+        svg.text(x + bw / 2, ry + 16, "0–15" if j % 2 == 0 else "16–31", size=10, anchor="middle")
+    for w in range(8):
+        svg.brace(x0 + 2 * w * bw + 3, x0 + (2 * w + 2) * bw - 3, ry + 28, f"warp {w}", size=10.5)
+    svg.text(right, ry + 11, "lanes 0–15: block 2w", size=11)
+    svg.text(right, ry + 25, "lanes 16–31: block 2w+1", size=11)
+
+    leaf_y = ry + 70
+    level_gap = 30
+    nodes = [x0 + j * bw + bw / 2 for j in range(16)]
+    for x in nodes:
+        svg.rect(x - 4, leaf_y - 4, 8, 8, fill=KV, stroke="none", sw=0)
+    level = 0
+    while len(nodes) > 1:
+        parent_y = leaf_y + (level + 1) * level_gap
+        colour = XOR if level == 0 else BLOCK
+        parents = []
+        for k in range(0, len(nodes), 2):
+            px = (nodes[k] + nodes[k + 1]) / 2
+            for child in (nodes[k], nodes[k + 1]):
+                svg.line(child, leaf_y + level * level_gap, px, parent_y, stroke=colour, sw=1.4)
+            svg.rect(px - 4, parent_y - 4, 8, 8, fill=colour, stroke="none", sw=0)
+            parents.append(px)
+        nodes = parents
+        level += 1
+    svg.text(right, leaf_y + 4, "per-lane tree of 8 rows", size=11, fill=KV, weight="bold")
+    svg.text(right, leaf_y + 18, "(levels 1–3, registers)", size=10, fill=MUTED)
+    svg.text(right, leaf_y + level_gap + 8, "shfl.bfly xor 16 (level 4)", size=11, fill=XOR, weight="bold")
+    svg.text(right, leaf_y + 2.5 * level_gap + 4, "cross-warp tree", size=11, fill=BLOCK, weight="bold")
+    svg.text(right, leaf_y + 2.5 * level_gap + 18, "(levels 5–7, 8 warps, smem)", size=10, fill=MUTED)
+    svg.text(right, leaf_y + 4 * level_gap + 4, "= tree(u_0..u_127)", size=11, mono=True)
+    svg.text(x0, leaf_y + 4 * level_gap + 38,
+             "The same for tree(e_0..e_127). Each lane also owns 4 consecutive channels: 16 lanes × 4 = one 64-channel tile.",
+             size=11, fill=MUTED)
+    return svg.render()
+
+
+# ---- figure 5: a FlashMLA page --------------------------------------------------------------
+def flashmla_page(entries: int = 4) -> str:
+    page_bytes = entries * ENTRY_BYTES
+    stride = -(-page_bytes // DATA_RECORD_BYTES) * DATA_RECORD_BYTES  # the engines' round_up(B*584, 576)
+    scale_start = entries * DATA_RECORD_BYTES
+    zoom = 1  # the entry whose records are drawn large
+    svg = Svg(1000, 600, f"flashmla_fp8 page layout, B = {entries}")
+    svg.text(500, 30, f"flashmla_fp8 page (B = {entries}): {entries} data records, {entries} scale records, padding to the page stride",
+             size=16.5, anchor="middle", weight="bold")
+    svg.text(500, 50, f"page p starts at byte p·stride0; stride0 ≥ B·584 = {page_bytes} and a multiple of 16; "
+             f"engines use round_up(B·584, 576) = {stride}", size=12, anchor="middle", fill=MUTED)
+    x0, width = 60, 880
+    k = width / stride
+    sx = x0 + scale_start * k
+    y = 206  # the page bar
+
+    # zoom 1 (above the page): the scale records
+    zy2 = 96
+    cell = width / (entries * SCALE_RECORD_BYTES)
+    svg.path(f"M{_n(x0)},{_n(zy2 + 34)} L{_n(x0 + width)},{_n(zy2 + 34)} "
+             f"L{_n(sx + entries * SCALE_RECORD_BYTES * k)},{_n(y)} L{_n(sx)},{_n(y)} z",
+             fill=SCALE, stroke="none", sw=0, opacity=0.18)
+    svg.text(x0, zy2 - 12, "scale records at page byte B·576 + o·8: 7 UE8M0 bytes (blocks 0..6, byte = 127 + k), then one byte 0",
+             size=12, weight="bold")
+    for o in range(entries):
+        for b in range(SCALE_RECORD_BYTES):
+            x = x0 + (o * SCALE_RECORD_BYTES + b) * cell
+            if b < NUM_QUANT_BLOCKS:
+                svg.rect(x, zy2, cell, 34, fill=SCALE if o == zoom else SCALE_LIGHT)
+                svg.text(x + cell / 2, zy2 + 21, f"g{b}", size=10.5, anchor="middle")
+            else:
+                svg.rect(x, zy2, cell, 34, fill=PAD)
+                svg.text(x + cell / 2, zy2 + 21, "0", size=11, anchor="middle", weight="bold")
+        xo = x0 + o * SCALE_RECORD_BYTES * cell
+        svg.rect(xo, zy2, SCALE_RECORD_BYTES * cell, 34, fill="none", stroke=INK, sw=1.6)
+        svg.text(xo, zy2 + 48, str(scale_start + o * SCALE_RECORD_BYTES), size=10.5, anchor="middle")
+        svg.text(xo + SCALE_RECORD_BYTES * cell / 2, zy2 + 48, f"entry o = {o}", size=11, anchor="middle")
+    svg.text(x0 + width, zy2 + 48, str(page_bytes), size=10.5, anchor="middle")
+
+    # the page
+    for o in range(entries):
+        x = x0 + o * DATA_RECORD_BYTES * k
+        svg.rect(x, y, NOPE_DIM * k, 34, fill=NOPE if o == zoom else NOPE_LIGHT, stroke=LINE)
+        svg.rect(x + NOPE_DIM * k, y, (DATA_RECORD_BYTES - NOPE_DIM) * k, 34, fill=ROPE if o == zoom else ROPE_LIGHT, stroke=LINE)
+        svg.rect(x, y, DATA_RECORD_BYTES * k, 34, fill="none", stroke=INK, sw=1.6)
+        svg.text(x + NOPE_DIM * k / 2, y + 22, f"data o = {o}", size=11.5, anchor="middle")
+    svg.rect(sx, y, entries * SCALE_RECORD_BYTES * k, 34, fill=SCALE, stroke=INK, sw=1.2)
+    svg.hatched(x0 + page_bytes * k, y, (stride - page_bytes) * k, 34)
+    svg.rect(x0, y, width, 34, fill="none", stroke=INK, sw=1.6)
+    svg.text(x0 + (page_bytes + stride) / 2 * k, y + 22, "never written", size=11, anchor="middle", fill=MUTED)
+    for tick in [o * DATA_RECORD_BYTES for o in range(entries)] + [stride]:
+        svg.line(x0 + tick * k, y + 34, x0 + tick * k, y + 40, stroke=INK)
+        svg.text(x0 + tick * k, y + 52, str(tick), size=10.5, anchor="middle")
+    svg.line(sx, y + 34, sx, y + 58, stroke=INK)
+    svg.text(sx - 3, y + 68, f"{scale_start} = B·576", size=10.5, anchor="end")
+    svg.line(x0 + page_bytes * k, y + 34, x0 + page_bytes * k, y + 58, stroke=INK)
+    svg.text(x0 + page_bytes * k + 3, y + 68, f"{page_bytes} = B·584", size=10.5, anchor="start")
+    svg.text(x0 - 6, y + 22, "page", size=11, anchor="end", weight="bold")
+
+    # zoom 2 (below the page): one data record
+    zy = 342
+    rec = zoom * DATA_RECORD_BYTES
+    kz = width / DATA_RECORD_BYTES
+    svg.path(f"M{_n(x0 + rec * k)},{_n(y + 34)} L{_n(x0 + (rec + DATA_RECORD_BYTES) * k)},{_n(y + 34)} "
+             f"L{_n(x0 + width)},{_n(zy)} L{_n(x0)},{_n(zy)} z", fill=NOPE, stroke="none", sw=0, opacity=0.12)
+    svg.text(x0, zy - 12, f"data record o = {zoom} at page byte o·576 = {rec}: 448 E4M3 bytes (channels 0..447), then 64 bf16 RoPE values",
+             size=12, weight="bold")
+    for g in range(NUM_QUANT_BLOCKS):
+        x = x0 + g * QUANT_BLOCK * kz
+        svg.rect(x, zy, QUANT_BLOCK * kz, 40, fill=NOPE_LIGHT)
+        svg.text(x + QUANT_BLOCK * kz / 2, zy + 17, f"block {g}", size=11, anchor="middle", weight="bold")
+        svg.text(x + QUANT_BLOCK * kz / 2, zy + 32, f"ch {QUANT_BLOCK * g}..{QUANT_BLOCK * g + 63}", size=10, anchor="middle")
+        svg.text(x, zy + 54, f"+{QUANT_BLOCK * g}", size=10, anchor="middle", fill=MUTED)
+    rx = x0 + NOPE_DIM * kz
+    svg.rect(rx, zy, (DATA_RECORD_BYTES - NOPE_DIM) * kz, 40, fill=ROPE_LIGHT)
+    svg.text(rx + 64 * kz, zy + 17, "RoPE: 64 × bf16, LE", size=11, anchor="middle", weight="bold")
+    svg.text(rx + 64 * kz, zy + 32, "o0, o1 of pairs j = 0..31", size=10, anchor="middle")
+    svg.text(rx, zy + 54, f"+{NOPE_DIM}", size=10, anchor="middle", fill=MUTED)
+    svg.text(x0 + width, zy + 54, f"+{DATA_RECORD_BYTES}", size=10, anchor="middle", fill=MUTED)
+    svg.rect(x0, zy, width, 40, fill="none", stroke=INK, sw=1.6)
+
+    fy = 440
+    for index, line in enumerate([
+        "entry slot s: page = s // B, o = s % B. NoPE byte d at page·stride0 + o·576 + d;",
+        "RoPE channel 448+m (bf16) at page·stride0 + o·576 + 448 + 2m; scale byte g at page·stride0 + B·576 + o·8 + g",
+        "value of NoPE channel d (for readers) = e4m3_to_float(byte[d]) · 2^(scale_byte[d // 64] − 127)",
+        f"bytes from B·584 = {page_bytes} up to the page stride, and entries that no active token addresses, are never written",
+    ]):
+        svg.text(x0, fy + 19 * index, line, size=11.5, mono=True)
+    svg.legend(x0, fy + 100, [(NOPE_LIGHT, "NoPE: E4M3FN bytes"), (ROPE_LIGHT, "RoPE: bf16 little-endian"),
+                              (SCALE_LIGHT, "UE8M0 scale bytes"), (PAD, "pad byte, always 0"),
+                              ("hatch", "page padding, never written"), (SCALE, "entry o = 1: its records, drawn large")],
+               cols=3, col_width=290, size=11)
+    return svg.render()
+
+
+FIGURES: dict[str, Callable[[], str]] = {
+    "pipeline.svg": pipeline,
+    "state_cache.svg": state_cache,
+    "c4_window.svg": c4_window,
+    "c128_window.svg": c128_window,
+    "flashmla_page.svg": flashmla_page,
+}
+
+
+def render_all() -> dict[str, str]:
+    """Every figure's SVG text, by file name."""
+    return {name: build() for name, build in FIGURES.items()}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help=f"where to write the SVG files (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if any file in --out-dir differs from what would be written")
+
+
+def run(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out_dir)
+    stale = []
+    for name, text in render_all().items():
+        path = out_dir / name
+        data = text.encode("utf-8")
+        if getattr(args, "check", False):
+            if not path.is_file() or path.read_bytes() != data:
+                stale.append(name)
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        print(f"wrote {path} ({len(data)} bytes)")
+    if stale:
+        print("out of date: " + ", ".join(stale) + " (run: python -m dsv4_compressor figures)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args()))
