@@ -319,7 +319,9 @@ def random_scenario(seed: int, *, compress_ratio: int, block_size: int, entries_
         padding_at_end=bool(seed % 2), row_pad=row_pad, block_pad_rows=block_pad_rows, page_pad_bytes=page_pad_bytes,
         values=values,
     )
-    return Scenario(f"random_{seed}", "hypothesis-generated", "small", recipe, seed)
+    description = (f"random: r={compress_ratio} bs={block_size} B={entries_per_page} {layout} bf16_weight={bf16_weight} "
+                   f"decode={num_decode} prefill={prefill} padding={num_padding} pads=({row_pad},{block_pad_rows},{page_pad_bytes}) {values}")
+    return Scenario(f"random_{seed}", description, "small", recipe, seed)
 
 
 def with_layout(scenario: Scenario, layout: str, fp8_scale: float | None = None) -> Scenario:

@@ -5,9 +5,12 @@ tree is written recursively (halves) rather than level by level, bf16 and E4M3 c
 torch's own conversions, and the UE8M0 exponent from a float64 ``ceil(log2(a / 448))``.
 Agreement between the two, byte for byte, is the evidence that each reads SPEC.md right.
 
-Every float32 operation is a separate torch elementwise op, hence correctly rounded and
-never fused. It is slow (a Python loop over window rows is avoided, but nothing is fused)
-and meant for checking, not serving.
+Every float32 operation is a separate torch elementwise op, never fused. Additions and
+multiplications are torch's float32 ops (hardware, correctly rounded). Division and square
+root are not taken from torch's float32 kernels: torch 2.13's CPU ``sqrt`` on float32 is
+*not* correctly rounded (it was seen 1 ulp off), so :func:`div` rounds a float64 quotient
+(exact for binary32 operands) and :func:`sqrt` rounds a float64 root and then corrects it
+with exact float64 comparisons. Slow and meant for checking, not serving.
 
 ``TorchReference`` also takes *mutations*: deliberate deviations (the scale floor of
 vLLM's CuTe kernels, RoPE at the token's own position, approximate exp2, ...) so the
@@ -32,6 +35,33 @@ MUTATIONS = (
     "pad_byte_ff",  # write 0xFF as the scale record's pad byte
     "sequential_sum",  # left-to-right sums instead of the pairwise trees
 )
+
+
+def div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded binary32 a / b: the float64 quotient rounds once more without harm
+    (53 >= 2*24 + 2 bits)."""
+    return (a.double() / b.double()).float()
+
+
+def sqrt(v: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded binary32 sqrt(v), v >= 0: a candidate, then the exact test
+    ``(r - u/2)^2 < v < (r + u/2)^2`` (midpoints have 25 bits, their squares are exact in
+    float64) moves it by one ulp if needed."""
+    v64 = v.double()
+    r = torch.sqrt(v64).float()
+    down = torch.nextafter(r, torch.zeros_like(r))
+    up = torch.nextafter(r, torch.full_like(r, math.inf))
+    low_mid = (r.double() + down.double()) / 2
+    high_mid = (r.double() + up.double()) / 2
+    r = torch.where(v64 < low_mid * low_mid, down, r)
+    return torch.where(v64 > high_mid * high_mid, up, r)
+
+
+def times_pow2(v: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """Binary32 ``v * 2^exponent`` rounded once: 2^exponent from a float64 exponent field
+    (torch's pow/ldexp on CPU go through approximate vector math)."""
+    power = ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return (v.double() * power).float()
 
 
 def _bits_to_f32(bits: int) -> torch.Tensor:
@@ -89,7 +119,7 @@ class TorchReference:
         p = c.coeffs[6].expand_as(f)
         for k in range(5, -1, -1):
             p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
-        result = torch.ldexp(p, j)
+        result = times_pow2(p, j)
         return torch.where(x < -126.0, torch.zeros_like(result), result)
 
     @staticmethod
@@ -138,11 +168,11 @@ class TorchReference:
         u = kv * e
         if "skip_invalid_rows" in self.mutations:
             # a kernel that loops over the valid rows only (C4's first window: rows 4..7)
-            return torch.stack([self._sum(u[t][valid[t]], 0) / self._sum(e[t][valid[t]], 0) for t in range(u.shape[0])])
+            return torch.stack([div(self._sum(u[t][valid[t]], 0), self._sum(e[t][valid[t]], 0)) for t in range(u.shape[0])])
         zero = torch.zeros_like(e)
         e = torch.where(v3, e, zero)
         u = torch.where(v3, u, zero)
-        return self._sum(u, 1) / self._sum(e, 1)
+        return div(self._sum(u, 1), self._sum(e, 1))
 
     # ---- SPEC §6-§8 ----------------------------------------------------------------------
     def compress_norm_rope_store(
@@ -164,7 +194,7 @@ class TorchReference:
         x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
-        rr = 1.0 / torch.sqrt(ss * (1.0 / 512.0) + eps)
+        rr = div(torch.ones_like(ss), sqrt(ss * (1.0 / 512.0) + eps))
         w = rms_norm_weight.to(F32)
         y = (x * rr[:, None]) * w[None, :]
         # RoPE
@@ -183,7 +213,7 @@ class TorchReference:
         if layout == "flashmla_fp8":
             blocks = nope.reshape(-1, 7, 64)
             k = self._ue8m0(blocks.abs().amax(dim=2), c)
-            scaled = torch.ldexp(blocks, (-k)[:, :, None].to(F32)).clamp(-448.0, 448.0)
+            scaled = times_pow2(blocks, (-k)[:, :, None].expand_as(blocks)).clamp(-448.0, 448.0)
             codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, 448)
             scale_bytes = (k + 127).to(torch.uint8)
             pad = torch.full((tokens.numel(), 1), 0xFF if "pad_byte_ff" in self.mutations else 0, dtype=torch.uint8, device=device)
@@ -197,7 +227,7 @@ class TorchReference:
         elif layout == "bf16":
             k_cache[page, offset] = torch.cat([nope.to(torch.bfloat16), rope], dim=1)
         else:
-            inv = 1.0 / torch.tensor(fp8_scale, dtype=F32, device=device)
+            inv = div(torch.ones(1, device=device), torch.tensor([fp8_scale], dtype=F32, device=device))
             z = torch.cat([nope, rope.to(F32)], dim=1)
             k_cache[page, offset] = (z * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 

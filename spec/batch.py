@@ -191,12 +191,13 @@ def padded_view(shape: tuple[int, ...], dtype, pad: tuple[int, ...], fill, align
     """A C-ordered array of ``shape`` whose dimension ``i`` is padded by ``pad[i]`` elements.
 
     The view's strides are those of the padded buffer, so every row is a window into larger
-    memory; the padding keeps ``fill`` and the base is ``alignment``-byte aligned.
+    memory; the padding keeps ``fill``, the base is ``alignment``-byte aligned and the
+    alignment slack before it holds :data:`CANARY_BYTE`.
     """
     dtype = np.dtype(dtype)
     full_shape = tuple(n + p for n, p in zip(shape, pad))
     nbytes = int(np.prod(full_shape)) * dtype.itemsize
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    raw = np.full(nbytes + alignment, CANARY_BYTE, dtype=np.uint8)  # the alignment slack too
     start = (-raw.__array_interface__["data"][0]) % alignment
     full = raw[start:start + nbytes].view(dtype).reshape(full_shape)
     full[...] = fill

@@ -1,0 +1,54 @@
+"""SPEC §9 errors of the NumPy API: ValueError naming the argument, nothing written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsv4_compressor import spec
+from dsv4_compressor.conformance.errors import CASES, run_error_case
+from dsv4_compressor.conformance.implementations import load_implementation
+from dsv4_compressor.conformance.scenarios import C4, StepRecipe, build_step, _decode
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_spec_section_9_error_case(case):
+    """The spec behind the torch protocol: the same checks the GPU wrappers run."""
+    verdict = run_error_case(load_implementation("spec"), case, "cpu")
+    assert verdict.status == "pass", verdict.detail
+
+
+def _numpy_call():
+    inputs = build_step(StepRecipe(_decode(2, 4), **C4), np.random.default_rng(0))
+    b = inputs.batch
+    state, k_cache = inputs.state_cache.numpy_copy()[1], inputs.k_cache.numpy_copy()[1]
+    args = [state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
+            inputs.rms_norm_weight, 1e-6, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping]
+    return args, k_cache
+
+
+@pytest.mark.parametrize("index, value, argument", [
+    (1, [0, 0], "token_to_req_indices"),  # a list, not an ndarray
+    (5, True, "block_size"),
+    (7, "1e-6", "rms_norm_eps"),
+    (7, float("nan"), "rms_norm_eps"),
+    (7, 1e-50, "rms_norm_eps"),  # rounds to 0 in binary32
+    (6, np.ones(512, np.float64), "rms_norm_weight"),
+])
+def test_numpy_specific_errors(index, value, argument):
+    args, k_cache = _numpy_call()
+    before = k_cache.copy()
+    args[index] = value
+    with pytest.raises(ValueError, match=argument):
+        spec.compress_norm_rope_store(*args, compress_ratio=4)
+    assert np.array_equal(k_cache, before)
+
+
+def test_fp8_per_tensor_needs_a_positive_scale():
+    inputs = build_step(StepRecipe(_decode(2, 4), **C4, layout="fp8_per_tensor", fp8_scale=1.0), np.random.default_rng(0))
+    b = inputs.batch
+    args = [inputs.state_cache.numpy_copy()[1], b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
+            b.block_size, inputs.rms_norm_weight, 1e-6, inputs.cos_sin_cache, inputs.k_cache.numpy_copy()[1], b.kv_slot_mapping]
+    for scale, message in ((None, "fp8_scale"), (0.0, "fp8_scale"), (float("inf"), "fp8_scale")):
+        with pytest.raises(ValueError, match=message):
+            spec.compress_norm_rope_store(*args, compress_ratio=4, layout="fp8_per_tensor", fp8_scale=scale)
