@@ -1,4 +1,4 @@
-"""Test session setup shared by every folder.
+"""The project's pytest plugin (``-p dsv4_compressor.pytest_plugin`` in pyproject.toml).
 
 - Without a CUDA GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is
   set here, before anything imports Triton.

@@ -96,7 +96,10 @@ def _resolve(reference: str) -> Any:
     for part in filter(None, attribute.split(".")):
         target = getattr(target, part)
     if isinstance(target, type) or (callable(target) and not hasattr(target, "compress_norm_rope_store")):
-        target = target()  # a class or a factory
+        try:
+            target = target()  # a class or a factory
+        except TypeError as error:
+            raise ValueError(f"--impl {reference}: expected an implementation or a factory taking no arguments ({error})") from None
     return target
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -232,6 +233,6 @@ class TorchReference:
             k_cache[page, offset] = (z * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
 
-def torch_reference(mutations: tuple[str, ...] = ()) -> TorchReference:
-    """The conformance entry for ``--impl torch`` (and, with mutations, the suite's own mutants)."""
-    return TorchReference(mutations)
+# One instance per mutation, loadable as e.g.
+# ``--impl dsv4_compressor.conformance.torch_reference:MUTANTS.scale_floor``.
+MUTANTS = SimpleNamespace(**{m: TorchReference((m,)) for m in MUTATIONS})

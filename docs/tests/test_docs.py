@@ -28,7 +28,7 @@ from dsv4_compressor.spec.pooling import is_boundary
 from dsv4_compressor.spec.postprocess import QuantizedNope, rms_norm
 from dsv4_compressor.spec.validation import check_store, describe_numpy
 
-DOCS = Path(__file__).resolve().parent
+DOCS = Path(__file__).resolve().parent.parent
 F32 = np.float32
 
 
