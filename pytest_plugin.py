@@ -21,6 +21,14 @@ def _cuda_available() -> bool:
 
 
 HAS_CUDA = _cuda_available()
+
+try:  # CI runs hypothesis derandomized, so a failure reproduces on the next run
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+except ImportError:  # hypothesis is a test extra
+    pass
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -12,7 +12,9 @@ import time
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--impl", required=True, help="spec, torch, triton, cutedsl, module:attribute or an entry-point name")
+    parser.add_argument("--impl", required=True, action="append",
+                        help="spec, torch, triton, cutedsl, module:attribute or an entry-point name (repeatable: "
+                             "several implementations share the spec's results)")
     parser.add_argument("--scenarios", nargs="*", metavar="NAME", help="scenario names or glob patterns (default: all of --size)")
     parser.add_argument("--size", choices=("small", "medium", "large", "all"), default=None,
                         help="catalogue part (default: all on a GPU implementation, small otherwise)")
@@ -36,36 +38,44 @@ def run(args) -> int:
         for sc in CATALOGUE:
             print(f"{sc.name:34s} {sc.size:5s} {sc.description}")
         return 0
-    impl = load_implementation(args.impl)
-    device = args.device or impl.device()
-    if device is None:
-        print(f"SKIPPED: implementation {args.impl!r} needs one of {impl.devices} and none is available here "
-              f"(no CUDA GPU found). Nothing was checked.")
+    loaded = [load_implementation(name) for name in args.impl]
+    runnable = []
+    for name, impl in zip(args.impl, loaded):
+        device = args.device or impl.device()
+        if device is None:
+            print(f"SKIPPED: implementation {name!r} needs one of {impl.devices} and none is available here "
+                  f"(no CUDA GPU found). Nothing was checked.")
+        else:
+            runnable.append((name, impl, device))
+    if not runnable:
         return 0
-    size = args.size or ("all" if device == "cuda" else "small")
+    size = args.size or ("all" if any(d == "cuda" for _, _, d in runnable) else "small")
     chosen = scenarios(args.scenarios, size)
     mode = "tolerant (SPEC §10)" if args.tolerant else "exact (every byte)"
-    print(f"conformance of {args.impl!r} on {device}: {len(chosen)} scenarios, verdict {mode}", flush=True)
-    widths = (44, 6, 6, 6, 80)
-    print(_row(("scenario", "tokens", "active", "verdict", "first difference / deviations"), widths))
-    print("-" * 140)
+    names = ", ".join(f"{n!r} on {d}" for n, _, d in runnable)
+    print(f"conformance of {names}: {len(chosen)} scenarios, verdict {mode}", flush=True)
+    widths = (44, 12, 6, 6, 6, 80)
+    print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), widths))
+    print("-" * 150)
     failures = 0
     for scenario in chosen:
-        start = time.perf_counter()
-        verdict = run_scenario(impl, scenario, tolerant=args.tolerant, device=device)
-        detail = verdict.first_difference
-        if args.tolerant and verdict.counts:
-            detail = "; ".join(f"{k}: {v}" for k, v in verdict.counts.items() if k != "traceback") or detail
-        label = verdict.status.upper()
-        print(_row((scenario.name, verdict.tokens, verdict.active, label, detail), widths) + f"  ({time.perf_counter() - start:.1f}s)", flush=True)
-        if verdict.status == "error" and "traceback" in verdict.counts:
-            print(verdict.counts["traceback"], file=sys.stderr)
-        failures += not verdict.passed
+        for name, impl, device in runnable:
+            start = time.perf_counter()
+            verdict = run_scenario(impl, scenario, tolerant=args.tolerant, device=device)
+            detail = verdict.first_difference
+            if args.tolerant and verdict.counts:
+                detail = "; ".join(f"{k}: {v}" for k, v in verdict.counts.items() if k != "traceback") or detail
+            print(_row((scenario.name, name, verdict.tokens, verdict.active, verdict.status.upper(), detail), widths)
+                  + f"  ({time.perf_counter() - start:.1f}s)", flush=True)
+            if verdict.status == "error" and "traceback" in verdict.counts:
+                print(verdict.counts["traceback"], file=sys.stderr)
+            failures += not verdict.passed
     if not args.no_errors:
         print("\nSPEC §9 error cases (ValueError naming the argument, nothing written):")
         for case in CASES:
-            result = run_error_case(impl, case, device)
-            print(_row((case.name, "", "", result.status.upper(), result.detail[:110]), widths))
-            failures += not result.passed
+            for name, impl, device in runnable:
+                result = run_error_case(impl, case, device)
+                print(_row((case.name, name, "", "", result.status.upper(), result.detail[:110]), widths))
+                failures += not result.passed
     print(f"\n{'FAILED' if failures else 'PASSED'}: {failures} failure(s)")
     return 1 if failures else 0

@@ -1,0 +1,82 @@
+"""Benchmark cases: the sweeps of the kernel pull requests, built with the spec's batch builders.
+
+- C128 decode-boundary sweep: token_num 1, 2, 4, ..., 8192, 16374; every token closes a
+  window of its own request; state block size 8; 2 entries per page.
+- C4 sweep: 1 ... 16384 decode-boundary tokens; state block size 4; 64 entries per page.
+- A realistic mixed step: decode tokens of many requests at random positions plus a chunked
+  prefill of a few thousand tokens.
+- The save-partial-states pass over T tokens.
+
+Metadata comes from NumPy builders; the large buffers are filled on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec import batch as B
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM, ROPE_DIM, ratio_config
+
+C128_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16374)
+C4_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CACHE_BYTES_PER_ENTRY = {"flashmla_fp8": ENTRY_BYTES, "bf16": 2 * HEAD_DIM, "fp8_per_tensor": HEAD_DIM}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark row: an operation on a batch shape."""
+
+    name: str  # e.g. "c128_decode"
+    operation: str  # "compress" (compress_norm_rope_store) or "save" (save_partial_states)
+    compress_ratio: int
+    block_size: int
+    entries_per_page: int
+    token_num: int  # the x axis
+    kind: str  # "decode", "mixed" or "save"
+    layout: str = "flashmla_fp8"
+
+    def batch(self, rng: np.random.Generator) -> B.Batch:
+        r = self.compress_ratio
+        if self.kind == "mixed":
+            prefill = self.token_num - 512
+            requests = B.mixed_requests(rng, r, num_decode=512, prefill_tokens=(prefill,), max_entries=64)
+        elif self.kind == "save":
+            requests = B.decode_requests(self.token_num, r, rng, boundary=False, max_entries=64)
+        else:
+            requests = B.decode_requests(self.token_num, r, rng, max_entries=64 if r == 128 else 512)
+        return B.build_batch(requests, compress_ratio=r, block_size=self.block_size,
+                             entries_per_page=self.entries_per_page, rng=rng, spare_state_blocks=0, spare_pages=0)
+
+    def bytes_moved(self, batch: B.Batch) -> int:
+        """Bytes that must move through HBM: every input read once, every output written once."""
+        config = ratio_config(self.compress_ratio)
+        tokens = batch.num_tokens
+        if self.operation == "save":
+            saved = int(np.count_nonzero(batch.slot_mapping >= 0))
+            row = config.state_row_width * 4
+            return saved * 2 * row + tokens * 16 + config.ratio * config.state_width * 4
+        active = batch.num_active
+        window_bytes = config.window * 2 * HEAD_DIM * 4  # kv and score halves of every window row
+        metadata = tokens * (4 + 8 + 8 + 8)  # token_to_req, positions, slots, kv slots
+        per_entry = window_bytes + CACHE_BYTES_PER_ENTRY[self.layout] + ROPE_DIM * 4  # + the cos/sin row
+        return active * per_entry + metadata + HEAD_DIM * 4
+
+
+def c128_decode_sweep(sizes=C128_SWEEP, layout="flashmla_fp8") -> list[Case]:
+    return [Case("c128_decode", "compress", 128, 8, 2, n, "decode", layout) for n in sizes]
+
+
+def c4_decode_sweep(sizes=C4_SWEEP, layout="flashmla_fp8") -> list[Case]:
+    return [Case("c4_decode", "compress", 4, 4, 64, n, "decode", layout) for n in sizes]
+
+
+def mixed_steps() -> list[Case]:
+    return [Case("c128_mixed", "compress", 128, 8, 2, 4096 + 512, "mixed"),
+            Case("c4_mixed", "compress", 4, 4, 64, 4096 + 512, "mixed")]
+
+
+def save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:
+    return ([Case("c128_save", "save", 128, 8, 2, n, "save") for n in sizes]
+            + [Case("c4_save", "save", 4, 4, 64, n, "save") for n in sizes])

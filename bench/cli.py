@@ -1,0 +1,96 @@
+"""``python -m dsv4_compressor bench [--ratio 128|4] [--impl ...] [--mode eager|graph]``.
+
+Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the mixed step and the
+save pass) for every available implementation, prints Markdown tables (token_num | µs per
+implementation | speedup vs the baseline | GB/s | % of the copy bandwidth measured in the
+same run), and writes CSV, JSON and a PNG plot. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both)")
+    parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-split_block8, "
+                        "cutedsl-split_generic, cutedsl-fused_cluster, or module:attribute (default: all available)")
+    parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
+    parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
+    parser.add_argument("--extra", action="store_true", help="also the mixed steps and the save-partial-states pass")
+    parser.add_argument("--baseline", default="triton", help="implementation the speedups are measured against")
+    parser.add_argument("--out", default="bench/out", help="folder for CSV, JSON and PNG")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--tag", default="", help="added to the output file names")
+
+
+def _versions() -> dict:
+    import torch
+
+    versions = {"torch": torch.__version__, "python": platform.python_version(), "gpu": torch.cuda.get_device_name()}
+    for name, module in (("triton", "triton"), ("cutlass-dsl", "cutlass")):
+        try:
+            versions[name] = __import__(module).__version__
+        except Exception:  # not installed
+            versions[name] = None
+    try:
+        versions["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        versions["driver"] = None
+    try:
+        versions["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        versions["commit"] = None
+    return versions
+
+
+def run(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU found; the benchmarks time kernels on a GPU and cannot run here.", file=sys.stderr)
+        return 2
+    from . import sweep as S
+    from .cases import c4_decode_sweep, c128_decode_sweep, mixed_steps, save_sweep
+    from .report import markdown_tables, plot, write_files
+    from .timing import copy_bandwidth_gbs
+
+    S.TRIALS = args.trials
+    names = args.impl or ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-split_generic", "cutedsl-fused_cluster"]
+    impls = []
+    for name in names:
+        try:
+            impls.append(S.load_bench_impl(name))
+        except Exception as error:  # e.g. cutlass not installed
+            print(f"bench: skipping {name}: {type(error).__name__}: {error}", file=sys.stderr)
+    if not impls:
+        print("bench: no implementation could be loaded", file=sys.stderr)
+        return 1
+    modes = args.mode or ["eager", "graph"]
+    ratios = args.ratio or [128, 4]
+    cases = []
+    for r in ratios:
+        sweep = c128_decode_sweep if r == 128 else c4_decode_sweep
+        cases += sweep(tuple(args.sizes)) if args.sizes else sweep()
+    if args.extra:
+        cases += mixed_steps() + save_sweep()
+    copy_gbs = copy_bandwidth_gbs()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python -m dsv4_compressor bench", *sys.argv[2:]]), "copy_gbs": copy_gbs, **_versions()}
+    print(json.dumps(meta))
+    rows = S.run_sweep(cases, impls, modes, copy_gbs)
+    # C128-only forced paths make no sense for C4 rows: drop their errors there
+    rows = [r for r in rows if not (r.error and "c4" in r.case and r.implementation.startswith("cutedsl-"))]
+    print(markdown_tables(rows, args.baseline, copy_gbs))
+    out = Path(args.out)
+    stem = "bench-" + "-".join(f"c{r}" for r in ratios) + (f"-{args.tag}" if args.tag else "")
+    files = write_files(rows, out, meta, stem)
+    figure = plot(rows, out / f"{stem}.png", copy_gbs)
+    print("\nwrote " + ", ".join(str(p) for p in files + ([figure] if figure else [])))
+    return 0

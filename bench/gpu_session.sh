@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One GPU-machine run that checks and times everything. Logs, CSV/JSON and plots go to a
+# work folder and are packed into one file, $OUT/session.tgz (the device tool returns few files).
+#
+#   bash bench/gpu_session.sh STEP...    STEP: env conformance-triton conformance-cutedsl
+#                                              tests-triton tests-cutedsl bench bench-extra
+#
+# The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
+# installed; CuTe DSL comes from the carried bundle (source .cutedsl/bin/activate.sh first).
+set -uo pipefail
+OUT="${OUT:-$PWD/out}"
+LOGS="$(mktemp -d)"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+link_dir="$(mktemp -d)"
+ln -s "$PWD" "$link_dir/dsv4_compressor"
+export PYTHONPATH="$link_dir${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+status=0
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+  local name="$1" limit="$2"; shift 2
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$LOGS/$name.log"
+  echo "=== $name: exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+for s in "$@"; do
+  case "$s" in
+    env)
+      step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; $PY -c 'import cutlass; print(\"cutlass\", cutlass.__version__)'; git log -1 --format=%H 2>/dev/null || true" ;;
+    conformance-triton)
+      step conformance-triton 400 $PY -m dsv4_compressor conformance --impl triton --size all ;;
+    conformance-cutedsl)
+      step conformance-cutedsl 400 $PY -m dsv4_compressor conformance --impl cutedsl --size all ;;
+    conformance-both)
+      step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
+    tests-triton)
+      step tests-triton 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests ;;
+    tests-cutedsl)
+      step tests-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
+    bench)
+      step bench 500 $PY -m dsv4_compressor bench --out "$LOGS" ;;
+    bench-triton)
+      step bench-triton 300 $PY -m dsv4_compressor bench --impl triton --tag triton --out "$LOGS" ;;
+    bench-extra)
+      step bench-extra 300 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --tag extra --out "$LOGS" ;;
+    *)
+      echo "unknown step $s"; status=1 ;;
+  esac
+done
+tar czf "$OUT/session.tgz" -C "$LOGS" .
+echo "packed $(ls "$LOGS" | wc -l) files into $OUT/session.tgz"
+exit $status

@@ -1,0 +1,147 @@
+"""Run cases x implementations x modes; one row per (case, implementation, mode)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .cases import Case
+from .timing import BenchImpl, Prepared, capture_graph, prepare, summarize, time_eager, time_graph
+
+TARGET_TRIAL_MS = 25.0  # each trial runs about this long
+TRIALS = 5
+
+
+def _cutedsl(path: str | None):
+    def load():
+        module = importlib.import_module("dsv4_compressor.impl.cutedsl")
+        extra = {"c128_path": path} if path else {}
+        return BenchImpl(f"cutedsl{'-' + path if path else ''}", module.compress_norm_rope_store, module.save_partial_states, extra)
+    return load
+
+
+def _module(name: str, module_name: str):
+    def load():
+        module = importlib.import_module(module_name)
+        return BenchImpl(name, module.compress_norm_rope_store, module.save_partial_states)
+    return load
+
+
+# name -> loader; forced C128 paths of the CuTe DSL kernels are separate rows
+REGISTRY = {
+    "triton": _module("triton", "dsv4_compressor.impl.triton"),
+    "cutedsl": _cutedsl(None),
+    "cutedsl-split_block8": _cutedsl("split_block8"),
+    "cutedsl-split_generic": _cutedsl("split_generic"),
+    "cutedsl-fused_cluster": _cutedsl("fused_cluster"),
+}
+
+
+def load_bench_impl(name: str) -> BenchImpl:
+    """A registry name, or ``module:attribute`` of an object with the two operations."""
+    if name in REGISTRY:
+        return REGISTRY[name]()
+    if ":" in name:
+        from ..conformance.implementations import load_implementation
+
+        loaded = load_implementation(name)
+        return BenchImpl(name, loaded.target.compress_norm_rope_store, loaded.target.save_partial_states)
+    raise ValueError(f"--impl: expected one of {sorted(REGISTRY)} or module:attribute, got {name!r}")
+
+
+@dataclass
+class Row:
+    case: str
+    operation: str
+    token_num: int
+    active: int
+    implementation: str
+    mode: str  # eager / graph
+    median_us: float | None
+    low_us: float | None
+    high_us: float | None
+    host_us: float | None
+    bytes_moved: int
+    gbs: float | None
+    pct_copy: float | None
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _iterations(call, prepared: Prepared) -> int:
+    """Calls per trial so one trial lasts about TARGET_TRIAL_MS (from one timed call)."""
+    per_call, _ = time_eager(call, prepared.sets, len(prepared.sets))
+    return max(len(prepared.sets), min(2000, int(TARGET_TRIAL_MS * 1e3 / max(per_call, 1.0))))
+
+
+def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: float, trials: int = TRIALS) -> list[Row]:
+    """Time ``case`` for every implementation and mode, trials interleaved across implementations."""
+    prepared = prepare(case)
+    callers, iterations, graphs, errors = {}, {}, {}, {}
+    for impl in impls:
+        try:
+            call = impl.caller(prepared)
+            for s in prepared.sets:  # compile and warm up
+                call(s)
+            torch.cuda.synchronize()
+            callers[impl.name] = call
+            iterations[impl.name] = _iterations(call, prepared)
+            if "graph" in modes:
+                calls = max(len(prepared.sets), min(iterations[impl.name], 200))
+                graphs[impl.name] = (capture_graph(call, prepared.sets, calls), calls)
+        except Exception as error:  # report and go on with the other implementations
+            errors[impl.name] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            torch.cuda.synchronize()
+    samples = {(i.name, m): [] for i in impls for m in modes}
+    hosts = {i.name: [] for i in impls}
+    for _ in range(trials):
+        for impl in impls:
+            if impl.name in errors:
+                continue
+            if "eager" in modes:
+                device_us, host_us = time_eager(callers[impl.name], prepared.sets, iterations[impl.name])
+                samples[(impl.name, "eager")].append(device_us)
+                hosts[impl.name].append(host_us)
+            if "graph" in modes:
+                graph, calls = graphs[impl.name]
+                replays = max(1, iterations[impl.name] // calls)
+                samples[(impl.name, "graph")].append(time_graph(graph, calls, replays))
+    rows = []
+    for impl in impls:
+        for mode in modes:
+            if impl.name in errors:
+                rows.append(Row(case.name, case.operation, case.token_num, prepared.num_active, impl.name, mode,
+                                None, None, None, None, prepared.bytes_moved, None, None, errors[impl.name]))
+                continue
+            t = summarize(samples[(impl.name, mode)], hosts[impl.name] if mode == "eager" else None)
+            gbs = prepared.bytes_moved / (t.median_us * 1e-6) / 1e9
+            rows.append(Row(case.name, case.operation, case.token_num, prepared.num_active, impl.name, mode,
+                            t.median_us, t.low_us, t.high_us, t.host_us, prepared.bytes_moved, gbs, 100.0 * gbs / copy_gbs))
+    del graphs, prepared
+    torch.cuda.empty_cache()
+    return rows
+
+
+def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_gbs: float, progress=True) -> list[Row]:
+    rows = []
+    started = time.perf_counter()
+    for index, case in enumerate(cases, 1):
+        if progress:
+            print(f"\r[{index}/{len(cases)}] {case.name} token_num={case.token_num} ({time.perf_counter() - started:.0f}s)   ",
+                  end="", file=sys.stderr, flush=True)
+        rows.extend(run_case(case, impls, modes, copy_gbs))
+    if progress:
+        print(file=sys.stderr)
+    return rows
+
+
+@functools.cache
+def gpu_name() -> str:
+    return torch.cuda.get_device_name()

@@ -1,0 +1,193 @@
+"""GPU timing: input sets rotated past L2, CUDA events, eager calls and CUDA-graph replay.
+
+- Every size gets ``num_sets`` independent input sets (state cache, metadata, compressed
+  cache), used in rotation so consecutive launches do not find their data in L2.
+- *eager*: many back-to-back calls, timed with CUDA events around the loop (host launch
+  overhead included when it exceeds the kernel time); the host time of the issuing loop is
+  reported separately.
+- *graph*: one CUDA graph holding many calls (cycling through the sets), replayed; the
+  time per call is what a serving engine pays.
+- Trials are repeated and implementations interleaved within each trial, so a drifting
+  clock does not favour one; the median and the spread are reported.
+"""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..spec import batch as B
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM
+from .cases import Case
+
+
+@dataclass
+class InputSet:
+    """The tensors of one call (on the GPU)."""
+
+    args: tuple
+    kwargs: dict
+    workspace: torch.Tensor | None = None
+
+
+@dataclass
+class Prepared:
+    case: Case
+    sets: list[InputSet]
+    bytes_moved: int
+    num_active: int
+
+
+def _device_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).cuda()
+
+
+def _k_cache(layout: str, num_pages: int, entries: int) -> torch.Tensor:
+    if layout == "flashmla_fp8":
+        page_stride = -(-entries * ENTRY_BYTES // 576) * 576  # the engines' round_up(B*584, 576)
+        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
+        return torch.as_strided(flat, (num_pages, entries, ENTRY_BYTES), (page_stride, ENTRY_BYTES, 1))
+    dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
+    return torch.empty((num_pages, entries, HEAD_DIM), dtype=torch.uint8, device="cuda").view(dtype)
+
+
+def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:
+    """Build ``num_sets`` independent input sets for ``case`` on the GPU."""
+    rng = np.random.default_rng(seed)
+    sets = []
+    bytes_moved = num_active = 0
+    width = 2 * (2 if case.compress_ratio == 4 else 1) * HEAD_DIM
+    for _ in range(num_sets):
+        batch = case.batch(rng)
+        bytes_moved, num_active = case.bytes_moved(batch), batch.num_active
+        state = torch.randn((max(batch.num_state_blocks, 1), case.block_size, width), device="cuda")
+        meta = {n: _device_tensor(getattr(batch, n)) for n in
+                ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+        if case.operation == "save":
+            kv_score = torch.randn((batch.num_tokens, width), device="cuda")
+            ape = torch.randn((case.compress_ratio, width // 2), device="cuda")
+            sets.append(InputSet((kv_score, ape, meta["positions"], meta["slot_mapping"], state, case.block_size), {}))
+            continue
+        weight = _device_tensor(B.random_norm_weight(rng, bf16=False))
+        cos_sin = _device_tensor(B.rope_cos_sin_cache(int(batch.positions.max()) + 1))
+        k_cache = _k_cache(case.layout, max(batch.num_pages, 1), case.entries_per_page)
+        args = (state, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"],
+                case.block_size, weight, 1e-6, cos_sin, k_cache, meta["kv_slot_mapping"])
+        kwargs = {"compress_ratio": case.compress_ratio, "layout": case.layout,
+                  "fp8_scale": 0.05 if case.layout == "fp8_per_tensor" else None}
+        workspace = torch.empty((batch.num_tokens, HEAD_DIM), dtype=torch.float32, device="cuda")
+        sets.append(InputSet(args, kwargs, workspace))
+    torch.cuda.synchronize()
+    return Prepared(case, sets, bytes_moved, num_active)
+
+
+@dataclass
+class BenchImpl:
+    """A named way to run the two operations (an implementation, maybe with a forced path)."""
+
+    name: str
+    compress: Callable | None
+    save: Callable | None
+    extra: dict = field(default_factory=dict)  # keyword arguments added to compress calls
+
+    def caller(self, prepared: Prepared) -> Callable[[InputSet], None]:
+        if prepared.case.operation == "save":
+            if self.save is None:
+                raise NotImplementedError(f"{self.name} has no save_partial_states")
+            return lambda s: self.save(*s.args)
+        if self.compress is None:
+            raise NotImplementedError(f"{self.name} has no compress_norm_rope_store")
+        takes_workspace = "workspace" in inspect.signature(self.compress).parameters
+        extra = dict(self.extra)
+
+        def call(s: InputSet) -> None:
+            kwargs = {**s.kwargs, **extra}
+            if takes_workspace:
+                kwargs["workspace"] = s.workspace
+            self.compress(*s.args, **kwargs)
+
+        return call
+
+
+@dataclass
+class Timing:
+    median_us: float
+    low_us: float
+    high_us: float
+    host_us: float | None = None  # eager only: host time to issue one call
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def time_eager(call: Callable, sets: list[InputSet], iters: int) -> tuple[float, float]:
+    """(device-inclusive µs per call, host µs per call) over ``iters`` back-to-back calls."""
+    start, end = _events()
+    torch.cuda.synchronize()
+    start.record()
+    host_start = time.perf_counter()
+    for i in range(iters):
+        call(sets[i % len(sets)])
+    host = (time.perf_counter() - host_start) / iters * 1e6
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters, host
+
+
+def capture_graph(call: Callable, sets: list[InputSet], calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` calls cycling through the input sets."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch recommends
+        for s in sets:
+            call(s)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(sets[i % len(sets)])
+    return graph
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> float:
+    """µs per call over ``replays`` replays of a graph holding ``calls`` calls."""
+    start, end = _events()
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def summarize(samples: list[float], host: list[float] | None = None) -> Timing:
+    return Timing(statistics.median(samples), min(samples), max(samples), statistics.median(host) if host else None)
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, trials: int = 10) -> float:
+    """Device copy bandwidth (bytes read + written per second), the roofline we compare with."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    src.random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    samples = []
+    start, end = _events()
+    for _ in range(trials):
+        torch.cuda.synchronize()
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        samples.append(2 * nbytes / (start.elapsed_time(end) * 1e-3) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
+    return statistics.median(samples)

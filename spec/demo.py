@@ -1,0 +1,116 @@
+"""``python -m dsv4_compressor demo``: the operator on a small mixed batch, one entry explained.
+
+It builds a vLLM-style step (decode requests, a chunked prefill, padding), runs the NumPy
+spec (save, then compress-norm-rope-store into a FlashMLA cache) and prints one stored entry
+region by region: E4M3 bytes with their dequantized values beside a float64 ideal computed
+here from the plain formulas, the UE8M0 scale bytes, and the bf16 RoPE values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import batch as B
+from .constants import DATA_RECORD_BYTES, NOPE_DIM, QUANT_BLOCK, ratio_config
+from .formats import bf16_to_f32, e4m3_to_f32
+from .layouts import flashmla_page_bytes
+from .operator import compress_norm_rope_store
+from .state import save_partial_states
+
+F32 = np.float32
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--ratio", type=int, choices=(4, 128), default=4, help="compress ratio (C4 or C128)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channels", type=int, default=4, help="NoPE channels shown per quantization block")
+
+
+def _float64_entry(state, b, weight, eps, cos_sin, t):
+    """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
+    config = ratio_config(b.compress_ratio)
+    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
+    kv, score = [], []
+    for i in range(config.window):
+        pos = p - config.window + 1 + i
+        if pos >= 0:
+            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
+            h = i // config.ratio
+            kv.append(row[h * 512:(h + 1) * 512])
+            score.append(row[config.state_width + h * 512: config.state_width + (h + 1) * 512])
+    kv, score = np.array(kv), np.array(score)
+    w = np.exp(score - score.max(axis=0))
+    x = (kv * w).sum(axis=0) / w.sum(axis=0)
+    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
+    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+    rope = np.empty(64)
+    rope[0::2] = y[448::2] * cs[:32] - y[449::2] * cs[32:]
+    rope[1::2] = y[448::2] * cs[32:] + y[449::2] * cs[:32]
+    return y, rope
+
+
+def run(args) -> int:
+    rng = np.random.default_rng(args.seed)
+    r = args.ratio
+    config = ratio_config(r)
+    bs, entries = (4, 64) if r == 4 else (8, 2)
+    requests = B.decode_requests(3, r, rng, max_entries=4) + [B.chunked_prefill(r + 1, 2 * r + 3)]
+    b = B.build_batch(requests, compress_ratio=r, block_size=bs, entries_per_page=entries, rng=rng, num_padding=2)
+    state = B.random_state_cache(b.num_state_blocks, bs, r, rng)
+    kv_score = B.random_kv_score(b.num_tokens, r, rng)
+    ape = B.random_ape(r, rng)
+    weight = B.random_norm_weight(rng, bf16=False)
+    cos_sin = B.rope_cos_sin_cache(int(b.positions.max()) + 1)
+    k_cache = B.canary_k_cache("flashmla_fp8", b.num_pages, entries)
+    eps = 1e-6
+
+    print(f"DeepSeek V4 KV compressor, NumPy spec: C{r} (window W = {config.window} rows, overlap {config.overlap}), "
+          f"state blocks of {bs} rows, {entries} entries per FlashMLA page")
+    print(f"\n{b.num_tokens} tokens from {len(requests)} requests + 2 padding; a token is active iff it has a state slot,"
+          f" closes a window ((p+1) % {r} == 0) and has a cache slot:")
+    print("  token  request  position  state slot  cache slot  active")
+    for t in range(b.num_tokens):
+        print(f"  {t:5d}  {b.token_to_req_indices[t]:7d}  {b.positions[t]:8d}  {b.slot_mapping[t]:10d}  "
+              f"{b.kv_slot_mapping[t]:10d}  {'yes' if b.active[t] else ''}")
+
+    save_partial_states(kv_score, ape, b.positions, b.slot_mapping, state, bs)
+    compress_norm_rope_store(state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, bs, weight, eps,
+                             cos_sin, k_cache, b.kv_slot_mapping, compress_ratio=r, debug=True)
+
+    t = int(np.flatnonzero(b.active)[-1])
+    slot = int(b.kv_slot_mapping[t])
+    page, o = divmod(slot, entries)
+    pages = flashmla_page_bytes(k_cache)
+    data = pages[page, o * DATA_RECORD_BYTES:(o + 1) * DATA_RECORD_BYTES]
+    scale_at = entries * DATA_RECORD_BYTES + o * 8
+    scales = pages[page, scale_at:scale_at + 8]
+    y, rope = _float64_entry(state, b, weight, eps, cos_sin, t)
+    p = int(b.positions[t])
+    print(f"\nEntry of token {t}: position {p} closes group {p // r}, rows {max(p - config.window + 1, 0)}..{p};"
+          f" cache slot {slot} = page {page}, entry {o}")
+    print(f"  data record at page byte {o * DATA_RECORD_BYTES} (448 E4M3 bytes + 128 bytes of bf16 RoPE),"
+          f" scale record at page byte {scale_at}")
+    print(f"\nScale record: {' '.join(f'{v:02x}' for v in scales)}  (UE8M0 bytes 127+k of blocks 0..6, then pad 00)")
+    print("\nNoPE: bf16(y) / 2^k rounded to E4M3; dequantized = e4m3 * 2^k, beside the float64 ideal y")
+    print("  block  ch   byte  e4m3        dequantized    float64 ideal    difference")
+    for g in range(NOPE_DIM // QUANT_BLOCK):
+        k = int(scales[g]) - 127
+        for c in range(g * QUANT_BLOCK, g * QUANT_BLOCK + args.channels):
+            code = data[c]
+            e = float(e4m3_to_f32(np.uint8(code)))
+            value = e * 2.0**k
+            print(f"  {g:5d}  {c:3d}  0x{code:02x}  {e:10.5g}  {value:13.6g}  {y[c]:15.8g}  {value - y[c]:+11.3g}")
+        amax = np.abs(y[g * 64:(g + 1) * 64]).max()
+        print(f"  {'':5s}  block amax (ideal) {amax:.6g} -> k = {k} (smallest k with amax <= 448 * 2^k), byte 0x{scales[g]:02x}")
+    stored_rope = bf16_to_f32(data[NOPE_DIM:].copy().view("<u2"))
+    print(f"\nRoPE: pairs (y[448+2j], y[449+2j]) rotated with cos_sin_cache row {(p // r) * r} (the group's first position),"
+          f" stored as bf16")
+    print("  ch   bf16     stored          float64 ideal")
+    for j in range(0, 64, 8):
+        bits = int(data[NOPE_DIM + 2 * j]) | int(data[NOPE_DIM + 2 * j + 1]) << 8
+        print(f"  {448 + j:3d}  0x{bits:04x}  {float(stored_rope[j]):14.7g}  {rope[j]:14.7g}")
+    changed = int(np.count_nonzero(pages != B.CANARY_BYTE))
+    print(f"\n{b.num_active} active tokens wrote {b.num_active} entries ({b.num_active * 584} bytes); {changed} cache bytes"
+          f" differ from the canary 0x{B.CANARY_BYTE:02x} they were filled with (a written byte may equal it),"
+          f" nothing else was touched.")
+    return 0
