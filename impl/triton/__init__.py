@@ -1,0 +1,19 @@
+"""Triton implementation of the DeepSeek V4 KV compressor (SPEC §4-§7), bit-exact with ``spec``.
+
+- :func:`save_partial_states`: SPEC §4, one launch.
+- :func:`compress_norm_rope_store`: SPEC §5-§7 fused into one launch (pool, RMSNorm, RoPE,
+  quantize, store) for C4 and C128, every state block size and all three cache layouts.
+- :data:`SUPPORTED_DEVICES`: ``("cpu",)`` when ``TRITON_INTERPRET=1`` was set at import, else
+  ``("cuda",)``.
+- :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
+
+Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.pooling` (one channel tile
+of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.fused` and
+:mod:`.save_states` (the kernels), :mod:`.api` (validation and launch), :mod:`.ptx` (PTX of every
+variant for the SPEC §2 instruction rules).
+"""
+
+from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states
+from .config import FusedConfig, SaveConfig
+
+__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "FusedConfig", "SaveConfig"]

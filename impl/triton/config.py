@@ -1,0 +1,75 @@
+"""Static launch knobs of the Triton kernels (what to sweep on the H200) and their defaults.
+
+Every field only changes speed, never bytes: the tests run several non-default configurations
+under the interpreter and compare them byte for byte with the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .pooling import RowPlan, row_plan
+
+HEAD_DIM = 512
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Knobs of :func:`compress_norm_rope_store_kernel`.
+
+    - ``block_c``: channels pooled per step (a power of two dividing 512). The step's tile is
+      ``[W, block_c]`` fp32 for kv and again for score: C4 ``[8, 512]`` is one step; C128
+      ``[128, 64]`` is 8 steps of 64 KiB each.
+    - ``num_warps``: warps per token program.
+    - ``paired_trees``: reduce the ``e`` and ``u`` row trees with one ``tl.reduce`` on the pair per
+      level (one cross-warp exchange for both) instead of two ``tl.sum``.
+    - ``unroll_tiles``: unroll the channel-tile loop at compile time (True) or keep a runtime loop
+      (False), which ``tile_stages > 1`` software-pipelines (cp.async into shared memory).
+    """
+
+    block_c: int
+    num_warps: int
+    unroll_tiles: bool = True
+    tile_stages: int = 1
+    paired_trees: bool = False
+
+    def __post_init__(self):
+        if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):
+            raise ValueError(f"block_c: expected a power of two in [4, 512], got {self.block_c}")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
+            raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
+        if self.tile_stages < 1:
+            raise ValueError(f"tile_stages: expected >= 1, got {self.tile_stages}")
+
+    def plan(self, window: int) -> RowPlan:
+        """Which window-row bits sit on lanes, warps and registers (see :mod:`.pooling`)."""
+        return row_plan(window, self.block_c, self.num_warps)
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """Knobs of :func:`save_partial_states_kernel`: floats per program and warps."""
+
+    block: int = 512
+    num_warps: int = 4
+
+    def __post_init__(self):
+        if self.block < 4 or self.block > HEAD_DIM or self.block & (self.block - 1):
+            raise ValueError(f"block: expected a power of two in [4, 512] (it must divide SW), got {self.block}")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
+            raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
+
+
+DEFAULT_FUSED = {
+    4: FusedConfig(block_c=512, num_warps=4),  # [8, 512]: every row tree level is an in-thread add
+    128: FusedConfig(block_c=64, num_warps=8),  # [128, 64] x 8 steps; 3 register, 1 lane, 3 warp levels
+}
+DEFAULT_SAVE = SaveConfig()
+
+
+def fused_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig:
+    return DEFAULT_FUSED[compress_ratio] if config is None else config
+
+
+def save_config(config: SaveConfig | None) -> SaveConfig:
+    return DEFAULT_SAVE if config is None else config

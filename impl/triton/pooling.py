@@ -1,0 +1,151 @@
+"""SPEC §5 pooling of one channel tile of one token's window, exact, as Triton device code.
+
+A program pools a ``[W, BLOCK_C]`` tile (W window rows, BLOCK_C channels) per step. The row
+trees of SPEC §5 must add window rows in index order, level by level; *which* tensor row holds
+*which* window row is free, so we choose it to make the cheap levels come first.
+
+Triton lays a ``[W, BLOCK_C]`` fp32 load out as: 4 consecutive channels per thread (a 128-bit
+load), ``min(32, BLOCK_C/4)`` lanes along channels, the remaining lanes along rows, the warps
+along rows (after the channels have used up their threads), and the rest of the rows in
+registers. So tensor row ``p`` has its low ``LANE_BITS`` bits on lanes, the next ``WARP_BITS``
+bits on warps and the top ``REG_BITS`` bits in registers. We put window-row bits 0.. on the
+register bits, then on the lane bits, then on the warp bits: tree level k (window bit k) is an
+in-thread add for the first ``REG_BITS`` levels, a shuffle for the next ``LANE_BITS`` and a
+shared-memory exchange only for the last ``WARP_BITS`` (where few values remain).
+
+The plan only affects speed: the trees reduce window bit k at level k whatever the layout
+Triton actually picks, so the result is SPEC's tree for every plan (the tests run several).
+"""
+
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from .exact_math import LOG2E_F32, _add_pair, exp2s
+
+VECTOR_WIDTH = 4  # fp32 per 128-bit load
+THREADS_PER_WARP = 32
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How the window rows of a ``[W, BLOCK_C]`` tile map to lanes, warps and registers."""
+
+    lane_bits: int  # low tensor-row bits held by lanes
+    warp_bits: int  # next tensor-row bits held by warps
+    reg_bits: int  # top tensor-row bits held in each thread's registers
+
+    def window_row(self, tensor_row: int) -> int:
+        """Host mirror of :func:`window_row_of` (used by the tests)."""
+        lanes = tensor_row & ((1 << self.lane_bits) - 1)
+        warps = (tensor_row >> self.lane_bits) & ((1 << self.warp_bits) - 1)
+        regs = tensor_row >> (self.lane_bits + self.warp_bits)
+        return regs | (lanes << self.reg_bits) | (warps << (self.reg_bits + self.lane_bits))
+
+
+def _log2(n: int) -> int:
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"expected a power of two, got {n}")
+    return n.bit_length() - 1
+
+
+def row_plan(window: int, block_c: int, num_warps: int) -> RowPlan:
+    """Mirror Triton's default blocked layout for a ``[window, block_c]`` fp32 load.
+
+    Triton (``BlockedEncodingAttr::get``) fills the contiguous channel dimension first: up to
+    ``block_c/4`` threads, lanes before warps; the row dimension takes the remaining lanes and
+    warps; whatever rows are left sit in registers.
+    """
+    channel_threads = min(num_warps * THREADS_PER_WARP, max(1, block_c // VECTOR_WIDTH))
+    channel_lanes = min(THREADS_PER_WARP, channel_threads)
+    channel_warps = max(1, min(num_warps, channel_threads // channel_lanes))
+    row_lanes = THREADS_PER_WARP // channel_lanes
+    row_warps = num_warps // channel_warps
+    rows = _log2(window)
+    lane_bits = min(_log2(row_lanes), rows)
+    warp_bits = min(_log2(row_warps), rows - lane_bits)
+    return RowPlan(lane_bits=lane_bits, warp_bits=warp_bits, reg_bits=rows - lane_bits - warp_bits)
+
+
+@triton.jit
+def window_row_of(tensor_row, LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """Window row held by tensor row ``tensor_row`` (int32 tensor): register bits carry the
+    low window bits, then lanes, then warps (see the module docstring)."""
+    lanes = tensor_row & ((1 << LANE_BITS) - 1)
+    warps = (tensor_row >> LANE_BITS) & ((1 << WARP_BITS) - 1)
+    regs = tensor_row >> (LANE_BITS + WARP_BITS)
+    return regs | (lanes << REG_BITS) | (warps << (REG_BITS + LANE_BITS))
+
+
+@triton.jit
+def _sum_size2_axis(e, u, axis: tl.constexpr, PAIRED: tl.constexpr):
+    """Reduce ``e`` and ``u`` over a size-2 ``axis`` (one add per output element).
+
+    PAIRED: one ``tl.reduce`` over the pair (both trees share each level's cross-warp exchange);
+    otherwise two ``tl.sum``. Same adds, same bits; the interpreter runs ``tl.sum`` with NumPy but
+    a custom combine function element by element in Python, hence the choice.
+    """
+    if PAIRED:
+        e, u = tl.reduce((e, u), axis, _add_pair)
+    else:
+        e = tl.sum(e, axis=axis)
+        u = tl.sum(u, axis=axis)
+    return e, u
+
+
+@triton.jit
+def tree_sum_window_rows(e, u, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                         LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr,
+                         PAIRED: tl.constexpr):
+    """SPEC's row trees of ``e`` and ``u`` (``[W, BLOCK_C]``, rows permuted by :func:`window_row_of`).
+
+    Level k adds the tensor rows whose window rows differ in bit k only: first the register
+    bits (the lowest remaining register bit sits above the ``LANE_BITS + WARP_BITS`` low bits),
+    then the lane bits and the warp bits (always the lowest remaining bit). Each level is one
+    reduction over a size-2 axis, i.e. one add per element. Returns ``(tree(u), tree(e))``.
+    """
+    LOW_BITS: tl.constexpr = LANE_BITS + WARP_BITS
+    # (shapes are written inline: a plain ``rows = ...`` would become a tensor in the interpreter)
+    for level in tl.static_range(REG_BITS):
+        e, u = _sum_size2_axis(tl.reshape(e, (W >> (level + LOW_BITS + 1), 2, 1 << LOW_BITS, BLOCK_C)),
+                               tl.reshape(u, (W >> (level + LOW_BITS + 1), 2, 1 << LOW_BITS, BLOCK_C)), 1, PAIRED)
+        e = tl.reshape(e, (W >> (level + 1), BLOCK_C))
+        u = tl.reshape(u, (W >> (level + 1), BLOCK_C))
+    for level in tl.static_range(LOW_BITS):
+        e, u = _sum_size2_axis(tl.reshape(e, (W >> (REG_BITS + level + 1), 2, BLOCK_C)),
+                               tl.reshape(u, (W >> (REG_BITS + level + 1), 2, BLOCK_C)), 1, PAIRED)
+    return tl.reshape(u, (BLOCK_C, )), tl.reshape(e, (BLOCK_C, ))
+
+
+@triton.jit
+def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
+                      STATE_WIDTH: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                      MAY_HAVE_INVALID_ROWS: tl.constexpr,
+                      LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr, PAIRED: tl.constexpr):
+    """SPEC §5's ``x[c]`` for channels ``channel0 .. channel0 + BLOCK_C - 1`` of one token.
+
+    ``state_ptr``: fp32 state cache base. ``kv_row_offsets``: int64 ``[W]`` element offsets of
+    each tensor row's kv half (block/row strides plus ``h * 512``; multiples of 4 so the loads are
+    128-bit); its score half is ``STATE_WIDTH`` further. ``row_valid``: int1 ``[W]`` (only C4 at
+    p = 3 has invalid rows: they are left out of the max and enter both trees as ``+0``).
+    """
+    channels = channel0 + tl.arange(0, BLOCK_C)
+    offsets = kv_row_offsets[:, None] + channels[None, :]
+    if MAY_HAVE_INVALID_ROWS:
+        valid = row_valid[:, None]
+        kv = tl.load(state_ptr + offsets, mask=valid, other=0.0)
+        score = tl.load(state_ptr + (offsets + STATE_WIDTH), mask=valid, other=0.0)
+        row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)  # max is exact in any order
+        e = exp2s((tl.where(valid, score, row_max[None, :]) - row_max[None, :]) * LOG2E_F32)
+        e = tl.where(valid, e, 0.0)
+        u = tl.where(valid, kv * e, 0.0)
+    else:
+        kv = tl.load(state_ptr + offsets)
+        score = tl.load(state_ptr + (offsets + STATE_WIDTH))
+        row_max = tl.max(score, axis=0)
+        e = exp2s((score - row_max[None, :]) * LOG2E_F32)
+        u = kv * e
+    numerator, denominator = tree_sum_window_rows(e, u, W, BLOCK_C, LANE_BITS, WARP_BITS, REG_BITS, PAIRED)
+    return tl.div_rn(numerator, denominator)

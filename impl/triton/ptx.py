@@ -1,0 +1,190 @@
+"""PTX of every Triton kernel variant, compiled for sm_90 without a GPU (SPEC §2 instruction rules).
+
+:func:`ptx_variants` yields ``(variant_name, ptx_text, {"require_vector_loads": bool})`` for both
+ratios, all three layouts, both weight dtypes, representative state block sizes and the default
+and alternative knob settings, compiled with ``enable_fp_fusion=False`` exactly as the launches are.
+Feed them to :func:`dsv4_compressor.impl.ptx_rules.check_ptx`.
+
+``TRITON_INTERPRET=1`` makes ``@triton.jit`` return interpreter objects that cannot be compiled.
+When it is set in this process, :func:`ptx_variants` compiles in a child Python process with the
+variable removed (``python -m dsv4_compressor.impl.triton.ptx --json``) and yields its results,
+so callers need not care. :func:`resource_usage` runs Triton's bundled ``ptxas`` on a PTX text to
+read registers and spills (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+TARGET_ARCH = 90
+TARGET = "sm_90"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One static configuration of a kernel."""
+
+    name: str
+    kernel: str  # "fused" or "save"
+    constexprs: dict
+    signature_types: dict  # non-constexpr argument -> Triton type string
+    num_warps: int
+    require_vector_loads: bool
+
+
+def _fused_types(layout: str, weight_bf16: bool) -> dict:
+    cache_u8, cache_i16 = {"flashmla_fp8": ("*u8", "*i16"), "bf16": ("*i16", "*i16"), "fp8_per_tensor": ("*u8", "*u8")}[layout]
+    return {
+        "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
+        "token_to_req_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+        "block_table_ptr": "*i32", "block_table_stride": "i32",
+        "weight_ptr": "*i16" if weight_bf16 else "*fp32", "eps": "fp32",
+        "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32",
+        "cache_u8_ptr": cache_u8, "cache_i16_ptr": cache_i16, "cache_page_stride": "i32", "cache_entry_stride": "i32",
+        "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64", "fp8_scale": "fp32",
+    }
+
+
+_SAVE_TYPES = {
+    "kv_score_ptr": "*fp32", "kv_score_stride": "i32", "ape_ptr": "*fp32", "ape_stride": "i32",
+    "positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "state_ptr": "*fp32",
+    "state_block_stride4": "i32", "state_row_stride4": "i32", "block_size": "i32",
+}
+
+
+def variants() -> list[Variant]:
+    """Every variant worth checking: defaults for all (ratio, layout, weight, bs), plus knob sweeps."""
+    from .config import DEFAULT_FUSED, DEFAULT_SAVE, FusedConfig
+    from .postprocess import LAYOUT_CODES
+
+    def fused(ratio: int, block_size: int, layout: str, weight_bf16: bool, config: FusedConfig, tag: str = "") -> Variant:
+        window = 2 * ratio if ratio == 4 else ratio
+        plan = config.plan(window)
+        name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
+                f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}"
+                f"{'_paired' if config.paired_trees else ''}{tag}")
+        constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=LAYOUT_CODES[layout], WEIGHT_BF16=weight_bf16,
+                          BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles, TILE_STAGES=config.tile_stages,
+                          LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
+                          PAIRED_TREES=config.paired_trees)
+        return Variant(name, "fused", constexprs, _fused_types(layout, weight_bf16), config.num_warps, True)
+
+    out = []
+    for ratio, block_sizes in ((4, (4, 16)), (128, (8, 4))):
+        for block_size in block_sizes:
+            for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
+                for weight_bf16 in (True, False):
+                    out.append(fused(ratio, block_size, layout, weight_bf16, DEFAULT_FUSED[ratio]))
+    sweeps = {
+        4: [FusedConfig(block_c=256, num_warps=4), FusedConfig(block_c=512, num_warps=8), FusedConfig(block_c=512, num_warps=4, paired_trees=True)],
+        128: [FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=32, num_warps=4), FusedConfig(block_c=16, num_warps=1),
+              FusedConfig(block_c=64, num_warps=8, paired_trees=True),
+              FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=1),
+              FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2)],
+    }
+    for ratio, configs in sweeps.items():
+        for config in configs:
+            out.append(fused(ratio, 4 if ratio == 4 else 8, "flashmla_fp8", True, config))
+    for ratio in (4, 128):
+        out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}", "save",
+                           dict(RATIO=ratio, STATE_WIDTH=1024 if ratio == 4 else 512, BLOCK=DEFAULT_SAVE.block),
+                           _SAVE_TYPES, DEFAULT_SAVE.num_warps, True))
+    return out
+
+
+def _compile(variant: Variant) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if variant.kernel == "fused":
+        from .fused import compress_norm_rope_store_kernel as kernel
+    else:
+        from .save_states import save_partial_states_kernel as kernel
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("the kernels were decorated under TRITON_INTERPRET=1; compile in a process without it")
+    signature = {name: ("constexpr" if name in variant.constexprs else variant.signature_types[name]) for name in kernel.arg_names}
+    # bases of every tensor argument are 16-byte aligned (validated); integers get no assumptions
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if signature[name].startswith("*")}
+    source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
+                              options={"num_warps": variant.num_warps, "enable_fp_fusion": False})
+    return compiled.asm["ptx"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _compile_in_child() -> list[tuple[str, str, dict]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run([sys.executable, "-m", "dsv4_compressor.impl.triton.ptx", "--json"], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the Triton PTX variants in a child process failed:\n{done.stderr[-4000:]}")
+    return [tuple(item) for item in json.loads(done.stdout)]
+
+
+def ptx_variants() -> Iterator[tuple[str, str, dict]]:
+    """``(variant_name, ptx_text, {"require_vector_loads": bool})`` for every kernel variant (sm_90)."""
+    if _interpreting():
+        yield from _compile_in_child()
+        return
+    for variant in variants():
+        yield variant.name, _compile(variant), {"require_vector_loads": variant.require_vector_loads}
+
+
+def resource_usage(ptx: str) -> dict:
+    """Registers, spill bytes and shared memory ptxas reports for ``ptx`` (Triton's bundled ptxas)."""
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(TARGET_ARCH).path
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "kernel.ptx")
+        with open(source, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-v", f"--gpu-name={TARGET}", source, "-o", os.path.join(tmp, "kernel.cubin")],
+                              capture_output=True, text=True, check=True)
+    report = done.stderr
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else 0  # noqa: E731
+    return {
+        "registers": number(r"Used (\d+) registers"),
+        "spill_stores": number(r"(\d+) bytes spill stores"),
+        "spill_loads": number(r"(\d+) bytes spill loads"),
+        "stack_frame": number(r"(\d+) bytes stack frame"),
+        "shared": number(r"(\d+) bytes smem"),
+    }
+
+
+def _main(argv: list[str]) -> int:
+    results = [(name, ptx, options) for name, ptx, options in ptx_variants()]
+    if "--json" in argv:
+        json.dump(results, sys.stdout)
+        return 0
+    from ..ptx_rules import check_ptx
+
+    for name, ptx, options in results:
+        report = check_ptx("triton", name, ptx, require_target=TARGET, **options)
+        usage = resource_usage(ptx)
+        counts = report.counts
+        print(f"{name:58s} {'ok ' if report.ok else 'BAD'} regs={usage['registers']:3d} spill={usage['spill_stores']}/{usage['spill_loads']} "
+              f"smem={usage['shared']:5d} v4={counts['ld.global.v4']:3d} b32={counts['ld.global.b32']:3d} shfl={counts['shfl.sync']:3d} "
+              f"bar={counts['bar.sync']:3d} add={counts['add.rn.f32']} mul={counts['mul.rn.f32']} div={counts['div.rn.f32']} "
+              f"local={counts['local memory']}")
+        for violation in report.violations:
+            print("    ", violation)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,180 @@
+"""Scenarios for the Triton tests: NumPy buffers from ``spec.batch``, their torch twins, and
+byte-for-byte comparison of whole buffers (padding included).
+
+Every buffer is built once in NumPy (padded strides and canary bytes included). The spec runs
+on one copy, the Triton implementation on a torch twin of another copy that has the *same
+underlying allocation layout* (same padding, same strides, same offsets), so comparing the two
+whole allocations byte by byte also catches writes into padding or untouched entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dsv4_compressor.spec import batch as spec_batch
+from dsv4_compressor.spec.batch import Request
+
+_TORCH_DTYPES = {
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.uint16): torch.int16,  # bf16 patterns; viewed as bfloat16 where the API wants bf16
+}
+
+
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array that owns the memory (through views and ``as_strided``'s wrapper objects)."""
+    while True:
+        base = array.base
+        if isinstance(base, np.ndarray):
+            array = base
+        elif base is not None and isinstance(getattr(base, "base", None), np.ndarray):
+            array = base.base  # as_strided keeps the original array behind a small wrapper
+        else:
+            return array
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@dataclass
+class Buffer:
+    """One argument buffer: its whole allocation as bytes, and where the argument sits in it."""
+
+    raw: np.ndarray  # uint8: the whole allocation (padding included)
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes
+    offset: int  # bytes from raw's start
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> "Buffer":
+        root = _root(array)
+        if not root.flags.c_contiguous:
+            raise ValueError("the owning array of a scenario buffer must be C-contiguous")
+        raw = root.reshape(-1).view(np.uint8).copy()
+        return cls(raw=raw, dtype=array.dtype, shape=array.shape, strides=array.strides, offset=_address(array) - _address(root))
+
+    def copy(self) -> "Buffer":
+        return Buffer(self.raw.copy(), self.dtype, self.shape, self.strides, self.offset)
+
+    def numpy(self) -> np.ndarray:
+        """A NumPy view of the argument inside ``raw`` (writes land in ``raw``)."""
+        return np.ndarray(self.shape, self.dtype, buffer=self.raw, offset=self.offset, strides=self.strides)
+
+    def torch(self, device: str, torch_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(whole allocation as uint8 tensor, argument view)`` on ``device``; same layout as ``raw``."""
+        flat = torch.from_numpy(self.raw.copy()).to(device)
+        dtype = _TORCH_DTYPES[np.dtype(self.dtype)]
+        itemsize = np.dtype(self.dtype).itemsize
+        usable = (flat.numel() // itemsize) * itemsize
+        typed = flat[:usable].view(dtype)
+        if torch_dtype is not None:
+            typed = typed.view(torch_dtype)
+        view = torch.as_strided(typed, self.shape, tuple(s // itemsize for s in self.strides), self.offset // itemsize)
+        return flat, view
+
+
+@dataclass
+class Scenario:
+    """One call's arguments as NumPy arrays (the spec's view of them)."""
+
+    batch: spec_batch.Batch
+    state_cache: np.ndarray
+    weight: np.ndarray  # float32 [512] or uint16 bf16 patterns
+    cos_sin: np.ndarray
+    k_cache: np.ndarray
+    layout: str
+    eps: float = 1e-6
+    fp8_scale: float | None = None
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> int:
+        return self.batch.compress_ratio
+
+
+def build_scenario(
+    requests: list[Request], *, ratio: int, block_size: int, entries_per_page: int, layout: str, seed: int,
+    bf16_weight: bool = False, row_pad: int = 0, block_pad_rows: int = 0, page_pad_bytes: int = 0,
+    num_padding: int = 0, padding_at_end: bool = True, drop_entry_fraction: float = 0.0, unsaved_fraction: float = 0.0,
+    fp8_scale: float | None = None, eps: float = 1e-6, cos_sin_row_pad: int = 0,
+) -> Scenario:
+    rng = np.random.default_rng(seed)
+    batch = spec_batch.build_batch(
+        requests, compress_ratio=ratio, block_size=block_size, entries_per_page=entries_per_page, rng=rng,
+        num_padding=num_padding, padding_at_end=padding_at_end, drop_entry_fraction=drop_entry_fraction,
+        unsaved_fraction=unsaved_fraction,
+    )
+    state = spec_batch.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=row_pad, block_pad_rows=block_pad_rows)
+    max_pos = int(batch.positions.max()) + ratio + 1
+    cos_sin_table = spec_batch.rope_cos_sin_cache(max_pos)
+    cos_sin = spec_batch.padded_view(cos_sin_table.shape, np.float32, (0, cos_sin_row_pad), np.float32(np.nan))
+    cos_sin[...] = cos_sin_table
+    weight = spec_batch.random_norm_weight(rng, bf16=bf16_weight)
+    k_cache = spec_batch.canary_k_cache(layout, batch.num_pages, entries_per_page, page_pad_bytes=page_pad_bytes)
+    if layout == "fp8_per_tensor" and fp8_scale is None:
+        fp8_scale = 0.0123
+    return Scenario(batch=batch, state_cache=state, weight=weight, cos_sin=cos_sin, k_cache=k_cache, layout=layout,
+                    eps=eps, fp8_scale=fp8_scale)
+
+
+def run_spec_and_triton(scenario: Scenario, device: str, *, config=None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Run the spec and the Triton implementation from identical buffers.
+
+    Returns ``{name: (spec bytes, triton bytes)}`` of the whole allocations of ``k_cache`` and
+    ``state_cache`` after the call.
+    """
+    from dsv4_compressor import spec
+    from dsv4_compressor.impl import triton as triton_impl
+
+    b = scenario.batch
+    state = Buffer.of(scenario.state_cache)
+    cache = Buffer.of(scenario.k_cache)
+    cos_sin = Buffer.of(scenario.cos_sin)
+    weight = Buffer.of(scenario.weight)
+    block_table = Buffer.of(b.block_table)
+
+    spec_state, spec_cache = state.copy(), cache.copy()
+    spec.compress_norm_rope_store(
+        spec_state.numpy(), b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
+        scenario.weight, scenario.eps, scenario.cos_sin, spec_cache.numpy(), b.kv_slot_mapping,
+        compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
+    )
+
+    cache_dtype = {"flashmla_fp8": None, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[scenario.layout]
+    state_raw, state_t = state.torch(device)
+    cache_raw, cache_t = cache.torch(device, cache_dtype)
+    _, cos_sin_t = cos_sin.torch(device)
+    _, weight_t = weight.torch(device, torch.bfloat16 if scenario.weight.dtype == np.uint16 else None)
+    _, block_table_t = block_table.torch(device)
+    per_token = {name: torch.from_numpy(getattr(b, name).copy()).to(device)
+                 for name in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping")}
+    triton_impl.compress_norm_rope_store(
+        state_t, per_token["token_to_req_indices"], per_token["positions"], per_token["slot_mapping"], block_table_t,
+        b.block_size, weight_t, scenario.eps, cos_sin_t, cache_t, per_token["kv_slot_mapping"],
+        compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale, config=config,
+    )
+    return {
+        "k_cache": (spec_cache.raw, cache_raw.cpu().numpy()),
+        "state_cache": (spec_state.raw, state_raw.cpu().numpy()),
+    }
+
+
+def first_difference(expected: np.ndarray, actual: np.ndarray) -> str:
+    diff = np.flatnonzero(expected != actual)
+    if diff.size == 0:
+        return "identical"
+    i = int(diff[0])
+    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, triton 0x{actual[i]:02x}"
+
+
+def assert_identical(results: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    for name, (expected, actual) in results.items():
+        assert expected.shape == actual.shape, f"{name}: allocation sizes differ"
+        assert np.array_equal(expected, actual), f"{name}: {first_difference(expected, actual)}"
