@@ -1,0 +1,33 @@
+"""CuTe DSL (CUTLASS Python DSL 4.8) kernels of the DeepSeek V4 KV compressor for Hopper (sm_90a).
+
+Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
+
+- :func:`save_partial_states` (SPEC §4)
+- :func:`compress_norm_rope_store` (SPEC §5-§7; C4 fused kernel; C128 cluster-fused or
+  split compress + store kernels, chosen by ``c128_path``)
+- :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
+
+Every kernel follows SPEC §2 bit for bit (separately rounded ``.rn`` operations, the
+``exp2s`` polynomial, pairwise trees in index order, the amax-floor UE8M0 rule), so the
+bytes written equal the NumPy specification's. Module map:
+
+- :mod:`.exact_math` exact ops, exp2s, trees, format helpers (device side)
+- :mod:`.memory` 64-bit byte addressing and vector loads/stores
+- :mod:`.entry` RMSNorm, RoPE, quantization and the three cache layouts (device side)
+- :mod:`.pooling_c4` C4 fused and pooling-only kernels
+- :mod:`.pooling_c128` C128 tile pooling, the split path's compress kernel (Block8/generic)
+- :mod:`.store` C128 split path's store kernel
+- :mod:`.fused_c128_cluster` C128 single-launch kernel on 8-CTA clusters
+- :mod:`.save_states` save_partial_states
+- :mod:`.config` static configurations (compile-cache keys, sweepable knobs)
+- :mod:`.compile_cache` tensor-free compile functions and the in-process cache
+- :mod:`.api` validation, dispatch and launch
+- :mod:`.ptx` every variant's PTX for the CI rules
+
+Importing this package needs torch only; CuTe DSL is imported on first use, with a clear
+``ImportError`` if it is missing.
+"""
+
+from .api import SUPPORTED_DEVICES, TUNING, compress, compress_norm_rope_store, save_partial_states
+
+__all__ = ["SUPPORTED_DEVICES", "TUNING", "save_partial_states", "compress_norm_rope_store", "compress"]

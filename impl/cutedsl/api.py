@@ -1,0 +1,296 @@
+"""Public operations of the CuTe DSL implementation: validation, dispatch, launch.
+
+Order of work in every call (SPEC §8/§9):
+
+1. the shared front end (:mod:`dsv4_compressor.impl.frontend`) validates every argument
+   and raises ``ValueError`` (argument, expected, given) before anything is compiled or
+   launched;
+2. fast-path constraints of this implementation (CUDA tensors, a forced ``c128_path``
+   that the block size does not allow, the scratch ``workspace``) raise ``ValueError``
+   the same way;
+3. the static configuration (:mod:`.config`) selects a compiled kernel from the
+   in-process cache (compiled on first use; warm it before CUDA-graph capture), which is
+   called through TVM-FFI with the torch tensors on the current stream: no host sync, no
+   per-call conversion, no allocation except the C128 split path's scratch when the
+   caller passes no ``workspace``.
+
+Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, 8-CTA
+clusters), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
+lane's rows lie in one state block, ``bs % 8 == 0`` with the default mapping) or
+``split_generic`` (any ``bs``). ``c128_path="auto"`` picks ``fused_cluster`` up to
+``TUNING.c128_fused_max_tokens`` tokens (``None``: always), else Block8 whenever allowed,
+generic otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..frontend import describe_torch, validate_compress_norm_rope_store, validate_save_partial_states
+from ...spec.validation import check_compress
+
+SUPPORTED_DEVICES = ("cuda",)
+C128_PATHS = ("auto", "fused_cluster", "split_block8", "split_generic")
+HEAD_DIM = 512
+
+
+@dataclass
+class Tuning:
+    """Static knobs the dispatcher uses; each distinct value compiles its own kernel once.
+
+    Sweep them on the GPU by assigning fields of :data:`TUNING` between timed runs.
+    """
+
+    c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA
+    c128_split_warps: int = 8  # split compress kernel: 4, 8, 16 warps per CTA
+    c128_split_tile: int = 64  # split compress kernel: 64 or 32 channels per CTA
+    c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
+    c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
+    c128_fused_max_tokens: int | None = None  # auto: fused_cluster up to this T (None = always)
+    save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
+
+
+TUNING = Tuning()
+
+
+def _kernels():
+    """Import the CuTe DSL side lazily, with a clear message when it is not installed."""
+    try:
+        from . import compile_cache, config
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "dsv4_compressor.impl.cutedsl needs NVIDIA's CuTe DSL and TVM-FFI: "
+            'pip install "nvidia-cutlass-dsl[cu13]==4.8.1" "apache-tvm-ffi>=0.1.6,<0.2" '
+            f"(import failed: {error})"
+        ) from error
+    return compile_cache, config
+
+
+# ---- argument helpers -------------------------------------------------------------------
+def _require_cuda(name: str, tensor: torch.Tensor) -> None:
+    if tensor.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"{name}: expected a tensor on one of {SUPPORTED_DEVICES}, got a tensor on {tensor.device}")
+
+
+def _unit_stride_1d(tensor: torch.Tensor) -> torch.Tensor:
+    """A per-token array of length <= 1 may carry any stride (SPEC §9); TVM-FFI wants 1."""
+    if tensor.stride(0) != 1:
+        return tensor.as_strided(tuple(tensor.shape), (1,))
+    return tensor
+
+
+def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """Same for a 2-D table whose last extent is 1."""
+    if tensor.stride(-1) != 1:
+        return tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()[:-1]) + (1,))
+    return tensor
+
+
+def _store_align(k_cache: torch.Tensor, layout: str) -> int:
+    """Byte alignment of every 4-channel store (the bf16/fp8 layouts allow any strides)."""
+    if layout == "flashmla_fp8":
+        return 16  # validated: 16-byte aligned base and page stride, records at multiples of 8
+    item = k_cache.element_size()
+    vector = 4 * item
+    pages, entries, _ = k_cache.shape
+    aligned = (
+        k_cache.data_ptr() % vector == 0
+        and (pages <= 1 or (k_cache.stride(0) * item) % vector == 0)
+        and (entries <= 1 or (k_cache.stride(1) * item) % vector == 0)
+    )
+    return vector if aligned else item
+
+
+def _x_buffer(buffer, num_tokens: int, device: torch.device, name: str) -> torch.Tensor:
+    """An fp32 ``[S >= T, 512]`` buffer with 16-byte aligned rows (given or allocated)."""
+    if buffer is None:
+        return torch.empty((num_tokens, HEAD_DIM), dtype=torch.float32, device=device)
+    if not isinstance(buffer, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor or None, got {type(buffer).__name__}")
+    if buffer.dtype != torch.float32:
+        raise ValueError(f"{name}: expected dtype float32, got {str(buffer.dtype).removeprefix('torch.')}")
+    if buffer.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (like state_cache), got a tensor on {buffer.device}")
+    if buffer.data_ptr() % 16:
+        raise ValueError(f"{name}: expected a 16-byte aligned base address, got address 0x{buffer.data_ptr():x}")
+    if buffer.dim() == 2 and buffer.shape[1] == HEAD_DIM and buffer.shape[0] >= num_tokens:
+        if buffer.stride(1) != 1 or (buffer.shape[0] > 1 and buffer.stride(0) % 4):
+            raise ValueError(f"{name}: expected strides (multiple of 4, 1), got strides {list(buffer.stride())}")
+        return _unit_last_stride(buffer)
+    if buffer.dim() == 1 and buffer.is_contiguous() and buffer.numel() >= num_tokens * HEAD_DIM:
+        return buffer[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
+    raise ValueError(
+        f"{name}: expected float32 [S >= {num_tokens}, {HEAD_DIM}] (rows 16-byte aligned) or a contiguous "
+        f"float32 tensor of >= {num_tokens * HEAD_DIM} elements, got shape {list(buffer.shape)}"
+    )
+
+
+def _metadata(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping):
+    return (_unit_stride_1d(token_to_req_indices), _unit_stride_1d(positions), _unit_stride_1d(slot_mapping),
+            _unit_last_stride(block_table), _unit_stride_1d(kv_slot_mapping))
+
+
+# ---- C128 dispatch ------------------------------------------------------------------------
+def c128_pool_config(path: str, block_size: int):
+    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_cluster``/``split_*``)."""
+    _, config = _kernels()
+    if path == "fused_cluster":
+        warps, tile = TUNING.c128_cluster_warps, 64
+    else:
+        warps, tile = TUNING.c128_split_warps, TUNING.c128_split_tile
+    rows_per_lane = config.C128PoolConfig(block_size, 1, warps, tile).rows_per_lane
+    if path == "split_block8":
+        if block_size % rows_per_lane:
+            raise ValueError(
+                f"c128_path: 'split_block8' expected block_size a multiple of {rows_per_lane} (each lane's "
+                f"{rows_per_lane} rows in one state block), got block_size={block_size}; use 'split_generic' or 'auto'"
+            )
+        rows_per_lookup = rows_per_lane
+    else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
+        rows_per_lookup = math.gcd(block_size, rows_per_lane)
+    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile)
+
+
+def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
+    """Resolve ``c128_path`` (raises ``ValueError`` for an unknown or disallowed path)."""
+    if c128_path not in C128_PATHS:
+        raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
+    if c128_path != "auto":
+        c128_pool_config(c128_path, block_size)  # raises if the path cannot take this block size
+        return c128_path
+    limit = TUNING.c128_fused_max_tokens
+    if limit is None or num_tokens <= limit:
+        return "fused_cluster"
+    rows_per_lane = c128_pool_config("split_generic", block_size).rows_per_lane
+    return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
+
+
+# ---- public operations ----------------------------------------------------------------------
+def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False) -> None:
+    """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache."""
+    call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug)
+    _require_cuda("state_cache", state_cache)
+    if call.num_tokens == 0:
+        return
+    compile_cache, config = _kernels()
+    vector_inputs = (
+        kv_score.data_ptr() % 16 == 0 and (call.num_tokens <= 1 or kv_score.stride(0) % 4 == 0)
+        and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
+    )
+    kernel = compile_cache.compile_save(
+        config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta)
+    )
+    kernel(kv_score, ape, _unit_stride_1d(positions), _unit_stride_1d(slot_mapping), state_cache)
+
+
+def compress_norm_rope_store(
+    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
+    token_to_req_indices,  # int32 [T]
+    positions,  # int64 [T]
+    slot_mapping,  # int64 [T]
+    block_table,  # int32 [num_reqs, max_blocks]
+    block_size,  # bs
+    rms_norm_weight,  # bf16 or fp32 [512]
+    rms_norm_eps,  # python float (rounded to binary32)
+    cos_sin_cache,  # fp32 [max_pos, 64]
+    k_cache,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8_per_tensor: float8_e4m3fn [P, B, 512]
+    kv_slot_mapping,  # int64 [T]
+    *,
+    compress_ratio: int,
+    layout: str = "flashmla_fp8",
+    fp8_scale: float | None = None,
+    debug: bool = False,
+    workspace: torch.Tensor | None = None,  # C128 split path's fp32 scratch: [S >= T, 512] or >= T*512 elements
+    c128_path: str = "auto",  # "auto" | "fused_cluster" | "split_block8" | "split_generic" (C128 only)
+) -> None:
+    """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token."""
+    call = validate_compress_norm_rope_store(
+        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+        fp8_scale=fp8_scale, debug=debug,
+    )
+    num_tokens, block_size = call.pooling.num_tokens, call.pooling.block_size
+    ratio = call.pooling.config.ratio
+    path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else None
+    if path is not None and path.startswith("split"):
+        scratch = _x_buffer(workspace, num_tokens, state_cache.device, "workspace")
+    _require_cuda("state_cache", state_cache)
+    if num_tokens == 0:
+        return
+    compile_cache, config = _kernels()
+    entry = config.EntryFormat(
+        layout=call.store.layout,
+        entries_per_page=call.store.entries_per_page,
+        weight_dtype="bfloat16" if rms_norm_weight.dtype == torch.bfloat16 else "float32",
+        store_align=_store_align(k_cache, call.store.layout),
+    )
+    eps = float(call.store.eps)
+    fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.layout == "fp8_per_tensor" else 1.0
+    token_req, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
+        token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping
+    )
+    if ratio == 4:
+        kernel = compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta))
+        kernel(state_cache, token_req, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, k_cache,
+               kv_slot_mapping, eps, fp8_inv)
+    elif path == "fused_cluster":
+        kernel = compile_cache.compile_c128_cluster(config.ClusterConfig(c128_pool_config(path, block_size), entry))
+        kernel(state_cache, token_req, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, k_cache,
+               kv_slot_mapping, eps, fp8_inv)
+    else:
+        pool = compile_cache.compile_c128_pool(c128_pool_config(path, block_size))
+        store = compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta))
+        pool(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
+        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, eps, fp8_inv)
+
+
+def compress(
+    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
+    token_to_req_indices,  # int32 [T]
+    positions,  # int64 [T]
+    slot_mapping,  # int64 [T]
+    block_table,  # int32 [num_reqs, max_blocks]
+    block_size,  # bs
+    kv_slot_mapping,  # int64 [T]
+    *,
+    compress_ratio: int,
+    out: torch.Tensor | None = None,  # fp32 [S >= T, 512]; allocated (NaN-filled) when None
+    c128_path: str = "auto",  # C128: which compress kernel ("split_block8" | "split_generic"; others: auto)
+) -> torch.Tensor:
+    """SPEC §5: the compressed vector ``x`` (fp32 ``[T, 512]``) of the active tokens.
+
+    Rows of active tokens hold exactly SPEC's bits (the split path's scratch contents);
+    other rows are left untouched (NaN when ``out`` is None). For tests and debugging.
+    """
+    call = check_compress(
+        describe_torch("state_cache", state_cache), describe_torch("token_to_req_indices", token_to_req_indices),
+        describe_torch("positions", positions), describe_torch("slot_mapping", slot_mapping),
+        describe_torch("block_table", block_table), block_size, describe_torch("kv_slot_mapping", kv_slot_mapping),
+        compress_ratio,
+    )
+    num_tokens, block_size = call.num_tokens, call.block_size
+    ratio = call.config.ratio
+    path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else None
+    if out is not None:
+        _x_buffer(out, num_tokens, state_cache.device, "out")
+    _require_cuda("state_cache", state_cache)
+    if out is None:
+        out = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
+    buffer = _x_buffer(out, num_tokens, state_cache.device, "out")
+    if num_tokens == 0:
+        return out
+    compile_cache, config = _kernels()
+    args = _metadata(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    token_req, positions, slot_mapping, block_table, kv_slot_mapping = args
+    if ratio == 4:
+        kernel = compile_cache.compile_c4(config.C4Config(block_size, None, TUNING.c4_tokens_per_cta))
+    else:
+        if path == "fused_cluster":  # the cluster kernel pools exactly like the split kernels
+            path = "split_generic"  # (generic lookups are Block8's whenever bs allows)
+        kernel = compile_cache.compile_c128_pool(c128_pool_config(path, block_size))
+    kernel(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, buffer)
+    return out

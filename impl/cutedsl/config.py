@@ -1,0 +1,208 @@
+"""Static (compile-time) configurations of the CuTe DSL kernels.
+
+Each frozen dataclass holds everything that changes a kernel's code, so it doubles as the
+key of the in-process compile cache (:mod:`.compile_cache`). Values that only change data
+(token counts, strides, positions, eps) stay dynamic. The constructors check their
+invariants in Python, before anything is traced, and raise ``ValueError`` naming the knob,
+what was expected and what was given.
+
+Knobs worth sweeping on the GPU are documented on each field; the defaults are the ones
+the dispatcher (:mod:`.api`) uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...spec.validation import LAYOUTS
+
+HEAD_DIM = 512
+NOPE_DIM = 448
+ROPE_DIM = 64
+QUANT_BLOCK = 64
+DATA_RECORD_BYTES = 576
+SCALE_RECORD_BYTES = 8
+WEIGHT_DTYPES = ("float32", "bfloat16")
+
+
+def _fail(name: str, expected: str, given) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {given!r}")
+
+
+def _power_of_two(name: str, value: int, allowed=None) -> None:
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+        _fail(name, "a power of two", value)
+    if allowed is not None and value not in allowed:
+        _fail(name, f"one of {allowed}", value)
+
+
+@dataclass(frozen=True)
+class EntryFormat:
+    """How one compressed entry is written (SPEC §6-§7), fixed per compile.
+
+    ``store_align`` is the byte alignment every 4-channel store of the ``bf16`` and
+    ``fp8_per_tensor`` layouts may assume (the front end derives it from ``k_cache``'s
+    strides and base address, SPEC allows any strides there); ``flashmla_fp8`` records are
+    always 16-byte aligned pages plus multiples of 8 bytes.
+    """
+
+    layout: str  # "flashmla_fp8" | "bf16" | "fp8_per_tensor"
+    entries_per_page: int  # B = k_cache.shape[1]
+    weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
+    store_align: int = 16  # bytes; bf16: 8 or 2, fp8_per_tensor: 4 or 1, flashmla: 16
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            _fail("layout", "one of " + ", ".join(LAYOUTS), self.layout)
+        if not isinstance(self.entries_per_page, int) or self.entries_per_page < 1:
+            _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
+        allowed = {"flashmla_fp8": (16,), "bf16": (2, 8), "fp8_per_tensor": (1, 4)}[self.layout]
+        if self.store_align not in allowed:
+            _fail("store_align", f"one of {allowed} for layout {self.layout!r}", self.store_align)
+
+    @property
+    def cache_elem_bytes(self) -> int:
+        return {"flashmla_fp8": 1, "bf16": 2, "fp8_per_tensor": 1}[self.layout]
+
+    @property
+    def tag(self) -> str:
+        w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
+        return f"{self.layout}_B{self.entries_per_page}_{w}_a{self.store_align}"
+
+
+@dataclass(frozen=True)
+class C4Config:
+    """C4 fused kernel: pool the 8-row overlapped window, then norm/RoPE/quant/store.
+
+    ``entry=None`` compiles the pooling-only variant that writes ``x`` (``compress``).
+    """
+
+    block_size: int  # bs, rows per state block (any >= 1)
+    entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
+    tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            _fail("block_size", "an integer >= 1", self.block_size)
+        _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+
+    @property
+    def rows_per_lookup(self) -> int:
+        """Window rows that share one block-table lookup: each half (4 rows, starting at a
+        multiple of 4) splits into runs of ``gcd(bs, 4)`` rows inside one state block."""
+        return math.gcd(self.block_size, 4)
+
+    @property
+    def tag(self) -> str:
+        out = self.entry.tag if self.entry is not None else "x"
+        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}"
+
+
+@dataclass(frozen=True)
+class C128PoolConfig:
+    """C128 pooling of one channel tile (split path's compress kernel, and the cluster kernel).
+
+    A CTA has ``warps`` warps; a warp's lanes form ``32 / (tile/4)`` row groups of
+    ``tile/4`` lanes, each lane holds 4 channels of ``rows_per_lane`` consecutive window
+    rows. ``rows_per_lookup`` rows of a lane share one block-table lookup: ``rows_per_lane``
+    is the Block8 kernel (bs a multiple of 8 for the default 8 rows per lane), a divisor of
+    ``gcd(bs, rows_per_lane)`` the generic one (1: a lookup per row).
+    """
+
+    block_size: int  # bs
+    rows_per_lookup: int  # 8 = Block8 (default mapping); gcd(bs, 8) or 1 = generic
+    warps: int = 8  # sweep: 4, 8, 16
+    tile: int = 64  # channels per CTA; sweep: 64, 32 (split path only)
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            _fail("block_size", "an integer >= 1", self.block_size)
+        _power_of_two("warps", self.warps, (2, 4, 8, 16))
+        _power_of_two("tile", self.tile, (32, 64))
+        rpl = self.rows_per_lane
+        if rpl < 1 or rpl & (rpl - 1):
+            _fail("warps/tile", "a mapping with a power-of-two number (>= 1) of rows per lane", (self.warps, self.tile))
+        _power_of_two("rows_per_lookup", self.rows_per_lookup)
+        if rpl % self.rows_per_lookup or self.block_size % self.rows_per_lookup:
+            _fail("rows_per_lookup", f"a divisor of rows_per_lane ({rpl}) and of block_size ({self.block_size})", self.rows_per_lookup)
+
+    @property
+    def lanes_per_row_group(self) -> int:
+        return self.tile // 4
+
+    @property
+    def row_groups_per_warp(self) -> int:
+        return 32 // self.lanes_per_row_group
+
+    @property
+    def rows_per_lane(self) -> int:
+        return 128 // (self.warps * self.row_groups_per_warp)
+
+    @property
+    def is_block8(self) -> bool:
+        return self.rows_per_lookup == self.rows_per_lane
+
+    @property
+    def tag(self) -> str:
+        kind = "block8" if self.is_block8 else f"generic{self.rows_per_lookup}"
+        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """C128 split path's store kernel: x scratch -> RMSNorm, RoPE, quant, store."""
+
+    entry: EntryFormat
+    tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
+
+    def __post_init__(self):
+        _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+
+    @property
+    def tag(self) -> str:
+        return f"c128store_{self.entry.tag}_tpc{self.tokens_per_cta}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """C128 single-launch kernel: one thread-block cluster of 8 CTAs (64-channel tiles) per token."""
+
+    pool: C128PoolConfig  # tile must be 64 (a tile is a quantization block)
+    entry: EntryFormat
+
+    def __post_init__(self):
+        if self.pool.tile != 64:
+            _fail("pool.tile", "64 (one CTA per quantization block)", self.pool.tile)
+
+    @property
+    def tag(self) -> str:
+        return f"c128cluster_{self.pool.tag}_{self.entry.tag}"
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """save_partial_states: copy kv, add ape to the score (SPEC §4)."""
+
+    compress_ratio: int  # 4 or 128
+    block_size: int  # bs
+    vector_inputs: bool  # kv_score and ape rows 16-byte aligned: 128-bit loads
+    tokens_per_cta: int = 1
+
+    def __post_init__(self):
+        if self.compress_ratio not in (4, 128):
+            _fail("compress_ratio", "4 or 128", self.compress_ratio)
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            _fail("block_size", "an integer >= 1", self.block_size)
+        _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+
+    @property
+    def state_width(self) -> int:
+        return 1024 if self.compress_ratio == 4 else 512
+
+    @property
+    def tag(self) -> str:
+        v = "v4" if self.vector_inputs else "v1"
+        return f"save_r{self.compress_ratio}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}"

@@ -1,0 +1,190 @@
+"""C128 in one launch: a thread-block cluster of 8 CTAs per token, one per 64-channel tile.
+
+Why a cluster: the split path pays a second launch and an fp32 round trip of ``x`` through
+global memory only because RMSNorm needs the sum of squares over all 512 channels while
+the pooling is spread over 8 CTAs. Here the 8 CTAs of a token form a cluster and combine
+that one number through distributed shared memory (DSMEM), so pooling, norm, RoPE,
+quantization and the store finish in one kernel.
+
+Per CTA (rank ``g`` = tile ``g``, ``warps`` warps): pool the tile exactly as the split
+path's compress kernel (:class:`.pooling_c128.C128TilePooling`; Block8 or generic
+lookups); warp 0 ends up with ``x`` for channels ``64g + 2l, 64g + 2l + 1`` in lane ``l``.
+Then:
+
+1. tile partial ``ss_g`` = SPEC's tree over the tile's 64 channels (per-lane pair, xor
+   butterfly 1..16: lanes hold consecutive aligned pairs);
+2. lanes 0..7 of warp 0 write ``ss_g`` into slot ``g`` of CTA ``l``'s shared array
+   (``mapa`` + ``st.shared::cluster``), then the cluster barrier (arrive = release,
+   wait = acquire) publishes all 8 slots in every CTA;
+3. every CTA computes ``ss = tree(ss_0..ss_7)``: SPEC's tree over 512 channels is the
+   tree over the 8 tile trees, so all CTAs get the identical, exact ``ss``;
+4. ``rr``, ``y = mul(mul(x, rr), w)`` for the tile; tiles 0..6 are exactly quantization
+   blocks 0..6 (own amax over 32 lanes x 2, own scale byte); tile 7 is the RoPE part
+   (lane ``l`` rotates pair ``l``) and writes the pad byte.
+
+A first, relaxed cluster arrive at kernel start and its wait right before the remote
+stores guarantee every CTA of the cluster is running before its shared memory is
+written; no CTA touches remote memory after the second barrier, so CTAs exit freely.
+Activity (SPEC §5) is per token, hence uniform over the cluster: inactive clusters skip
+everything, barriers included.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .config import NOPE_DIM, QUANT_BLOCK, ClusterConfig
+from .entry import (
+    entry_addresses,
+    load_weight,
+    normalize,
+    quantize_block,
+    rms_scale,
+    rotate_pairs,
+    store_bf16,
+    store_fp8_nope,
+    store_fp8_scaled,
+    store_pad_byte,
+    store_rope_bf16,
+    store_scale_byte,
+    sum_of_squares,
+)
+from .exact_math import bf16_round_fragment, butterfly_sum, tree_sum
+from .pooling_c128 import C128TilePooling
+
+CLUSTER = 8  # CTAs per token: 512 channels / 64
+LANE_CHANNELS = 2  # channels per lane of warp 0 in the finishing stage
+
+
+@dsl_user_op
+def store_to_peer_smem(value, smem_ptr, peer_rank, *, loc=None, ip=None) -> None:
+    """``*smem_ptr = value`` in the shared memory of CTA ``peer_rank`` of this cluster.
+
+    ``mapa.shared::cluster`` maps the local shared address to the peer's window of the
+    cluster's distributed shared memory; ``st.shared::cluster`` writes it. Visibility to
+    the peer comes from the following ``barrier.cluster.arrive`` (release semantics) and
+    the peer's ``barrier.cluster.wait`` (acquire).
+    """
+    llvm.inline_asm(
+        None,
+        [smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(peer_rank).ir_value(loc=loc, ip=ip),
+         Float32(value).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 remote_addr;\n\t"
+        "mapa.shared::cluster.u32 remote_addr, $0, $1;\n\t"
+        "st.shared::cluster.b32 [remote_addr], $2;\n\t}",
+        "r,r,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+class C128ClusterKernel(C128TilePooling):
+    """Grid ``(8, T)``, cluster ``(8, 1, 1)``, ``32 * warps`` threads per CTA."""
+
+    def __init__(self, config: ClusterConfig):
+        super().__init__(config.pool)
+        self.config = config
+        self.entry = config.entry
+        assert self.num_tiles == CLUSTER and self.final_channels == LANE_CHANNELS
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
+            grid=(CLUSTER, mPos.shape[0], 1), block=(self.threads, 1, 1), cluster=(CLUSTER, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        tile, tok, _ = cute.arch.block_idx()  # tile == rank in the cluster (the cluster spans x)
+        smem = SmemAllocator()
+        sMax, sNum, sDen = self.allocate_smem(smem)
+        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(CLUSTER), byte_alignment=16)
+        position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        if active:
+            cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before remote stores
+            x = cute.make_rmem_tensor((LANE_CHANNELS,), Float32)
+            x.fill(0.0)
+            self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, x)
+            lane = cute.arch.lane_idx()
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            tile_sum = butterfly_sum(sum_of_squares(x, LANE_CHANNELS), 1, 16)  # meaningful in warp 0
+            cute.arch.cluster_wait()
+            if warp == 0:
+                if lane < CLUSTER:
+                    store_to_peer_smem(tile_sum, sTileSums.iterator + tile, lane)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            if warp == 0:
+                self.finish_tile(x, lane, tile, sTileSums, mWeight, mCosSin, mCache, position, mKvSlot[tok], eps, fp8_inv)
+
+    @cute.jit
+    def finish_tile(
+        self,
+        x: cute.Tensor,  # fp32 (2,): channels 64*tile + 2*lane, +1
+        lane: Int32,
+        tile: Int32,  # 0..6 NoPE quantization block, 7 RoPE
+        sTileSums: cute.Tensor,  # fp32 smem (8,): the tiles' sums of squares
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # k_cache
+        position: Int64,
+        slot: Int64,
+        eps: Float32,
+        fp8_inv: Float32,
+    ):
+        ss = tree_sum([sTileSums[g] for g in range(CLUSTER)])
+        rr = rms_scale(ss, eps)
+        first = tile * QUANT_BLOCK + lane * LANE_CHANNELS
+        y = normalize(x, rr, load_weight(mWeight, first, LANE_CHANNELS), LANE_CHANNELS)
+        data, scales = entry_addresses(self.entry, mCache, slot)
+        rope_tile = NOPE_DIM // QUANT_BLOCK  # 7
+        cos_sin_row = (position // self.ratio) * self.ratio
+        if cutlass.const_expr(self.entry.layout == "flashmla_fp8"):
+            if tile < rope_tile:
+                codes, scale_byte = quantize_block(y, LANE_CHANNELS, 32)
+                store_fp8_nope(data, codes, first, LANE_CHANNELS)
+                if lane == 0:
+                    store_scale_byte(scales, tile, scale_byte)
+            else:
+                store_rope_bf16(data, rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row), first, LANE_CHANNELS)
+                if lane == 0:
+                    store_pad_byte(scales)
+        elif cutlass.const_expr(self.entry.layout == "bf16"):
+            if tile < rope_tile:
+                store_bf16(self.entry, data, y, first, LANE_CHANNELS)
+            else:
+                store_bf16(self.entry, data, rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row), first,
+                           LANE_CHANNELS)
+        else:
+            if tile < rope_tile:
+                store_fp8_scaled(self.entry, data, bf16_round_fragment(y), first, LANE_CHANNELS, fp8_inv)
+            else:
+                rotated = rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row)
+                store_fp8_scaled(self.entry, data, bf16_round_fragment(rotated), first, LANE_CHANNELS, fp8_inv)

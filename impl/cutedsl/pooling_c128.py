@@ -1,0 +1,205 @@
+"""C128 pooling: one CTA pools one channel tile of one token's 128-row window.
+
+This is the split path's compress kernel (Block8 and generic share the code; they differ
+only in how many rows one block-table lookup serves) and the first half of the cluster
+kernel (:mod:`.fused_c128_cluster`).
+
+Thread mapping (``warps`` warps; ``tile`` channels; defaults 8 and 64): a warp's lanes form
+``32 / (tile/4)`` row groups of ``tile/4`` lanes; lane ``(g, l)`` of warp ``w`` owns
+channels ``tile0 + 4l .. +3`` of the window rows ``((w * groups + g) * R) .. + R - 1`` with
+``R = 128 / (warps * groups)`` rows per lane (default: lanes 0-15 rows ``16w..16w+7``,
+lanes 16-31 rows ``16w+8..16w+15``), two 128-bit loads (kv, score) per row, all in
+registers.
+
+Block lookups: the window of a boundary token ``p = 128c + 127`` is positions
+``128c .. 128c + 127``; a lane's ``R`` rows start at a multiple of ``R``. When ``bs`` is a
+multiple of ``R`` they are ``R`` consecutive rows of one state block: one ``block_table``
+read per lane (**Block8**: for ``bs = 8`` each half-warp reads exactly one block, a warp
+two consecutive blocks, 8 warps the 16 blocks of the window; no per-row lookup, and C128
+never has invalid rows, so no masking). Otherwise runs of ``rows_per_lookup`` rows
+(``gcd(bs, R)``, or 1) each take one lookup (**generic**, any ``bs``).
+
+Exactness (SPEC §5), two passes:
+
+1. max: per lane over its rows, xor-butterfly over the row groups, per-warp maxima in
+   shared memory, then every lane takes the max over the warps (max is exact, any order);
+2. ``e = exp2s(mul(sub(s, M), L))``, ``u = mul(kv, e)``; sums as SPEC's 128-leaf tree:
+   per-lane tree over its ``R`` consecutive rows, xor-butterfly over the row groups
+   (offsets ``tile/4 .. 16``: row groups are consecutive and aligned), per-warp partials
+   in shared memory, tree over the warps in warp order;
+3. warp 0 finishes: lane ``l`` takes channels ``tile0 + (tile/32) l ..``, trees the warp
+   partials and divides ``x = div(tree(u), tree(e))`` (``tree(e) >= 1``: the max row
+   contributes ``exp2s(0) = 1``).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .config import HEAD_DIM, C128PoolConfig
+from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
+from .memory import element_address, load_into, load_scalar, store_fragment
+
+RATIO = 128
+STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
+
+
+class C128TilePooling:
+    """Device code shared by the C128 pooling kernels (see the module docstring)."""
+
+    ratio = RATIO
+    vec = 4
+
+    def __init__(self, pool: C128PoolConfig):
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.warps = pool.warps
+        self.threads = 32 * pool.warps
+        self.tile = pool.tile
+        self.num_tiles = HEAD_DIM // pool.tile
+        self.lanes_per_group = pool.lanes_per_row_group
+        self.groups_per_warp = pool.row_groups_per_warp
+        self.rows_per_lane = pool.rows_per_lane
+        self.rows_per_lookup = pool.rows_per_lookup
+        self.final_channels = pool.tile // 32  # channels per lane of warp 0 in step 3
+
+    def allocate_smem(self, smem):
+        """Per-warp partials: ``[warps, tile]`` fp32 each for max, tree(u), tree(e)."""
+        layout = cute.make_layout((self.warps, self.tile), stride=(self.tile, 1))
+        return [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+
+    @cute.jit
+    def pool_tile(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 128 == 127)
+        tile: Int32,  # channel tile index
+        sMax: cute.Tensor,  # fp32 smem [warps, tile]
+        sNum: cute.Tensor,  # fp32 smem [warps, tile]
+        sDen: cute.Tensor,  # fp32 smem [warps, tile]
+        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
+    ):
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        group = lane // self.lanes_per_group
+        column = lane % self.lanes_per_group  # 4-channel column within the tile
+        R, run, bs = self.rows_per_lane, self.rows_per_lookup, self.block_size
+        first_row = (warp * self.groups_per_warp + group) * R
+        window_start = (position // RATIO) * RATIO  # p - 127 for a boundary token
+        kv_byte = (tile * self.tile + column * self.vec) * 4
+        score_byte = kv_byte + STATE_WIDTH * 4
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+
+        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
+        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
+        for r in cutlass.range_constexpr(R // run):
+            pos = window_start + first_row + r * run
+            block_column = pos // bs
+            block = load_scalar(mBlockTable, req, block_column)
+            row_address = element_address(mState, block, pos - block_column * bs, 0)
+            for i in cutlass.range_constexpr(run):
+                address = row_address + row_stride_bytes * i
+                load_into(kv[r * run + i], address + kv_byte, 16)
+                load_into(sc[r * run + i], address + score_byte, 16)
+
+        # pass 1: the window max per channel
+        lane_max = cute.make_rmem_tensor((self.vec,), Float32)
+        for c in cutlass.range_constexpr(self.vec):
+            lane_max[c] = butterfly_max(tree_max([sc[i][c] for i in range(R)]), self.lanes_per_group, 16)
+        if group == 0:
+            store_smem(sMax, warp, column * self.vec, lane_max)
+        cute.arch.sync_threads()
+        row_max = cute.make_rmem_tensor((self.vec,), Float32)
+        row_max.store(load_smem(sMax, 0, column * self.vec, self.vec).load())
+        for w in cutlass.range_constexpr(1, self.warps):
+            other = load_smem(sMax, w, column * self.vec, self.vec)
+            for c in cutlass.range_constexpr(self.vec):
+                row_max[c] = cute.arch.fmax(row_max[c], other[c])
+
+        # pass 2: exps and the row-order trees
+        num = cute.make_rmem_tensor((self.vec,), Float32)
+        den = cute.make_rmem_tensor((self.vec,), Float32)
+        for c in cutlass.range_constexpr(self.vec):
+            e = [softmax_weight(sc[i][c], row_max[c]) for i in range(R)]
+            u = [fmul(kv[i][c], e[i]) for i in range(R)]
+            num[c] = butterfly_sum(tree_sum(u), self.lanes_per_group, 16)
+            den[c] = butterfly_sum(tree_sum(e), self.lanes_per_group, 16)
+        if group == 0:
+            store_smem(sNum, warp, column * self.vec, num)
+            store_smem(sDen, warp, column * self.vec, den)
+        cute.arch.sync_threads()
+
+        # step 3 (warp 0): tree over the warps, then the division
+        if warp == 0:
+            first = lane * self.final_channels
+            nums = [load_smem(sNum, w, first, self.final_channels) for w in range(self.warps)]
+            dens = [load_smem(sDen, w, first, self.final_channels) for w in range(self.warps)]
+            for k in cutlass.range_constexpr(self.final_channels):
+                x[k] = fdiv(tree_sum([nums[w][k] for w in range(self.warps)]),
+                            tree_sum([dens[w][k] for w in range(self.warps)]))
+
+    def token_activity(self, mPos, mSlot, mKvSlot, tok):
+        """SPEC §5: active iff saved, boundary and with a cache slot."""
+        position = mPos[tok]
+        active = (mSlot[tok] >= Int64(0)) & (mKvSlot[tok] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+        return position, active
+
+
+def load_smem(sBuf: cute.Tensor, row, first, count: int) -> cute.Tensor:
+    """Registers <- ``sBuf[row, first:first+count]`` (one vector shared-memory load)."""
+    frag = cute.make_rmem_tensor((count,), Float32)
+    cute.autovec_copy(cute.local_tile(sBuf[row, None], (count,), (first // count,)), frag)
+    return frag
+
+
+def store_smem(sBuf: cute.Tensor, row, first, frag: cute.Tensor) -> None:
+    """``sBuf[row, first:first+len]`` <- registers (one vector shared-memory store)."""
+    count = cute.size(frag)
+    cute.autovec_copy(frag, cute.local_tile(sBuf[row, None], (count,), (first // count,)))
+
+
+class C128PoolKernel(C128TilePooling):
+    """C128 split path, compress kernel: grid ``(512 / tile, T)``; writes ``x`` of active tokens.
+
+    ``x`` rows are exactly SPEC §5's bits, so the store kernel can finish them separately.
+    """
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mOut: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
+            grid=(self.num_tiles, mPos.shape[0], 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+        tile, tok, _ = cute.arch.block_idx()
+        sMax, sNum, sDen = self.allocate_smem(SmemAllocator())
+        position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        if active:
+            x = cute.make_rmem_tensor((self.final_channels,), Float32)
+            self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, x)
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp == 0:
+                channel = tile * self.tile + cute.arch.lane_idx() * self.final_channels
+                store_fragment(x, element_address(mOut, tok, channel), 4 * self.final_channels)

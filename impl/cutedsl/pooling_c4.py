@@ -1,0 +1,193 @@
+"""C4 kernels: the 8-row overlapped window, pooled and (fused) normalized, rotated, stored.
+
+Thread mapping: a token group is 128 threads (4 warps); thread ``t`` owns channels
+``4t..4t+3`` of the 512-channel compressed vector and holds all 8 window rows of them in
+registers: row ``i`` (position ``p-7+i``) reads ``kv[h*512 + 4t ..]`` and
+``score[h*512 + 4t ..]`` of its state row, ``h = i // 4`` (rows 0..3 the first halves of
+group ``c-1``, rows 4..7 the second halves of group ``c``), as two 128-bit loads. A CTA
+holds ``tokens_per_cta`` groups, each synchronizing on its own named barrier, so a group
+of an inactive token simply skips.
+
+Block lookups: the window starts at ``4*(p//4) - 4`` (``= p - 7`` for a boundary token),
+so each half is 4 consecutive positions starting at a multiple of 4; a run of
+``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read.
+
+Exactness (SPEC §5): per channel, two passes over the registers: ``M`` = exact max over
+the valid rows, then ``e_i = exp2s(mul(sub(s_i, M), L))``, ``u_i = mul(kv_i, e_i)`` and
+``x = div(tree(u), tree(e))`` with the 8-leaf trees in row order. At ``p = 3`` rows 0..3
+(positions -4..-1) are invalid: they are not loaded, their score is ``-inf`` (so they
+drop out of the max and ``exp2s(-inf) = +0``) and their kv ``+0``, so ``e = u = +0`` and
+they still take part in the trees, as the spec says.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .config import HEAD_DIM, C4Config
+from .entry import EntryWriter
+from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
+from .memory import element_address, load_into, load_scalar, store_fragment
+
+RATIO = 4
+WINDOW = 8
+STATE_WIDTH = 2 * HEAD_DIM  # SW: kv[0:1024] then score[0:1024]
+
+
+def pool_channel(kv, sc, c: int, rows: int):
+    """``x[c] = div(tree(u), tree(e))`` over register rows (SPEC §5)."""
+    row_max = tree_max([sc[i][c] for i in range(rows)])
+    e = [softmax_weight(sc[i][c], row_max) for i in range(rows)]
+    u = [fmul(kv[i][c], e[i]) for i in range(rows)]
+    return fdiv(tree_sum(u), tree_sum(e))
+
+
+class C4Window:
+    """Device code shared by the C4 kernels: one token's window -> 4 channels of ``x``."""
+
+    ratio = RATIO
+    group_threads = 128
+    vec = 4
+
+    def __init__(self, config: C4Config):
+        self.config = config
+        self.block_size = config.block_size
+        self.rows_per_lookup = config.rows_per_lookup
+        self.tokens_per_cta = config.tokens_per_cta
+        self.threads = self.group_threads * self.tokens_per_cta
+
+    @cute.jit
+    def pool_window(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 4 == 3)
+        t: Int32,  # thread index in the token group, 0..127
+        x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
+    ):
+        bs, run = self.block_size, self.rows_per_lookup
+        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
+        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
+        for i in cutlass.range_constexpr(WINDOW):
+            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
+            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        window_start = (position // RATIO) * RATIO - RATIO  # p - 7 for a boundary token
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        for half in cutlass.range_constexpr(2):
+            kv_byte = (half * HEAD_DIM + t * self.vec) * 4
+            score_byte = kv_byte + STATE_WIDTH * 4
+            for r in cutlass.range_constexpr(RATIO // run):
+                first_row = half * RATIO + r * run
+                pos = window_start + first_row
+                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                    column = pos // bs
+                    block = load_scalar(mBlockTable, req, column)
+                    row_address = element_address(mState, block, pos - column * bs, 0)
+                    for i in cutlass.range_constexpr(run):
+                        address = row_address + row_stride_bytes * i
+                        load_into(kv[first_row + i], address + kv_byte, 16)
+                        load_into(sc[first_row + i], address + score_byte, 16)
+        for c in cutlass.range_constexpr(self.vec):
+            x[c] = pool_channel(kv, sc, c, WINDOW)
+
+    def token_activity(self, mPos, mSlot, mKvSlot, tok):
+        """SPEC §5: active iff saved, boundary and with a cache slot."""
+        position = mPos[tok]
+        active = (mSlot[tok] >= Int64(0)) & (mKvSlot[tok] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+        return position, active
+
+
+class C4PoolKernel(C4Window):
+    """C4 pooling only: writes the fp32 compressed vector of active tokens to ``mOut``."""
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mOut: cute.Tensor,  # fp32 [S >= T, 512], rows 16-byte aligned
+        stream: cuda.CUstream,
+    ):
+        num_tokens = mPos.shape[0]
+        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        t = tidx % self.group_threads
+        tok = cta * self.tokens_per_cta + tidx // self.group_threads
+        if tok < mPos.shape[0]:
+            position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            if active:
+                x = cute.make_rmem_tensor((self.vec,), Float32)
+                self.pool_window(mState, mBlockTable, mTokenReq[tok], position, t, x)
+                store_fragment(x, element_address(mOut, tok, t * self.vec), 16)
+
+
+class C4FusedKernel(C4Window, EntryWriter):
+    """C4 in one launch: pool, RMSNorm, RoPE, quantize and store each active token's entry."""
+
+    def __init__(self, config: C4Config):
+        super().__init__(config)
+        if config.entry is None:
+            raise ValueError("C4FusedKernel: expected a C4Config with an entry format, got entry=None")
+        self.entry = config.entry
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        stream: cuda.CUstream,
+    ):
+        num_tokens = mPos.shape[0]
+        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        group = tidx // self.group_threads
+        t = tidx % self.group_threads
+        tok = cta * self.tokens_per_cta + group
+        smem = SmemAllocator()
+        sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
+        if tok < mPos.shape[0]:
+            position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            if active:
+                x = cute.make_rmem_tensor((self.vec,), Float32)
+                self.pool_window(mState, mBlockTable, mTokenReq[tok], position, t, x)
+                self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
+                                    position, mKvSlot[tok], eps, fp8_inv)

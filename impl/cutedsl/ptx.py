@@ -1,0 +1,85 @@
+"""Every static configuration CI should compile, with its PTX, for the SPEC §2 PTX rules.
+
+``python -m dsv4_compressor ptx-check`` calls :func:`ptx_variants` and applies
+:func:`dsv4_compressor.impl.ptx_rules.check_ptx` (only ``.rn`` arithmetic, no FMA, no
+approximate functions, no ``.ftz``, 128-bit loads where state rows stream). The list
+covers every code path of every kernel: the three layouts with both weight dtypes and
+both store alignments, block sizes that take each lookup granularity, ``B = 1`` and a
+large ``B``, and the sweepable mapping knobs. Compilation needs no GPU; set
+``CUTE_DSL_ARCH=sm_90a`` (done here when unset) or the DSL silently targets sm_100a.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+TARGET = "sm_90a"
+_LAYOUT_ALIGNS = (("flashmla_fp8", 16), ("bf16", 8), ("bf16", 2), ("fp8_per_tensor", 4), ("fp8_per_tensor", 1))
+
+
+def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
+    """``(variant name, kernel kind, static config, streams state rows)`` for every CI variant."""
+    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, SaveConfig, StoreConfig
+
+    def entry(layout="flashmla_fp8", align=16, weight="bfloat16", pages=64):
+        return EntryFormat(layout, pages, weight, align)
+
+    layouts = [(layout, align, "bfloat16") for layout, align in _LAYOUT_ALIGNS] + [("flashmla_fp8", 16, "float32")]
+    for layout, align, weight in layouts:  # each layout/alignment, and the other weight dtype once
+        e = entry(layout, align, weight)
+        yield f"c4_{e.tag}", "c4", C4Config(4, e), True
+        yield f"c128_store_{e.tag}", "c128_store", StoreConfig(e), False
+        cfg = ClusterConfig(C128PoolConfig(8, 8), e)
+        yield cfg.tag, "c128_cluster", cfg, True
+    for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
+        cfg = C4Config(block_size, entry(pages=1))
+        yield cfg.tag, "c4", cfg, True
+    for tokens_per_cta in (2, 4):
+        cfg = C4Config(4, entry(), tokens_per_cta)
+        yield cfg.tag, "c4", cfg, True
+    for block_size in (4, 3):
+        cfg = C4Config(block_size, None)
+        yield cfg.tag, "c4", cfg, True
+    for block_size, rows_per_lookup, warps, tile in (
+        (8, 8, 8, 64), (16, 8, 8, 64), (4, 4, 8, 64), (5, 1, 8, 64), (2, 2, 8, 64), (8, 1, 8, 64),
+        (8, 4, 16, 64), (16, 16, 4, 64), (8, 8, 4, 64), (8, 4, 8, 32), (4, 4, 8, 32),
+    ):
+        cfg = C128PoolConfig(block_size, rows_per_lookup, warps, tile)
+        yield cfg.tag, "c128_pool", cfg, True
+    for pages, tokens_per_cta in ((1, 1), (64, 2), (7, 4)):
+        cfg = StoreConfig(entry(pages=pages), tokens_per_cta)
+        yield cfg.tag, "c128_store", cfg, False
+    for pool in (C128PoolConfig(4, 4), C128PoolConfig(5, 1), C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4)):
+        cfg = ClusterConfig(pool, entry(pages=1))
+        yield cfg.tag, "c128_cluster", cfg, True
+    for ratio in (4, 128):
+        for vector in (True, False):
+            cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
+            yield cfg.tag, "save", cfg, vector
+
+
+def compile_variant(kind: str, config, *, keep_ptx: bool = True):
+    """The compiled TVM-FFI function of one variant (cached)."""
+    from . import compile_cache
+
+    compile_fn = {
+        "c4": compile_cache.compile_c4,
+        "c128_pool": compile_cache.compile_c128_pool,
+        "c128_store": compile_cache.compile_c128_store,
+        "c128_cluster": compile_cache.compile_c128_cluster,
+        "save": compile_cache.compile_save,
+    }[kind]
+    return compile_fn(config, keep_ptx=keep_ptx)
+
+
+def ptx_variants() -> Iterator[tuple[str, str, dict]]:
+    """Compile every variant for sm_90a; yield ``(variant_name, ptx_text, check options)``."""
+    os.environ.setdefault("CUTE_DSL_ARCH", TARGET)
+    seen = set()
+    for name, kind, config, streams_rows in variant_configs():
+        if name in seen:
+            continue
+        seen.add(name)
+        compiled = compile_variant(kind, config)
+        yield name, compiled.__ptx__, {"require_vector_loads": streams_rows}

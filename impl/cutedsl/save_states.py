@@ -1,0 +1,79 @@
+"""save_partial_states (SPEC §4): write this step's projections into the paged state cache.
+
+One 128-thread group per token; thread ``t`` moves the 4-float chunks ``t, t+128, ...`` of
+the kv half (copied) and of the score half (``add(score, ape[p mod r])``, one ``add.rn``
+per element, so the stored score is exactly SPEC's). Tokens with ``slot_mapping < 0`` write
+nothing. Loads are 128-bit when the front end found ``kv_score``'s and ``ape``'s rows
+16-byte aligned (``vector_inputs``), scalar otherwise (SPEC only promises unit last
+strides there); the state cache rows are always 16-byte aligned (SPEC §3).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int64
+
+from .config import SaveConfig
+from .exact_math import fadd
+from .memory import element_address, load_fragment, store_fragment
+
+
+class SavePartialStatesKernel:
+    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
+
+    group_threads = 128
+    vec = 4
+
+    def __init__(self, config: SaveConfig):
+        self.config = config
+        self.ratio = config.compress_ratio
+        self.block_size = config.block_size
+        self.state_width = config.state_width
+        self.tokens_per_cta = config.tokens_per_cta
+        self.threads = self.group_threads * self.tokens_per_cta
+        self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4) or 1 (C128)
+        self.input_align = 16 if config.vector_inputs else 4
+
+    @cute.jit
+    def __call__(
+        self,
+        mKvScore: cute.Tensor,  # fp32 [T, 2*SW]: kv then score (score without ape)
+        mApe: cute.Tensor,  # fp32 [r, SW]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]: state slot, -1 = padding
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW], written in place
+        stream: cuda.CUstream,
+    ):
+        num_tokens = mPos.shape[0]
+        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        self.kernel(mKvScore, mApe, mPos, mSlot, mState).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mState: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        t = tidx % self.group_threads
+        tok = cta * self.tokens_per_cta + tidx // self.group_threads
+        if tok < mPos.shape[0]:
+            slot = mSlot[tok]
+            if slot >= Int64(0):
+                block = slot // self.block_size
+                dst = element_address(mState, block, slot - block * self.block_size, 0)
+                src = element_address(mKvScore, tok, 0)
+                ape = element_address(mApe, mPos[tok] % self.ratio, 0)
+                for k in cutlass.range_constexpr(self.chunks_per_thread):
+                    kv_byte = (t + k * self.group_threads) * (self.vec * 4)
+                    score_byte = kv_byte + self.state_width * 4
+                    kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
+                    store_fragment(kv, dst + kv_byte, 16)
+                    score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
+                    bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
+                    out = cute.make_rmem_tensor((self.vec,), Float32)
+                    for i in cutlass.range_constexpr(self.vec):
+                        out[i] = fadd(score[i], bias[i])
+                    store_fragment(out, dst + score_byte, 16)

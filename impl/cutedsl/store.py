@@ -1,0 +1,76 @@
+"""C128 split path, store kernel: the compressed vector ``x`` -> RMSNorm, RoPE, quantization, store.
+
+One 128-thread group per token (``tokens_per_cta`` groups per CTA, each with its own named
+barrier); thread ``t`` loads ``x[4t..4t+3]`` with one 128-bit load and runs the shared
+entry writer (:class:`.entry.EntryWriter`, SPEC §6-§7). ``B`` (entries per page) is a
+compile-time constant, so ``slot // B`` and ``slot % B`` are shifts or multiply-highs.
+Tokens that are not active (SPEC §5) write nothing; their scratch rows are never read.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass.cute as cute
+from cutlass import Float32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .config import StoreConfig
+from .entry import EntryWriter
+from .memory import element_address, load_fragment
+
+RATIO = 128
+
+
+class C128StoreKernel(EntryWriter):
+    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
+
+    ratio = RATIO
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.entry = config.entry
+        self.tokens_per_cta = config.tokens_per_cta
+        self.threads = self.group_threads * self.tokens_per_cta
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,  # fp32 [S >= T, 512]: x of active tokens (compress kernel output)
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        stream: cuda.CUstream,
+    ):
+        num_tokens = mPos.shape[0]
+        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        self.kernel(mX, mPos, mSlot, mKvSlot, mWeight, mCosSin, mCache, eps, fp8_inv).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor,
+               mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        group = tidx // self.group_threads
+        t = tidx % self.group_threads
+        tok = cta * self.tokens_per_cta + group
+        smem = SmemAllocator()
+        sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
+        if tok < mPos.shape[0]:
+            position = mPos[tok]
+            kv_slot = mKvSlot[tok]
+            active = (mSlot[tok] >= Int64(0)) & (kv_slot >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+            if active:
+                x = load_fragment(Float32, element_address(mX, tok, t * self.vec), self.vec, 16)
+                self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
+                                    position, kv_slot, eps, fp8_inv)

@@ -1,0 +1,222 @@
+"""CPU checks of the CuTe DSL implementation (no GPU needed).
+
+- every kernel variant compiles for sm_90a and its PTX passes SPEC §2's rules
+  (:mod:`dsv4_compressor.impl.ptx_rules`), with no local memory;
+- the compile cache returns the same object for the same static configuration;
+- configurations and the public wrappers reject bad inputs with ``ValueError`` before
+  anything is compiled or launched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+from dsv4_compressor.impl import ptx_rules  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, compile_cache, config  # noqa: E402
+from dsv4_compressor.impl.cutedsl.ptx import ptx_variants, variant_configs  # noqa: E402
+from dsv4_compressor.spec import batch as B  # noqa: E402
+
+
+# ---- PTX -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ptx_reports():
+    return [
+        ptx_rules.check_ptx("cutedsl", name, ptx, require_target="sm_90a", **options)
+        for name, ptx, options in ptx_variants()
+    ]
+
+
+def test_every_variant_passes_the_ptx_rules(ptx_reports):
+    failures = {r.variant: r.violations for r in ptx_reports if not r.ok}
+    assert not failures, failures
+
+
+def test_no_variant_uses_local_memory(ptx_reports):
+    assert all(r.counts["local memory"] == 0 for r in ptx_reports), [r.variant for r in ptx_reports if r.counts["local memory"]]
+
+
+def test_variants_cover_every_kernel_and_layout(ptx_reports):
+    names = {r.variant for r in ptx_reports}
+    kinds = {kind for _, kind, _, _ in variant_configs()}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "save"}
+    for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
+        for prefix in ("c4_", "c128_store_", "c128cluster_"):
+            assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
+
+
+def test_exact_arithmetic_is_present(ptx_reports):
+    by_name = {r.variant: r for r in ptx_reports}
+    pool = by_name["c128pool_block8_bs8_w8_t64"]
+    assert pool.counts["div.rn.f32"] >= 2 and pool.counts["ld.global.v4"] == 16  # 8 rows x (kv, score)
+    fused = next(r for n, r in by_name.items() if n.startswith("c4_flashmla"))
+    assert fused.counts["sqrt.rn.f32"] == 1 and fused.counts["cvt.e4m3"] >= 1 and fused.counts["cvt.bf16"] >= 1
+
+
+# ---- compile cache -----------------------------------------------------------------------
+def test_compile_cache_returns_the_same_object():
+    cfg = config.C128PoolConfig(8, 8)
+    first = compile_cache.compile_c128_pool(cfg)
+    assert compile_cache.compile_c128_pool(config.C128PoolConfig(8, 8)) is first
+    assert compile_cache.compile_c128_pool(config.C128PoolConfig(8, 4)) is not first
+
+
+# ---- static configurations ---------------------------------------------------------------
+@pytest.mark.parametrize("make, needle", [
+    (lambda: config.EntryFormat("fp8", 64, "bfloat16"), "layout"),
+    (lambda: config.EntryFormat("bf16", 0, "bfloat16", 8), "entries_per_page"),
+    (lambda: config.EntryFormat("bf16", 4, "float16", 8), "rms_norm_weight dtype"),
+    (lambda: config.EntryFormat("bf16", 4, "float32", 16), "store_align"),
+    (lambda: config.C4Config(0, None), "block_size"),
+    (lambda: config.C4Config(4, None, 3), "tokens_per_cta"),
+    (lambda: config.C128PoolConfig(4, 8), "rows_per_lookup"),
+    (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
+    (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
+    (lambda: config.ClusterConfig(config.C128PoolConfig(8, 4, tile=32), config.EntryFormat("bf16", 4, "float32", 8)), "tile"),
+    (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
+])
+def test_configurations_reject_bad_values(make, needle):
+    with pytest.raises(ValueError, match=needle):
+        make()
+
+
+def test_block8_and_generic_lookups():
+    assert api.c128_pool_config("split_block8", 8).is_block8
+    assert api.c128_pool_config("split_generic", 16).rows_per_lookup == 8
+    assert api.c128_pool_config("split_generic", 4).rows_per_lookup == 4
+    assert api.c128_pool_config("split_generic", 5).rows_per_lookup == 1
+    with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
+        api.c128_pool_config("split_block8", 4)
+
+
+def test_auto_dispatch(monkeypatch):
+    assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)
+    assert api.choose_c128_path("auto", 64, 8) == "fused_cluster"
+    assert api.choose_c128_path("auto", 65, 8) == "split_block8"
+    assert api.choose_c128_path("auto", 65, 4) == "split_generic"
+    assert api.choose_c128_path("split_generic", 65, 8) == "split_generic"
+    with pytest.raises(ValueError, match="c128_path: expected one of"):
+        api.choose_c128_path("fused", 1, 8)
+
+
+# ---- wrappers: ValueError before anything is compiled or launched -------------------------------
+def _cpu_call(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries=4):
+    rng = np.random.default_rng(0)
+    b = B.build_batch([B.Request(context_len=2 * compress_ratio - 3, num_tokens=4)], compress_ratio=compress_ratio,
+                      block_size=block_size, entries_per_page=entries, rng=rng)
+    state = B.random_state_cache(b.num_state_blocks, block_size, compress_ratio, rng)
+    k = B.canary_k_cache(layout, b.num_pages, entries)
+    k_t = torch.from_numpy(np.ascontiguousarray(k))
+    if layout == "bf16":
+        k_t = k_t.view(torch.bfloat16)
+    elif layout == "fp8_per_tensor":
+        k_t = k_t.view(torch.float8_e4m3fn)
+    args = dict(
+        state_cache=torch.from_numpy(np.ascontiguousarray(state)),
+        token_to_req_indices=torch.from_numpy(b.token_to_req_indices),
+        positions=torch.from_numpy(b.positions),
+        slot_mapping=torch.from_numpy(b.slot_mapping),
+        block_table=torch.from_numpy(b.block_table),
+        block_size=block_size,
+        rms_norm_weight=torch.ones(512, dtype=torch.bfloat16),
+        rms_norm_eps=1e-6,
+        cos_sin_cache=torch.from_numpy(B.rope_cos_sin_cache(1024)),
+        k_cache=k_t,
+        kv_slot_mapping=torch.from_numpy(b.kv_slot_mapping),
+    )
+    return args
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fail the test if anything reaches the compiler."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before rejecting the call")
+    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_save"):
+        monkeypatch.setattr(compile_cache, name, refuse)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(positions=lambda a: a["positions"].to(torch.int32)), "positions: expected dtype int64"),
+    (dict(state_cache=lambda a: a["state_cache"].to(torch.float64)), "state_cache: expected dtype float32"),
+    (dict(rms_norm_weight=lambda a: a["rms_norm_weight"].to(torch.float16)), "rms_norm_weight: expected dtype bfloat16 or float32"),
+    (dict(k_cache=lambda a: a["k_cache"][:, :, :576]), "k_cache"),
+    (dict(kv_slot_mapping=lambda a: a["kv_slot_mapping"][:2]), "kv_slot_mapping: expected length T"),
+    (dict(block_size=lambda a: 3), "state_cache: expected shape\\[1\\] = 3"),
+])
+def test_compress_norm_rope_store_rejects_bad_arguments(no_compile, change, needle):
+    args = _cpu_call()
+    for key, fn in change.items():
+        args[key] = fn(args)
+    with pytest.raises(ValueError, match=needle):
+        api.compress_norm_rope_store(**args, compress_ratio=128)
+
+
+def test_wrong_ratio_and_layout_are_rejected(no_compile):
+    with pytest.raises(ValueError, match="compress_ratio"):
+        api.compress_norm_rope_store(**_cpu_call(), compress_ratio=64)
+    with pytest.raises(ValueError, match="layout"):
+        api.compress_norm_rope_store(**_cpu_call(), compress_ratio=128, layout="fp8")
+    with pytest.raises(ValueError, match="fp8_scale"):
+        api.compress_norm_rope_store(**_cpu_call(layout="fp8_per_tensor"), compress_ratio=128, layout="fp8_per_tensor")
+
+
+def test_forced_path_that_the_block_size_does_not_allow(no_compile):
+    args = _cpu_call(block_size=4)
+    with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
+        api.compress_norm_rope_store(**args, compress_ratio=128, c128_path="split_block8")
+    with pytest.raises(ValueError, match="c128_path: expected one of"):
+        api.compress_norm_rope_store(**args, compress_ratio=128, c128_path="cluster")
+
+
+def test_bad_workspace_is_rejected(no_compile):
+    args = _cpu_call()
+    T = args["positions"].shape[0]
+    for workspace, needle in (
+        (torch.empty(T, 512, dtype=torch.float64), "workspace: expected dtype float32"),
+        (torch.empty(T - 1, 512), "workspace: expected float32 \\[S >= "),
+        (torch.empty(T, 514)[:, :512], r"workspace: expected strides \(multiple of 4, 1\)"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            api.compress_norm_rope_store(**args, compress_ratio=128, c128_path="split_generic", workspace=workspace)
+
+
+def test_cpu_tensors_are_rejected_after_validation(no_compile):
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of \\('cuda',\\)"):
+        api.compress_norm_rope_store(**_cpu_call(), compress_ratio=128)
+
+
+def test_compress_and_save_reject_bad_arguments(no_compile):
+    args = _cpu_call()
+    pooling = {k: args[k] for k in ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table",
+                                    "block_size", "kv_slot_mapping")}
+    with pytest.raises(ValueError, match="out: expected dtype float32"):
+        api.compress(**pooling, compress_ratio=128, out=torch.empty(4, 512, dtype=torch.float16))
+    with pytest.raises(ValueError, match="block_table: expected dtype int32"):
+        api.compress(**{**pooling, "block_table": pooling["block_table"].long()}, compress_ratio=128)
+    kv_score = torch.zeros(4, 1024)
+    ape = torch.zeros(128, 512)
+    with pytest.raises(ValueError, match="ape"):
+        api.save_partial_states(kv_score, ape[:, :256], args["positions"], args["slot_mapping"], args["state_cache"], 8)
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):
+        api.save_partial_states(kv_score, ape, args["positions"], args["slot_mapping"], args["state_cache"], 8)
+
+
+def test_import_needs_no_cutlass():
+    """The package imports torch only; CuTe DSL is loaded on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['cutlass'] = None; import dsv4_compressor.impl.cutedsl as m; "
+            "print(m.SUPPORTED_DEVICES)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "cuda" in result.stdout
