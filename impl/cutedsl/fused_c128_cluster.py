@@ -90,7 +90,7 @@ def store_to_peer_smem(value, smem_ptr, peer_rank, *, loc=None, ip=None) -> None
 
 
 class C128ClusterKernel(C128TilePooling):
-    """Grid ``(8, T)``, cluster ``(8, 1, 1)``, ``32 * warps`` threads per CTA."""
+    """Grid ``8 * T`` (1-D), cluster ``(8, 1, 1)``, ``32 * warps`` threads per CTA."""
 
     def __init__(self, config: ClusterConfig):
         super().__init__(config.pool)
@@ -115,14 +115,15 @@ class C128ClusterKernel(C128TilePooling):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
-            grid=(CLUSTER, mPos.shape[0], 1), block=(self.threads, 1, 1), cluster=(CLUSTER, 1, 1), stream=stream
+            grid=(CLUSTER * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), cluster=(CLUSTER, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        tile, tok, _ = cute.arch.block_idx()  # tile == rank in the cluster (the cluster spans x)
+        cta, _, _ = cute.arch.block_idx()
+        tile, tok = self.tile_and_token(cta)  # tile == rank in the cluster (CTAs 8t..8t+7)
         smem = SmemAllocator()
         sMax, sNum, sDen = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(CLUSTER), byte_alignment=16)

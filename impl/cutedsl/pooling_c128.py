@@ -148,6 +148,11 @@ class C128TilePooling:
                 x[k] = fdiv(tree_sum([nums[w][k] for w in range(self.warps)]),
                             tree_sum([dens[w][k] for w in range(self.warps)]))
 
+    def tile_and_token(self, cta):
+        """CTAs ``8t .. 8t+7`` (for 64-channel tiles) are the tiles of token ``t``: a 1-D grid
+        (no 65535 limit on T), and the CTAs that read the same state rows run together."""
+        return cta % self.num_tiles, cta // self.num_tiles
+
     def token_activity(self, mPos, mSlot, mKvSlot, tok):
         """SPEC §5: active iff saved, boundary and with a cache slot."""
         position = mPos[tok]
@@ -169,7 +174,7 @@ def store_smem(sBuf: cute.Tensor, row, first, frag: cute.Tensor) -> None:
 
 
 class C128PoolKernel(C128TilePooling):
-    """C128 split path, compress kernel: grid ``(512 / tile, T)``; writes ``x`` of active tokens.
+    """C128 split path, compress kernel: grid ``(512 / tile) * T``; writes ``x`` of active tokens.
 
     ``x`` rows are exactly SPEC §5's bits, so the store kernel can finish them separately.
     """
@@ -187,13 +192,14 @@ class C128PoolKernel(C128TilePooling):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(self.num_tiles, mPos.shape[0], 1), block=(self.threads, 1, 1), stream=stream
+            grid=(self.num_tiles * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
-        tile, tok, _ = cute.arch.block_idx()
+        cta, _, _ = cute.arch.block_idx()
+        tile, tok = self.tile_and_token(cta)
         sMax, sNum, sDen = self.allocate_smem(SmemAllocator())
         position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
         if active:

@@ -1,0 +1,334 @@
+"""GPU checks of the CuTe DSL kernels: byte-identical to the NumPy specification.
+
+Every case builds a vLLM-style batch with :mod:`dsv4_compressor.spec.batch` (shuffled block
+tables, padding tokens, non-boundary and dropped tokens, padded state strides, canary-filled
+caches with padded pages), runs the spec on NumPy copies and the kernels on CUDA copies
+of the same bytes, and compares the *whole memory span* of every buffer, padding included,
+so a stray write shows as a changed canary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+torch = pytest.importorskip("torch")
+
+from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.spec import batch as B  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+               np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.bfloat16}
+
+
+# ---- NumPy <-> CUDA with identical strides and padding --------------------------------------
+def span(a: np.ndarray) -> np.ndarray:
+    """The bytes from ``a``'s first to its last element (padding between them included)."""
+    extent = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + a.itemsize
+    return np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(a.__array_interface__["data"][0]))
+
+
+def to_cuda(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CUDA tensor with ``a``'s shape and strides over a copy of its whole span."""
+    raw = torch.from_numpy(span(a).copy()).cuda()
+    dtype = dtype or NP_TO_TORCH[a.dtype]
+    return torch.as_strided(raw.view(dtype), a.shape, tuple(s // a.itemsize for s in a.strides))
+
+
+def span_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of ``t``'s storage (created by :func:`to_cuda`: exactly its span)."""
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    return raw.cpu().numpy()
+
+
+def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.shape == expected.shape, (name, got.shape, expected.shape)
+    diff = np.flatnonzero(got != expected)
+    assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at byte {diff[0]}: got {got[diff[0]]}, expected {expected[diff[0]]}"
+
+
+# ---- cases --------------------------------------------------------------------------------------
+def _values(profile: str, state: np.ndarray, weight: np.ndarray, rng) -> np.ndarray:
+    """Edge-case value profiles (in place on the state; returns the weight)."""
+    half = state.shape[-1] // 2
+    if profile == "spread":  # most exp2s arguments below -126 (+0) or subnormal results
+        state[..., half:] *= F32(30.0)
+    elif profile == "signed_zeros":  # +0/-0 everywhere: the tree order decides the sign of zero
+        state[...] = np.where(rng.random(state.shape) < 0.5, F32(-0.0), F32(0.0))
+        state[::2, :, :half] = F32(-0.0)
+    elif profile == "tiny_weight":  # block amax below the 1e-4 floor and 448*2^-14
+        w = weight.astype(F32) if weight.dtype != np.uint16 else None
+        if w is not None:
+            for block, factor in ((1, 1e-2), (2, 1e-4), (5, 1e-9), (6, 5e-6)):
+                w[block * 64:(block + 1) * 64] *= F32(factor)
+            weight = w
+    elif profile == "huge":  # large scale bytes, kv far from 1
+        state[..., :half] *= F32(1e15)
+        if weight.dtype != np.uint16:
+            weight = weight.copy()
+            weight[:64] *= F32(1e20)
+            weight[-64:] *= F32(1e12)
+    return weight
+
+
+@dataclass(frozen=True)
+class Case:
+    ratio: int
+    block_size: int
+    entries: int  # B
+    layout: str = "flashmla_fp8"
+    bf16_weight: bool = True
+    values: str = "normal"
+    odd_cache_stride: bool = False  # bf16 / fp8_per_tensor: entry stride 513 (no vector stores)
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}-"
+                f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-odd' if self.odd_cache_stride else ''}")
+
+
+def _requests(ratio: int, rng) -> list[B.Request]:
+    if ratio == 4:
+        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
+                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
+                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
+    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
+            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
+            + [B.Request(100, 300), B.Request(0, 128)])
+
+
+def build(case: Case):
+    rng = np.random.default_rng(case.seed)
+    batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
+                          entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
+                          drop_entry_fraction=0.15)
+    state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1)
+    weight = _values(case.values, state, B.random_norm_weight(rng, bf16=case.bf16_weight), rng)
+    if case.layout == "flashmla_fp8":
+        k_cache = B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
+    else:
+        dtype = np.uint16 if case.layout == "bf16" else np.uint8
+        fill = B.CANARY_BYTE * (0x0101 if dtype == np.uint16 else 1)
+        pad = (0, 0, 1) if case.odd_cache_stride else (0, 0, 0)
+        k_cache = B.padded_view((batch.num_pages, case.entries, 512), dtype, pad, fill)
+    cos_sin = B.rope_cos_sin_cache(int(batch.positions.max()) + 1)
+    fp8_scale = 0.0371 if case.layout == "fp8_per_tensor" else None
+    return batch, state, weight, cos_sin, k_cache, fp8_scale
+
+
+def spec_run(case: Case, batch, state, weight, cos_sin, k_cache, fp8_scale) -> np.ndarray:
+    """The spec's k_cache bytes (whole span) after compress_norm_rope_store."""
+    k = k_cache.copy() if case.layout != "flashmla_fp8" else None
+    if k is None:  # keep the padded page layout of the canary cache
+        k = B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
+    else:
+        k = B.padded_view(k_cache.shape, k_cache.dtype, (0, 0, 1) if case.odd_cache_stride else (0, 0, 0), 0)
+        span(k)[...] = span(k_cache)
+    spec.compress_norm_rope_store(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping,
+                                  batch.block_table, batch.block_size, weight, 1e-6, cos_sin, k, batch.kv_slot_mapping,
+                                  compress_ratio=batch.compress_ratio, layout=case.layout, fp8_scale=fp8_scale, debug=True)
+    return span(k).copy()
+
+
+def cuda_args(case: Case, batch, state, weight, cos_sin, k_cache):
+    k_dtype = {"flashmla_fp8": torch.uint8, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[case.layout]
+    return dict(
+        state_cache=to_cuda(state),
+        token_to_req_indices=to_cuda(batch.token_to_req_indices),
+        positions=to_cuda(batch.positions),
+        slot_mapping=to_cuda(batch.slot_mapping),
+        block_table=to_cuda(batch.block_table),
+        block_size=batch.block_size,
+        rms_norm_weight=to_cuda(weight),
+        rms_norm_eps=1e-6,
+        cos_sin_cache=to_cuda(cos_sin),
+        k_cache=to_cuda(k_cache, k_dtype),
+        kv_slot_mapping=to_cuda(batch.kv_slot_mapping),
+    )
+
+
+C4_CASES = [
+    Case(4, 4, 64),
+    Case(4, 8, 1, bf16_weight=False, values="spread"),
+    Case(4, 16, 2, layout="bf16", values="signed_zeros"),
+    Case(4, 4, 2, layout="fp8_per_tensor", bf16_weight=False),
+    Case(4, 3, 64, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True),
+    Case(4, 4, 1, layout="fp8_per_tensor", bf16_weight=False, values="huge", odd_cache_stride=True),
+    Case(4, 1, 64, values="signed_zeros"),
+]
+C128_CASES = [
+    (Case(128, 8, 64), ("fused_cluster", "split_block8", "split_generic")),
+    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "split_block8")),
+    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "split_generic")),
+    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "split_block8")),
+    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "split_generic")),
+    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "split_block8")),
+    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster",)),
+]
+
+
+def _run_and_compare(case: Case, **kwargs):
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    assert batch.num_active > 0
+    expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    state_before = span_bytes(args["state_cache"]).copy()
+    from dsv4_compressor.impl import cutedsl
+
+    cutedsl.compress_norm_rope_store(**args, compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, **kwargs)
+    torch.cuda.synchronize()
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+    assert_same_bytes(f"{case.name} state_cache", span_bytes(args["state_cache"]), state_before)
+    return args
+
+
+@pytest.mark.parametrize("case", C4_CASES, ids=lambda c: c.name)
+def test_c4_matches_spec(case):
+    _run_and_compare(case)
+
+
+@pytest.mark.parametrize("case, path", [(c, p) for c, paths in C128_CASES for p in paths],
+                         ids=lambda v: v.name if isinstance(v, Case) else v)
+def test_c128_matches_spec(case, path):
+    _run_and_compare(case, c128_path=path)
+
+
+def test_c128_split_with_caller_workspace():
+    case = C128_CASES[0][0]
+    batch = build(case)[0]
+    workspace = torch.empty(batch.num_tokens + 5, 512, dtype=torch.float32, device="cuda")
+    _run_and_compare(case, c128_path="split_block8", workspace=workspace)
+    _run_and_compare(case, c128_path="split_generic", workspace=workspace.view(-1))
+
+
+@pytest.mark.parametrize("knob, value, case, path", [
+    ("c4_tokens_per_cta", 2, C4_CASES[0], None),
+    ("c4_tokens_per_cta", 4, C4_CASES[3], None),
+    ("c128_split_warps", 16, C128_CASES[0][0], "split_block8"),
+    ("c128_split_warps", 4, Case(128, 16, 2), "split_block8"),
+    ("c128_split_tile", 32, C128_CASES[0][0], "split_block8"),
+    ("c128_split_tile", 32, C128_CASES[2][0], "split_generic"),
+    ("c128_store_tokens_per_cta", 4, C128_CASES[3][0], "split_block8"),
+    ("c128_cluster_warps", 16, C128_CASES[0][0], "fused_cluster"),
+    ("c128_cluster_warps", 4, C128_CASES[4][0], "fused_cluster"),
+])
+def test_tuning_knobs_keep_the_bytes(monkeypatch, knob, value, case, path):
+    from dsv4_compressor.impl.cutedsl import api
+
+    monkeypatch.setattr(api.TUNING, knob, value)
+    _run_and_compare(case, **({} if path is None else {"c128_path": path}))
+
+
+# ---- compress: x bits ------------------------------------------------------------------------------
+@pytest.mark.parametrize("case, path", [
+    (Case(4, 4, 2), "auto"), (Case(4, 3, 2, values="spread"), "auto"),
+    (Case(128, 8, 2), "split_block8"), (Case(128, 5, 2, values="spread"), "split_generic"),
+    (Case(128, 4, 2, values="signed_zeros"), "auto"),
+], ids=lambda v: v.name if isinstance(v, Case) else v)
+def test_compress_x_bits(case, path):
+    from dsv4_compressor.impl import cutedsl
+
+    batch, state, *_ = build(case)
+    expected = spec.compress(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping, batch.block_table,
+                             batch.block_size, batch.kv_slot_mapping, compress_ratio=case.ratio)
+    x = cutedsl.compress(to_cuda(state), to_cuda(batch.token_to_req_indices), to_cuda(batch.positions),
+                         to_cuda(batch.slot_mapping), to_cuda(batch.block_table), batch.block_size,
+                         to_cuda(batch.kv_slot_mapping), compress_ratio=case.ratio, c128_path=path).cpu().numpy()
+    active = batch.active
+    assert active.any()
+    assert_same_bytes(f"{case.name} x", x[active].view(np.uint32).ravel().view(np.uint8),
+                      expected[active].view(np.uint32).ravel().view(np.uint8))
+    assert np.isnan(x[~active]).all()
+
+
+def test_compress_per_row_lookups_at_block8_size():
+    """The generic kernel's one-lookup-per-row code path on a Block8-sized cache."""
+    from dsv4_compressor.impl.cutedsl import compile_cache, config
+
+    case = Case(128, 8, 2)
+    batch, state, *_ = build(case)
+    expected = spec.compress(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping, batch.block_table,
+                             batch.block_size, batch.kv_slot_mapping, compress_ratio=128)
+    out = torch.full((batch.num_tokens, 512), float("nan"), device="cuda")
+    kernel = compile_cache.compile_c128_pool(config.C128PoolConfig(8, 1))
+    kernel(to_cuda(state), to_cuda(batch.token_to_req_indices), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
+           to_cuda(batch.block_table), to_cuda(batch.kv_slot_mapping), out)
+    active = batch.active
+    np.testing.assert_array_equal(out.cpu().numpy()[active].view(np.uint32), expected[active].view(np.uint32))
+
+
+# ---- save_partial_states ------------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 4, False), (128, 8, False), (4, 3, True), (128, 5, True)])
+def test_save_partial_states_matches_spec(ratio, block_size, misaligned):
+    from dsv4_compressor.impl import cutedsl
+
+    rng = np.random.default_rng(7)
+    batch = B.build_batch(_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
+                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
+    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2)
+    kv = B.random_kv_score(batch.num_tokens, ratio, rng)
+    if misaligned:  # rows of kv_score not 16-byte aligned: the scalar-load variant
+        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
+        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng)
+    ape = B.random_ape(ratio, rng)
+    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
+    span(spec_state)[...] = span(state)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
+    state_t = to_cuda(state)
+    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
+                                state_t, block_size)
+    torch.cuda.synchronize()
+    assert_same_bytes("state_cache", span_bytes(state_t), span(spec_state).copy())
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case, path", [
+    (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
+    (Case(128, 4, 2, layout="bf16"), "split_generic"),
+], ids=lambda v: v.name if isinstance(v, Case) else v)
+def test_cuda_graph_replay_with_new_metadata(case, path):
+    """Capture once, then change the metadata in place and replay: same bytes as eager."""
+    from dsv4_compressor.impl import cutedsl
+
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    k_clean = args["k_cache"].clone()
+    workspace = torch.empty(batch.num_tokens, 512, device="cuda")
+    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path, workspace=workspace)
+    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutedsl.compress_norm_rope_store(**args, **kwargs)
+
+    # new metadata: the same logical rows on relocated state blocks, and other kv slots
+    rng = np.random.default_rng(123)
+    moved, moved_state = B.relocate_state_blocks(batch, state, rng)
+    kv_slots = moved.kv_slot_mapping.copy()
+    used = kv_slots >= 0
+    kv_slots[used] = rng.permutation(batch.num_pages * case.entries)[: used.sum()]
+    moved = replace(moved, kv_slot_mapping=kv_slots)
+    for key, value in (("state_cache", moved_state), ("slot_mapping", moved.slot_mapping),
+                       ("block_table", moved.block_table), ("kv_slot_mapping", moved.kv_slot_mapping)):
+        args[key].copy_(to_cuda(value))
+    args["k_cache"].copy_(k_clean)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = span_bytes(args["k_cache"]).copy()
+
+    args["k_cache"].copy_(k_clean)
+    cutedsl.compress_norm_rope_store(**args, **kwargs)
+    torch.cuda.synchronize()
+    eager = span_bytes(args["k_cache"]).copy()
+    assert_same_bytes("graph replay vs eager", replayed, eager)
+    expected = spec_run(case, moved, moved_state, weight, cos_sin, k_cache, fp8_scale)
+    assert_same_bytes("graph replay vs spec", replayed, expected)
