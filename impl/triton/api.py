@@ -113,6 +113,5 @@ def compress_norm_rope_store(
         RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=LAYOUT_CODES[store.layout],
         WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         TILE_STAGES=knobs.tile_stages, LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
-        PAIRED_TREES=knobs.paired_trees,
         num_warps=knobs.num_warps, enable_fp_fusion=False,
     )

@@ -21,8 +21,6 @@ class FusedConfig:
       ``[W, block_c]`` fp32 for kv and again for score: C4 ``[8, 512]`` is one step; C128
       ``[128, 64]`` is 8 steps of 64 KiB each.
     - ``num_warps``: warps per token program.
-    - ``paired_trees``: reduce the ``e`` and ``u`` row trees with one ``tl.reduce`` on the pair per
-      level (one cross-warp exchange for both) instead of two ``tl.sum``.
     - ``unroll_tiles``: unroll the channel-tile loop at compile time (True) or keep a runtime loop
       (False), which ``tile_stages > 1`` software-pipelines (cp.async into shared memory).
     """
@@ -31,7 +29,6 @@ class FusedConfig:
     num_warps: int
     unroll_tiles: bool = True
     tile_stages: int = 1
-    paired_trees: bool = False
 
     def __post_init__(self):
         if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):

@@ -10,9 +10,9 @@ Why everything here is written with integer bit operations and explicit pairwise
   with ``enable_fp_fusion=False`` so that every ``p * f + C`` stays a rounded ``mul.rn`` followed
   by an ``add.rn`` (no FMA contraction).
 - **Trees.** ``tl.sum`` over an axis longer than 2 reduces in an order the compiler picks
-  (in-thread, then shuffles, then shared memory), which is not SPEC §2's ``tree``. A reduction
-  over a size-2 axis is a single commutative ``add``, so the trees here are built from such
-  reductions only, one tree level at a time.
+  (in-thread, then shuffles, then shared memory), which is not SPEC §2's ``tree``. The trees
+  here add explicit pairs, one tree level at a time (:func:`add_pairs`); an add of two values is
+  commutative, so which lane or register holds which operand does not matter.
 - No ``abs``/``max`` on floats where the result's bits matter: the block amax is an integer
   max over sign-cleared bit patterns (exact and immune to ``.ftz`` variants).
 """
@@ -121,29 +121,26 @@ def ue8m0_scale(amax_bits):
 
 
 @triton.jit
-def _add_pair(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
+def add_pairs(v, OUTER: tl.constexpr, INNER: tl.constexpr):
+    """``v`` viewed as ``[OUTER, 2, INNER]``: returns ``v[:, 0, :] + v[:, 1, :]`` as ``[OUTER, INNER]``.
+
+    One explicit fp32 add per output element through ``tl.split`` (the pair axis moved last).
+    Not ``tl.sum`` over a size-2 axis: the interpreter's ``tl.sum`` is ``np.sum``, which starts
+    from +0 and turns ``-0 + -0`` into ``+0``, while SPEC's tree (and the GPU's add) keep ``-0``.
+    """
+    pairs = tl.permute(tl.reshape(v, (OUTER, 2, INNER)), (0, 2, 1))
+    first, second = tl.split(pairs)
+    return first + second
 
 
 @triton.jit
 def tree_sum_1d(v, N: tl.constexpr, LOG2_N: tl.constexpr):
     """SPEC ``tree(v[0..N-1])`` of a 1-D tensor, N >= 2 a power of two; returns a scalar.
 
-    Level by level, neighbours ``(2i, 2i+1)`` are added through a reshape to ``(n/2, 2)`` and a
-    reduction over the size-2 axis (one add, so its order is irrelevant); pairing neighbours
+    Level by level, neighbours ``(2i, 2i+1)`` are added (:func:`add_pairs`); pairing neighbours
     level by level builds exactly the perfect binary tree in index order.
     """
     for level in tl.static_range(LOG2_N - 1):
-        v = tl.sum(tl.reshape(v, (N >> (level + 1), 2)), axis=1)
-    return tl.sum(v, axis=0)
-
-
-@triton.jit
-def tree_sum_rows_pair(e, u, N: tl.constexpr, LOG2_N: tl.constexpr, C: tl.constexpr):
-    """Two trees at once over axis 0 of ``[N, C]`` tensors in index order; returns two ``[C]``.
-
-    One ``tl.reduce`` on the pair per level, so both trees share each level's data exchange.
-    """
-    for level in tl.static_range(LOG2_N):
-        e, u = tl.reduce((tl.reshape(e, (N >> (level + 1), 2, C)), tl.reshape(u, (N >> (level + 1), 2, C))), 1, _add_pair)
-    return tl.reshape(e, (C, )), tl.reshape(u, (C, ))
+        v = tl.reshape(add_pairs(v, N >> (level + 1), 1), (N >> (level + 1), ))
+    first, second = tl.split(v)
+    return first + second

@@ -78,7 +78,6 @@ def compress_norm_rope_store_kernel(
     LANE_BITS: tl.constexpr,
     WARP_BITS: tl.constexpr,
     REG_BITS: tl.constexpr,
-    PAIRED_TREES: tl.constexpr,  # reduce the e and u trees together (tl.reduce on the pair)
 ):
     HEAD: tl.constexpr = 512
     OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
@@ -102,12 +101,12 @@ def compress_norm_rope_store_kernel(
         if UNROLL_TILES:
             for tile in tl.static_range(NUM_TILES):
                 x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS, PAIRED_TREES)
+                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
                 pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
         else:
             for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
                 x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS, PAIRED_TREES)
+                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
                 pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
 
         x8 = tl.reshape(pooled, (BLOCKS, BLOCK_W))

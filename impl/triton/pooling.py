@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from .exact_math import LOG2E_F32, _add_pair, exp2s
+from .exact_math import LOG2E_F32, add_pairs, exp2s
 
 VECTOR_WIDTH = 4  # fp32 per 128-bit load
 THREADS_PER_WARP = 32
@@ -80,42 +80,23 @@ def window_row_of(tensor_row, LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, 
 
 
 @triton.jit
-def _sum_size2_axis(e, u, axis: tl.constexpr, PAIRED: tl.constexpr):
-    """Reduce ``e`` and ``u`` over a size-2 ``axis`` (one add per output element).
-
-    PAIRED: one ``tl.reduce`` over the pair (both trees share each level's cross-warp exchange);
-    otherwise two ``tl.sum``. Same adds, same bits; the interpreter runs ``tl.sum`` with NumPy but
-    a custom combine function element by element in Python, hence the choice.
-    """
-    if PAIRED:
-        e, u = tl.reduce((e, u), axis, _add_pair)
-    else:
-        e = tl.sum(e, axis=axis)
-        u = tl.sum(u, axis=axis)
-    return e, u
-
-
-@triton.jit
 def tree_sum_window_rows(e, u, W: tl.constexpr, BLOCK_C: tl.constexpr,
-                         LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr,
-                         PAIRED: tl.constexpr):
+                         LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """SPEC's row trees of ``e`` and ``u`` (``[W, BLOCK_C]``, rows permuted by :func:`window_row_of`).
 
     Level k adds the tensor rows whose window rows differ in bit k only: first the register
     bits (the lowest remaining register bit sits above the ``LANE_BITS + WARP_BITS`` low bits),
     then the lane bits and the warp bits (always the lowest remaining bit). Each level is one
-    reduction over a size-2 axis, i.e. one add per element. Returns ``(tree(u), tree(e))``.
+    add per output element (:func:`add_pairs`). Returns ``(tree(u), tree(e))``.
     """
     LOW_BITS: tl.constexpr = LANE_BITS + WARP_BITS
     # (shapes are written inline: a plain ``rows = ...`` would become a tensor in the interpreter)
     for level in tl.static_range(REG_BITS):
-        e, u = _sum_size2_axis(tl.reshape(e, (W >> (level + LOW_BITS + 1), 2, 1 << LOW_BITS, BLOCK_C)),
-                               tl.reshape(u, (W >> (level + LOW_BITS + 1), 2, 1 << LOW_BITS, BLOCK_C)), 1, PAIRED)
-        e = tl.reshape(e, (W >> (level + 1), BLOCK_C))
-        u = tl.reshape(u, (W >> (level + 1), BLOCK_C))
+        e = tl.reshape(add_pairs(e, W >> (level + LOW_BITS + 1), BLOCK_C << LOW_BITS), (W >> (level + 1), BLOCK_C))
+        u = tl.reshape(add_pairs(u, W >> (level + LOW_BITS + 1), BLOCK_C << LOW_BITS), (W >> (level + 1), BLOCK_C))
     for level in tl.static_range(LOW_BITS):
-        e, u = _sum_size2_axis(tl.reshape(e, (W >> (REG_BITS + level + 1), 2, BLOCK_C)),
-                               tl.reshape(u, (W >> (REG_BITS + level + 1), 2, BLOCK_C)), 1, PAIRED)
+        e = add_pairs(e, W >> (REG_BITS + level + 1), BLOCK_C)
+        u = add_pairs(u, W >> (REG_BITS + level + 1), BLOCK_C)
     return tl.reshape(u, (BLOCK_C, )), tl.reshape(e, (BLOCK_C, ))
 
 
@@ -123,7 +104,7 @@ def tree_sum_window_rows(e, u, W: tl.constexpr, BLOCK_C: tl.constexpr,
 def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
                       STATE_WIDTH: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
                       MAY_HAVE_INVALID_ROWS: tl.constexpr,
-                      LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr, PAIRED: tl.constexpr):
+                      LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """SPEC §5's ``x[c]`` for channels ``channel0 .. channel0 + BLOCK_C - 1`` of one token.
 
     ``state_ptr``: fp32 state cache base. ``kv_row_offsets``: int64 ``[W]`` element offsets of
@@ -147,5 +128,5 @@ def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
         row_max = tl.max(score, axis=0)
         e = exp2s((score - row_max[None, :]) * LOG2E_F32)
         u = kv * e
-    numerator, denominator = tree_sum_window_rows(e, u, W, BLOCK_C, LANE_BITS, WARP_BITS, REG_BITS, PAIRED)
+    numerator, denominator = tree_sum_window_rows(e, u, W, BLOCK_C, LANE_BITS, WARP_BITS, REG_BITS)
     return tl.div_rn(numerator, denominator)

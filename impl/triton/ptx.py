@@ -23,7 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 TARGET_ARCH = 90
-TARGET = "sm_90"
+#: The PTX target Triton writes for compute capability 9.0. Triton's NVIDIA backend always appends
+#: "a" for capability >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX
+#: says ``.target sm_90a``; the kernels use no sm_90a-only instruction (no wgmma/setmaxnreg).
+TARGET = "sm_90a"
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,10 @@ def variants() -> list[Variant]:
         plan = config.plan(window)
         name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
                 f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}"
-                f"{'_paired' if config.paired_trees else ''}{tag}")
+                f"{tag}")
         constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=LAYOUT_CODES[layout], WEIGHT_BF16=weight_bf16,
                           BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles, TILE_STAGES=config.tile_stages,
-                          LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
-                          PAIRED_TREES=config.paired_trees)
+                          LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
         return Variant(name, "fused", constexprs, _fused_types(layout, weight_bf16), config.num_warps, True)
 
     out = []
@@ -82,9 +84,8 @@ def variants() -> list[Variant]:
                 for weight_bf16 in (True, False):
                     out.append(fused(ratio, block_size, layout, weight_bf16, DEFAULT_FUSED[ratio]))
     sweeps = {
-        4: [FusedConfig(block_c=256, num_warps=4), FusedConfig(block_c=512, num_warps=8), FusedConfig(block_c=512, num_warps=4, paired_trees=True)],
+        4: [FusedConfig(block_c=256, num_warps=4), FusedConfig(block_c=512, num_warps=8)],
         128: [FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=32, num_warps=4), FusedConfig(block_c=16, num_warps=1),
-              FusedConfig(block_c=64, num_warps=8, paired_trees=True),
               FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=1),
               FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2)],
     }

@@ -124,7 +124,27 @@ def build_scenario(
                     eps=eps, fp8_scale=fp8_scale)
 
 
-def run_spec_and_triton(scenario: Scenario, device: str, *, config=None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def torch_arguments(scenario: Scenario, device: str) -> tuple[dict, dict]:
+    """The Triton call's positional arguments (by name) as torch tensors on ``device``, and the whole
+    allocations (uint8 tensors) behind ``state_cache`` and ``k_cache``."""
+    b = scenario.batch
+    cache_dtype = {"flashmla_fp8": None, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[scenario.layout]
+    state_raw, state = Buffer.of(scenario.state_cache).torch(device)
+    cache_raw, cache = Buffer.of(scenario.k_cache).torch(device, cache_dtype)
+    _, cos_sin = Buffer.of(scenario.cos_sin).torch(device)
+    _, weight = Buffer.of(scenario.weight).torch(device, torch.bfloat16 if scenario.weight.dtype == np.uint16 else None)
+    _, block_table = Buffer.of(b.block_table).torch(device)
+    token = {name: torch.from_numpy(getattr(b, name).copy()).to(device)
+             for name in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping")}
+    args = dict(
+        state_cache=state, token_to_req_indices=token["token_to_req_indices"], positions=token["positions"],
+        slot_mapping=token["slot_mapping"], block_table=block_table, block_size=b.block_size, rms_norm_weight=weight,
+        rms_norm_eps=scenario.eps, cos_sin_cache=cos_sin, k_cache=cache, kv_slot_mapping=token["kv_slot_mapping"],
+    )
+    return args, {"state_cache": state_raw, "k_cache": cache_raw}
+
+
+def run_spec_and_triton(scenario: Scenario, device: str, *, config=None, debug: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Run the spec and the Triton implementation from identical buffers.
 
     Returns ``{name: (spec bytes, triton bytes)}`` of the whole allocations of ``k_cache`` and
@@ -134,35 +154,20 @@ def run_spec_and_triton(scenario: Scenario, device: str, *, config=None) -> dict
     from dsv4_compressor.impl import triton as triton_impl
 
     b = scenario.batch
-    state = Buffer.of(scenario.state_cache)
-    cache = Buffer.of(scenario.k_cache)
-    cos_sin = Buffer.of(scenario.cos_sin)
-    weight = Buffer.of(scenario.weight)
-    block_table = Buffer.of(b.block_table)
-
-    spec_state, spec_cache = state.copy(), cache.copy()
+    spec_state, spec_cache = Buffer.of(scenario.state_cache), Buffer.of(scenario.k_cache)
     spec.compress_norm_rope_store(
         spec_state.numpy(), b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         scenario.weight, scenario.eps, scenario.cos_sin, spec_cache.numpy(), b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
     )
-
-    cache_dtype = {"flashmla_fp8": None, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[scenario.layout]
-    state_raw, state_t = state.torch(device)
-    cache_raw, cache_t = cache.torch(device, cache_dtype)
-    _, cos_sin_t = cos_sin.torch(device)
-    _, weight_t = weight.torch(device, torch.bfloat16 if scenario.weight.dtype == np.uint16 else None)
-    _, block_table_t = block_table.torch(device)
-    per_token = {name: torch.from_numpy(getattr(b, name).copy()).to(device)
-                 for name in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping")}
+    args, raw = torch_arguments(scenario, device)
     triton_impl.compress_norm_rope_store(
-        state_t, per_token["token_to_req_indices"], per_token["positions"], per_token["slot_mapping"], block_table_t,
-        b.block_size, weight_t, scenario.eps, cos_sin_t, cache_t, per_token["kv_slot_mapping"],
-        compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale, config=config,
+        *args.values(), compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
+        config=config, debug=debug,
     )
     return {
-        "k_cache": (spec_cache.raw, cache_raw.cpu().numpy()),
-        "state_cache": (spec_state.raw, state_raw.cpu().numpy()),
+        "k_cache": (spec_cache.raw, raw["k_cache"].cpu().numpy()),
+        "state_cache": (spec_state.raw, raw["state_cache"].cpu().numpy()),
     }
 
 
@@ -178,3 +183,10 @@ def assert_identical(results: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
     for name, (expected, actual) in results.items():
         assert expected.shape == actual.shape, f"{name}: allocation sizes differ"
         assert np.array_equal(expected, actual), f"{name}: {first_difference(expected, actual)}"
+
+
+def state_row(scenario: Scenario, request: int, position: int) -> np.ndarray:
+    """The state-cache row (float32 [2*SW], a view) that holds ``position`` of ``request``."""
+    b = scenario.batch
+    block = b.block_table[request, position // b.block_size]
+    return scenario.state_cache[block, position % b.block_size]

@@ -146,10 +146,10 @@ def _tree_1d_kernel(x_ptr, out_ptr, N: tl.constexpr, LOG2_N: tl.constexpr):
 
 @triton.jit
 def _window_tree_kernel(x_ptr, y_ptr, num_ptr, den_ptr, W: tl.constexpr, C: tl.constexpr, LANE_BITS: tl.constexpr,
-                        WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr, PAIRED: tl.constexpr):
+                        WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     window_row = window_row_of(tl.arange(0, W), LANE_BITS, WARP_BITS, REG_BITS)
     offsets = window_row[:, None] * C + tl.arange(0, C)[None, :]
-    num, den = tree_sum_window_rows(tl.load(x_ptr + offsets), tl.load(y_ptr + offsets), W, C, LANE_BITS, WARP_BITS, REG_BITS, PAIRED)
+    num, den = tree_sum_window_rows(tl.load(x_ptr + offsets), tl.load(y_ptr + offsets), W, C, LANE_BITS, WARP_BITS, REG_BITS)
     tl.store(num_ptr + tl.arange(0, C), num)
     tl.store(den_ptr + tl.arange(0, C), den)
 
@@ -179,13 +179,8 @@ def _window(plan: RowPlan) -> int:
     return 1 << (plan.lane_bits + plan.warp_bits + plan.reg_bits)
 
 
-# the paired tl.reduce runs element by element in the interpreter: the 8-row plans cover its logic
-TREE_CASES = [(plan, False) for plan in PLANS] + [(plan, True) for plan in PLANS if _window(plan) == 8]
-
-
-@pytest.mark.parametrize("plan, paired", TREE_CASES,
-                         ids=[f"lane{p.lane_bits}_warp{p.warp_bits}_reg{p.reg_bits}_{'paired' if q else 'sum'}" for p, q in TREE_CASES])
-def test_window_row_trees_are_the_spec_trees_for_every_plan(plan, paired):
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"lane{p.lane_bits}_warp{p.warp_bits}_reg{p.reg_bits}")
+def test_window_row_trees_are_the_spec_trees_for_every_plan(plan):
     window = _window(plan)
     channels = 4
     rng = np.random.default_rng(window + plan.lane_bits)
@@ -193,7 +188,7 @@ def test_window_row_trees_are_the_spec_trees_for_every_plan(plan, paired):
     num = torch.empty(channels, dtype=torch.float32, device=DEVICE)
     den = torch.empty(channels, dtype=torch.float32, device=DEVICE)
     _window_tree_kernel[(1,)](torch.from_numpy(x).to(DEVICE), torch.from_numpy(y).to(DEVICE), num, den, W=window, C=channels,
-                              LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits, PAIRED=paired,
+                              LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
                               enable_fp_fusion=False)
     # num is the tree of y (u), den the tree of x (e): tree_sum_window_rows returns (tree(u), tree(e))
     assert np.array_equal(_bits(num.cpu().numpy()), _bits(arithmetic.tree(y, axis=0)))
