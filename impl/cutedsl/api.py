@@ -48,8 +48,10 @@ class Tuning:
     c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA
     c128_split_warps: int = 8  # split compress kernel: 4, 8, 16 warps per CTA
     c128_split_tile: int = 64  # split compress kernel: 64 or 32 channels per CTA
+    c128_split_kv_in_smem: bool = False  # split compress kernel: kv rows staged in smem (cp.async)
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
+    c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 registers)
     c128_fused_max_tokens: int | None = None  # auto: fused_cluster up to this T (None = always)
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
 
@@ -139,9 +141,9 @@ def c128_pool_config(path: str, block_size: int):
     """The :class:`.config.C128PoolConfig` of a C128 path (``fused_cluster``/``split_*``)."""
     _, config = _kernels()
     if path == "fused_cluster":
-        warps, tile = TUNING.c128_cluster_warps, 64
+        warps, tile, staged = TUNING.c128_cluster_warps, 64, TUNING.c128_cluster_kv_in_smem
     else:
-        warps, tile = TUNING.c128_split_warps, TUNING.c128_split_tile
+        warps, tile, staged = TUNING.c128_split_warps, TUNING.c128_split_tile, TUNING.c128_split_kv_in_smem
     rows_per_lane = config.C128PoolConfig(block_size, 1, warps, tile).rows_per_lane
     if path == "split_block8":
         if block_size % rows_per_lane:
@@ -152,7 +154,7 @@ def c128_pool_config(path: str, block_size: int):
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile)
+    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged)
 
 
 def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:

@@ -116,6 +116,7 @@ class C128PoolConfig:
     rows_per_lookup: int  # 8 = Block8 (default mapping); gcd(bs, 8) or 1 = generic
     warps: int = 8  # sweep: 4, 8, 16
     tile: int = 64  # channels per CTA; sweep: 64, 32 (split path only)
+    kv_in_smem: bool = False  # sweep: stage kv rows in shared memory (cp.async), halving registers
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -148,7 +149,8 @@ class C128PoolConfig:
     @property
     def tag(self) -> str:
         kind = "block8" if self.is_block8 else f"generic{self.rows_per_lookup}"
-        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}"
+        staged = "_kvsmem" if self.kv_in_smem else ""
+        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}"
 
 
 @dataclass(frozen=True)

@@ -94,17 +94,25 @@ def quantize_block(y: cute.Tensor, n: int, lanes_per_block: int):
     return to_e4m3_fragment(scaled), scale_byte
 
 
-def rotate_pairs(y: cute.Tensor, n: int, first_pair, mCosSin: cute.Tensor, cos_sin_row) -> cute.Tensor:
-    """RoPE of ``n/2`` interleaved pairs ``(y[2k], y[2k+1])`` (unrounded fp32 ``y``):
+def load_cos_sin(mCosSin: cute.Tensor, cos_sin_row, first_pair, pairs: int):
+    """``(cos, sin)`` fragments of ``pairs`` consecutive RoPE pairs from row ``cos_sin_row``."""
+    half = mCosSin.shape[1] // 2
+    cos = cute.make_rmem_tensor((pairs,), Float32)
+    sin = cute.make_rmem_tensor((pairs,), Float32)
+    for k in range(pairs):
+        cos[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k)
+        sin[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k + half)
+    return cos, sin
+
+
+def rotate_pairs(y: cute.Tensor, n: int, cos: cute.Tensor, sin: cute.Tensor) -> cute.Tensor:
+    """RoPE of ``n/2`` interleaved pairs ``(a, b) = (y[2k], y[2k+1])`` (unrounded fp32 ``y``):
     ``o0 = sub(mul(a, co), mul(b, si))``, ``o1 = add(mul(a, si), mul(b, co))``."""
     out = cute.make_rmem_tensor((n,), Float32)
-    half = mCosSin.shape[1] // 2
     for k in range(n // 2):
-        co = load_scalar(mCosSin, cos_sin_row, first_pair + k)
-        si = load_scalar(mCosSin, cos_sin_row, first_pair + k + half)
         a, b = y[2 * k], y[2 * k + 1]
-        out[2 * k] = fsub(fmul(a, co), fmul(b, si))
-        out[2 * k + 1] = fadd(fmul(a, si), fmul(b, co))
+        out[2 * k] = fsub(fmul(a, cos[k]), fmul(b, sin[k]))
+        out[2 * k + 1] = fadd(fmul(a, sin[k]), fmul(b, cos[k]))
     return out
 
 
@@ -200,6 +208,11 @@ class EntryWriter:
     ):
         lane = t % 32
         warp = t // 32
+        first = t * self.vec
+        # issued before the barrier, so their latency hides behind the reduction
+        w = load_weight(mWeight, first, self.vec)
+        first_pair = Int32(cutlass.select_(t >= self.rope_first_thread, (t - self.rope_first_thread) * (self.vec // 2), 0))
+        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, first_pair, self.vec // 2)
         # ss: per-thread tree (4 channels) -> butterfly (128 channels) -> tree of 4 warps
         sq = butterfly_sum(sum_of_squares(x, self.vec), 1, 16)
         if lane == 0:
@@ -207,11 +220,8 @@ class EntryWriter:
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.group_threads)
         ss = tree_sum([sPartial[0], sPartial[1], sPartial[2], sPartial[3]])
         rr = rms_scale(ss, eps)
-        first = t * self.vec
-        y = normalize(x, rr, load_weight(mWeight, first, self.vec), self.vec)
+        y = normalize(x, rr, w, self.vec)
         data, scales = entry_addresses(self.entry, mCache, slot)
-        cos_sin_row = (position // self.ratio) * self.ratio
-        first_pair = (t - self.rope_first_thread) * (self.vec // 2)
         if cutlass.const_expr(self.entry.layout == "flashmla_fp8"):
             codes, scale_byte = quantize_block(y, self.vec, self.lanes_per_block)
             if t < self.rope_first_thread:
@@ -219,17 +229,17 @@ class EntryWriter:
                 if lane % self.lanes_per_block == 0:
                     store_scale_byte(scales, t // self.lanes_per_block, scale_byte)
             else:
-                store_rope_bf16(data, rotate_pairs(y, self.vec, first_pair, mCosSin, cos_sin_row), first, self.vec)
+                store_rope_bf16(data, rotate_pairs(y, self.vec, cos, sin), first, self.vec)
                 if t == self.rope_first_thread:
                     store_pad_byte(scales)
         elif cutlass.const_expr(self.entry.layout == "bf16"):
             if t < self.rope_first_thread:
                 store_bf16(self.entry, data, y, first, self.vec)
             else:
-                store_bf16(self.entry, data, rotate_pairs(y, self.vec, first_pair, mCosSin, cos_sin_row), first, self.vec)
+                store_bf16(self.entry, data, rotate_pairs(y, self.vec, cos, sin), first, self.vec)
         else:
             if t < self.rope_first_thread:
                 store_fp8_scaled(self.entry, data, bf16_round_fragment(y), first, self.vec, fp8_inv)
             else:
-                rotated = rotate_pairs(y, self.vec, first_pair, mCosSin, cos_sin_row)
+                rotated = rotate_pairs(y, self.vec, cos, sin)
                 store_fp8_scaled(self.entry, data, bf16_round_fragment(rotated), first, self.vec, fp8_inv)

@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from .config import NOPE_DIM, QUANT_BLOCK, ClusterConfig
 from .entry import (
     entry_addresses,
+    load_cos_sin,
     load_weight,
     normalize,
     quantize_block,
@@ -125,16 +126,22 @@ class C128ClusterKernel(C128TilePooling):
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)  # tile == rank in the cluster (CTAs 8t..8t+7)
         smem = SmemAllocator()
-        sMax, sNum, sDen = self.allocate_smem(smem)
+        sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(CLUSTER), byte_alignment=16)
         position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
             cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before remote stores
-            x = cute.make_rmem_tensor((LANE_CHANNELS,), Float32)
-            x.fill(0.0)
-            self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, x)
             lane = cute.arch.lane_idx()
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            # everything the finishing stage reads from memory, fetched before the pooling
+            first = tile * QUANT_BLOCK + lane * LANE_CHANNELS
+            w = load_weight(mWeight, first, LANE_CHANNELS)
+            cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, lane, LANE_CHANNELS // 2)
+            data, scales = entry_addresses(self.entry, mCache, mKvSlot[tok])
+            x = cute.make_rmem_tensor((LANE_CHANNELS,), Float32)
+            x.fill(0.0)
+            self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
             tile_sum = butterfly_sum(sum_of_squares(x, LANE_CHANNELS), 1, 16)  # meaningful in warp 0
             cute.arch.cluster_wait()
             if warp == 0:
@@ -143,30 +150,27 @@ class C128ClusterKernel(C128TilePooling):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             if warp == 0:
-                self.finish_tile(x, lane, tile, sTileSums, mWeight, mCosSin, mCache, position, mKvSlot[tok], eps, fp8_inv)
+                self.finish_tile(x, w, cos, sin, lane, tile, sTileSums, data, scales, eps, fp8_inv)
 
     @cute.jit
     def finish_tile(
         self,
         x: cute.Tensor,  # fp32 (2,): channels 64*tile + 2*lane, +1
+        w: cute.Tensor,  # fp32 (2,): their norm weights
+        cos: cute.Tensor,  # fp32 (1,): cos of pair `lane` (used by tile 7)
+        sin: cute.Tensor,  # fp32 (1,): sin of pair `lane`
         lane: Int32,
         tile: Int32,  # 0..6 NoPE quantization block, 7 RoPE
         sTileSums: cute.Tensor,  # fp32 smem (8,): the tiles' sums of squares
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # k_cache
-        position: Int64,
-        slot: Int64,
+        data: Int64,  # byte address of the entry (data record)
+        scales: Int64,  # byte address of the scale record (flashmla_fp8)
         eps: Float32,
         fp8_inv: Float32,
     ):
         ss = tree_sum([sTileSums[g] for g in range(CLUSTER)])
-        rr = rms_scale(ss, eps)
+        y = normalize(x, rms_scale(ss, eps), w, LANE_CHANNELS)
         first = tile * QUANT_BLOCK + lane * LANE_CHANNELS
-        y = normalize(x, rr, load_weight(mWeight, first, LANE_CHANNELS), LANE_CHANNELS)
-        data, scales = entry_addresses(self.entry, mCache, slot)
         rope_tile = NOPE_DIM // QUANT_BLOCK  # 7
-        cos_sin_row = (position // self.ratio) * self.ratio
         if cutlass.const_expr(self.entry.layout == "flashmla_fp8"):
             if tile < rope_tile:
                 codes, scale_byte = quantize_block(y, LANE_CHANNELS, 32)
@@ -174,18 +178,17 @@ class C128ClusterKernel(C128TilePooling):
                 if lane == 0:
                     store_scale_byte(scales, tile, scale_byte)
             else:
-                store_rope_bf16(data, rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row), first, LANE_CHANNELS)
+                store_rope_bf16(data, rotate_pairs(y, LANE_CHANNELS, cos, sin), first, LANE_CHANNELS)
                 if lane == 0:
                     store_pad_byte(scales)
         elif cutlass.const_expr(self.entry.layout == "bf16"):
             if tile < rope_tile:
                 store_bf16(self.entry, data, y, first, LANE_CHANNELS)
             else:
-                store_bf16(self.entry, data, rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row), first,
-                           LANE_CHANNELS)
+                store_bf16(self.entry, data, rotate_pairs(y, LANE_CHANNELS, cos, sin), first, LANE_CHANNELS)
         else:
             if tile < rope_tile:
                 store_fp8_scaled(self.entry, data, bf16_round_fragment(y), first, LANE_CHANNELS, fp8_inv)
             else:
-                rotated = rotate_pairs(y, LANE_CHANNELS, lane, mCosSin, cos_sin_row)
+                rotated = rotate_pairs(y, LANE_CHANNELS, cos, sin)
                 store_fp8_scaled(self.entry, data, bf16_round_fragment(rotated), first, LANE_CHANNELS, fp8_inv)

@@ -38,6 +38,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -46,7 +47,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .config import HEAD_DIM, C128PoolConfig
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, load_into, load_scalar, store_fragment
+from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -70,11 +71,20 @@ class C128TilePooling:
         self.rows_per_lane = pool.rows_per_lane
         self.rows_per_lookup = pool.rows_per_lookup
         self.final_channels = pool.tile // 32  # channels per lane of warp 0 in step 3
+        self.kv_in_smem = pool.kv_in_smem
 
     def allocate_smem(self, smem):
-        """Per-warp partials: ``[warps, tile]`` fp32 each for max, tree(u), tree(e)."""
+        """Per-warp partials ``[warps, tile]`` fp32 for max, tree(u), tree(e); with
+        ``kv_in_smem`` also each thread's kv rows, ``[rows, threads, 4]`` (consecutive threads
+        at consecutive 16 bytes: no bank conflicts)."""
         layout = cute.make_layout((self.warps, self.tile), stride=(self.tile, 1))
-        return [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+        partials = [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+        kv = None
+        if self.kv_in_smem:
+            R, n = self.rows_per_lane, self.threads
+            kv = smem.allocate_tensor(Float32, cute.make_layout((R, n, self.vec), stride=(n * self.vec, self.vec, 1)),
+                                      byte_alignment=16)
+        return (*partials, kv)
 
     @cute.jit
     def pool_tile(
@@ -87,6 +97,7 @@ class C128TilePooling:
         sMax: cute.Tensor,  # fp32 smem [warps, tile]
         sNum: cute.Tensor,  # fp32 smem [warps, tile]
         sDen: cute.Tensor,  # fp32 smem [warps, tile]
+        sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
     ):
         lane = cute.arch.lane_idx()
@@ -100,17 +111,30 @@ class C128TilePooling:
         score_byte = kv_byte + STATE_WIDTH * 4
         row_stride_bytes = Int64(mState.stride[1]) * 4
 
-        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
-        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
+        # the lane's state rows; scores are loaded first so that pass 1 and the exps of pass 2
+        # can run while the kv loads are still in flight (only u = kv * e waits for them)
+        rows = []
         for r in cutlass.range_constexpr(R // run):
             pos = window_start + first_row + r * run
             block_column = pos // bs
             block = load_scalar(mBlockTable, req, block_column)
             row_address = element_address(mState, block, pos - block_column * bs, 0)
             for i in cutlass.range_constexpr(run):
-                address = row_address + row_stride_bytes * i
-                load_into(kv[r * run + i], address + kv_byte, 16)
-                load_into(sc[r * run + i], address + score_byte, 16)
+                rows.append(row_address + row_stride_bytes * i)
+        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
+        for i in cutlass.range_constexpr(R):
+            load_into(sc[i], rows[i] + score_byte, 16)
+        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
+        if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
+            tidx, _, _ = cute.arch.thread_idx()
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(R):
+                cute.copy(g2s, gmem_tensor(Float32, rows[i] + kv_byte, self.vec, 16), sKv[i, tidx, None])
+            cute.arch.cp_async_commit_group()
+        else:
+            for i in cutlass.range_constexpr(R):
+                load_into(kv[i], rows[i] + kv_byte, 16)
 
         # pass 1: the window max per channel
         lane_max = cute.make_rmem_tensor((self.vec,), Float32)
@@ -126,14 +150,20 @@ class C128TilePooling:
             for c in cutlass.range_constexpr(self.vec):
                 row_max[c] = cute.arch.fmax(row_max[c], other[c])
 
-        # pass 2: exps and the row-order trees
-        num = cute.make_rmem_tensor((self.vec,), Float32)
+        # pass 2: e (in place of the scores), tree(e); then u = kv * e, tree(u), in row order
         den = cute.make_rmem_tensor((self.vec,), Float32)
         for c in cutlass.range_constexpr(self.vec):
-            e = [softmax_weight(sc[i][c], row_max[c]) for i in range(R)]
-            u = [fmul(kv[i][c], e[i]) for i in range(R)]
-            num[c] = butterfly_sum(tree_sum(u), self.lanes_per_group, 16)
-            den[c] = butterfly_sum(tree_sum(e), self.lanes_per_group, 16)
+            for i in cutlass.range_constexpr(R):
+                sc[i][c] = softmax_weight(sc[i][c], row_max[c])
+            den[c] = butterfly_sum(tree_sum([sc[i][c] for i in range(R)]), self.lanes_per_group, 16)
+        if cutlass.const_expr(self.kv_in_smem):
+            cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
+            tidx, _, _ = cute.arch.thread_idx()
+            for i in cutlass.range_constexpr(R):
+                cute.autovec_copy(sKv[i, tidx, None], kv[i])
+        num = cute.make_rmem_tensor((self.vec,), Float32)
+        for c in cutlass.range_constexpr(self.vec):
+            num[c] = butterfly_sum(tree_sum([fmul(kv[i][c], sc[i][c]) for i in range(R)]), self.lanes_per_group, 16)
         if group == 0:
             store_smem(sNum, warp, column * self.vec, num)
             store_smem(sDen, warp, column * self.vec, den)
@@ -200,11 +230,12 @@ class C128PoolKernel(C128TilePooling):
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)
-        sMax, sNum, sDen = self.allocate_smem(SmemAllocator())
+        sMax, sNum, sDen, sKv = self.allocate_smem(SmemAllocator())
         position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
             x = cute.make_rmem_tensor((self.final_channels,), Float32)
-            self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, x)
+            self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
                 channel = tile * self.tile + cute.arch.lane_idx() * self.final_channels

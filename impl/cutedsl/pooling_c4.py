@@ -92,18 +92,19 @@ class C4Window:
                     column = pos // bs
                     block = load_scalar(mBlockTable, req, column)
                     row_address = element_address(mState, block, pos - column * bs, 0)
+                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
+                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
                     for i in cutlass.range_constexpr(run):
-                        address = row_address + row_stride_bytes * i
-                        load_into(kv[first_row + i], address + kv_byte, 16)
-                        load_into(sc[first_row + i], address + score_byte, 16)
+                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
         for c in cutlass.range_constexpr(self.vec):
             x[c] = pool_channel(kv, sc, c, WINDOW)
 
     def token_activity(self, mPos, mSlot, mKvSlot, tok):
-        """SPEC §5: active iff saved, boundary and with a cache slot."""
+        """SPEC §5: active iff saved, boundary and with a cache slot: ``(p, kv_slot, active)``."""
         position = mPos[tok]
-        active = (mSlot[tok] >= Int64(0)) & (mKvSlot[tok] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
-        return position, active
+        kv_slot = mKvSlot[tok]
+        active = (mSlot[tok] >= Int64(0)) & (kv_slot >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+        return position, kv_slot, active
 
 
 class C4PoolKernel(C4Window):
@@ -135,10 +136,11 @@ class C4PoolKernel(C4Window):
         t = tidx % self.group_threads
         tok = cta * self.tokens_per_cta + tidx // self.group_threads
         if tok < mPos.shape[0]:
-            position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            position, _, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
-                self.pool_window(mState, mBlockTable, mTokenReq[tok], position, t, x)
+                self.pool_window(mState, mBlockTable, req, position, t, x)
                 store_fragment(x, element_address(mOut, tok, t * self.vec), 16)
 
 
@@ -185,9 +187,10 @@ class C4FusedKernel(C4Window, EntryWriter):
         smem = SmemAllocator()
         sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
         if tok < mPos.shape[0]:
-            position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            position, kv_slot, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
-                self.pool_window(mState, mBlockTable, mTokenReq[tok], position, t, x)
+                self.pool_window(mState, mBlockTable, req, position, t, x)
                 self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                    position, mKvSlot[tok], eps, fp8_inv)
+                                    position, kv_slot, eps, fp8_inv)

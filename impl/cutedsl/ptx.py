@@ -30,7 +30,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         e = entry(layout, align, weight)
         yield f"c4_{e.tag}", "c4", C4Config(4, e), True
         yield f"c128_store_{e.tag}", "c128_store", StoreConfig(e), False
-        cfg = ClusterConfig(C128PoolConfig(8, 8), e)
+        cfg = ClusterConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
         yield cfg.tag, "c128_cluster", cfg, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
@@ -45,12 +45,14 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         (8, 8, 8, 64), (16, 8, 8, 64), (4, 4, 8, 64), (5, 1, 8, 64), (2, 2, 8, 64), (8, 1, 8, 64),
         (8, 4, 16, 64), (16, 16, 4, 64), (8, 8, 4, 64), (8, 4, 8, 32), (4, 4, 8, 32),
     ):
-        cfg = C128PoolConfig(block_size, rows_per_lookup, warps, tile)
-        yield cfg.tag, "c128_pool", cfg, True
+        for staged in (False, True) if (warps, tile) == (8, 64) and block_size in (8, 5) else (False,):  # kv_in_smem
+            cfg = C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged)
+            yield cfg.tag, "c128_pool", cfg, True
     for pages, tokens_per_cta in ((1, 1), (64, 2), (7, 4)):
         cfg = StoreConfig(entry(pages=pages), tokens_per_cta)
         yield cfg.tag, "c128_store", cfg, False
-    for pool in (C128PoolConfig(4, 4), C128PoolConfig(5, 1), C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4)):
+    for pool in (C128PoolConfig(4, 4, kv_in_smem=True), C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(8, 8),
+                 C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
     for ratio in (4, 128):

@@ -210,21 +210,26 @@ def test_c128_split_with_caller_workspace():
     _run_and_compare(case, c128_path="split_generic", workspace=workspace.view(-1))
 
 
-@pytest.mark.parametrize("knob, value, case, path", [
-    ("c4_tokens_per_cta", 2, C4_CASES[0], None),
-    ("c4_tokens_per_cta", 4, C4_CASES[3], None),
-    ("c128_split_warps", 16, C128_CASES[0][0], "split_block8"),
-    ("c128_split_warps", 4, Case(128, 16, 2), "split_block8"),
-    ("c128_split_tile", 32, C128_CASES[0][0], "split_block8"),
-    ("c128_split_tile", 32, C128_CASES[2][0], "split_generic"),
-    ("c128_store_tokens_per_cta", 4, C128_CASES[3][0], "split_block8"),
-    ("c128_cluster_warps", 16, C128_CASES[0][0], "fused_cluster"),
-    ("c128_cluster_warps", 4, C128_CASES[4][0], "fused_cluster"),
-])
-def test_tuning_knobs_keep_the_bytes(monkeypatch, knob, value, case, path):
+@pytest.mark.parametrize("overrides, case, path", [
+    (dict(c4_tokens_per_cta=2), C4_CASES[0], None),
+    (dict(c4_tokens_per_cta=4), C4_CASES[3], None),
+    (dict(c128_split_warps=16), C128_CASES[0][0], "split_block8"),
+    (dict(c128_split_warps=4), Case(128, 16, 2), "split_block8"),
+    (dict(c128_split_tile=32), C128_CASES[0][0], "split_block8"),
+    (dict(c128_split_tile=32), C128_CASES[2][0], "split_generic"),
+    (dict(c128_split_kv_in_smem=True), C128_CASES[0][0], "split_block8"),
+    (dict(c128_split_kv_in_smem=True), C128_CASES[4][0], "split_generic"),
+    (dict(c128_store_tokens_per_cta=4), C128_CASES[3][0], "split_block8"),
+    (dict(c128_cluster_kv_in_smem=False), C128_CASES[0][0], "fused_cluster"),
+    (dict(c128_cluster_kv_in_smem=False), C128_CASES[2][0], "fused_cluster"),
+    (dict(c128_cluster_warps=16, c128_cluster_kv_in_smem=False), C128_CASES[0][0], "fused_cluster"),
+    (dict(c128_cluster_warps=4, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
+], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
+def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
     from dsv4_compressor.impl.cutedsl import api
 
-    monkeypatch.setattr(api.TUNING, knob, value)
+    for knob, value in overrides.items():
+        monkeypatch.setattr(api.TUNING, knob, value)
     _run_and_compare(case, **({} if path is None else {"c128_path": path}))
 
 

@@ -1,0 +1,122 @@
+"""Time the CuTe DSL kernels' static knobs on a GPU, every variant in one run.
+
+    python -m dsv4_compressor.impl.cutedsl.tune [--ratio 128|4] [--sizes 1 64 1024] [--settings NAME ...]
+
+Each *setting* is a ``c128_path`` plus overrides of :data:`.api.TUNING` (see
+:class:`.api.Tuning` for every knob). For each benchmark case (the decode-boundary sweeps
+of :mod:`dsv4_compressor.bench.cases`, four rotated input sets) every setting is compiled,
+warmed up and captured into its own CUDA graph; the trials are interleaved across settings
+and the median µs per call of graph replay is printed with the fraction of the copy
+bandwidth. Use the winners to set ``TUNING`` defaults and ``c128_fused_max_tokens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import fields
+
+# name -> (c128_path or None, TUNING overrides)
+C128_SETTINGS = {
+    "cluster": ("fused_cluster", {}),
+    "cluster-regkv": ("fused_cluster", {"c128_cluster_kv_in_smem": False}),
+    "cluster-w16": ("fused_cluster", {"c128_cluster_warps": 16, "c128_cluster_kv_in_smem": False}),
+    "block8": ("split_block8", {}),
+    "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
+    "block8-w16": ("split_block8", {"c128_split_warps": 16}),
+    "block8-t32": ("split_block8", {"c128_split_tile": 32}),
+    "block8-store2": ("split_block8", {"c128_store_tokens_per_cta": 2}),
+}
+C4_SETTINGS = {
+    "c4": (None, {}),
+    "c4-tpc2": (None, {"c4_tokens_per_cta": 2}),
+    "c4-tpc4": (None, {"c4_tokens_per_cta": 4}),
+}
+C128_SIZES = (1, 8, 32, 64, 128, 256, 1024, 8192)
+C4_SIZES = (1, 32, 128, 1024, 16384)
+
+
+def _apply(overrides: dict):
+    from . import api
+
+    saved = {f.name: getattr(api.TUNING, f.name) for f in fields(api.TUNING)}
+    for key, value in overrides.items():
+        if key not in saved:
+            raise ValueError(f"setting: unknown TUNING field {key!r}; expected one of {sorted(saved)}")
+        setattr(api.TUNING, key, value)
+    return saved
+
+
+def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], int]:
+    """Median µs per call (graph replay) of every setting on one case, and the case's bytes."""
+    import torch
+
+    from ...bench.timing import BenchImpl, capture_graph, prepare, time_graph
+    from . import api
+
+    prepared = prepare(case)
+    graphs = {}
+    for name, (path, overrides) in settings.items():
+        saved = _apply(overrides)
+        try:
+            extra = {"c128_path": path} if path else {}
+            call = BenchImpl(name, api.compress_norm_rope_store, api.save_partial_states, extra).caller(prepared)
+            for s in prepared.sets:  # compile and warm up with these knobs
+                call(s)
+            torch.cuda.synchronize()
+            calls = max(len(prepared.sets), min(200, 20000 // max(case.token_num, 1)))
+            graphs[name] = (capture_graph(call, prepared.sets, calls), calls)
+        except Exception as error:  # report and go on
+            print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0][:160]}", file=sys.stderr)
+        finally:
+            _apply(saved)
+    replays = {}  # each sample lasts about 20 ms
+    for name, (graph, calls) in graphs.items():
+        per_call = time_graph(graph, calls, 1)
+        replays[name] = max(1, min(500, int(20000 / (calls * max(per_call, 0.5)))))
+    samples = {name: [] for name in graphs}
+    for _ in range(trials):
+        for name, (graph, calls) in graphs.items():
+            samples[name].append(time_graph(graph, calls, replays[name]))
+    del graphs
+    torch.cuda.empty_cache()
+    return {name: statistics.median(v) for name, v in samples.items()}, prepared.bytes_moved
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.impl.cutedsl.tune", description=__doc__.split("\n")[0])
+    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append")
+    parser.add_argument("--sizes", type=int, nargs="*")
+    parser.add_argument("--settings", nargs="*", help="setting names (default: all of the ratio)")
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from ...bench.cases import c4_decode_sweep, c128_decode_sweep, mixed_steps
+    from ...bench.timing import copy_bandwidth_gbs
+
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s; graph replay, µs per call (% of copy bandwidth)")
+    for ratio in args.ratio or [128, 4]:
+        table = C128_SETTINGS if ratio == 128 else C4_SETTINGS
+        chosen = {k: v for k, v in table.items() if not args.settings or k in args.settings}
+        sizes = args.sizes or (C128_SIZES if ratio == 128 else C4_SIZES)
+        sweep = c128_decode_sweep if ratio == 128 else c4_decode_sweep
+        print(f"\n**C{ratio} decode**\n\n| T | " + " | ".join(chosen) + " |\n|---|" + "---|" * len(chosen))
+        mixed = [c for c in mixed_steps() if c.compress_ratio == ratio] if not args.sizes else []
+        for case in sweep(tuple(sizes)) + mixed:
+            times, nbytes = time_case(case, chosen, args.trials)
+            cells = [f"{times[n]:.1f} ({100 * nbytes / (times[n] * 1e-6) / 1e9 / copy_gbs:.0f}%)" if n in times else "error"
+                     for n in chosen]
+            label = case.token_num if case.kind == "decode" else f"{case.token_num} {case.kind}"
+            print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
