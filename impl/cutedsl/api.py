@@ -18,8 +18,8 @@ Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, 8-C
 clusters), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
 lane's rows lie in one state block, ``bs % 8 == 0`` with the default mapping) or
 ``split_generic`` (any ``bs``). ``c128_path="auto"`` picks ``fused_cluster`` up to
-``TUNING.c128_fused_max_tokens`` tokens (``None``: always), else Block8 whenever allowed,
-generic otherwise.
+``TUNING.c128_fused_max_tokens`` tokens (default 64; ``None``: always), else Block8 whenever
+allowed, generic otherwise.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class Tuning:
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 registers)
-    c128_fused_max_tokens: int | None = None  # auto: fused_cluster up to this T (None = always)
+    c128_fused_max_tokens: int | None = 64  # auto: fused_cluster up to this T (None = always), split above
+    #   (first H200 run, before the kv-in-smem/prefetch changes: cluster 4.5/9.1/15.7/24.6 µs at
+    #   T = 1/32/64/128 vs Block8 split 5.5/10.3/15.7/23.9; 88% vs 101% of copy bandwidth at 8192)
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
 
 

@@ -97,8 +97,10 @@ def test_block8_and_generic_lookups():
 
 
 def test_auto_dispatch(monkeypatch):
-    assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
+    assert api.choose_c128_path("auto", 100000, 8) == "fused_cluster"
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)
+    assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 64, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 65, 8) == "split_block8"
     assert api.choose_c128_path("auto", 65, 4) == "split_generic"
