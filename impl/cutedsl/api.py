@@ -18,7 +18,7 @@ Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, 8-C
 clusters), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
 lane's rows lie in one state block, ``bs % 8 == 0`` with the default mapping) or
 ``split_generic`` (any ``bs``). ``c128_path="auto"`` picks ``fused_cluster`` up to
-``TUNING.c128_fused_max_tokens`` tokens (default 64; ``None``: always), else Block8 whenever
+``TUNING.c128_fused_max_tokens`` tokens (default 128; ``None``: always), else Block8 whenever
 allowed, generic otherwise.
 """
 
@@ -42,19 +42,32 @@ HEAD_DIM = 512
 class Tuning:
     """Static knobs the dispatcher uses; each distinct value compiles its own kernel once.
 
-    Sweep them on the GPU by assigning fields of :data:`TUNING` between timed runs.
+    Sweep them on the GPU with ``python -m dsv4_compressor.impl.cutedsl.tune`` (or assign
+    fields of :data:`TUNING` between timed runs). Defaults come from H200 measurements
+    (CUDA-graph replay, decode-boundary sweeps, bs 8 / B 2 for C128, bs 4 / B 64 for C4):
+
+    ====  =================  =================  =================
+    T     cluster (kv smem)  cluster (kv regs)  split Block8
+    ====  =================  =================  =================
+    1     4.1 µs             4.0 µs             5.0 µs
+    32    10.0 µs            10.3 µs            9.9 µs
+    64    14.3 µs            16.1 µs            15.1 µs
+    128   23.0 µs            26.7 µs            23.4 µs
+    1024  91% of copy BW     72%                96%
+    8192  95%                73%                101%
+    ====  =================  =================  =================
+
+    C4 fused: 2.9 µs (T=1), 3.6 µs (T=128), 93% of copy bandwidth at T=16384.
     """
 
-    c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA
+    c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA (2: 90% at 16K)
     c128_split_warps: int = 8  # split compress kernel: 4, 8, 16 warps per CTA
     c128_split_tile: int = 64  # split compress kernel: 64 or 32 channels per CTA
-    c128_split_kv_in_smem: bool = False  # split compress kernel: kv rows staged in smem (cp.async)
+    c128_split_kv_in_smem: bool = False  # split compress kernel: kv rows staged in smem (cp.async); no gain
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
-    c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 registers)
-    c128_fused_max_tokens: int | None = 64  # auto: fused_cluster up to this T (None = always), split above
-    #   (first H200 run, before the kv-in-smem/prefetch changes: cluster 4.5/9.1/15.7/24.6 µs at
-    #   T = 1/32/64/128 vs Block8 split 5.5/10.3/15.7/23.9; 88% vs 101% of copy bandwidth at 8192)
+    c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
+    c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
 
 

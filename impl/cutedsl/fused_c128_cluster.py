@@ -27,6 +27,15 @@ stores guarantee every CTA of the cluster is running before its shared memory is
 written; no CTA touches remote memory after the second barrier, so CTAs exit freely.
 Activity (SPEC §5) is per token, hence uniform over the cluster: inactive clusters skip
 everything, barriers included.
+
+Performance notes (H200, graph replay): the norm weights, the cos/sin pair and the entry
+addresses are fetched before the pooling, so the tail after the cluster barrier touches no
+global memory but the stores; with the kv rows staged in shared memory (``kv_in_smem``,
+the default here) the kernel needs 64 registers, so 4 CTAs fit an SM and the cluster
+barrier's wait is hidden behind other CTAs' loads (95% of copy bandwidth at 8192 tokens;
+holding kv in registers with the prefetched values costs 96 registers and drops to 73%).
+At 1..128 tokens it is 4.1 / 10.0 / 14.3 / 23.0 µs for T = 1 / 32 / 64 / 128 (exact
+arithmetic: ~25 separately rounded operations per ``exp2s``, ~0.8 µs per 128x64 tile).
 """
 
 from __future__ import annotations
