@@ -1,7 +1,7 @@
 """``python -m dsv4_compressor ptx-check``: compile every kernel variant without a GPU and check
 its PTX against SPEC §2's rules (:mod:`dsv4_compressor.impl.ptx_rules`).
 
-Triton kernels are compiled for ``sm_90``, CuTe DSL kernels for ``sm_90a``. Exits non-zero
+Triton (capability 9.0) and CuTe DSL kernels are compiled for ``sm_90a``. Exits non-zero
 if any variant breaks a rule or fails to compile.
 """
 
@@ -12,7 +12,7 @@ import time
 
 BACKENDS = {
     # backend -> (module with ptx_variants(), PTX target)
-    "triton": ("dsv4_compressor.impl.triton.ptx", "sm_90"),
+    "triton": ("dsv4_compressor.impl.triton.ptx", "sm_90a"),  # Triton targets sm_90a for capability 9.0
     "cutedsl": ("dsv4_compressor.impl.cutedsl.ptx", "sm_90a"),
 }
 
