@@ -59,7 +59,8 @@ class SaveConfig:
 
 DEFAULT_FUSED = {
     4: FusedConfig(block_c=512, num_warps=4),  # [8, 512]: every row tree level is an in-thread add
-    128: FusedConfig(block_c=64, num_warps=8),  # [128, 64] x 8 steps; 3 register, 1 lane, 3 warp levels
+    # [128, 64] x 8 steps in a runtime loop; tree levels: 3 in registers, then one layout conversion
+    128: FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
 }
 DEFAULT_SAVE = SaveConfig()
 

@@ -134,13 +134,15 @@ def add_pairs(v, OUTER: tl.constexpr, INNER: tl.constexpr):
 
 
 @triton.jit
-def tree_sum_1d(v, N: tl.constexpr, LOG2_N: tl.constexpr):
-    """SPEC ``tree(v[0..N-1])`` of a 1-D tensor, N >= 2 a power of two; returns a scalar.
+def tree_sum_of_squares(v, N: tl.constexpr, LOG2_N: tl.constexpr):
+    """SPEC ``tree(v[0..N-1])`` of a 1-D tensor of squares (never ``-0``); returns a scalar.
 
-    Level by level, neighbours ``(2i, 2i+1)`` are added (:func:`add_pairs`); pairing neighbours
-    level by level builds exactly the perfect binary tree in index order.
+    Level by level, neighbours ``(2i, 2i+1)`` are added by a reduction over a size-2 axis (one add,
+    so its order is irrelevant); pairing neighbours level by level builds exactly the perfect
+    binary tree in index order. ``tl.sum`` is safe here only because no operand is ``-0``
+    (see :func:`add_pairs`); it lets Triton keep the vector spread over the threads (a
+    ``tl.split`` chain makes Triton 3.6 gather all 512 values into every thread and spill).
     """
-    for level in tl.static_range(LOG2_N - 1):
-        v = tl.reshape(add_pairs(v, N >> (level + 1), 1), (N >> (level + 1), ))
-    first, second = tl.split(v)
-    return first + second
+    for level in tl.static_range(LOG2_N):
+        v = tl.sum(tl.reshape(v, (N >> (level + 1), 2)), axis=1)
+    return tl.reshape(v, ())

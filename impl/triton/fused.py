@@ -89,9 +89,9 @@ def compress_norm_rope_store_kernel(
     slot = tl.load(slot_mapping_ptr + token)
     kv_slot = tl.load(kv_slot_mapping_ptr + token)
     position = tl.load(positions_ptr + token)
+    request = tl.load(token_to_req_ptr + token).to(tl.int64)  # issued with the loads above: one round trip less
     active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
     if active:
-        request = tl.load(token_to_req_ptr + token).to(tl.int64)
         kv_row_offsets, row_valid = window_row_offsets(
             state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
             RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)

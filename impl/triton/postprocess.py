@@ -11,7 +11,7 @@ token, invisible next to the 32 KiB - 512 KiB the token reads) and the stores pi
 import triton
 import triton.language as tl
 
-from .exact_math import bf16_rne_bits, bf16_round, e4m3_code, tree_sum_1d, ue8m0_scale
+from .exact_math import bf16_rne_bits, bf16_round, e4m3_code, tree_sum_of_squares, ue8m0_scale
 
 HEAD_DIM = tl.constexpr(512)
 BLOCKS = tl.constexpr(8)  # 7 NoPE quantization blocks + the RoPE block
@@ -48,7 +48,7 @@ def rms_norm(x8, weight8, eps):
     channel order); ``div_rn``/``sqrt_rn`` are the correctly rounded PTX ``div.rn``/``sqrt.rn``.
     """
     squares = tl.reshape(x8 * x8, (HEAD_DIM, ))
-    sum_squares = tree_sum_1d(squares, 512, 9)
+    sum_squares = tree_sum_of_squares(squares, 512, 9)
     mean_square = sum_squares * INV_HEAD_DIM
     one = tl.full((), 1.0, tl.float32)
     rr = tl.div_rn(one, tl.sqrt_rn(mean_square + eps))

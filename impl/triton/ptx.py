@@ -61,22 +61,25 @@ _SAVE_TYPES = {
 }
 
 
+def fused_variant(ratio: int, block_size: int, layout: str, weight_bf16: bool, config, tag: str = "") -> Variant:
+    """The :class:`Variant` of the fused kernel for one static configuration."""
+    from .postprocess import LAYOUT_CODES
+
+    window = 2 * ratio if ratio == 4 else ratio
+    plan = config.plan(window)
+    name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
+            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}{tag}")
+    constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=LAYOUT_CODES[layout], WEIGHT_BF16=weight_bf16,
+                      BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles, TILE_STAGES=config.tile_stages,
+                      LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
+    return Variant(name, "fused", constexprs, _fused_types(layout, weight_bf16), config.num_warps, True)
+
+
 def variants() -> list[Variant]:
     """Every variant worth checking: defaults for all (ratio, layout, weight, bs), plus knob sweeps."""
     from .config import DEFAULT_FUSED, DEFAULT_SAVE, FusedConfig
-    from .postprocess import LAYOUT_CODES
 
-    def fused(ratio: int, block_size: int, layout: str, weight_bf16: bool, config: FusedConfig, tag: str = "") -> Variant:
-        window = 2 * ratio if ratio == 4 else ratio
-        plan = config.plan(window)
-        name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
-                f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}"
-                f"{tag}")
-        constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=LAYOUT_CODES[layout], WEIGHT_BF16=weight_bf16,
-                          BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles, TILE_STAGES=config.tile_stages,
-                          LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
-        return Variant(name, "fused", constexprs, _fused_types(layout, weight_bf16), config.num_warps, True)
-
+    fused = fused_variant
     out = []
     for ratio, block_sizes in ((4, (4, 16)), (128, (8, 4))):
         for block_size in block_sizes:
@@ -149,12 +152,13 @@ def resource_usage(ptx: str) -> dict:
 
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(TARGET_ARCH).path
+    ptxas = get_ptxas(TARGET_ARCH).path  # the ptxas Triton itself uses for this arch (knows its PTX version)
+    target = re.search(r"^\s*\.target\s+(\w+)", ptx, re.M).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "kernel.ptx")
         with open(source, "w") as f:
             f.write(ptx)
-        done = subprocess.run([ptxas, "-v", f"--gpu-name={TARGET}", source, "-o", os.path.join(tmp, "kernel.cubin")],
+        done = subprocess.run([ptxas, "-v", f"--gpu-name={target}", source, "-o", os.path.join(tmp, "kernel.cubin")],
                               capture_output=True, text=True, check=True)
     report = done.stderr
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else 0  # noqa: E731

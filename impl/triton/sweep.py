@@ -24,23 +24,24 @@ from .config import DEFAULT_FUSED, FusedConfig, SaveConfig
 ENTRY_BYTES = 584
 
 C128_CONFIGS = [
-    FusedConfig(block_c=64, num_warps=8),
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2),
-    FusedConfig(block_c=64, num_warps=4),
-    FusedConfig(block_c=32, num_warps=4),
-    FusedConfig(block_c=32, num_warps=8),
+    FusedConfig(block_c=32, num_warps=8, unroll_tiles=False),
+    FusedConfig(block_c=32, num_warps=8, unroll_tiles=False, tile_stages=2),
+    FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
     FusedConfig(block_c=32, num_warps=4, unroll_tiles=False, tile_stages=2),
-    FusedConfig(block_c=128, num_warps=8),
-    FusedConfig(block_c=16, num_warps=2),
+    FusedConfig(block_c=16, num_warps=2, unroll_tiles=False),
+    FusedConfig(block_c=64, num_warps=4, unroll_tiles=False),
+    FusedConfig(block_c=64, num_warps=8),
 ]
 C4_CONFIGS = [
     FusedConfig(block_c=512, num_warps=4),
+    FusedConfig(block_c=512, num_warps=2),
     FusedConfig(block_c=512, num_warps=8),
-    FusedConfig(block_c=256, num_warps=4),
     FusedConfig(block_c=256, num_warps=2),
-    FusedConfig(block_c=128, num_warps=2),
-    FusedConfig(block_c=128, num_warps=4, unroll_tiles=False, tile_stages=2),
+    FusedConfig(block_c=256, num_warps=4),
+    FusedConfig(block_c=256, num_warps=1),
+    FusedConfig(block_c=128, num_warps=1),
 ]
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4_compressor.impl.triton.exact_math import bf16_rne_bits, e4m3_code, exp2s, tree_sum_1d, ue8m0_scale
+from dsv4_compressor.impl.triton.exact_math import bf16_rne_bits, e4m3_code, exp2s, tree_sum_of_squares, ue8m0_scale
 from dsv4_compressor.impl.triton.pooling import RowPlan, row_plan, tree_sum_window_rows, window_row_of
 from dsv4_compressor.spec import arithmetic, formats
 from dsv4_compressor.spec.constants import AMAX_FLOOR
@@ -141,7 +141,7 @@ def test_ue8m0_matches_spec_on_boundaries_and_random_amax():
 def _tree_1d_kernel(x_ptr, out_ptr, N: tl.constexpr, LOG2_N: tl.constexpr):
     row = tl.program_id(0)
     v = tl.load(x_ptr + row * N + tl.arange(0, N))
-    tl.store(out_ptr + row, tree_sum_1d(v, N, LOG2_N))
+    tl.store(out_ptr + row, tree_sum_of_squares(v, N, LOG2_N))
 
 
 @triton.jit
@@ -159,7 +159,7 @@ def _order_sensitive(rng, shape) -> np.ndarray:
     return (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))).astype(F32)
 
 
-def test_tree_sum_1d_is_the_spec_tree():
+def test_tree_sum_of_squares_is_the_spec_tree():
     rng = np.random.default_rng(4)
     for n in (2, 8, 512):
         x = _order_sensitive(rng, (16, n))
