@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint8
+from cutlass import Float32, Int32, Int64, Uint8
 
 from .config import DATA_RECORD_BYTES, NOPE_DIM, QUANT_BLOCK, SCALE_RECORD_BYTES, EntryFormat
 from .exact_math import (
