@@ -12,8 +12,8 @@ write nothing). An active token's program
    can be stored, and a single launch cannot hand them to another program);
 3. normalizes, rotates, quantizes and stores the entry (:mod:`.postprocess`).
 
-C4 defaults to one ``[8, 512]`` tile (all 8 rows in each thread's registers: the row trees are
-in-thread adds); C128 loops over ``[128, BLOCK_C]`` tiles.
+C4 defaults to two ``[8, 256]`` tiles, C128 to a runtime loop over eight ``[128, 64]`` tiles
+(:mod:`.config`).
 
 Argument shapes and dtypes are documented on the kernel; all offsets are int64.
 """

@@ -87,14 +87,17 @@ def variants() -> list[Variant]:
                 for weight_bf16 in (True, False):
                     out.append(fused(ratio, block_size, layout, weight_bf16, DEFAULT_FUSED[ratio]))
     sweeps = {
-        4: [FusedConfig(block_c=256, num_warps=4), FusedConfig(block_c=512, num_warps=8)],
-        128: [FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=32, num_warps=4), FusedConfig(block_c=16, num_warps=1),
-              FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=1),
-              FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2)],
+        4: [FusedConfig(block_c=512, num_warps=4), FusedConfig(block_c=512, num_warps=2), FusedConfig(block_c=256, num_warps=2)],
+        128: [FusedConfig(block_c=64, num_warps=8), FusedConfig(block_c=32, num_warps=8, unroll_tiles=False),
+              FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
+              FusedConfig(block_c=32, num_warps=4, unroll_tiles=False, tile_stages=2)],
     }
     for ratio, configs in sweeps.items():
         for config in configs:
-            out.append(fused(ratio, 4 if ratio == 4 else 8, "flashmla_fp8", True, config))
+            variant = fused(ratio, 4 if ratio == 4 else 8, "flashmla_fp8", True, config)
+            if config.tile_stages > 1:  # pipelined loops stream the tiles with cp.async (16 B), not ld.global.v4
+                variant = Variant(variant.name, variant.kernel, variant.constexprs, variant.signature_types, variant.num_warps, False)
+            out.append(variant)
     for ratio in (4, 128):
         out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}", "save",
                            dict(RATIO=ratio, STATE_WIDTH=1024 if ratio == 4 else 512, BLOCK=DEFAULT_SAVE.block),

@@ -106,7 +106,8 @@ def test_c4_tiny_amax_blocks_and_tiny_weights():
 
 C4_CONFIGS = [FusedConfig(block_c=16, num_warps=4), FusedConfig(block_c=128, num_warps=2), FusedConfig(block_c=512, num_warps=8),
               FusedConfig(block_c=64, num_warps=4, unroll_tiles=False, tile_stages=2)]
-C128_CONFIGS = [FusedConfig(block_c=32, num_warps=4), FusedConfig(block_c=16, num_warps=1), FusedConfig(block_c=512, num_warps=4),
+C128_CONFIGS = [FusedConfig(block_c=64, num_warps=8), FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
+                FusedConfig(block_c=16, num_warps=1, unroll_tiles=False), FusedConfig(block_c=512, num_warps=4),
                 FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2)]
 
 
