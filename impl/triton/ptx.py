@@ -39,6 +39,7 @@ class Variant:
     signature_types: dict  # non-constexpr argument -> Triton type string
     num_warps: int
     require_vector_loads: bool
+    divisible_ints: tuple = ()  # integer arguments assumed multiples of 16 (Triton's JIT specializes such values)
 
 
 def _fused_types(layout: str, weight_bf16: bool) -> dict:
@@ -99,9 +100,11 @@ def variants() -> list[Variant]:
                 variant = Variant(variant.name, variant.kernel, variant.constexprs, variant.signature_types, variant.num_warps, False)
             out.append(variant)
     for ratio in (4, 128):
-        out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}", "save",
+        # contiguous kv_score / ape rows (2*SW, SW floats): the JIT sees strides divisible by 16 and
+        # vectorizes; other strides launch a specialization with 32-bit loads
+        out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}_contiguous_rows", "save",
                            dict(RATIO=ratio, STATE_WIDTH=1024 if ratio == 4 else 512, BLOCK=DEFAULT_SAVE.block),
-                           _SAVE_TYPES, DEFAULT_SAVE.num_warps, True))
+                           _SAVE_TYPES, DEFAULT_SAVE.num_warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
     return out
 
 
@@ -119,7 +122,7 @@ def _compile(variant: Variant) -> str:
     signature = {name: ("constexpr" if name in variant.constexprs else variant.signature_types[name]) for name in kernel.arg_names}
     # bases of every tensor argument are 16-byte aligned (validated); integers get no assumptions
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if signature[name].startswith("*")}
+             if signature[name].startswith("*") or name in variant.divisible_ints}
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
                               options={"num_warps": variant.num_warps, "enable_fp_fusion": False})

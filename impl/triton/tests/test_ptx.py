@@ -1,0 +1,33 @@
+"""Every Triton kernel variant, compiled for Hopper without a GPU, obeys SPEC §2's PTX rules:
+``.rn`` on every f32 add/sub/mul (no FMA contraction), correctly rounded div/sqrt, no
+approximate functions, no ``.ftz``, and 128-bit loads where the kernels stream state rows.
+
+Under ``TRITON_INTERPRET=1`` (as in CI) :func:`ptx_variants` compiles in a child process."""
+
+import re
+
+from dsv4_compressor.impl.ptx_rules import check_ptx
+from dsv4_compressor.impl.triton.ptx import TARGET, ptx_variants
+
+
+def test_every_variant_passes_the_ptx_rules():
+    results = list(ptx_variants())
+    names = [name for name, _, _ in results]
+    assert len(names) == len(set(names))
+    for ratio in ("c4", "c128"):
+        for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
+            for weight in ("bf16w", "f32w"):
+                assert any(n.startswith(f"fused_{ratio}_") and f"_{layout}_{weight}_" in n for n in names), (ratio, layout, weight)
+    assert any(n.startswith("save_c4") for n in names) and any(n.startswith("save_c128") for n in names)
+
+    failures = []
+    for name, ptx, options in results:
+        report = check_ptx("triton", name, ptx, require_target=TARGET, **options)
+        failures += [f"{name}: {v}" for v in report.violations]
+        if name.startswith("fused"):
+            # the exact division of the pooling and the exact RMSNorm are really there
+            if report.counts["div.rn.f32"] == 0 or report.counts["sqrt.rn.f32"] != 1:
+                failures.append(f"{name}: expected div.rn.f32 and one sqrt.rn.f32, got {dict(report.counts)}")
+            if not re.search(r"\bmul\.rn\.f32\b", ptx) or not re.search(r"\badd\.rn\.f32\b", ptx):
+                failures.append(f"{name}: no mul.rn/add.rn (exp2s polynomial missing?)")
+    assert not failures, "\n".join(failures)
