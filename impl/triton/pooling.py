@@ -9,9 +9,12 @@ load), ``min(32, BLOCK_C/4)`` lanes along channels, the remaining lanes along ro
 along rows (after the channels have used up their threads), and the rest of the rows in
 registers. So tensor row ``p`` has its low ``LANE_BITS`` bits on lanes, the next ``WARP_BITS``
 bits on warps and the top ``REG_BITS`` bits in registers. We put window-row bits 0.. on the
-register bits, then on the lane bits, then on the warp bits: tree level k (window bit k) is an
-in-thread add for the first ``REG_BITS`` levels, a shuffle for the next ``LANE_BITS`` and a
-shared-memory exchange only for the last ``WARP_BITS`` (where few values remain).
+register bits, then on the lane bits, then on the warp bits. Tree level k (window bit k) is then
+an in-thread add for the first ``REG_BITS`` levels, where most of the work is. For the remaining
+``LANE_BITS + WARP_BITS`` levels each add needs both operands in one thread (:func:`add_pairs`
+splits a size-2 axis), so Triton converts the few remaining partial sums
+(``2^(LANE_BITS+WARP_BITS) x BLOCK_C``) once per tree and tile through shared memory and finishes
+in registers (seen in the TTGIR of Triton 3.6 and 3.9: one ``convert_layout`` per tree).
 
 The plan only affects speed: the trees reduce window bit k at level k whatever the layout
 Triton actually picks, so the result is SPEC's tree for every plan (the tests run several).

@@ -202,3 +202,10 @@ def test_gpu_engine_sized_batches(layout, ratio, block_size):
                               seed=ratio + block_size, bf16_weight=block_size % 8 == 0, row_pad=4, page_pad_bytes=64,
                               num_padding=5, padding_at_end=False)
     assert_identical(run_spec_and_triton(scenario, "cuda"))
+
+
+@pytest.mark.parametrize("kwargs", [dict(block_c=48, num_warps=4), dict(block_c=1024, num_warps=4), dict(block_c=64, num_warps=3),
+                                    dict(block_c=64, num_warps=4, tile_stages=0)])
+def test_invalid_configs_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        FusedConfig(**kwargs)
