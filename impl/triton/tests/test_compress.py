@@ -209,3 +209,14 @@ def test_gpu_engine_sized_batches(layout, ratio, block_size):
 def test_invalid_configs_are_rejected(kwargs):
     with pytest.raises(ValueError):
         FusedConfig(**kwargs)
+
+
+@pytest.mark.parametrize("fp8_scale, codes", [(0.002, (0x7E, 0xFE)), (300.0, tuple(range(1, 8)))], ids=["saturating", "subnormal"])
+def test_fp8_per_tensor_saturation_and_subnormal_codes(fp8_scale, codes):
+    """A tiny scale drives most values past 448 (saturated to 0x7E/0xFE); a huge one into E4M3's
+    subnormal range. Both must match the spec byte for byte."""
+    scenario = _c4("fp8_per_tensor", 8, 51, entries_per_page=2, fp8_scale=fp8_scale)
+    results = run_spec_and_triton(scenario, DEVICE)
+    spec_bytes = results["k_cache"][0]
+    assert np.isin(spec_bytes, codes).sum() > 100, "the scenario must exercise these codes"
+    assert_identical(results)
