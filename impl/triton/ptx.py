@@ -1,4 +1,4 @@
-"""PTX of every Triton kernel variant, compiled for sm_90 without a GPU (SPEC §2 instruction rules).
+"""PTX of every Triton kernel variant, compiled for Hopper (sm_90a) without a GPU (SPEC §2 instruction rules).
 
 :func:`ptx_variants` yields ``(variant_name, ptx_text, {"require_vector_loads": bool})`` for both
 ratios, all three layouts, both weight dtypes, representative state block sizes and the default
