@@ -136,7 +136,15 @@ def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_
         if progress:
             print(f"\r[{index}/{len(cases)}] {case.name} token_num={case.token_num} ({time.perf_counter() - started:.0f}s)   ",
                   end="", file=sys.stderr, flush=True)
-        rows.extend(run_case(case, impls, modes, copy_gbs))
+        case_rows = run_case(case, impls, modes, copy_gbs)
+        rows.extend(case_rows)
+        if progress:  # one line per row as it lands, so a cut-off run still leaves its numbers
+            for r in case_rows:
+                print(f"\nrow {r.case} n={r.token_num} {r.implementation} {r.mode}: "
+                      f"{'-' if r.median_us is None else f'{r.median_us:.2f}'} us "
+                      f"[{'-' if r.low_us is None else f'{r.low_us:.2f}'}..{'-' if r.high_us is None else f'{r.high_us:.2f}'}] "
+                      f"{'' if r.pct_copy is None else f'{r.pct_copy:.1f}% copy '}"
+                      f"{'' if r.host_us is None else f'host {r.host_us:.1f} us '}{r.error}", end="", file=sys.stderr)
     if progress:
         print(file=sys.stderr)
     return rows

@@ -54,7 +54,7 @@ def _k_cache(layout: str, num_pages: int, entries: int) -> torch.Tensor:
         flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
         return torch.as_strided(flat, (num_pages, entries, ENTRY_BYTES), (page_stride, ENTRY_BYTES, 1))
     dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
-    return torch.empty((num_pages, entries, HEAD_DIM), dtype=torch.uint8, device="cuda").view(dtype)
+    return torch.empty((num_pages, entries, HEAD_DIM), dtype=dtype, device="cuda")
 
 
 def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:

@@ -78,11 +78,52 @@ class CompressStoreCall:
     store: StoreCall
 
 
+def _layout_key(tensor) -> tuple:
+    """Everything SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment."""
+    if not isinstance(tensor, torch.Tensor):
+        return (type(tensor),)
+    return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device, tensor.data_ptr() & 15)
+
+
+_VALIDATED: dict[tuple, "CompressStoreCall"] = {}
+_VALIDATED_MAX = 512
+
+
 def validate_compress_norm_rope_store(
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
     rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
 ) -> CompressStoreCall:
-    """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks)."""
+    """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks).
+
+    The checks depend only on each tensor's dtype, shape, strides, device and base alignment
+    and on the scalars, so a call whose key was validated before skips them: an engine calls
+    with the same layouts every step, and the checks would otherwise dominate host time.
+    """
+    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+               cos_sin_cache, k_cache, kv_slot_mapping)
+    key = (*map(_layout_key, tensors), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
+           type(block_size), type(compress_ratio), type(rms_norm_eps), type(fp8_scale))
+    try:
+        cached = None if debug else _VALIDATED.get(key)
+    except TypeError:  # an unhashable scalar: validate (and reject) it the long way
+        key, cached = None, None
+    if cached is not None:
+        return cached
+    call = _validate_compress_norm_rope_store(
+        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+        fp8_scale=fp8_scale, debug=debug)
+    if key is not None:
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[key] = call
+    return call
+
+
+def _validate_compress_norm_rope_store(
+    state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+    rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
+) -> CompressStoreCall:
     pooling = check_compress(
         describe_torch("state_cache", state_cache),
         describe_torch("token_to_req_indices", token_to_req_indices),

@@ -216,8 +216,8 @@ def random_state_cache(
     width = ratio_config(compress_ratio).state_row_width
     cache = padded_view((num_blocks, block_size, width), np.float32, (0, block_pad_rows, row_pad), np.float32(np.nan))
     half = width // 2
-    cache[:, :, :half] = (rng.standard_normal((num_blocks, block_size, half)) * kv_scale).astype(np.float32)
-    cache[:, :, half:] = (rng.standard_normal((num_blocks, block_size, half)) * score_scale).astype(np.float32)
+    cache[:, :, :half] = rng.standard_normal((num_blocks, block_size, half), dtype=np.float32) * np.float32(kv_scale)
+    cache[:, :, half:] = rng.standard_normal((num_blocks, block_size, half), dtype=np.float32) * np.float32(score_scale)
     return cache
 
 

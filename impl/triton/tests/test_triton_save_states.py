@@ -11,7 +11,7 @@ from dsv4_compressor.impl.triton import SaveConfig
 from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
 
-from .scenarios import Buffer, first_difference
+from triton_test_scenarios import Buffer, first_difference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -17,7 +17,7 @@ from dsv4_compressor.impl.triton import FusedConfig
 from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
 
-from .scenarios import Scenario, assert_identical, build_scenario, run_spec_and_triton, state_row, torch_arguments
+from triton_test_scenarios import Scenario, assert_identical, build_scenario, run_spec_and_triton, state_row, torch_arguments
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = np.float32
