@@ -39,11 +39,11 @@ for s in "$@"; do
     conformance-triton-small)
       step conformance-triton-small 200 $PY -m dsv4_compressor conformance --impl triton --size small ;;
     conformance-cutedsl-small)
-      step conformance-cutedsl-small 200 $PY -m dsv4_compressor conformance --impl cutedsl --size small ;;
+      step conformance-cutedsl-small 110 $PY -m dsv4_compressor conformance --impl cutedsl --size small ;;
     conformance-both-big)
-      step conformance-both-big 300 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
+      step conformance-both-big 130 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
     bench-main)
-      step bench-main 330 $PY -m dsv4_compressor bench --impl triton --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-fused_cluster --trials 3 --out "$LOGS" ;;
+      step bench-main 165 $PY -m dsv4_compressor bench --impl triton --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-fused_cluster --trials 3 --out "$LOGS" ;;
     conformance-both)
       step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
     tests-triton)

@@ -78,7 +78,7 @@ class CompressStoreCall:
     store: StoreCall
 
 
-def _layout_key(tensor) -> tuple:
+def layout_key(tensor) -> tuple:
     """Everything SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment."""
     if not isinstance(tensor, torch.Tensor):
         return (type(tensor),)
@@ -101,7 +101,7 @@ def validate_compress_norm_rope_store(
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
-    key = (*map(_layout_key, tensors), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
+    key = (*map(layout_key, tensors), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
            type(block_size), type(compress_ratio), type(rms_norm_eps), type(fp8_scale))
     try:
         cached = None if debug else _VALIDATED.get(key)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..frontend import describe_torch, validate_compress_norm_rope_store, validate_save_partial_states
+from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -204,6 +204,90 @@ def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, blo
     kernel(kv_score, ape, _unit_stride_1d(positions), _unit_stride_1d(slot_mapping), state_cache)
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a ``compress_norm_rope_store`` call decides before its launches.
+
+    A plan depends only on what SPEC §9 validates (dtypes, shapes, strides, devices, base
+    alignment, the scalars), on ``c128_path``, on the workspace's layout and on
+    :data:`TUNING`; the tensors themselves change every step. Calls with the same key reuse
+    the plan, so the host pays one key, one dictionary lookup and the FFI launches.
+    """
+
+    kernels: tuple  # compiled TVM-FFI callables, launched in order
+    path: str  # "c4", "fused_cluster", "split_block8" or "split_generic"
+    eps: float
+    fp8_inv: float
+    num_tokens: int
+    restride: bool  # a per-token array or the block table needs its unit stride restored
+
+    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        if self.num_tokens == 0:
+            return
+        if self.restride:
+            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
+                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+        if self.path in ("c4", "fused_cluster"):
+            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                            cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv)
+            return
+        scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
+        pool, store = self.kernels
+        pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
+        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
+              self.fp8_inv)
+
+
+_PLANS: dict[tuple, LaunchPlan] = {}
+_PLANS_MAX = 512
+
+
+def _plan_key(tensors: tuple, workspace, scalars: tuple) -> tuple:
+    """The plan cache key (unhashable scalars make the lookup fail, and the call validate)."""
+    return (*map(layout_key, tensors), None if workspace is None else layout_key(workspace), *scalars,
+            *map(type, scalars), tuple(TUNING.__dict__.values()))
+
+
+def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+                rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
+                workspace, c128_path) -> LaunchPlan:
+    """Validate (SPEC §9 and this implementation's constraints), dispatch and compile."""
+    call = validate_compress_norm_rope_store(
+        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+        fp8_scale=fp8_scale, debug=debug,
+    )
+    num_tokens, block_size = call.pooling.num_tokens, call.pooling.block_size
+    ratio = call.pooling.config.ratio
+    if c128_path not in C128_PATHS:  # also for C4, where it has no effect: a typo is still an error
+        raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
+    path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else "c4"
+    if path.startswith("split"):
+        _x_buffer(workspace, num_tokens, state_cache.device, "workspace")  # raises on a bad workspace
+    _require_cuda("state_cache", state_cache)
+    eps = float(call.store.eps)
+    fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.layout == "fp8_per_tensor" else 1.0
+    restride = any(t.stride(-1) != 1 for t in (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping))
+    if num_tokens == 0:
+        return LaunchPlan((), path, eps, fp8_inv, 0, restride)
+    compile_cache, config = _kernels()
+    entry = config.EntryFormat(
+        layout=call.store.layout,
+        entries_per_page=call.store.entries_per_page,
+        weight_dtype="bfloat16" if rms_norm_weight.dtype == torch.bfloat16 else "float32",
+        store_align=_store_align(k_cache, call.store.layout),
+    )
+    if path == "c4":
+        kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta)),)
+    elif path == "fused_cluster":
+        kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(c128_pool_config(path, block_size), entry)),)
+    else:
+        kernels = (compile_cache.compile_c128_pool(c128_pool_config(path, block_size)),
+                   compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta)))
+    return LaunchPlan(kernels, path, eps, fp8_inv, num_tokens, restride)
+
+
 def compress_norm_rope_store(
     state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
     token_to_req_indices,  # int32 [T]
@@ -224,45 +308,29 @@ def compress_norm_rope_store(
     workspace: torch.Tensor | None = None,  # C128 split path's fp32 scratch: [S >= T, 512] or >= T*512 elements
     c128_path: str = "auto",  # "auto" | "fused_cluster" | "split_block8" | "split_generic" (C128 only)
 ) -> None:
-    """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token."""
-    call = validate_compress_norm_rope_store(
-        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, debug=debug,
-    )
-    num_tokens, block_size = call.pooling.num_tokens, call.pooling.block_size
-    ratio = call.pooling.config.ratio
-    path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else None
-    if path is not None and path.startswith("split"):
-        scratch = _x_buffer(workspace, num_tokens, state_cache.device, "workspace")
-    _require_cuda("state_cache", state_cache)
-    if num_tokens == 0:
-        return
-    compile_cache, config = _kernels()
-    entry = config.EntryFormat(
-        layout=call.store.layout,
-        entries_per_page=call.store.entries_per_page,
-        weight_dtype="bfloat16" if rms_norm_weight.dtype == torch.bfloat16 else "float32",
-        store_align=_store_align(k_cache, call.store.layout),
-    )
-    eps = float(call.store.eps)
-    fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.layout == "fp8_per_tensor" else 1.0
-    token_req, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
-        token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping
-    )
-    if ratio == 4:
-        kernel = compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta))
-        kernel(state_cache, token_req, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, k_cache,
-               kv_slot_mapping, eps, fp8_inv)
-    elif path == "fused_cluster":
-        kernel = compile_cache.compile_c128_cluster(config.ClusterConfig(c128_pool_config(path, block_size), entry))
-        kernel(state_cache, token_req, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, k_cache,
-               kv_slot_mapping, eps, fp8_inv)
-    else:
-        pool = compile_cache.compile_c128_pool(c128_pool_config(path, block_size))
-        store = compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta))
-        pool(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
-        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, eps, fp8_inv)
+    """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token.
+
+    The first call with a given argument layout validates, dispatches and compiles; later
+    calls with the same layout reuse that :class:`LaunchPlan` (``debug=True`` always
+    validates, and checks values).
+    """
+    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+               cos_sin_cache, k_cache, kv_slot_mapping)
+    key = None if debug else _plan_key(tensors, workspace, (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, c128_path))
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validate (and reject) it the long way
+        key = plan = None
+    if plan is None:
+        plan = _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                           rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio,
+                           layout, fp8_scale, debug, workspace, c128_path)
+        if key is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    plan.run(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
+             k_cache, kv_slot_mapping, workspace)
 
 
 def compress(

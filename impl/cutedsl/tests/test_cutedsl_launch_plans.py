@@ -1,0 +1,92 @@
+"""The launch-plan cache of the CuTe DSL API (CPU: the compiled kernels are replaced by
+recorders, so what is checked is the host-side dispatch, not the kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from dsv4_compressor.conformance.runner import _to_torch  # noqa: E402
+from dsv4_compressor.conformance.scenarios import scenarios  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+
+
+class Recorder:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __call__(self, *args):
+        self.log.append((self.name, tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log = []
+    compile_cache, _ = api._kernels()
+    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_pool", "compile_c128_store"):
+        monkeypatch.setattr(compile_cache, name, lambda config, _n=name: Recorder(_n, log))
+    monkeypatch.setattr(api, "_require_cuda", lambda name, tensor: None)
+    monkeypatch.setattr(api, "_PLANS", {})
+    return log
+
+
+def _arguments(name):
+    inputs = scenarios([name])[0].build()
+    b = inputs.batch
+    _, state = inputs.state_cache.torch_copy("cpu")
+    _, k_cache = inputs.k_cache.torch_copy("cpu")
+    meta = [_to_torch(getattr(b, n), "cpu") for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table")]
+    args = [state, *meta, b.block_size, _to_torch(inputs.rms_norm_weight, "cpu"), 1e-6,
+            _to_torch(inputs.cos_sin_cache, "cpu"), k_cache, _to_torch(b.kv_slot_mapping, "cpu")]
+    return args, {"compress_ratio": b.compress_ratio}
+
+
+def _fresh_copies(args):
+    return [a.clone() if isinstance(a, torch.Tensor) and a.is_contiguous() else a for a in args]
+
+
+@pytest.mark.parametrize("name, path", [("c4_decode_boundary", "auto"), ("c128_decode_boundary", "fused_cluster"),
+                                        ("c128_decode_boundary", "split_block8"), ("c128_bs4_b64", "split_generic")])
+def test_a_cached_plan_launches_exactly_what_a_fresh_one_does(launches, name, path):
+    args, kwargs = _arguments(name)
+    workspace = torch.empty((len(args[2]), 512))
+    api.compress_norm_rope_store(*args, **kwargs, c128_path=path, workspace=workspace)
+    assert len(api._PLANS) == 1
+    first = list(launches)
+    launches.clear()
+    api.compress_norm_rope_store(*args, **kwargs, c128_path=path, workspace=workspace)
+    assert launches == first  # same kernels, same tensors, same scalars
+    moved = _fresh_copies(args)  # other tensors with the same layout: same plan, their pointers
+    launches.clear()
+    api.compress_norm_rope_store(*moved, **kwargs, c128_path=path, workspace=workspace)
+    assert len(api._PLANS) == 1
+    assert [n for n, _ in launches] == [n for n, _ in first]
+    assert moved[0].data_ptr() in launches[0][1]
+
+
+def test_a_changed_layout_is_validated_again(launches):
+    args, kwargs = _arguments("c4_decode_boundary")
+    api.compress_norm_rope_store(*args, **kwargs)
+    bad = list(args)
+    bad[2] = args[2].to(torch.int32)  # positions int32
+    launches.clear()
+    with pytest.raises(ValueError, match="positions"):
+        api.compress_norm_rope_store(*bad, **kwargs)
+    assert launches == []
+    with pytest.raises(ValueError, match="c128_path"):
+        api.compress_norm_rope_store(*args, **kwargs, c128_path="fastest")
+
+
+def test_debug_calls_and_tuning_changes_bypass_the_cache(launches, monkeypatch):
+    args, kwargs = _arguments("c128_decode_boundary")
+    api.compress_norm_rope_store(*args, **kwargs)
+    assert len(api._PLANS) == 1
+    api.compress_norm_rope_store(*args, **kwargs, debug=True)
+    assert len(api._PLANS) == 1
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 0)
+    launches.clear()
+    api.compress_norm_rope_store(*args, **kwargs)
+    assert len(api._PLANS) == 2
+    assert [n for n, _ in launches] == ["compile_c128_pool", "compile_c128_store"]
