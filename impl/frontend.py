@@ -55,8 +55,29 @@ def describe_torch(name: str, tensor) -> ArrayInfo:
     )
 
 
+def layout_key(tensor) -> tuple:
+    """Everything SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment."""
+    if not isinstance(tensor, torch.Tensor):
+        return (type(tensor),)
+    return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device, tensor.data_ptr() & 15)
+
+
+_VALIDATED_MAX = 512  # layouts remembered per operation
+_VALIDATED_SAVES: dict[tuple, SaveCall] = {}
+
+
 def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False) -> SaveCall:
-    """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks)."""
+    """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks).
+
+    Cached by argument layout, like :func:`validate_compress_norm_rope_store`.
+    """
+    key = (*map(layout_key, (kv_score, ape, positions, slot_mapping, state_cache)), block_size, type(block_size))
+    try:
+        cached = None if debug else _VALIDATED_SAVES.get(key)
+    except TypeError:
+        key, cached = None, None
+    if cached is not None:
+        return cached
     call = check_save_partial_states(
         describe_torch("kv_score", kv_score),
         describe_torch("ape", ape),
@@ -67,6 +88,10 @@ def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_c
     )
     if debug:
         check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
+    elif key is not None:
+        if len(_VALIDATED_SAVES) >= _VALIDATED_MAX:
+            _VALIDATED_SAVES.clear()
+        _VALIDATED_SAVES[key] = call
     return call
 
 
@@ -78,15 +103,7 @@ class CompressStoreCall:
     store: StoreCall
 
 
-def layout_key(tensor) -> tuple:
-    """Everything SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment."""
-    if not isinstance(tensor, torch.Tensor):
-        return (type(tensor),)
-    return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device, tensor.data_ptr() & 15)
-
-
 _VALIDATED: dict[tuple, "CompressStoreCall"] = {}
-_VALIDATED_MAX = 512
 
 
 def validate_compress_norm_rope_store(
