@@ -1,6 +1,7 @@
 """A second, independent implementation of SPEC.md in plain torch (CPU or CUDA).
 
-It shares no code with ``dsv4_compressor.spec``: constants are retyped from SPEC.md, the
+It shares no arithmetic with ``dsv4_compressor.spec`` (only the SPEC §9 argument checks of
+the torch front end): constants are retyped from SPEC.md, the
 tree is written recursively (halves) rather than level by level, bf16 and E4M3 come from
 torch's own conversions, and the UE8M0 exponent from a float64 ``ceil(log2(a / 448))``.
 Agreement between the two, byte for byte, is the evidence that each reads SPEC.md right.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+
+from ..impl.frontend import validate_compress_norm_rope_store, validate_save_partial_states
 
 F32 = torch.float32
 MUTATIONS = (
@@ -137,6 +140,7 @@ class TorchReference:
 
     # ---- SPEC §4 -----------------------------------------------------------------------
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
         width = ape.shape[1]
         ratio = ape.shape[0]
         saved = torch.nonzero(slot_mapping >= 0).flatten()
@@ -181,6 +185,10 @@ class TorchReference:
         rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *,
         compress_ratio, layout="flashmla_fp8", fp8_scale=None,
     ):
+        validate_compress_norm_rope_store(  # SPEC §9 is shared; the arithmetic below is not
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+            fp8_scale=fp8_scale)
         device = state_cache.device
         c = _constants(device)
         r = compress_ratio
