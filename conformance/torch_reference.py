@@ -32,7 +32,7 @@ F32 = torch.float32
 MUTATIONS = (
     "scale_floor",  # UE8M0 from max(amax/448, 1e-4) instead of max(amax, 1e-4) (SPEC §11)
     "rope_at_token_position",  # rotate with cos_sin_cache[p] instead of [(p // r) * r]
-    "approximate_exp2",  # torch.exp2 instead of exp2s (an engine's ex2.approx)
+    "approximate_exp2",  # exp(x * ln 2) in binary32 instead of exp2s (an engine's approximate exp)
     "skip_invalid_rows",  # leave C4's invalid rows out of the trees instead of adding +0
     "write_non_boundary",  # also store entries for non-boundary tokens with a kv slot
     "rope_rounded_to_bf16_first",  # rotate bf16(y) instead of the fp32 y (DeepSeek reference)
@@ -117,7 +117,9 @@ class TorchReference:
 
     def _exp2(self, x: torch.Tensor, c: _Constants) -> torch.Tensor:
         if "approximate_exp2" in self.mutations:
-            return torch.exp2(x)
+            # an engine's exp: e^(x ln 2) with the argument x ln 2 rounded to binary32 (the
+            # exponential itself in float64, so the deviation does not depend on the CPU)
+            return torch.exp((x * math.log(2.0)).double()).float()
         j = torch.round(x.clamp(min=-126.0))  # round half to even; exact
         f = x.clamp(min=-126.0) - j
         p = c.coeffs[6].expand_as(f)
