@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..spec import batch as B
-from ..spec.constants import ENTRY_BYTES, HEAD_DIM
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM, ratio_config
 from .cases import Case
 
 
@@ -62,7 +62,7 @@ def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:
     rng = np.random.default_rng(seed)
     sets = []
     bytes_moved = num_active = 0
-    width = 2 * (2 if case.compress_ratio == 4 else 1) * HEAD_DIM
+    width = ratio_config(case.compress_ratio).state_row_width
     for _ in range(num_sets):
         batch = case.batch(rng)
         bytes_moved, num_active = case.bytes_moved(batch), batch.num_active

@@ -48,11 +48,14 @@ class Buffer:
         return cls(owner=owner_bytes.copy(), offset=offset, shape=tuple(view.shape), strides=tuple(view.strides),
                    dtype=view.dtype, logical=logical)
 
+    def view_of(self, owner: np.ndarray) -> np.ndarray:
+        """This buffer's view into ``owner``, an allocation of the same size (e.g. a result)."""
+        return np.ndarray(self.shape, dtype=self.dtype, buffer=owner, offset=self.offset, strides=self.strides)
+
     def numpy_copy(self) -> tuple[np.ndarray, np.ndarray]:
         """A fresh copy of the allocation and the view into it."""
         owner = self.owner.copy()
-        view = np.ndarray(self.shape, dtype=self.dtype, buffer=owner, offset=self.offset, strides=self.strides)
-        return owner, view
+        return owner, self.view_of(owner)
 
     def torch_copy(self, device: str):
         """A fresh torch copy on ``device``: ``(owner uint8 tensor, view tensor of the logical dtype)``."""

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from .implementations import LoadedImplementation
-from .runner import _to_torch
+from .runner import to_torch
 from .scenarios import C4, StepRecipe, build_step, _decode
 
 
@@ -46,13 +46,13 @@ def _valid_call(device: str, layout: str = "flashmla_fp8"):
     b = inputs.batch
     state_owner, state = inputs.state_cache.torch_copy(device)
     k_owner, k_cache = inputs.k_cache.torch_copy(device)
-    meta = {n: _to_torch(getattr(b, n), device) for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    save = dict(kv_score=_to_torch(inputs.kv_score, device), ape=_to_torch(inputs.ape, device), positions=meta["positions"],
+    meta = {n: to_torch(getattr(b, n), device) for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+    save = dict(kv_score=to_torch(inputs.kv_score, device), ape=to_torch(inputs.ape, device), positions=meta["positions"],
                 slot_mapping=meta["slot_mapping"], state_cache=state, block_size=b.block_size)
     store = dict(state_cache=state, token_to_req_indices=meta["token_to_req_indices"], positions=meta["positions"],
                  slot_mapping=meta["slot_mapping"], block_table=meta["block_table"], block_size=b.block_size,
-                 rms_norm_weight=_to_torch(inputs.rms_norm_weight, device), rms_norm_eps=1e-6,
-                 cos_sin_cache=_to_torch(inputs.cos_sin_cache, device), k_cache=k_cache,
+                 rms_norm_weight=to_torch(inputs.rms_norm_weight, device), rms_norm_eps=1e-6,
+                 cos_sin_cache=to_torch(inputs.cos_sin_cache, device), k_cache=k_cache,
                  kv_slot_mapping=meta["kv_slot_mapping"], compress_ratio=4, layout=layout, fp8_scale=inputs.fp8_scale)
     ctx = {"state_owner": state_owner, "k_owner": k_owner, "device": device, "torch": torch}
     return save, store, ctx

@@ -9,10 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from .constants import HEAD_DIM
-from .formats import bf16_to_f32
 from .layouts import store_bf16, store_flashmla_fp8, store_fp8_per_tensor
 from .pooling import active_tokens, pool
-from .postprocess import quantize_nope, rms_norm, rope_bf16_bits, rope_row
+from .postprocess import norm_weight_f32, quantize_nope, rms_norm, rope_bf16_bits, rope_row
 from .validation import check_compress, check_contract, check_store, describe_numpy
 
 F32 = np.float32
@@ -95,7 +94,7 @@ def compress_norm_rope_store(
     tokens = np.flatnonzero(active)
     if tokens.size == 0:
         return
-    weight = bf16_to_f32(rms_norm_weight) if rms_norm_weight.dtype == np.uint16 else rms_norm_weight
+    weight = norm_weight_f32(rms_norm_weight)
     x = pool(state_cache, block_table, token_to_req_indices[tokens], positions[tokens], call.config, call.block_size)
     y = rms_norm(x, weight, store.eps)
     rope_bits = rope_bf16_bits(y, cos_sin_cache[rope_row(positions[tokens], call.config.ratio)])

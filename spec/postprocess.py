@@ -8,10 +8,15 @@ import numpy as np
 
 from .arithmetic import add, div, mul, sqrt, sub, tree
 from .constants import NOPE_DIM, NUM_QUANT_BLOCKS, QUANT_BLOCK, ROPE_DIM
-from .formats import bf16, bf16_bits, e4m3_bits, ue8m0_exponent, ue8m0_scale_byte
+from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits, ue8m0_exponent, ue8m0_scale_byte
 
 F32 = np.float32
 INV_HEAD_DIM = F32(2.0**-9)  # 1/512, exact
+
+
+def norm_weight_f32(weight: np.ndarray) -> np.ndarray:
+    """SPEC §3: the RMSNorm weight (fp32, or bf16 as uint16 patterns) as binary32, exactly."""
+    return bf16_to_f32(weight) if weight.dtype == np.uint16 else weight
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:

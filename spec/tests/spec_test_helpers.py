@@ -10,6 +10,16 @@ from dsv4_compressor.conformance.scenarios import StepInputs
 F32 = np.float32
 
 
+def store(inputs: StepInputs, batch, state: np.ndarray, k_cache: np.ndarray, tokens=slice(None)) -> None:
+    """``compress_norm_rope_store`` of ``batch``'s tokens ``tokens`` with the step's other inputs."""
+    spec.compress_norm_rope_store(
+        state, batch.token_to_req_indices[tokens], batch.positions[tokens], batch.slot_mapping[tokens],
+        batch.block_table, batch.block_size, inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache,
+        k_cache, batch.kv_slot_mapping[tokens], compress_ratio=batch.compress_ratio, layout=inputs.layout,
+        fp8_scale=inputs.fp8_scale,
+    )
+
+
 def run_step(inputs: StepInputs, *, state=None, k_cache=None, batch=None):
     """Run save + store of the spec on fresh copies; returns (state owner, state, k owner, k_cache)."""
     b = batch or inputs.batch

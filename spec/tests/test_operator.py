@@ -11,7 +11,7 @@ from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES
 from dsv4_compressor.spec.formats import E4M3_MAGNITUDES, bf16_to_f32, e4m3_to_f32
 from dsv4_compressor.spec.layouts import flashmla_page_bytes
-from spec_test_helpers import ideal_entry, run_step
+from spec_test_helpers import ideal_entry, run_step, store
 
 F32 = np.float32
 IDEAL_SCENARIOS = ["c128_decode_boundary", "c4_first_window", "c4_chunked_prefill", "c128_bs4_b64",
@@ -90,10 +90,7 @@ def test_reordering_the_tokens_changes_no_byte(name):
     state_owner, state = inputs.state_cache.numpy_copy()
     spec.save_partial_states(inputs.kv_score[order], inputs.ape, shuffled.positions, shuffled.slot_mapping, state, b.block_size)
     k_owner, k_cache = inputs.k_cache.numpy_copy()
-    spec.compress_norm_rope_store(state, shuffled.token_to_req_indices, shuffled.positions, shuffled.slot_mapping,
-                                  shuffled.block_table, b.block_size, inputs.rms_norm_weight, inputs.rms_norm_eps,
-                                  inputs.cos_sin_cache, k_cache, shuffled.kv_slot_mapping, compress_ratio=b.compress_ratio,
-                                  layout=inputs.layout, fp8_scale=inputs.fp8_scale)
+    store(inputs, shuffled, state, k_cache)
     assert np.array_equal(state_owner, reference_state)
     assert np.array_equal(k_owner, reference_k)
 
@@ -109,10 +106,7 @@ def test_splitting_a_batch_into_two_calls_changes_no_byte(name):
     for part in (slice(0, cut), slice(cut, None)):
         spec.save_partial_states(inputs.kv_score[part], inputs.ape, b.positions[part], b.slot_mapping[part], state, b.block_size)
     for part in (slice(0, cut), slice(cut, None)):
-        spec.compress_norm_rope_store(state, b.token_to_req_indices[part], b.positions[part], b.slot_mapping[part],
-                                      b.block_table, b.block_size, inputs.rms_norm_weight, inputs.rms_norm_eps,
-                                      inputs.cos_sin_cache, k_cache, b.kv_slot_mapping[part], compress_ratio=b.compress_ratio,
-                                      layout=inputs.layout, fp8_scale=inputs.fp8_scale)
+        store(inputs, b, state, k_cache, part)
     assert np.array_equal(state_owner, reference_state)
     assert np.array_equal(k_owner, reference_k)
 
@@ -123,11 +117,8 @@ def test_moving_state_blocks_changes_no_cache_byte(name):
     _, state, reference_k, _ = run_step(inputs)
     moved_batch, moved_state = B.relocate_state_blocks(inputs.batch, state, np.random.default_rng(9))
     assert not np.array_equal(moved_batch.block_table, inputs.batch.block_table)
-    b = moved_batch
     k_owner, k_cache = inputs.k_cache.numpy_copy()
-    spec.compress_norm_rope_store(moved_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
-                                  b.block_size, inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache,
-                                  k_cache, b.kv_slot_mapping, compress_ratio=b.compress_ratio, layout=inputs.layout)
+    store(inputs, moved_batch, moved_state, k_cache)
     assert np.array_equal(k_owner, reference_k)
 
 

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from dsv4_compressor.conformance.runner import _to_torch  # noqa: E402
+from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.conformance.scenarios import scenarios  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api  # noqa: E402
 
@@ -37,9 +37,9 @@ def _arguments(name):
     b = inputs.batch
     _, state = inputs.state_cache.torch_copy("cpu")
     _, k_cache = inputs.k_cache.torch_copy("cpu")
-    meta = [_to_torch(getattr(b, n), "cpu") for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table")]
-    args = [state, *meta, b.block_size, _to_torch(inputs.rms_norm_weight, "cpu"), 1e-6,
-            _to_torch(inputs.cos_sin_cache, "cpu"), k_cache, _to_torch(b.kv_slot_mapping, "cpu")]
+    meta = [to_torch(getattr(b, n), "cpu") for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table")]
+    args = [state, *meta, b.block_size, to_torch(inputs.rms_norm_weight, "cpu"), 1e-6,
+            to_torch(inputs.cos_sin_cache, "cpu"), k_cache, to_torch(b.kv_slot_mapping, "cpu")]
     return args, {"compress_ratio": b.compress_ratio}
 
 

@@ -11,7 +11,9 @@ from dsv4_compressor.impl.triton import SaveConfig
 from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
 
-from triton_test_scenarios import Buffer, first_difference
+from triton_test_scenarios import first_difference
+
+from dsv4_compressor.conformance.buffers import Buffer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -28,14 +30,14 @@ def _case(ratio, block_size, seed, *, row_pad=0, block_pad_rows=0, num_padding=0
 
 
 def _run(b, state, kv_score, ape, config=None):
-    spec_state = Buffer.of(state)
-    spec.save_partial_states(kv_score, ape, b.positions, b.slot_mapping, spec_state.numpy(), b.block_size)
-    raw, state_t = Buffer.of(state).torch(DEVICE)
+    spec_owner, spec_state = Buffer.of(state).numpy_copy()
+    spec.save_partial_states(kv_score, ape, b.positions, b.slot_mapping, spec_state, b.block_size)
+    raw, state_t = Buffer.of(state).torch_copy(DEVICE)
     triton_impl.save_partial_states(
         torch.from_numpy(kv_score).to(DEVICE), torch.from_numpy(ape).to(DEVICE), torch.from_numpy(b.positions).to(DEVICE),
         torch.from_numpy(b.slot_mapping).to(DEVICE), state_t, b.block_size, config=config,
     )
-    return spec_state.raw, raw.cpu().numpy()
+    return spec_owner, raw.cpu().numpy()
 
 
 CASES = {
@@ -59,7 +61,7 @@ def test_nothing_written_for_padding_only_batches():
     b, state, kv_score, ape = _case(4, 4, 5)
     b.slot_mapping[:] = -1
     expected, got = _run(b, state, kv_score, ape)
-    assert np.array_equal(expected, got) and np.array_equal(got, Buffer.of(state).raw)
+    assert np.array_equal(expected, got) and np.array_equal(got, Buffer.of(state).owner)
 
 
 @pytest.mark.parametrize("mutation, message", [
@@ -72,7 +74,7 @@ def test_nothing_written_for_padding_only_batches():
 ], ids=["kv_score_dtype", "ape_width", "positions_dtype", "slot_mapping_length", "block_size", "state_stride"])
 def test_invalid_arguments_raise_before_writing(mutation, message):
     b, state, kv_score, ape = _case(4, 4, 6)
-    _, state_t = Buffer.of(state).torch(DEVICE)
+    _, state_t = Buffer.of(state).torch_copy(DEVICE)
     args = dict(kv_score=torch.from_numpy(kv_score).to(DEVICE), ape=torch.from_numpy(ape).to(DEVICE),
                 positions=torch.from_numpy(b.positions).to(DEVICE), slot_mapping=torch.from_numpy(b.slot_mapping).to(DEVICE),
                 state_cache=state_t, block_size=b.block_size)

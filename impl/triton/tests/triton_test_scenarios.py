@@ -2,9 +2,9 @@
 byte-for-byte comparison of whole buffers (padding included).
 
 Every buffer is built once in NumPy (padded strides and canary bytes included). The spec runs
-on one copy, the Triton implementation on a torch twin of another copy that has the *same
-underlying allocation layout* (same padding, same strides, same offsets), so comparing the two
-whole allocations byte by byte also catches writes into padding or untouched entries.
+on one copy, the Triton implementation on a torch twin of another copy with the *same
+allocation layout* (the conformance suite's :class:`~dsv4_compressor.conformance.buffers.Buffer`),
+so comparing the two whole allocations byte by byte also catches writes into padding.
 """
 
 from __future__ import annotations
@@ -14,71 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dsv4_compressor.conformance.buffers import Buffer
 from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
-
-_TORCH_DTYPES = {
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.uint16): torch.int16,  # bf16 patterns; viewed as bfloat16 where the API wants bf16
-}
-
-
-def _root(array: np.ndarray) -> np.ndarray:
-    """The array that owns the memory (through views and ``as_strided``'s wrapper objects)."""
-    while True:
-        base = array.base
-        if isinstance(base, np.ndarray):
-            array = base
-        elif base is not None and isinstance(getattr(base, "base", None), np.ndarray):
-            array = base.base  # as_strided keeps the original array behind a small wrapper
-        else:
-            return array
-
-
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
-@dataclass
-class Buffer:
-    """One argument buffer: its whole allocation as bytes, and where the argument sits in it."""
-
-    raw: np.ndarray  # uint8: the whole allocation (padding included)
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]  # bytes
-    offset: int  # bytes from raw's start
-
-    @classmethod
-    def of(cls, array: np.ndarray) -> "Buffer":
-        root = _root(array)
-        if not root.flags.c_contiguous:
-            raise ValueError("the owning array of a scenario buffer must be C-contiguous")
-        raw = root.reshape(-1).view(np.uint8).copy()
-        return cls(raw=raw, dtype=array.dtype, shape=array.shape, strides=array.strides, offset=_address(array) - _address(root))
-
-    def copy(self) -> "Buffer":
-        return Buffer(self.raw.copy(), self.dtype, self.shape, self.strides, self.offset)
-
-    def numpy(self) -> np.ndarray:
-        """A NumPy view of the argument inside ``raw`` (writes land in ``raw``)."""
-        return np.ndarray(self.shape, self.dtype, buffer=self.raw, offset=self.offset, strides=self.strides)
-
-    def torch(self, device: str, torch_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(whole allocation as uint8 tensor, argument view)`` on ``device``; same layout as ``raw``."""
-        flat = torch.from_numpy(self.raw.copy()).to(device)
-        dtype = _TORCH_DTYPES[np.dtype(self.dtype)]
-        itemsize = np.dtype(self.dtype).itemsize
-        usable = (flat.numel() // itemsize) * itemsize
-        typed = flat[:usable].view(dtype)
-        if torch_dtype is not None:
-            typed = typed.view(torch_dtype)
-        view = torch.as_strided(typed, self.shape, tuple(s // itemsize for s in self.strides), self.offset // itemsize)
-        return flat, view
-
 
 @dataclass
 class Scenario:
@@ -128,12 +66,12 @@ def torch_arguments(scenario: Scenario, device: str) -> tuple[dict, dict]:
     """The Triton call's positional arguments (by name) as torch tensors on ``device``, and the whole
     allocations (uint8 tensors) behind ``state_cache`` and ``k_cache``."""
     b = scenario.batch
-    cache_dtype = {"flashmla_fp8": None, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[scenario.layout]
-    state_raw, state = Buffer.of(scenario.state_cache).torch(device)
-    cache_raw, cache = Buffer.of(scenario.k_cache).torch(device, cache_dtype)
-    _, cos_sin = Buffer.of(scenario.cos_sin).torch(device)
-    _, weight = Buffer.of(scenario.weight).torch(device, torch.bfloat16 if scenario.weight.dtype == np.uint16 else None)
-    _, block_table = Buffer.of(b.block_table).torch(device)
+    cache_dtype = {"flashmla_fp8": "uint8", "bf16": "bfloat16", "fp8_per_tensor": "float8_e4m3fn"}[scenario.layout]
+    state_raw, state = Buffer.of(scenario.state_cache).torch_copy(device)
+    cache_raw, cache = Buffer.of(scenario.k_cache, cache_dtype).torch_copy(device)
+    _, cos_sin = Buffer.of(scenario.cos_sin).torch_copy(device)
+    _, weight = Buffer.of(scenario.weight).torch_copy(device)  # uint16 patterns become bfloat16
+    _, block_table = Buffer.of(b.block_table).torch_copy(device)
     token = {name: torch.from_numpy(getattr(b, name).copy()).to(device)
              for name in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping")}
     args = dict(
@@ -154,10 +92,11 @@ def run_spec_and_triton(scenario: Scenario, device: str, *, config=None, debug: 
     from dsv4_compressor.impl import triton as triton_impl
 
     b = scenario.batch
-    spec_state, spec_cache = Buffer.of(scenario.state_cache), Buffer.of(scenario.k_cache)
+    state_owner, spec_state = Buffer.of(scenario.state_cache).numpy_copy()
+    cache_owner, spec_cache = Buffer.of(scenario.k_cache).numpy_copy()
     spec.compress_norm_rope_store(
-        spec_state.numpy(), b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
-        scenario.weight, scenario.eps, scenario.cos_sin, spec_cache.numpy(), b.kv_slot_mapping,
+        spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
+        scenario.weight, scenario.eps, scenario.cos_sin, spec_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
     )
     args, raw = torch_arguments(scenario, device)
@@ -166,8 +105,8 @@ def run_spec_and_triton(scenario: Scenario, device: str, *, config=None, debug: 
         config=config, debug=debug,
     )
     return {
-        "k_cache": (spec_cache.raw, raw["k_cache"].cpu().numpy()),
-        "state_cache": (spec_state.raw, raw["state_cache"].cpu().numpy()),
+        "k_cache": (cache_owner, raw["k_cache"].cpu().numpy()),
+        "state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
     }
 
 
