@@ -2,8 +2,8 @@
 # One GPU-machine run that checks and times everything. Logs, CSV/JSON and plots go to a
 # work folder and are packed into one file, $OUT/session.tgz (the device tool returns few files).
 #
-#   bash bench/gpu_session.sh STEP...    STEP: env conformance-triton conformance-cutedsl
-#                                              tests-triton tests-cutedsl bench bench-extra
+#   bash bench/gpu_session.sh STEP...    STEP: see the case list below (env, conformance-*,
+#                                              tests-*, tune-c128, bench*, pytest-bench)
 #
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
 # installed; CuTe DSL comes from the carried bundle (source .cutedsl/bin/activate.sh first).
@@ -56,6 +56,12 @@ for s in "$@"; do
       step bench-triton 300 $PY -m dsv4_compressor bench --impl triton --tag triton --out "$LOGS" ;;
     bench-extra)
       step bench-extra 300 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --tag extra --out "$LOGS" ;;
+    conformance-cluster16)
+      step conformance-cluster16 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16 --size all ;;
+    tune-c128)
+      step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
+    pytest-bench)
+      step pytest-bench 300 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)
       echo "unknown step $s"; status=1 ;;
   esac

@@ -17,11 +17,13 @@ TARGET_TRIAL_MS = 25.0  # each trial runs about this long
 TRIALS = 5
 
 
-def _cutedsl(path: str | None):
+def _cutedsl(variant: str | None):
     def load():
-        module = importlib.import_module("dsv4_compressor.impl.cutedsl")
-        extra = {"c128_path": path} if path else {}
-        return BenchImpl(f"cutedsl{'-' + path if path else ''}", module.compress_norm_rope_store, module.save_partial_states, extra)
+        if variant is None:
+            module = importlib.import_module("dsv4_compressor.impl.cutedsl")
+            return BenchImpl("cutedsl", module.compress_norm_rope_store, module.save_partial_states)
+        chosen = importlib.import_module("dsv4_compressor.impl.cutedsl.variants").VARIANTS[variant]
+        return BenchImpl(f"cutedsl-{variant}", chosen.compress_norm_rope_store, chosen.save_partial_states)
     return load
 
 
@@ -32,13 +34,13 @@ def _module(name: str, module_name: str):
     return load
 
 
-# name -> loader; forced C128 paths of the CuTe DSL kernels are separate rows
+# name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
+# dsv4_compressor.impl.cutedsl.variants) is a separate row
+CUTEDSL_VARIANTS = ("split_block8", "split_generic", "fused_cluster", "cluster16", "cluster16_w4", "cluster16_w16")
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
-    "cutedsl-split_block8": _cutedsl("split_block8"),
-    "cutedsl-split_generic": _cutedsl("split_generic"),
-    "cutedsl-fused_cluster": _cutedsl("fused_cluster"),
+    **{f"cutedsl-{name}": _cutedsl(name) for name in CUTEDSL_VARIANTS},
 }
 
 

@@ -103,7 +103,9 @@ class BenchImpl:
             return lambda s: self.save(*s.args)
         if self.compress is None:
             raise NotImplementedError(f"{self.name} has no compress_norm_rope_store")
-        takes_workspace = "workspace" in inspect.signature(self.compress).parameters
+        parameters = inspect.signature(self.compress).parameters
+        takes_workspace = "workspace" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         extra = dict(self.extra)
 
         def call(s: InputSet) -> None:

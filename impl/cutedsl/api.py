@@ -66,6 +66,7 @@ class Tuning:
     c128_split_kv_in_smem: bool = False  # split compress kernel: kv rows staged in smem (cp.async); no gain
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
+    c128_cluster_tile: int = 64  # cluster kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
@@ -156,7 +157,7 @@ def c128_pool_config(path: str, block_size: int):
     """The :class:`.config.C128PoolConfig` of a C128 path (``fused_cluster``/``split_*``)."""
     _, config = _kernels()
     if path == "fused_cluster":
-        warps, tile, staged = TUNING.c128_cluster_warps, 64, TUNING.c128_cluster_kv_in_smem
+        warps, tile, staged = TUNING.c128_cluster_warps, TUNING.c128_cluster_tile, TUNING.c128_cluster_kv_in_smem
     else:
         warps, tile, staged = TUNING.c128_split_warps, TUNING.c128_split_tile, TUNING.c128_split_kv_in_smem
     rows_per_lane = config.C128PoolConfig(block_size, 1, warps, tile).rows_per_lane

@@ -170,14 +170,22 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """C128 single-launch kernel: one thread-block cluster of 8 CTAs (64-channel tiles) per token."""
+    """C128 single-launch kernel: one thread-block cluster per token, one CTA per channel tile.
 
-    pool: C128PoolConfig  # tile must be 64 (a tile is a quantization block)
+    ``pool.tile`` 64: 8 CTAs, each a quantization block (or the RoPE part); 32: 16 CTAs (a
+    non-portable cluster size, which CuTe DSL enables on every kernel), two per block.
+    """
+
+    pool: C128PoolConfig  # tile 64 (8-CTA cluster) or 32 (16-CTA cluster)
     entry: EntryFormat
 
     def __post_init__(self):
-        if self.pool.tile != 64:
-            _fail("pool.tile", "64 (one CTA per quantization block)", self.pool.tile)
+        if self.pool.tile not in (32, 64):
+            _fail("pool.tile", "64 (8 CTAs per token) or 32 (16 CTAs per token)", self.pool.tile)
+
+    @property
+    def cluster_size(self) -> int:
+        return HEAD_DIM // self.pool.tile
 
     @property
     def tag(self) -> str:

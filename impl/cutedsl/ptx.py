@@ -30,8 +30,9 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         e = entry(layout, align, weight)
         yield f"c4_{e.tag}", "c4", C4Config(4, e), True
         yield f"c128_store_{e.tag}", "c128_store", StoreConfig(e), False
-        cfg = ClusterConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
-        yield cfg.tag, "c128_cluster", cfg, True
+        for tile in (64, 32):  # 8- and 16-CTA clusters
+            cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True), e)
+            yield cfg.tag, "c128_cluster", cfg, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -52,7 +53,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         cfg = StoreConfig(entry(pages=pages), tokens_per_cta)
         yield cfg.tag, "c128_store", cfg, False
     for pool in (C128PoolConfig(4, 4, kv_in_smem=True), C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(8, 8),
-                 C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4)):
+                 C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4),
+                 C128PoolConfig(5, 1, tile=32, kv_in_smem=True), C128PoolConfig(8, 2, warps=16, tile=32)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
     for ratio in (4, 128):

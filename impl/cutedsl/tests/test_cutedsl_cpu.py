@@ -79,12 +79,18 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.C128PoolConfig(4, 8), "rows_per_lookup"),
     (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
     (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
-    (lambda: config.ClusterConfig(config.C128PoolConfig(8, 4, tile=32), config.EntryFormat("bf16", 4, "float32", 8)), "tile"),
     (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
 ])
 def test_configurations_reject_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
         make()
+
+
+def test_cluster_sizes_follow_the_tile():
+    entry = config.EntryFormat("bf16", 4, "float32", 8)
+    assert config.ClusterConfig(config.C128PoolConfig(8, 8), entry).cluster_size == 8
+    sixteen = config.ClusterConfig(config.C128PoolConfig(8, 4, tile=32), entry)
+    assert sixteen.cluster_size == 16 and sixteen.pool.rows_per_lane == 4 and sixteen.pool.is_block8
 
 
 def test_block8_and_generic_lookups():
@@ -222,3 +228,26 @@ def test_import_needs_no_cutlass():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "cuda" in result.stdout
+
+
+# ---- named variants ------------------------------------------------------------------------------
+def test_variants_restore_the_tuning_and_reject_unknown_knobs():
+    from dsv4_compressor.impl.cutedsl import api, variants
+
+    before = dict(api.TUNING.__dict__)
+    with variants.tuning_overrides({"c128_cluster_tile": 32}):
+        assert api.TUNING.c128_cluster_tile == 32
+    assert api.TUNING.__dict__ == before
+    with pytest.raises(ValueError, match="c128_cluster_tiles"):
+        with variants.tuning_overrides({"c128_cluster_tiles": 32}):
+            pass
+    assert api.TUNING.__dict__ == before
+    with pytest.raises(ValueError, match="c128_path"):
+        variants.Variant("bad", "cluster")
+
+
+def test_variants_load_as_conformance_implementations():
+    from dsv4_compressor.conformance.implementations import load_implementation
+
+    loaded = load_implementation("dsv4_compressor.impl.cutedsl.variants:cluster16")
+    assert loaded.devices == ("cuda",) and loaded.target.overrides == {"c128_cluster_tile": 32}

@@ -224,6 +224,10 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_cluster_kv_in_smem=False), C128_CASES[2][0], "fused_cluster"),
     (dict(c128_cluster_warps=16, c128_cluster_kv_in_smem=False), C128_CASES[0][0], "fused_cluster"),
     (dict(c128_cluster_warps=4, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
+    *[(dict(c128_cluster_tile=32), case, "fused_cluster") for case, _ in C128_CASES],  # 16-CTA clusters
+    (dict(c128_cluster_tile=32, c128_cluster_warps=16), C128_CASES[0][0], "fused_cluster"),
+    (dict(c128_cluster_tile=32, c128_cluster_warps=4), C128_CASES[3][0], "fused_cluster"),
+    (dict(c128_cluster_tile=32, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
 def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
     from dsv4_compressor.impl.cutedsl import api

@@ -1,0 +1,74 @@
+"""Named CuTe DSL variants: one forced C128 path plus :data:`.api.TUNING` overrides each.
+
+The conformance suite and the benchmarks take them by reference, so every kernel the
+dispatcher might pick can be checked and timed on its own::
+
+    python -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16
+    python -m dsv4_compressor bench --impl cutedsl-cluster16
+
+A variant applies its overrides only for the duration of each call (the launch plans are
+keyed by ``TUNING``, so switching between variants never reuses the wrong kernel). Not
+thread-safe: it is a measuring and testing aid, not an API for serving.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from . import api
+
+SUPPORTED_DEVICES = api.SUPPORTED_DEVICES
+
+
+@contextmanager
+def tuning_overrides(overrides: dict):
+    """Set fields of :data:`.api.TUNING` inside the block, restore them after it."""
+    unknown = sorted(set(overrides) - set(api.TUNING.__dict__))
+    if unknown:
+        raise ValueError(f"tuning overrides: expected fields of Tuning ({sorted(api.TUNING.__dict__)}), got {unknown}")
+    saved = {key: getattr(api.TUNING, key) for key in overrides}
+    try:
+        for key, value in overrides.items():
+            setattr(api.TUNING, key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(api.TUNING, key, value)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The two operations with a forced ``c128_path`` (C4 calls ignore it) and knob overrides."""
+
+    name: str
+    c128_path: str = "auto"
+    overrides: dict = field(default_factory=dict)
+    SUPPORTED_DEVICES = api.SUPPORTED_DEVICES
+
+    def __post_init__(self):
+        if self.c128_path not in api.C128_PATHS:
+            raise ValueError(f"c128_path: expected one of {api.C128_PATHS}, got {self.c128_path!r}")
+
+    def compress_norm_rope_store(self, *args, **kwargs) -> None:
+        kwargs.setdefault("c128_path", self.c128_path)
+        if not self.overrides:
+            return api.compress_norm_rope_store(*args, **kwargs)
+        with tuning_overrides(self.overrides):
+            api.compress_norm_rope_store(*args, **kwargs)
+
+    def save_partial_states(self, *args, **kwargs) -> None:
+        if not self.overrides:
+            return api.save_partial_states(*args, **kwargs)
+        with tuning_overrides(self.overrides):
+            api.save_partial_states(*args, **kwargs)
+
+
+fused_cluster = Variant("fused_cluster", "fused_cluster")  # 8-CTA clusters, 64-channel tiles
+cluster16 = Variant("cluster16", "fused_cluster", {"c128_cluster_tile": 32})  # 16-CTA clusters, 32-channel tiles
+cluster16_w4 = Variant("cluster16_w4", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4})
+cluster16_w16 = Variant("cluster16_w16", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16})
+split_block8 = Variant("split_block8", "split_block8")
+split_generic = Variant("split_generic", "split_generic")
+
+VARIANTS = {v.name: v for v in (fused_cluster, cluster16, cluster16_w4, cluster16_w16, split_block8, split_generic)}
