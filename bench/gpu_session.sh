@@ -58,8 +58,12 @@ for s in "$@"; do
       step bench-extra 300 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --tag extra --out "$LOGS" ;;
     conformance-cluster16)
       step conformance-cluster16 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16 --size all ;;
+    conformance-stream)
+      step conformance-stream 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:stream --impl dsv4_compressor.impl.cutedsl.variants:stream16 --size all --no-errors ;;
     tune-c128)
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
+    tune-stream)
+      step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     pytest-bench)
       step pytest-bench 300 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

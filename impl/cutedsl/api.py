@@ -14,8 +14,9 @@ Order of work in every call (SPEC §8/§9):
    per-call conversion, no allocation except the C128 split path's scratch when the
    caller passes no ``workspace``.
 
-Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, 8-CTA
-clusters), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
+Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, a cluster of
+8 or 16 CTAs per token), ``fused_stream`` (one launch, about one wave of persistent
+clusters streaming their tokens through a two-stage pipeline), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
 lane's rows lie in one state block, ``bs % 8 == 0`` with the default mapping) or
 ``split_generic`` (any ``bs``). ``c128_path="auto"`` picks ``fused_cluster`` up to
 ``TUNING.c128_fused_max_tokens`` tokens (default 128; ``None``: always), else Block8 whenever
@@ -34,7 +35,7 @@ from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_s
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
-C128_PATHS = ("auto", "fused_cluster", "split_block8", "split_generic")
+C128_PATHS = ("auto", "fused_cluster", "fused_stream", "split_block8", "split_generic")
 HEAD_DIM = 512
 
 
@@ -68,6 +69,9 @@ class Tuning:
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_tile: int = 64  # cluster kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
+    c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
+    c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
+    c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
     c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
 
@@ -158,6 +162,8 @@ def c128_pool_config(path: str, block_size: int):
     _, config = _kernels()
     if path == "fused_cluster":
         warps, tile, staged = TUNING.c128_cluster_warps, TUNING.c128_cluster_tile, TUNING.c128_cluster_kv_in_smem
+    elif path == "fused_stream":
+        warps, tile, staged = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False
     else:
         warps, tile, staged = TUNING.c128_split_warps, TUNING.c128_split_tile, TUNING.c128_split_kv_in_smem
     rows_per_lane = config.C128PoolConfig(block_size, 1, warps, tile).rows_per_lane
@@ -171,6 +177,30 @@ def c128_pool_config(path: str, block_size: int):
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
     return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged)
+
+
+SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds
+
+
+def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[int, int]:
+    """``(clusters, chunk)`` of the stream kernel: about one wave of clusters, each taking
+    chunks of up to 32 consecutive tokens (fewer when there are few tokens per cluster)."""
+    per_sm = TUNING.c128_stream_ctas_per_sm
+    if per_sm is None:
+        per_sm = max(1, min(SMEM_PER_SM // (stream_config.smem_bytes + 1024), 2048 // (32 * stream_config.pool.warps)))
+    sms = _multiprocessor_count(device)
+    clusters = max(1, min(num_tokens, sms * per_sm // stream_config.cluster_size))
+    chunk = max(1, min(32, -(-num_tokens // clusters)))
+    return clusters, chunk
+
+
+_SM_COUNTS: dict = {}
+
+
+def _multiprocessor_count(device: torch.device) -> int:
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device]
 
 
 def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
@@ -216,11 +246,12 @@ class LaunchPlan:
     """
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
-    path: str  # "c4", "fused_cluster", "split_block8" or "split_generic"
+    path: str  # "c4", "fused_cluster", "fused_stream", "split_block8" or "split_generic"
     eps: float
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
+    grid: tuple = ()  # fused_stream: (clusters, chunk)
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -232,6 +263,10 @@ class LaunchPlan:
         if self.path in ("c4", "fused_cluster"):
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                             cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv)
+            return
+        if self.path == "fused_stream":
+            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                            cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
             return
         scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
         pool, store = self.kernels
@@ -283,6 +318,10 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta)),)
     elif path == "fused_cluster":
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(c128_pool_config(path, block_size), entry)),)
+    elif path == "fused_stream":
+        stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
+        grid = stream_grid(stream_config, num_tokens, state_cache.device)
+        return LaunchPlan((compile_cache.compile_c128_stream(stream_config),), path, eps, fp8_inv, num_tokens, restride, grid)
     else:
         kernels = (compile_cache.compile_c128_pool(c128_pool_config(path, block_size)),
                    compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta)))
@@ -375,7 +414,7 @@ def compress(
     if ratio == 4:
         kernel = compile_cache.compile_c4(config.C4Config(block_size, None, TUNING.c4_tokens_per_cta))
     else:
-        if path == "fused_cluster":  # the cluster kernel pools exactly like the split kernels
+        if path in ("fused_cluster", "fused_stream"):  # the fused kernels pool exactly like the split kernels
             path = "split_generic"  # (generic lookups are Block8's whenever bs allows)
         kernel = compile_cache.compile_c128_pool(c128_pool_config(path, block_size))
     kernel(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, buffer)

@@ -28,7 +28,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint8
 
-from .config import HEAD_DIM, ROPE_DIM, C4Config, C128PoolConfig, ClusterConfig, EntryFormat, SaveConfig, StoreConfig
+from .config import (
+    HEAD_DIM,
+    ROPE_DIM,
+    C4Config,
+    C128PoolConfig,
+    ClusterConfig,
+    EntryFormat,
+    SaveConfig,
+    StoreConfig,
+    StreamConfig,
+)
 
 _LOCK = threading.RLock()
 _CACHE: dict[tuple, object] = {}
@@ -193,6 +203,23 @@ def compile_c128_cluster(config: ClusterConfig, *, keep_ptx: bool = False):
         )
 
     return cached(("c128_cluster", config, keep_ptx), build)
+
+
+def compile_c128_stream(config: StreamConfig, *, keep_ptx: bool = False):
+    """C128 single-launch kernel on persistent clusters (two-stage cp.async pipeline)."""
+
+    def build():
+        from .fused_c128_stream import C128StreamKernel
+
+        T = cute.sym_int()
+        return cute.compile(
+            C128StreamKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
+            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
+            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
+            Float32(1e-6), Float32(1.0), Int32(1), Int32(1), fake_stream(), options=_options(keep_ptx),
+        )
+
+    return cached(("c128_stream", config, keep_ptx), build)
 
 
 def compile_save(config: SaveConfig, *, keep_ptx: bool = False):

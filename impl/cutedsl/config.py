@@ -193,6 +193,34 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class StreamConfig:
+    """C128 single-launch kernel on persistent clusters with a two-stage ``cp.async`` pipeline
+    (scores and kv of the next token land in shared memory while this one is pooled)."""
+
+    pool: C128PoolConfig  # tile 64 (8-CTA clusters) or 32 (16-CTA clusters); kv_in_smem unused
+    entry: EntryFormat
+
+    def __post_init__(self):
+        if self.pool.tile not in (32, 64):
+            _fail("pool.tile", "64 (8 CTAs per token) or 32 (16 CTAs per token)", self.pool.tile)
+
+    @property
+    def cluster_size(self) -> int:
+        return HEAD_DIM // self.pool.tile
+
+    @property
+    def smem_bytes(self) -> int:
+        """Two stages of scores and kv, the per-warp partials and the exchange slots."""
+        stages = 2 * 2 * self.pool.rows_per_lane * 32 * self.pool.warps * 16
+        return stages + 3 * 4 * self.pool.warps * self.pool.tile + 4 * 2 * (self.cluster_size + 32)
+
+    @property
+    def tag(self) -> str:
+        pool = self.pool.tag.replace("_kvsmem", "")
+        return f"c128stream_{pool}_{self.entry.tag}"
+
+
+@dataclass(frozen=True)
 class SaveConfig:
     """save_partial_states: copy kv, add ape to the score (SPEC §4)."""
 

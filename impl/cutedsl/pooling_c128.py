@@ -106,6 +106,43 @@ class C128TilePooling:
         sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
     ):
+        rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile)
+        # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
+        # loads are still in flight (only u = kv * e waits for them)
+        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+        for i in cutlass.range_constexpr(self.rows_per_lane):
+            load_into(sc[i], rows[i] + score_byte, 16)
+        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+        if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
+            tidx, _, _ = cute.arch.thread_idx()
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                copy_row_async(rows[i] + kv_byte, sKv[i, tidx, None])
+            cute.arch.cp_async_commit_group()
+        else:
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                load_into(kv[i], rows[i] + kv_byte, 16)
+
+        def kv_rows():
+            if cutlass.const_expr(self.kv_in_smem):
+                cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
+                tidx, _, _ = cute.arch.thread_idx()
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    cute.autovec_copy(sKv[i, tidx, None], kv[i])
+            return kv
+
+        self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
+
+    @cute.jit
+    def row_addresses(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position
+        tile: Int32,  # channel tile index
+    ):
+        """This lane's ``R`` window rows: byte addresses of the rows (a Python list) and the
+        byte offsets of its 4 kv and 4 score channels within a row."""
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = lane // self.lanes_per_group
@@ -116,9 +153,6 @@ class C128TilePooling:
         kv_byte = (tile * self.tile + column * self.vec) * 4
         score_byte = kv_byte + STATE_WIDTH * 4
         row_stride_bytes = Int64(mState.stride[1]) * 4
-
-        # the lane's state rows; scores are loaded first so that pass 1 and the exps of pass 2
-        # can run while the kv loads are still in flight (only u = kv * e waits for them)
         rows = []
         for r in cutlass.range_constexpr(R // run):
             pos = window_start + first_row + r * run
@@ -127,20 +161,24 @@ class C128TilePooling:
             row_address = element_address(mState, block, pos - block_column * bs, 0)
             for i in cutlass.range_constexpr(run):
                 rows.append(row_address + row_stride_bytes * i)
-        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
-        for i in cutlass.range_constexpr(R):
-            load_into(sc[i], rows[i] + score_byte, 16)
-        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(R)]
-        if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
-            tidx, _, _ = cute.arch.thread_idx()
-            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
-                                      num_bits_per_copy=128)
-            for i in cutlass.range_constexpr(R):
-                cute.copy(g2s, gmem_tensor(Float32, rows[i] + kv_byte, self.vec, 16), sKv[i, tidx, None])
-            cute.arch.cp_async_commit_group()
-        else:
-            for i in cutlass.range_constexpr(R):
-                load_into(kv[i], rows[i] + kv_byte, 16)
+        return rows, kv_byte, score_byte
+
+    @cute.jit
+    def reduce_rows(
+        self,
+        sc: list,  # R fp32 (4,) fragments: the lane's scores (overwritten with e)
+        kv_rows,  # Python callable -> R fp32 (4,) fragments of kv, called after the exps
+        sMax: cute.Tensor,  # fp32 smem [warps, tile]
+        sNum: cute.Tensor,  # fp32 smem [warps, tile]
+        sDen: cute.Tensor,  # fp32 smem [warps, tile]
+        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0
+    ):
+        """SPEC §5 on the window held by the CTA's lanes (passes 1-3 of the module docstring)."""
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        group = lane // self.lanes_per_group
+        column = lane % self.lanes_per_group
+        R = self.rows_per_lane
 
         # pass 1: the window max per channel
         lane_max = cute.make_rmem_tensor((self.vec,), Float32)
@@ -162,11 +200,7 @@ class C128TilePooling:
             for i in cutlass.range_constexpr(R):
                 sc[i][c] = softmax_weight(sc[i][c], row_max[c])
             den[c] = butterfly_sum(tree_sum([sc[i][c] for i in range(R)]), self.lanes_per_group, 16)
-        if cutlass.const_expr(self.kv_in_smem):
-            cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
-            tidx, _, _ = cute.arch.thread_idx()
-            for i in cutlass.range_constexpr(R):
-                cute.autovec_copy(sKv[i, tidx, None], kv[i])
+        kv = kv_rows()
         num = cute.make_rmem_tensor((self.vec,), Float32)
         for c in cutlass.range_constexpr(self.vec):
             num[c] = butterfly_sum(tree_sum([fmul(kv[i][c], sc[i][c]) for i in range(R)]), self.lanes_per_group, 16)
@@ -194,6 +228,13 @@ class C128TilePooling:
         position = mPos[tok]
         active = (mSlot[tok] >= Int64(0)) & (mKvSlot[tok] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
         return position, active
+
+
+def copy_row_async(byte_address, dst: cute.Tensor) -> None:
+    """``cp.async`` of 4 fp32 (16 bytes, L2 only) from global ``byte_address`` to ``dst`` (smem)."""
+    g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                              num_bits_per_copy=128)
+    cute.copy(g2s, gmem_tensor(Float32, byte_address, 4, 16), dst)
 
 
 def load_smem(sBuf: cute.Tensor, row, first, count: int) -> cute.Tensor:

@@ -20,7 +20,7 @@ _LAYOUT_ALIGNS = (("flashmla_fp8", 16), ("bf16", 8), ("bf16", 2), ("fp8_per_tens
 
 def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """``(variant name, kernel kind, static config, streams state rows)`` for every CI variant."""
-    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, SaveConfig, StoreConfig
+    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, SaveConfig, StoreConfig, StreamConfig
 
     def entry(layout="flashmla_fp8", align=16, weight="bfloat16", pages=64):
         return EntryFormat(layout, pages, weight, align)
@@ -33,6 +33,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for tile in (64, 32):  # 8- and 16-CTA clusters
             cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True), e)
             yield cfg.tag, "c128_cluster", cfg, True
+            stream = StreamConfig(C128PoolConfig(8, tile // 8, tile=tile), e)
+            yield stream.tag, "c128_stream", stream, False  # rows arrive by cp.async, not ld.global
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -57,6 +59,10 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(5, 1, tile=32, kv_in_smem=True), C128PoolConfig(8, 2, warps=16, tile=32)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
+    for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),
+                 C128PoolConfig(16, 4, warps=16)):
+        cfg = StreamConfig(pool, entry(pages=1))
+        yield cfg.tag, "c128_stream", cfg, False
     for ratio in (4, 128):
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
@@ -72,6 +78,7 @@ def compile_variant(kind: str, config, *, keep_ptx: bool = True):
         "c128_pool": compile_cache.compile_c128_pool,
         "c128_store": compile_cache.compile_c128_store,
         "c128_cluster": compile_cache.compile_c128_cluster,
+        "c128_stream": compile_cache.compile_c128_stream,
         "save": compile_cache.compile_save,
     }[kind]
     return compile_fn(config, keep_ptx=keep_ptx)

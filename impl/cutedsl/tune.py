@@ -27,6 +27,12 @@ C128_SETTINGS = {
     "cluster16-regkv": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_in_smem": False}),
     "cluster16-w4": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4}),
     "cluster16-w16": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16}),
+    "stream": ("fused_stream", {}),
+    "stream-w4": ("fused_stream", {"c128_stream_warps": 4}),
+    "stream16": ("fused_stream", {"c128_stream_tile": 32}),
+    "stream16-c1": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_ctas_per_sm": 1}),
+    "stream16-c2": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_ctas_per_sm": 2}),
+    "stream16-w4": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_warps": 4}),
     "block8": ("split_block8", {}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
@@ -95,6 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*")
     parser.add_argument("--settings", nargs="*", help="setting names (default: all of the ratio)")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--mixed", action="store_true", help="also the mixed steps (default: only without --sizes)")
     args = parser.parse_args(argv)
 
     import torch
@@ -113,7 +120,7 @@ def main(argv=None) -> int:
         sizes = args.sizes or (C128_SIZES if ratio == 128 else C4_SIZES)
         sweep = c128_decode_sweep if ratio == 128 else c4_decode_sweep
         print(f"\n**C{ratio} decode**\n\n| T | " + " | ".join(chosen) + " |\n|---|" + "---|" * len(chosen))
-        mixed = [c for c in mixed_steps() if c.compress_ratio == ratio] if not args.sizes else []
+        mixed = [c for c in mixed_steps() if c.compress_ratio == ratio] if args.mixed or not args.sizes else []
         for case in sweep(tuple(sizes)) + mixed:
             times, nbytes = time_case(case, chosen, args.trials)
             cells = [f"{times[n]:.1f} ({100 * nbytes / (times[n] * 1e-6) / 1e9 / copy_gbs:.0f}%)" if n in times else "error"

@@ -68,7 +68,10 @@ fused_cluster = Variant("fused_cluster", "fused_cluster")  # 8-CTA clusters, 64-
 cluster16 = Variant("cluster16", "fused_cluster", {"c128_cluster_tile": 32})  # 16-CTA clusters, 32-channel tiles
 cluster16_w4 = Variant("cluster16_w4", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4})
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16})
+stream = Variant("stream", "fused_stream")  # persistent 8-CTA clusters, two-stage pipeline
+stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # persistent 16-CTA clusters
 split_block8 = Variant("split_block8", "split_block8")
 split_generic = Variant("split_generic", "split_generic")
 
-VARIANTS = {v.name: v for v in (fused_cluster, cluster16, cluster16_w4, cluster16_w16, split_block8, split_generic)}
+VARIANTS = {v.name: v for v in (fused_cluster, cluster16, cluster16_w4, cluster16_w16, stream, stream16, split_block8,
+                                 split_generic)}

@@ -46,9 +46,9 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "save"}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_stream", "save"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
-        for prefix in ("c4_", "c128_store_", "c128cluster_"):
+        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128stream_"):
             assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
 
 
@@ -91,6 +91,21 @@ def test_cluster_sizes_follow_the_tile():
     assert config.ClusterConfig(config.C128PoolConfig(8, 8), entry).cluster_size == 8
     sixteen = config.ClusterConfig(config.C128PoolConfig(8, 4, tile=32), entry)
     assert sixteen.cluster_size == 16 and sixteen.pool.rows_per_lane == 4 and sixteen.pool.is_block8
+
+
+def test_stream_grid_is_about_one_wave(monkeypatch):
+    from dsv4_compressor.impl.cutedsl import config as C
+
+    monkeypatch.setattr(api, "_multiprocessor_count", lambda device: 132)
+    eight = C.StreamConfig(C.C128PoolConfig(8, 8), C.EntryFormat("bf16", 4, "float32", 8))
+    sixteen = C.StreamConfig(C.C128PoolConfig(8, 4, tile=32), C.EntryFormat("bf16", 4, "float32", 8))
+    assert eight.smem_bytes > 128 * 1024 and sixteen.smem_bytes < 70 * 1024
+    assert api.stream_grid(eight, 1, None) == (1, 1)
+    assert api.stream_grid(eight, 128, None) == (16, 8)  # one 128 KiB CTA per SM: 16 clusters of 8
+    assert api.stream_grid(eight, 16374, None) == (16, 32)
+    assert api.stream_grid(sixteen, 4096, None) == (24, 32)  # three CTAs per SM
+    monkeypatch.setattr(api.TUNING, "c128_stream_ctas_per_sm", 2)
+    assert api.stream_grid(sixteen, 100, None) == (16, 7)
 
 
 def test_block8_and_generic_lookups():
@@ -148,7 +163,8 @@ def no_compile(monkeypatch):
     """Fail the test if anything reaches the compiler."""
     def refuse(*args, **kwargs):
         raise AssertionError("compiled before rejecting the call")
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_save"):
+    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
+                 "compile_save"):
         monkeypatch.setattr(compile_cache, name, refuse)
 
 

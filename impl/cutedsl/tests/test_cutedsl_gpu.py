@@ -166,13 +166,13 @@ C4_CASES = [
     Case(4, 1, 64, values="signed_zeros"),
 ]
 C128_CASES = [
-    (Case(128, 8, 64), ("fused_cluster", "split_block8", "split_generic")),
-    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "split_block8")),
-    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "split_generic")),
-    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "split_block8")),
-    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "split_generic")),
-    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "split_block8")),
-    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster",)),
+    (Case(128, 8, 64), ("fused_cluster", "fused_stream", "split_block8", "split_generic")),
+    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "fused_stream", "split_block8")),
+    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_stream", "split_generic")),
+    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_stream", "split_block8")),
+    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_stream", "split_generic")),
+    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "fused_stream", "split_block8")),
+    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_stream")),
 ]
 
 
@@ -228,6 +228,11 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_cluster_tile=32, c128_cluster_warps=16), C128_CASES[0][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_warps=4), C128_CASES[3][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
+    *[(dict(c128_stream_tile=32), case, "fused_stream") for case, _ in C128_CASES],  # 16-CTA clusters
+    (dict(c128_stream_warps=4), C128_CASES[0][0], "fused_stream"),
+    (dict(c128_stream_warps=16), C128_CASES[4][0], "fused_stream"),
+    (dict(c128_stream_tile=32, c128_stream_warps=4), C128_CASES[5][0], "fused_stream"),
+    (dict(c128_stream_ctas_per_sm=4), C128_CASES[3][0], "fused_stream"),  # more clusters than fit: later waves
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
 def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
     from dsv4_compressor.impl.cutedsl import api
@@ -302,7 +307,7 @@ def test_save_partial_states_matches_spec(ratio, block_size, misaligned):
 # ---- CUDA graphs ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case, path", [
     (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
-    (Case(128, 4, 2, layout="bf16"), "split_generic"),
+    (Case(128, 4, 2, layout="bf16"), "split_generic"), (Case(128, 8, 2), "fused_stream"),
 ], ids=lambda v: v.name if isinstance(v, Case) else v)
 def test_cuda_graph_replay_with_new_metadata(case, path):
     """Capture once, then change the metadata in place and replay: same bytes as eager."""

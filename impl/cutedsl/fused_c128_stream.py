@@ -1,0 +1,209 @@
+"""C128 in one launch on persistent clusters: each cluster streams its tokens through a
+two-stage ``cp.async`` pipeline.
+
+Why: in :mod:`.fused_c128_cluster` a CTA loads its whole 128-row tile, then computes, then
+exits, and at 32-256 tokens all CTAs of a wave are in the same phase, so an SM's loads and
+its exact (~25 rounded operations per ``exp2s``) arithmetic do not overlap. Here a grid of
+``G`` clusters (about one wave) loops over the tokens, and while a CTA pools token ``k``
+the rows of its next token are already in flight into the other shared-memory stage.
+
+Work split: the tokens form chunks of ``chunk`` consecutive tokens (``chunk <= 32``);
+cluster ``c`` takes chunks ``c, c + G, c + 2G, ...``. For a chunk, each warp reads the
+activity metadata of its ``chunk`` tokens (one per lane) and ballots the active ones; the
+CTAs then walk the set bits in order. Activity is per token, so every CTA of a cluster
+walks the same tokens and meets the same cluster barriers; inactive tokens cost nothing
+but their metadata (a mixed step with few active tokens needs no CTA per token).
+
+Pipeline (per thread; each thread copies and later reads back only its own rows, so the
+stages need no CTA barrier): four ``cp.async`` groups are in flight at most: the current
+token's scores and kv, the next token's scores and kv (empty groups when there is no next
+token). ``wait_group(3)`` releases the current scores: pass 1 and the exps run while the
+current kv (``wait_group(2)``) and the next token's rows land.
+
+Per token, the pooling, the DSMEM exchange of the tiles' sums of squares and the finishing
+stage are those of :class:`.fused_c128_cluster.C128ClusterKernel` (tile 64: 8-CTA clusters,
+a CTA per quantization block; tile 32: 16-CTA clusters, the block's other half over
+DSMEM). The exchange slots alternate between two buffers by token parity: a CTA writes a
+buffer again only two barriers later, when every peer has read it.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .config import ClusterConfig, StreamConfig
+from .entry import entry_addresses, load_cos_sin, load_weight, rms_scale, sum_of_squares
+from .exact_math import butterfly_sum, tree_sum
+from .fused_c128_cluster import ROPE_TILE_CHANNEL, C128ClusterKernel, store_to_peer_smem
+from .pooling_c128 import RATIO, copy_row_async
+
+STAGES = 2
+CHUNK_MAX = 32  # tokens per ballot (one per lane)
+
+
+def lowest_set_bit(mask: Int32) -> Int32:
+    """Index of the lowest set bit of a non-zero 32-bit mask: ``popc((m & -m) - 1)``."""
+    return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))
+
+
+class C128StreamKernel(C128ClusterKernel):
+    """Grid ``C * G`` (1-D), cluster ``(C, 1, 1)``; cluster ``c`` streams chunks ``c + iG``."""
+
+    def __init__(self, config: StreamConfig):
+        super().__init__(ClusterConfig(config.pool, config.entry))
+        self.stream_config = config
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        num_clusters: Int32,  # G >= 1: clusters in the grid
+        chunk: Int32,  # tokens per chunk, 1..32
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
+                    num_clusters, chunk).launch(
+            grid=(self.cluster * num_clusters, 1, 1), block=(self.threads, 1, 1), cluster=(self.cluster, 1, 1),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, num_clusters: Int32, chunk: Int32):
+        cta, _, _ = cute.arch.block_idx()
+        tile = cta % self.cluster  # rank in the cluster
+        cluster_id = cta // self.cluster
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        num_tokens = Int32(mPos.shape[0])
+        R, n = self.rows_per_lane, self.lane_channels
+
+        smem = SmemAllocator()
+        partials = cute.make_layout((self.warps, self.tile), stride=(self.tile, 1))
+        sMax, sNum, sDen = [smem.allocate_tensor(Float32, partials, byte_alignment=16) for _ in range(3)]
+        rows_layout = cute.make_layout((STAGES, R, self.threads, self.vec),
+                                       stride=(R * self.threads * self.vec, self.threads * self.vec, self.vec, 1))
+        sScore = smem.allocate_tensor(Float32, rows_layout, byte_alignment=16)
+        sKv = smem.allocate_tensor(Float32, rows_layout, byte_alignment=16)
+        sTileSums = smem.allocate_tensor(Float32, cute.make_layout((2, self.cluster), stride=(self.cluster, 1)),
+                                         byte_alignment=16)
+        sPartnerX = smem.allocate_tensor(Float32, cute.make_layout((2, 32), stride=(32, 1)), byte_alignment=16)
+
+        # token-independent inputs of the finishing stage
+        first = tile * self.tile + lane * n
+        w = load_weight(mWeight, first, n)
+        w_partner = w
+        if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
+            w_partner = load_weight(mWeight, (tile ^ 1) * self.tile + lane * n, n)
+        pair = Int32(cutlass.select_(first >= ROPE_TILE_CHANNEL, (first - ROPE_TILE_CHANNEL) // 2, 0))
+
+        cute.arch.cluster_arrive_relaxed()  # every CTA of the cluster runs before any remote store
+        cute.arch.cluster_wait()
+
+        parity = Int32(0)
+        chunk_start = cluster_id * chunk
+        while chunk_start < num_tokens:
+            mask = self.active_mask(mPos, mSlot, mKvSlot, chunk_start, chunk, num_tokens, lane)
+            if mask != Int32(0):
+                stage = Int32(0)
+                token = chunk_start + lowest_set_bit(mask)
+                self.issue_rows(mState, mTokenReq, mPos, mBlockTable, token, tile, stage, sScore, sKv, tidx)
+                while mask != Int32(0):
+                    rest = mask & (mask - Int32(1))  # the tokens after this one
+                    if rest != Int32(0):
+                        self.issue_rows(mState, mTokenReq, mPos, mBlockTable, chunk_start + lowest_set_bit(rest),
+                                        tile, stage ^ Int32(1), sScore, sKv, tidx)
+                    else:  # keep four groups in flight, so the waits below count the same
+                        cute.arch.cp_async_commit_group()
+                        cute.arch.cp_async_commit_group()
+                    position = mPos[token]
+                    cos, sin = load_cos_sin(mCosSin, (position // RATIO) * RATIO, pair, 1)
+                    data, scales = entry_addresses(self.entry, mCache, mKvSlot[token])
+                    x = cute.make_rmem_tensor((n,), Float32)
+                    x.fill(0.0)
+                    self.pool_staged(stage, sScore, sKv, sMax, sNum, sDen, x, tidx)
+                    tile_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)  # meaningful in warp 0
+                    if warp == 0:
+                        if lane < self.cluster:
+                            store_to_peer_smem(tile_sum, sTileSums.iterator + parity * self.cluster + tile, lane)
+                        if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
+                            store_to_peer_smem(x[0], sPartnerX.iterator + parity * 32 + lane, tile ^ 1)
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+                    if warp == 0:
+                        ss = tree_sum([sTileSums[parity, g] for g in range(self.cluster)])
+                        rr = rms_scale(ss, eps)
+                        if cutlass.const_expr(self.tiles_per_block == 1):
+                            self.finish_block(x, w, rr, cos, sin, lane, tile, data, scales, fp8_inv)
+                        else:
+                            self.finish_half_block(x, w, sPartnerX[parity, None], w_partner, rr, cos, sin, lane, tile,
+                                                   data, scales, fp8_inv)
+                    parity = parity ^ Int32(1)
+                    stage = stage ^ Int32(1)
+                    mask = rest
+                    if rest != Int32(0):
+                        token = chunk_start + lowest_set_bit(rest)
+            chunk_start = chunk_start + num_clusters * chunk
+
+    @cute.jit
+    def active_mask(self, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, chunk_start: Int32,
+                    chunk: Int32, num_tokens: Int32, lane: Int32) -> Int32:
+        """Bit ``j`` set iff token ``chunk_start + j`` (``j < chunk``) is active (SPEC §5);
+        every warp computes the same mask."""
+        token = chunk_start + lane
+        valid = (lane < chunk) & (token < num_tokens)
+        safe = Int32(cutlass.select_(valid, token, chunk_start))
+        position = mPos[safe]
+        active = valid & (mSlot[safe] >= Int64(0)) & (mKvSlot[safe] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+        return cute.arch.vote_ballot_sync(active)
+
+    @cute.jit
+    def issue_rows(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mBlockTable: cute.Tensor,
+                   token: Int32, tile: Int32, stage: Int32, sScore: cute.Tensor, sKv: cute.Tensor, tidx: Int32):
+        """``cp.async`` this thread's rows of ``token`` into ``stage``: one group of scores,
+        then one of kv."""
+        rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, mTokenReq[token], mPos[token], tile)
+        for i in cutlass.range_constexpr(self.rows_per_lane):
+            copy_row_async(rows[i] + score_byte, sScore[stage, i, tidx, None])
+        cute.arch.cp_async_commit_group()
+        for i in cutlass.range_constexpr(self.rows_per_lane):
+            copy_row_async(rows[i] + kv_byte, sKv[stage, i, tidx, None])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def pool_staged(self, stage: Int32, sScore: cute.Tensor, sKv: cute.Tensor, sMax: cute.Tensor, sNum: cute.Tensor,
+                    sDen: cute.Tensor, x: cute.Tensor, tidx: Int32):
+        """SPEC §5 for the token in ``stage``; its groups are the oldest two in flight."""
+        cute.arch.cp_async_wait_group(3)  # this token's scores
+        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+        for i in cutlass.range_constexpr(self.rows_per_lane):
+            cute.autovec_copy(sScore[stage, i, tidx, None], sc[i])
+        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+
+        def kv_rows():
+            cute.arch.cp_async_wait_group(2)  # this token's kv
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                cute.autovec_copy(sKv[stage, i, tidx, None], kv[i])
+            return kv
+
+        self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
