@@ -62,6 +62,10 @@ for s in "$@"; do
       step conformance-stream 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:stream --impl dsv4_compressor.impl.cutedsl.variants:stream16 --size all --no-errors ;;
     tune-c128)
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
+    clusters)
+      step clusters 60 $PY -c "from cutlass.utils import HardwareInfo; h = HardwareInfo(); print({c: h.get_max_active_clusters(c) for c in (1, 2, 4, 8, 16)}, 'SMs', h.get_device_multiprocessor_count())" ;;
+    tune-stream-short)
+      step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     pytest-bench)

@@ -210,9 +210,9 @@ class StreamConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Two stages of scores and kv, the per-warp partials and the exchange slots."""
+        """Two stages of scores and kv, the per-warp partials, the exchange slots and mbarriers."""
         stages = 2 * 2 * self.pool.rows_per_lane * 32 * self.pool.warps * 16
-        return stages + 3 * 4 * self.pool.warps * self.pool.tile + 4 * 2 * (self.cluster_size + 32)
+        return stages + 3 * 4 * self.pool.warps * self.pool.tile + 4 * 2 * (self.cluster_size + 32) + 16
 
     @property
     def tag(self) -> str:

@@ -33,6 +33,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -47,6 +49,30 @@ from .pooling_c128 import RATIO, copy_row_async
 
 STAGES = 2
 CHUNK_MAX = 32  # tokens per ballot (one per lane)
+MBARRIER_BYTES = 8
+
+
+@dsl_user_op
+def send_to_peer_smem(value, smem_ptr, mbarrier_ptr, peer_rank, *, loc=None, ip=None) -> None:
+    """``st.async`` of one 32-bit ``value`` to ``smem_ptr`` in CTA ``peer_rank``'s shared
+    memory, completing 4 transaction bytes on that CTA's mbarrier at ``mbarrier_ptr``.
+
+    No fence: unlike ``barrier.cluster.arrive`` (release), it does not wait for this
+    thread's outstanding ``cp.async`` copies of the next token.
+    """
+    llvm.inline_asm(
+        None,
+        [smem_ptr.toint(loc=loc, ip=ip).ir_value(), mbarrier_ptr.toint(loc=loc, ip=ip).ir_value(),
+         Int32(peer_rank).ir_value(loc=loc, ip=ip), Float32(value).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 remote_addr, remote_bar;\n\t"
+        "mapa.shared::cluster.u32 remote_addr, $0, $2;\n\t"
+        "mapa.shared::cluster.u32 remote_bar, $1, $2;\n\t"
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [remote_addr], $3, [remote_bar];\n\t}",
+        "r,r,r,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 
 def lowest_set_bit(mask: Int32) -> Int32:
@@ -108,6 +134,9 @@ class C128StreamKernel(C128ClusterKernel):
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout((2, self.cluster), stride=(self.cluster, 1)),
                                          byte_alignment=16)
         sPartnerX = smem.allocate_tensor(Float32, cute.make_layout((2, 32), stride=(32, 1)), byte_alignment=16)
+        sArrived = smem.allocate_array(Int64, 2)  # mbarriers of the two exchange buffers
+        sends_x = self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"
+        exchange_bytes = 4 * self.cluster + (4 * 32 if sends_x else 0)  # received per token
 
         # token-independent inputs of the finishing stage
         first = tile * self.tile + lane * n
@@ -117,8 +146,13 @@ class C128StreamKernel(C128ClusterKernel):
             w_partner = load_weight(mWeight, (tile ^ 1) * self.tile + lane * n, n)
         pair = Int32(cutlass.select_(first >= ROPE_TILE_CHANNEL, (first - ROPE_TILE_CHANNEL) // 2, 0))
 
-        cute.arch.cluster_arrive_relaxed()  # every CTA of the cluster runs before any remote store
+        if tidx == 0:
+            cute.arch.mbarrier_init(sArrived, 1)
+            cute.arch.mbarrier_init(sArrived + 1, 1)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.cluster_arrive()  # every CTA runs, with its mbarriers set up, before any remote store
         cute.arch.cluster_wait()
+        processed = Int32(0)  # tokens done by this CTA: exchange buffer processed % 2, phase (processed / 2) % 2
 
         parity = Int32(0)
         chunk_start = cluster_id * chunk
@@ -144,13 +178,16 @@ class C128StreamKernel(C128ClusterKernel):
                     self.pool_staged(stage, sScore, sKv, sMax, sNum, sDen, x, tidx)
                     tile_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)  # meaningful in warp 0
                     if warp == 0:
+                        # each CTA's tile sum (and, tile 32, x to the block's other half) to its peers
+                        if tidx == 0:
+                            cute.arch.mbarrier_arrive_and_expect_tx(sArrived + parity, exchange_bytes)
                         if lane < self.cluster:
-                            store_to_peer_smem(tile_sum, sTileSums.iterator + parity * self.cluster + tile, lane)
-                        if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
-                            store_to_peer_smem(x[0], sPartnerX.iterator + parity * 32 + lane, tile ^ 1)
-                    cute.arch.cluster_arrive()
-                    cute.arch.cluster_wait()
-                    if warp == 0:
+                            send_to_peer_smem(tile_sum, sTileSums.iterator + parity * self.cluster + tile,
+                                              sArrived + parity, lane)
+                        if cutlass.const_expr(sends_x):
+                            send_to_peer_smem(x[0], sPartnerX.iterator + parity * 32 + lane, sArrived + parity,
+                                              tile ^ 1)
+                        cute.arch.mbarrier_wait(sArrived + parity, (processed // 2) % 2)
                         ss = tree_sum([sTileSums[parity, g] for g in range(self.cluster)])
                         rr = rms_scale(ss, eps)
                         if cutlass.const_expr(self.tiles_per_block == 1):
@@ -158,12 +195,15 @@ class C128StreamKernel(C128ClusterKernel):
                         else:
                             self.finish_half_block(x, w, sPartnerX[parity, None], w_partner, rr, cos, sin, lane, tile,
                                                    data, scales, fp8_inv)
+                    processed = processed + Int32(1)
                     parity = parity ^ Int32(1)
                     stage = stage ^ Int32(1)
                     mask = rest
                     if rest != Int32(0):
                         token = chunk_start + lowest_set_bit(rest)
             chunk_start = chunk_start + num_clusters * chunk
+        cute.arch.cluster_arrive_relaxed()  # no CTA leaves while a peer may still write to it
+        cute.arch.cluster_wait()
 
     @cute.jit
     def active_mask(self, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, chunk_start: Int32,
