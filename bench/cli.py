@@ -19,8 +19,9 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both)")
     parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-<variant> (split_block8, "
-                        "split_generic, fused_cluster, cluster16, cluster16_w4, cluster16_w16), or module:attribute "
-                        "(default: triton, cutedsl and its split_block8, split_generic, fused_cluster, cluster16)")
+                        "split_generic, fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, stream, "
+                        "stream16), or module:attribute (default: triton, cutedsl and its split_block8, cluster8, "
+                        "cluster16, stream16)")
     parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
     parser.add_argument("--extra", action="store_true", help="also the mixed steps and the save-partial-states pass")
@@ -63,8 +64,8 @@ def run(args) -> int:
     from .timing import copy_bandwidth_gbs
 
     S.TRIALS = args.trials
-    names = args.impl or ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-split_generic", "cutedsl-fused_cluster",
-                          "cutedsl-cluster16"]
+    names = args.impl or ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16",
+                          "cutedsl-stream16"]
     impls = []
     for name in names:
         try:

@@ -43,7 +43,7 @@ for s in "$@"; do
     conformance-both-big)
       step conformance-both-big 130 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
     bench-main)
-      step bench-main 165 $PY -m dsv4_compressor bench --impl triton --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-fused_cluster --trials 3 --out "$LOGS" ;;
+      step bench-main 300 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
     conformance-both)
       step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
     tests-triton)
@@ -55,7 +55,7 @@ for s in "$@"; do
     bench-triton)
       step bench-triton 300 $PY -m dsv4_compressor bench --impl triton --tag triton --out "$LOGS" ;;
     bench-extra)
-      step bench-extra 300 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --tag extra --out "$LOGS" ;;
+      step bench-extra 200 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --trials 3 --tag extra --out "$LOGS" ;;
     conformance-cluster16)
       step conformance-cluster16 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16 --size all ;;
     conformance-stream)

@@ -14,13 +14,19 @@ Order of work in every call (SPEC §8/§9):
    per-call conversion, no allocation except the C128 split path's scratch when the
    caller passes no ``workspace``.
 
-Dispatch: C4 runs the fused kernel. C128 runs ``fused_cluster`` (one launch, a cluster of
-8 or 16 CTAs per token), ``fused_stream`` (one launch, about one wave of persistent
-clusters streaming their tokens through a two-stage pipeline), ``split_block8`` (Block8 compress kernel + store kernel; allowed when each
-lane's rows lie in one state block, ``bs % 8 == 0`` with the default mapping) or
-``split_generic`` (any ``bs``). ``c128_path="auto"`` picks ``fused_cluster`` up to
-``TUNING.c128_fused_max_tokens`` tokens (default 128; ``None``: always), else Block8 whenever
-allowed, generic otherwise.
+Dispatch: C4 runs the fused kernel. C128 runs
+
+- ``fused_cluster``: one launch, a thread-block cluster per token (16 CTAs of 32 channels
+  up to ``TUNING.c128_cluster16_max_tokens`` tokens, 8 CTAs of 64 channels above);
+- ``fused_stream``: one launch, about one wave of persistent clusters that ballot their
+  tokens' activity and stream the active ones through a two-stage ``cp.async`` pipeline.
+  Never chosen by ``auto`` (slower on all-active decode sweeps), but the fastest path for
+  steps with few active tokens among many (a prefill chunk plus decode tokens);
+- ``split_block8``: Block8 compress kernel + store kernel (each lane's rows in one state
+  block: ``bs % 8 == 0`` with the default mapping), or ``split_generic`` (any ``bs``).
+
+``c128_path="auto"`` picks ``fused_cluster`` up to ``TUNING.c128_fused_max_tokens`` tokens
+(default 128; ``None``: always), else Block8 whenever allowed, generic otherwise.
 """
 
 from __future__ import annotations
@@ -67,7 +73,8 @@ class Tuning:
     c128_split_kv_in_smem: bool = False  # split compress kernel: kv rows staged in smem (cp.async); no gain
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
-    c128_cluster_tile: int = 64  # cluster kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
+    c128_cluster_tile: int | None = None  # cluster kernel: 64 (8-CTA clusters), 32 (16-CTA clusters), None: by T
+    c128_cluster16_max_tokens: int = 32  # tile None: 16-CTA clusters up to this T (about one wave), 8-CTA above
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
@@ -157,11 +164,20 @@ def _metadata(token_to_req_indices, positions, slot_mapping, block_table, kv_slo
 
 
 # ---- C128 dispatch ------------------------------------------------------------------------
-def c128_pool_config(path: str, block_size: int):
-    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_cluster``/``split_*``)."""
+def cluster_tile(num_tokens: int) -> int:
+    """Channels per CTA of the cluster kernel: 32 (16 CTAs per token) while a wave holds
+    all clusters, where more SMs per token shorten the exact arithmetic's critical path;
+    64 (8 CTAs) above, where fewer, larger CTAs stream better."""
+    if TUNING.c128_cluster_tile is not None:
+        return TUNING.c128_cluster_tile
+    return 32 if num_tokens <= TUNING.c128_cluster16_max_tokens else 64
+
+
+def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
+    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_*``/``split_*``)."""
     _, config = _kernels()
     if path == "fused_cluster":
-        warps, tile, staged = TUNING.c128_cluster_warps, TUNING.c128_cluster_tile, TUNING.c128_cluster_kv_in_smem
+        warps, tile, staged = TUNING.c128_cluster_warps, cluster_tile(num_tokens), TUNING.c128_cluster_kv_in_smem
     elif path == "fused_stream":
         warps, tile, staged = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False
     else:
@@ -317,7 +333,8 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     if path == "c4":
         kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta)),)
     elif path == "fused_cluster":
-        kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(c128_pool_config(path, block_size), entry)),)
+        pool = c128_pool_config(path, block_size, num_tokens)
+        kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
         grid = stream_grid(stream_config, num_tokens, state_cache.device)

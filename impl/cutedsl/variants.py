@@ -64,7 +64,8 @@ class Variant:
             api.save_partial_states(*args, **kwargs)
 
 
-fused_cluster = Variant("fused_cluster", "fused_cluster")  # 8-CTA clusters, 64-channel tiles
+fused_cluster = Variant("fused_cluster", "fused_cluster")  # cluster size by T (TUNING.c128_cluster16_max_tokens)
+cluster8 = Variant("cluster8", "fused_cluster", {"c128_cluster_tile": 64})  # 8-CTA clusters, 64-channel tiles
 cluster16 = Variant("cluster16", "fused_cluster", {"c128_cluster_tile": 32})  # 16-CTA clusters, 32-channel tiles
 cluster16_w4 = Variant("cluster16_w4", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4})
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16})
@@ -73,5 +74,5 @@ stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # pers
 split_block8 = Variant("split_block8", "split_block8")
 split_generic = Variant("split_generic", "split_generic")
 
-VARIANTS = {v.name: v for v in (fused_cluster, cluster16, cluster16_w4, cluster16_w16, stream, stream16, split_block8,
+VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, stream, stream16, split_block8,
                                  split_generic)}

@@ -117,6 +117,14 @@ def test_block8_and_generic_lookups():
         api.c128_pool_config("split_block8", 4)
 
 
+def test_cluster_tile_follows_the_token_count(monkeypatch):
+    assert api.cluster_tile(1) == 32 and api.cluster_tile(32) == 32 and api.cluster_tile(33) == 64
+    assert api.c128_pool_config("fused_cluster", 8, 1).tile == 32
+    assert api.c128_pool_config("fused_cluster", 8, 128).tile == 64
+    monkeypatch.setattr(api.TUNING, "c128_cluster_tile", 64)
+    assert api.cluster_tile(1) == 64
+
+
 def test_auto_dispatch(monkeypatch):
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
     assert api.choose_c128_path("auto", 100000, 8) == "fused_cluster"
