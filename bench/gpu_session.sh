@@ -43,7 +43,7 @@ for s in "$@"; do
     conformance-both-big)
       step conformance-both-big 130 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
     bench-main)
-      step bench-main 300 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
+      step bench-main 280 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
     conformance-both)
       step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
     tests-triton)
@@ -69,7 +69,7 @@ for s in "$@"; do
     tune-stream)
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     pytest-bench)
-      step pytest-bench 300 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
+      step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)
       echo "unknown step $s"; status=1 ;;
   esac

@@ -139,8 +139,9 @@ def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_
         if progress:
             print(f"\r[{index}/{len(cases)}] {case.name} token_num={case.token_num} ({time.perf_counter() - started:.0f}s)   ",
                   end="", file=sys.stderr, flush=True)
-        # the named CuTe DSL variants differ only in C128 paths: on C4 they would time the same kernel again
-        chosen = [i for i in impls if not (case.compress_ratio == 4 and i.name.startswith("cutedsl-"))]
+        # the named CuTe DSL variants differ only in C128 compress paths: elsewhere they would time the same kernel again
+        c128_compress = case.compress_ratio == 128 and case.operation == "compress"
+        chosen = [i for i in impls if c128_compress or not i.name.startswith("cutedsl-")]
         case_rows = run_case(case, chosen, modes, copy_gbs)
         rows.extend(case_rows)
         if progress:  # one line per row as it lands, so a cut-off run still leaves its numbers
