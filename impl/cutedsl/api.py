@@ -51,20 +51,22 @@ class Tuning:
 
     Sweep them on the GPU with ``python -m dsv4_compressor.impl.cutedsl.tune`` (or assign
     fields of :data:`TUNING` between timed runs). Defaults come from H200 measurements
-    (CUDA-graph replay, decode-boundary sweeps, bs 8 / B 2 for C128, bs 4 / B 64 for C4):
+    (CUDA-graph replay, decode-boundary sweeps, bs 8 / B 2 for C128, bs 4 / B 64 for C4;
+    ``bench/RESULTS.md`` tables A-D):
 
-    ====  =================  =================  =================
-    T     cluster (kv smem)  cluster (kv regs)  split Block8
-    ====  =================  =================  =================
-    1     4.1 µs             4.0 µs             5.0 µs
-    32    10.0 µs            10.3 µs            9.9 µs
-    64    14.3 µs            16.1 µs            15.1 µs
-    128   23.0 µs            26.7 µs            23.4 µs
-    1024  91% of copy BW     72%                96%
-    8192  95%                73%                101%
-    ====  =================  =================  =================
+    ====  ==============  ==============  ==============  ================
+    T     8-CTA cluster   16-CTA cluster  split Block8    stream (16 CTAs)
+    ====  ==============  ==============  ==============  ================
+    1     4.1 µs          3.7 µs          5.1 µs          4.4 µs
+    32    9.9 µs          9.5 µs          10.0 µs         11.3 µs
+    64    14.6 µs         15.3 µs         15.1 µs         17.0 µs
+    128   23.3 µs         25.7 µs         23.4 µs         27.6 µs
+    1024  91% of copy BW  74%             96.5%           69%
+    8192  93%             74%             101%            63%
+    ====  ==============  ==============  ==============  ================
 
-    C4 fused: 2.9 µs (T=1), 3.6 µs (T=128), 93% of copy bandwidth at T=16384.
+    Mixed step (4608 tokens, 36 active): stream 21.7 µs, split 62.3, 8-CTA cluster 56.1.
+    C4 fused: 2.9 µs (T=1), 3.6 µs (T=128), 94% of copy bandwidth at T=16384.
     """
 
     c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA (2: 90% at 16K)

@@ -1,26 +1,31 @@
-"""C128 in one launch: a thread-block cluster of 8 CTAs per token, one per 64-channel tile.
+"""C128 in one launch: a thread-block cluster per token, one CTA per channel tile.
 
 Why a cluster: the split path pays a second launch and an fp32 round trip of ``x`` through
 global memory only because RMSNorm needs the sum of squares over all 512 channels while
-the pooling is spread over 8 CTAs. Here the 8 CTAs of a token form a cluster and combine
-that one number through distributed shared memory (DSMEM), so pooling, norm, RoPE,
-quantization and the store finish in one kernel.
+the pooling is spread over several CTAs. Here the CTAs of a token form a cluster and
+combine that one number through distributed shared memory (DSMEM), so pooling, norm,
+RoPE, quantization and the store finish in one kernel.
 
-Per CTA (rank ``g`` = tile ``g``, ``warps`` warps): pool the tile exactly as the split
-path's compress kernel (:class:`.pooling_c128.C128TilePooling`; Block8 or generic
-lookups); warp 0 ends up with ``x`` for channels ``64g + 2l, 64g + 2l + 1`` in lane ``l``.
-Then:
+Two cluster shapes (``pool.tile``): 8 CTAs of 64 channels, or 16 CTAs of 32 channels (a
+non-portable cluster size). Per CTA (rank ``g`` = tile ``g``, ``warps`` warps): pool the
+tile exactly as the split path's compress kernel (:class:`.pooling_c128.C128TilePooling`;
+Block8 or generic lookups); warp 0 ends up with ``x`` for ``tile/32`` consecutive channels
+per lane. Then:
 
-1. tile partial ``ss_g`` = SPEC's tree over the tile's 64 channels (per-lane pair, xor
-   butterfly 1..16: lanes hold consecutive aligned pairs);
-2. lanes 0..7 of warp 0 write ``ss_g`` into slot ``g`` of CTA ``l``'s shared array
-   (``mapa`` + ``st.shared::cluster``), then the cluster barrier (arrive = release,
-   wait = acquire) publishes all 8 slots in every CTA;
-3. every CTA computes ``ss = tree(ss_0..ss_7)``: SPEC's tree over 512 channels is the
-   tree over the 8 tile trees, so all CTAs get the identical, exact ``ss``;
-4. ``rr``, ``y = mul(mul(x, rr), w)`` for the tile; tiles 0..6 are exactly quantization
-   blocks 0..6 (own amax over 32 lanes x 2, own scale byte); tile 7 is the RoPE part
-   (lane ``l`` rotates pair ``l``) and writes the pad byte.
+1. tile partial ``ss_g`` = SPEC's tree over the tile's channels (per-lane tree, xor
+   butterfly 1..16: lanes hold consecutive aligned chunks);
+2. lanes ``0..C-1`` of warp 0 write ``ss_g`` into slot ``g`` of CTA ``l``'s shared array
+   (``mapa`` + ``st.shared::cluster``); with 16 CTAs a NoPE CTA also writes its 32 ``x``
+   values to the other half of its quantization block (rank ``g ^ 1``). The cluster
+   barrier (arrive = release, wait = acquire) publishes everything;
+3. every CTA computes ``ss = tree(ss_0..ss_{C-1})``: SPEC's tree over 512 channels is the
+   tree over the tile trees, so all CTAs get the identical, exact ``ss``;
+4. ``rr``, ``y = mul(mul(x, rr), w)`` for the tile. 8 CTAs: tiles 0..6 are exactly
+   quantization blocks 0..6 (own amax over 32 lanes x 2, own scale byte); tile 7 is the
+   RoPE part (lane ``l`` rotates pair ``l``). 16 CTAs: tiles ``2b, 2b+1`` both compute
+   block ``b``'s amax over their own and the received half (max is exact in any order) and
+   store their 32 codes, the even one the scale byte; tiles 14, 15 are RoPE, a pair in two
+   adjacent lanes (one shuffle). The first RoPE tile writes the pad byte.
 
 A first, relaxed cluster arrive at kernel start and its wait right before the remote
 stores guarantee every CTA of the cluster is running before its shared memory is
@@ -28,14 +33,14 @@ written; no CTA touches remote memory after the second barrier, so CTAs exit fre
 Activity (SPEC §5) is per token, hence uniform over the cluster: inactive clusters skip
 everything, barriers included.
 
-Performance notes (H200, graph replay): the norm weights, the cos/sin pair and the entry
-addresses are fetched before the pooling, so the tail after the cluster barrier touches no
-global memory but the stores; with the kv rows staged in shared memory (``kv_in_smem``,
-the default here) the kernel needs 64 registers, so 4 CTAs fit an SM and the cluster
-barrier's wait is hidden behind other CTAs' loads (95% of copy bandwidth at 8192 tokens;
-holding kv in registers with the prefetched values costs 96 registers and drops to 73%).
-At 1..128 tokens it is 4.1 / 10.0 / 14.3 / 23.0 µs for T = 1 / 32 / 64 / 128 (exact
-arithmetic: ~25 separately rounded operations per ``exp2s``, ~0.8 µs per 128x64 tile).
+Performance notes (H200, graph replay; ``bench/RESULTS.md``): the norm weights, the
+cos/sin pair and the entry addresses are fetched before the pooling, so the tail after the
+cluster barrier touches no global memory but the stores; with the kv rows staged in shared
+memory (``kv_in_smem``, the default here) 8-CTA clusters need 64 registers, so 4 CTAs fit
+an SM (93% of copy bandwidth at 8192 tokens; kv in registers: 73%). 16 CTAs per token halve
+each SM's share of the exact arithmetic (~25 separately rounded operations per ``exp2s``):
+3.7 µs at 1 token and 9.5 at 32 against 4.1 and 9.9 with 8 CTAs, but they stream worse
+beyond one wave (74% at 1024 tokens), so dispatch switches to 8 CTAs above 32 tokens.
 """
 
 from __future__ import annotations
