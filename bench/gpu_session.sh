@@ -63,7 +63,9 @@ for s in "$@"; do
     tune-c128)
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
     clusters)
-      step clusters 60 $PY -c "from cutlass.utils import HardwareInfo; h = HardwareInfo(); print({c: h.get_max_active_clusters(c) for c in (1, 2, 4, 8, 16)}, 'SMs', h.get_device_multiprocessor_count())" ;;
+      step clusters 60 $PY bench/occupancy_probe.py ;;
+    tune-stream-grid)
+      step tune-stream-grid 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
     tune-stream-short)
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)

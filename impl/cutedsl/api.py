@@ -81,6 +81,7 @@ class Tuning:
     c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
+    c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)
     c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
 
@@ -207,7 +208,8 @@ def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[i
     if per_sm is None:
         per_sm = max(1, min(SMEM_PER_SM // (stream_config.smem_bytes + 1024), 2048 // (32 * stream_config.pool.warps)))
     sms = _multiprocessor_count(device)
-    clusters = max(1, min(num_tokens, sms * per_sm // stream_config.cluster_size))
+    clusters = TUNING.c128_stream_clusters or sms * per_sm // stream_config.cluster_size
+    clusters = max(1, min(num_tokens, clusters))
     chunk = max(1, min(32, -(-num_tokens // clusters)))
     return clusters, chunk
 

@@ -33,6 +33,9 @@ C128_SETTINGS = {
     "stream16-c1": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_ctas_per_sm": 1}),
     "stream16-c2": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_ctas_per_sm": 2}),
     "stream16-w4": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_warps": 4}),
+    **{f"stream-g{g}": ("fused_stream", {"c128_stream_clusters": g}) for g in (16, 15, 14, 12, 10)},
+    **{f"stream16-g{g}": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_clusters": g})
+       for g in (24, 21, 18, 16, 14, 12)},
     "block8": ("split_block8", {}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
