@@ -64,6 +64,10 @@ for s in "$@"; do
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
     clusters)
       step clusters 60 $PY bench/occupancy_probe.py ;;
+    conformance-late)
+      step conformance-late 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster_late --impl dsv4_compressor.impl.cutedsl.variants:block8_late --size all --no-errors ;;
+    tune-late)
+      step tune-late 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 512 1024 8192 --trials 3 --settings cluster cluster-late cluster-late-regkv cluster16 cluster16-late block8 block8-late ;;
     tune-stream-grid)
       step tune-stream-grid 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
     tune-stream-short)

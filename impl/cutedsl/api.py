@@ -77,6 +77,8 @@ class Tuning:
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_tile: int | None = None  # cluster kernel: 64 (8-CTA clusters), 32 (16-CTA clusters), None: by T
     c128_cluster16_max_tokens: int = 32  # tile None: 16-CTA clusters up to this T (about one wave), 8-CTA above
+    c128_cluster_kv_after_max: bool = False  # cluster kernel: issue kv loads after the window max
+    c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
@@ -181,10 +183,12 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
     _, config = _kernels()
     if path == "fused_cluster":
         warps, tile, staged = TUNING.c128_cluster_warps, cluster_tile(num_tokens), TUNING.c128_cluster_kv_in_smem
+        late = TUNING.c128_cluster_kv_after_max
     elif path == "fused_stream":
-        warps, tile, staged = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False
+        warps, tile, staged, late = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False, False
     else:
         warps, tile, staged = TUNING.c128_split_warps, TUNING.c128_split_tile, TUNING.c128_split_kv_in_smem
+        late = TUNING.c128_split_kv_after_max
     rows_per_lane = config.C128PoolConfig(block_size, 1, warps, tile).rows_per_lane
     if path == "split_block8":
         if block_size % rows_per_lane:
@@ -195,7 +199,7 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged)
+    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late)
 
 
 SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds

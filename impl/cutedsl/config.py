@@ -117,6 +117,8 @@ class C128PoolConfig:
     warps: int = 8  # sweep: 4, 8, 16
     tile: int = 64  # channels per CTA; sweep: 64, 32 (split path only)
     kv_in_smem: bool = False  # sweep: stage kv rows in shared memory (cp.async), halving registers
+    kv_after_max: bool = False  # sweep: issue the kv loads once the window max is known, so that
+    #                             every CTA's scores (which gate the exps) reach HBM's queue first
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -150,7 +152,8 @@ class C128PoolConfig:
     def tag(self) -> str:
         kind = "block8" if self.is_block8 else f"generic{self.rows_per_lookup}"
         staged = "_kvsmem" if self.kv_in_smem else ""
-        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}"
+        late = "_kvlate" if self.kv_after_max else ""
+        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}"
 
 
 @dataclass(frozen=True)

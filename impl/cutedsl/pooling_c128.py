@@ -35,7 +35,10 @@ Overlap: each lane issues its score loads first, then its kv loads; pass 1 and t
 ``exp2s`` of pass 2 (the bulk of the arithmetic) need only the scores, so they run while
 the kv loads are in flight. With ``kv_in_smem`` the kv rows go to shared memory through
 ``cp.async`` (each thread reads back only its own rows after ``cp.async.wait_group``, so no
-barrier is needed): 64 instead of 80 registers per thread.
+barrier is needed): 64 instead of 80 registers per thread. With ``kv_after_max`` the kv
+loads are issued only once pass 1 has the window max: when a wave of CTAs starts together,
+HBM then serves every CTA's scores (which gate the exps) before any kv row, and the exps
+overlap the kv transfer instead of waiting behind it.
 """
 
 from __future__ import annotations
@@ -113,14 +116,16 @@ class C128TilePooling:
         for i in cutlass.range_constexpr(self.rows_per_lane):
             load_into(sc[i], rows[i] + score_byte, 16)
         kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
-        if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
-            tidx, _, _ = cute.arch.thread_idx()
-            for i in cutlass.range_constexpr(self.rows_per_lane):
-                copy_row_async(rows[i] + kv_byte, sKv[i, tidx, None])
-            cute.arch.cp_async_commit_group()
-        else:
-            for i in cutlass.range_constexpr(self.rows_per_lane):
-                load_into(kv[i], rows[i] + kv_byte, 16)
+
+        def issue_kv():
+            if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
+                tidx, _, _ = cute.arch.thread_idx()
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    copy_row_async(rows[i] + kv_byte, sKv[i, tidx, None])
+                cute.arch.cp_async_commit_group()
+            else:
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    load_into(kv[i], rows[i] + kv_byte, 16)
 
         def kv_rows():
             if cutlass.const_expr(self.kv_in_smem):
@@ -130,7 +135,11 @@ class C128TilePooling:
                     cute.autovec_copy(sKv[i, tidx, None], kv[i])
             return kv
 
-        self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
+        if cutlass.const_expr(self.pool.kv_after_max):
+            self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x, after_max=issue_kv)
+        else:
+            issue_kv()
+            self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
 
     @cute.jit
     def row_addresses(
@@ -172,6 +181,7 @@ class C128TilePooling:
         sNum: cute.Tensor,  # fp32 smem [warps, tile]
         sDen: cute.Tensor,  # fp32 smem [warps, tile]
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0
+        after_max=None,  # Python callable run once the window max is known (issues late kv loads)
     ):
         """SPEC §5 on the window held by the CTA's lanes (passes 1-3 of the module docstring)."""
         lane = cute.arch.lane_idx()
@@ -193,6 +203,8 @@ class C128TilePooling:
             other = load_smem(sMax, w, column * self.vec, self.vec)
             for c in cutlass.range_constexpr(self.vec):
                 row_max[c] = cute.arch.fmax(row_max[c], other[c])
+        if cutlass.const_expr(after_max is not None):
+            after_max()
 
         # pass 2: e (in place of the scores), tree(e); then u = kv * e, tree(u), in row order
         den = cute.make_rmem_tensor((self.vec,), Float32)

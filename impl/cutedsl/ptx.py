@@ -51,12 +51,16 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for staged in (False, True) if (warps, tile) == (8, 64) and block_size in (8, 5) else (False,):  # kv_in_smem
             cfg = C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged)
             yield cfg.tag, "c128_pool", cfg, True
+    for staged in (False, True):  # kv loads issued after the window max
+        cfg = C128PoolConfig(8, 8, kv_in_smem=staged, kv_after_max=True)
+        yield cfg.tag, "c128_pool", cfg, True
     for pages, tokens_per_cta in ((1, 1), (64, 2), (7, 4)):
         cfg = StoreConfig(entry(pages=pages), tokens_per_cta)
         yield cfg.tag, "c128_store", cfg, False
     for pool in (C128PoolConfig(4, 4, kv_in_smem=True), C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(8, 8),
                  C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4),
-                 C128PoolConfig(5, 1, tile=32, kv_in_smem=True), C128PoolConfig(8, 2, warps=16, tile=32)):
+                 C128PoolConfig(5, 1, tile=32, kv_in_smem=True), C128PoolConfig(8, 2, warps=16, tile=32),
+                 C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), C128PoolConfig(8, 4, tile=32, kv_after_max=True)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
     for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),

@@ -19,8 +19,8 @@ from dataclasses import fields
 
 # name -> (c128_path or None, TUNING overrides)
 C128_SETTINGS = {
-    "cluster": ("fused_cluster", {}),
-    "cluster-regkv": ("fused_cluster", {"c128_cluster_kv_in_smem": False}),
+    "cluster": ("fused_cluster", {"c128_cluster_tile": 64}),
+    "cluster-regkv": ("fused_cluster", {"c128_cluster_tile": 64, "c128_cluster_kv_in_smem": False}),
     "cluster-w16": ("fused_cluster", {"c128_cluster_warps": 16, "c128_cluster_kv_in_smem": False}),
     "cluster-w16-smemkv": ("fused_cluster", {"c128_cluster_warps": 16}),
     "cluster16": ("fused_cluster", {"c128_cluster_tile": 32}),
@@ -36,6 +36,11 @@ C128_SETTINGS = {
     **{f"stream-g{g}": ("fused_stream", {"c128_stream_clusters": g}) for g in (16, 15, 14, 12, 10)},
     **{f"stream16-g{g}": ("fused_stream", {"c128_stream_tile": 32, "c128_stream_clusters": g})
        for g in (24, 21, 18, 16, 14, 12)},
+    "cluster-late": ("fused_cluster", {"c128_cluster_tile": 64, "c128_cluster_kv_after_max": True}),
+    "cluster-late-regkv": ("fused_cluster", {"c128_cluster_tile": 64, "c128_cluster_kv_after_max": True,
+                                             "c128_cluster_kv_in_smem": False}),
+    "cluster16-late": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_after_max": True}),
+    "block8-late": ("split_block8", {"c128_split_kv_after_max": True}),
     "block8": ("split_block8", {}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
