@@ -64,8 +64,10 @@ for s in "$@"; do
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
     clusters)
       step clusters 60 $PY bench/occupancy_probe.py ;;
-    conformance-late)
-      step conformance-late 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster_late --impl dsv4_compressor.impl.cutedsl.variants:block8_late --size all --no-errors ;;
+    conformance-cutedsl-all)
+      step conformance-cutedsl-all 240 $PY -m dsv4_compressor conformance --impl cutedsl --size all ;;
+    bench-c128-graph)
+      step bench-c128-graph 200 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 1024 8192 --impl triton --impl cutedsl --impl cutedsl-cluster8 --impl cutedsl-cluster16 --impl cutedsl-cluster_early --impl cutedsl-split_block8 --trials 3 --tag c128-final --out "$LOGS" ;;
     tune-late)
       step tune-late 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 512 1024 8192 --trials 3 --settings cluster cluster-late cluster-late-regkv cluster16 cluster16-late block8 block8-late ;;
     tune-stream-grid)

@@ -37,7 +37,7 @@ def _module(name: str, module_name: str):
 # name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
 # dsv4_compressor.impl.cutedsl.variants) is a separate row
 CUTEDSL_VARIANTS = ("split_block8", "split_generic", "fused_cluster", "cluster8", "cluster16", "cluster16_w4", "cluster16_w16",
-                    "cluster_late", "stream", "stream16", "block8_late")
+                    "cluster_early", "stream", "stream16", "block8_late")
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),

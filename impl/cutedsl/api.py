@@ -17,7 +17,8 @@ Order of work in every call (SPEC §8/§9):
 Dispatch: C4 runs the fused kernel. C128 runs
 
 - ``fused_cluster``: one launch, a thread-block cluster per token (16 CTAs of 32 channels
-  up to ``TUNING.c128_cluster16_max_tokens`` tokens, 8 CTAs of 64 channels above);
+  up to ``TUNING.c128_cluster16_max_tokens`` tokens, 8 CTAs of 64 channels above; kv rows
+  requested once the window max is known);
 - ``fused_stream``: one launch, about one wave of persistent clusters that ballot their
   tokens' activity and stream the active ones through a two-stage ``cp.async`` pipeline.
   Never chosen by ``auto`` (slower on all-active decode sweeps), but the fastest path for
@@ -57,14 +58,17 @@ class Tuning:
     ====  ==============  ==============  ==============  ================
     T     8-CTA cluster   16-CTA cluster  split Block8    stream (16 CTAs)
     ====  ==============  ==============  ==============  ================
-    1     4.1 µs          3.7 µs          5.1 µs          4.4 µs
-    32    9.9 µs          9.5 µs          10.0 µs         11.3 µs
-    64    14.6 µs         15.3 µs         15.1 µs         17.0 µs
-    128   23.3 µs         25.7 µs         23.4 µs         27.6 µs
-    1024  91% of copy BW  74%             96.5%           69%
-    8192  93%             74%             101%            63%
+    1     3.9 µs          3.5 µs          5.0 µs          4.4 µs
+    8     4.2 µs          4.4 µs          5.3 µs          5.4 µs
+    32    8.9 µs          11.1 µs         10.0 µs         11.3 µs
+    64    14.0 µs         17.4 µs         15.1 µs         17.0 µs
+    128   22.9 µs         29.6 µs         23.3 µs         27.6 µs
+    1024  93% of copy BW  64%             98%             69%
+    8192  98%             65%             103%            63%
     ====  ==============  ==============  ==============  ================
 
+    (Cluster columns with kv loads after the window max, the default; without it 4.1 / 4.3 /
+    10.1 / 14.5 / 23.2 µs for 8 CTAs and 3.6 / 4.5 / 9.5 / 15.3 / 25.9 for 16.)
     Mixed step (4608 tokens, 36 active): stream 21.7 µs, split 62.3, 8-CTA cluster 56.1.
     C4 fused: 2.9 µs (T=1), 3.6 µs (T=128), 94% of copy bandwidth at T=16384.
     """
@@ -76,8 +80,8 @@ class Tuning:
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_tile: int | None = None  # cluster kernel: 64 (8-CTA clusters), 32 (16-CTA clusters), None: by T
-    c128_cluster16_max_tokens: int = 32  # tile None: 16-CTA clusters up to this T (about one wave), 8-CTA above
-    c128_cluster_kv_after_max: bool = False  # cluster kernel: issue kv loads after the window max
+    c128_cluster16_max_tokens: int = 4  # tile None: 16-CTA clusters up to this T, 8-CTA above
+    c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
@@ -170,9 +174,9 @@ def _metadata(token_to_req_indices, positions, slot_mapping, block_table, kv_slo
 
 # ---- C128 dispatch ------------------------------------------------------------------------
 def cluster_tile(num_tokens: int) -> int:
-    """Channels per CTA of the cluster kernel: 32 (16 CTAs per token) while a wave holds
-    all clusters, where more SMs per token shorten the exact arithmetic's critical path;
-    64 (8 CTAs) above, where fewer, larger CTAs stream better."""
+    """Channels per CTA of the cluster kernel: 32 (16 CTAs per token) for a few tokens,
+    where more SMs per token shorten the exact arithmetic's critical path; 64 (8 CTAs)
+    above, where fewer, larger CTAs stream better (``bench/RESULTS.md``, tables A and G)."""
     if TUNING.c128_cluster_tile is not None:
         return TUNING.c128_cluster_tile
     return 32 if num_tokens <= TUNING.c128_cluster16_max_tokens else 64

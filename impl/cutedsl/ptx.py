@@ -31,7 +31,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         yield f"c4_{e.tag}", "c4", C4Config(4, e), True
         yield f"c128_store_{e.tag}", "c128_store", StoreConfig(e), False
         for tile in (64, 32):  # 8- and 16-CTA clusters
-            cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True), e)
+            cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True, kv_after_max=True), e)
             yield cfg.tag, "c128_cluster", cfg, True
             stream = StreamConfig(C128PoolConfig(8, tile // 8, tile=tile), e)
             yield stream.tag, "c128_stream", stream, False  # rows arrive by cp.async, not ld.global
@@ -60,7 +60,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     for pool in (C128PoolConfig(4, 4, kv_in_smem=True), C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(8, 8),
                  C128PoolConfig(8, 4, warps=16), C128PoolConfig(16, 16, warps=4),
                  C128PoolConfig(5, 1, tile=32, kv_in_smem=True), C128PoolConfig(8, 2, warps=16, tile=32),
-                 C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), C128PoolConfig(8, 4, tile=32, kv_after_max=True)):
+                 C128PoolConfig(8, 8, kv_in_smem=True), C128PoolConfig(8, 4, tile=32, kv_after_max=True)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
     for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),

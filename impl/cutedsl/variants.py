@@ -71,10 +71,11 @@ cluster16_w4 = Variant("cluster16_w4", "fused_cluster", {"c128_cluster_tile": 32
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16})
 stream = Variant("stream", "fused_stream")  # persistent 8-CTA clusters, two-stage pipeline
 stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # persistent 16-CTA clusters
-cluster_late = Variant("cluster_late", "fused_cluster", {"c128_cluster_kv_after_max": True})  # kv after the max
+cluster_early = Variant("cluster_early", "fused_cluster", {"c128_cluster_kv_after_max": False})  # kv with the scores
 split_block8 = Variant("split_block8", "split_block8")
-block8_late = Variant("block8_late", "split_block8", {"c128_split_kv_after_max": True})
+# Block8 whenever the block size allows, generic otherwise, kv loads after the window max
+block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0})
 split_generic = Variant("split_generic", "split_generic")
 
-VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_late, stream,
+VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
                                  stream16, split_block8, block8_late, split_generic)}

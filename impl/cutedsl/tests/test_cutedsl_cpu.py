@@ -118,9 +118,11 @@ def test_block8_and_generic_lookups():
 
 
 def test_cluster_tile_follows_the_token_count(monkeypatch):
-    assert api.cluster_tile(1) == 32 and api.cluster_tile(32) == 32 and api.cluster_tile(33) == 64
+    assert api.cluster_tile(1) == 32 and api.cluster_tile(4) == 32 and api.cluster_tile(5) == 64
     assert api.c128_pool_config("fused_cluster", 8, 1).tile == 32
     assert api.c128_pool_config("fused_cluster", 8, 128).tile == 64
+    assert api.c128_pool_config("fused_cluster", 8, 128).kv_after_max
+    assert not api.c128_pool_config("split_block8", 8, 128).kv_after_max
     monkeypatch.setattr(api.TUNING, "c128_cluster_tile", 64)
     assert api.cluster_tile(1) == 64
 
