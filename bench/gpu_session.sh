@@ -62,14 +62,6 @@ for s in "$@"; do
       step conformance-stream 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:stream --impl dsv4_compressor.impl.cutedsl.variants:stream16 --size all --no-errors ;;
     tune-c128)
       step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
-    clusters)
-      step clusters 60 $PY bench/occupancy_probe.py ;;
-    conformance-cutedsl-all)
-      step conformance-cutedsl-all 240 $PY -m dsv4_compressor conformance --impl cutedsl --size all ;;
-    bench-c128-graph)
-      step bench-c128-graph 200 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 1024 8192 --impl triton --impl cutedsl --impl cutedsl-cluster8 --impl cutedsl-cluster16 --impl cutedsl-cluster_early --impl cutedsl-split_block8 --trials 3 --tag c128-final --out "$LOGS" ;;
-    tune-late)
-      step tune-late 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 512 1024 8192 --trials 3 --settings cluster cluster-late cluster-late-regkv cluster16 cluster16-late block8 block8-late ;;
     tune-stream-grid)
       step tune-stream-grid 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
     tune-stream-short)

@@ -211,7 +211,13 @@ SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what a
 
 def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[int, int]:
     """``(clusters, chunk)`` of the stream kernel: about one wave of clusters, each taking
-    chunks of up to 32 consecutive tokens (fewer when there are few tokens per cluster)."""
+    chunks of up to 32 consecutive tokens (fewer when there are few tokens per cluster).
+
+    The estimate counts SMs, not GPCs: on the H200 measured, 8-CTA clusters of one CTA per
+    SM fit 15 at a time, not 132 // 8 = 16, and the 16th then runs alone afterwards (43 µs
+    instead of 27 at 128 tokens); set ``TUNING.c128_stream_clusters`` to pin the count. The
+    default 16-CTA variant (three CTAs per SM) is not sensitive to it (18-24 clusters equal).
+    """
     per_sm = TUNING.c128_stream_ctas_per_sm
     if per_sm is None:
         per_sm = max(1, min(SMEM_PER_SM // (stream_config.smem_bytes + 1024), 2048 // (32 * stream_config.pool.warps)))
