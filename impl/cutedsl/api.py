@@ -84,7 +84,7 @@ class Tuning:
     c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
-    c128_stream_tile: int = 64  # stream kernel: 64 (8-CTA clusters) or 32 (16-CTA clusters)
+    c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
     c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)

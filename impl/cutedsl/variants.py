@@ -69,8 +69,8 @@ cluster8 = Variant("cluster8", "fused_cluster", {"c128_cluster_tile": 64})  # 8-
 cluster16 = Variant("cluster16", "fused_cluster", {"c128_cluster_tile": 32})  # 16-CTA clusters, 32-channel tiles
 cluster16_w4 = Variant("cluster16_w4", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4})
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16})
-stream = Variant("stream", "fused_stream")  # persistent 8-CTA clusters, two-stage pipeline
-stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # persistent 16-CTA clusters
+stream = Variant("stream", "fused_stream", {"c128_stream_tile": 64})  # persistent 8-CTA clusters, two-stage pipeline
+stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # persistent 16-CTA clusters (the default)
 cluster_early = Variant("cluster_early", "fused_cluster", {"c128_cluster_kv_after_max": False})  # kv with the scores
 split_block8 = Variant("split_block8", "split_block8")
 # Block8 whenever the block size allows, generic otherwise, kv loads after the window max

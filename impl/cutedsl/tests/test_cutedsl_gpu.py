@@ -228,11 +228,11 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_cluster_tile=32, c128_cluster_warps=16), C128_CASES[0][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_warps=4), C128_CASES[3][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
-    *[(dict(c128_stream_tile=32), case, "fused_stream") for case, _ in C128_CASES],  # 16-CTA clusters
-    (dict(c128_stream_warps=4), C128_CASES[0][0], "fused_stream"),
-    (dict(c128_stream_warps=16), C128_CASES[4][0], "fused_stream"),
+    *[(dict(c128_stream_tile=64), case, "fused_stream") for case, _ in C128_CASES],  # 8-CTA clusters
+    (dict(c128_stream_tile=64, c128_stream_warps=4), C128_CASES[0][0], "fused_stream"),
+    (dict(c128_stream_tile=64, c128_stream_warps=16), C128_CASES[4][0], "fused_stream"),
     (dict(c128_stream_tile=32, c128_stream_warps=4), C128_CASES[5][0], "fused_stream"),
-    (dict(c128_stream_ctas_per_sm=4), C128_CASES[3][0], "fused_stream"),  # more clusters than fit: later waves
+    (dict(c128_stream_tile=64, c128_stream_ctas_per_sm=4), C128_CASES[3][0], "fused_stream"),  # later waves
     (dict(c128_cluster_kv_after_max=False), C128_CASES[0][0], "fused_cluster"),  # kv loads with the scores
     (dict(c128_cluster_kv_after_max=False, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
     (dict(c128_cluster_kv_after_max=False, c128_cluster_tile=32), C128_CASES[2][0], "fused_cluster"),
