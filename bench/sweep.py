@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..impl.cutedsl.variants import VARIANTS
 from .cases import Case
 from .timing import BenchImpl, Prepared, capture_graph, prepare, summarize, time_eager, time_graph
 
@@ -23,7 +24,8 @@ def _cutedsl(variant: str | None):
             module = importlib.import_module("dsv4_compressor.impl.cutedsl")
             return BenchImpl("cutedsl", module.compress_norm_rope_store, module.save_partial_states)
         chosen = importlib.import_module("dsv4_compressor.impl.cutedsl.variants").VARIANTS[variant]
-        return BenchImpl(f"cutedsl-{variant}", chosen.compress_norm_rope_store, chosen.save_partial_states)
+        return BenchImpl(f"cutedsl-{variant}", chosen.compress_norm_rope_store, chosen.save_partial_states,
+                         c128_compress_only=True)
     return load
 
 
@@ -35,13 +37,11 @@ def _module(name: str, module_name: str):
 
 
 # name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
-# dsv4_compressor.impl.cutedsl.variants) is a separate row
-CUTEDSL_VARIANTS = ("split_block8", "split_generic", "fused_cluster", "cluster8", "cluster16", "cluster16_w4", "cluster16_w16",
-                    "cluster_early", "stream", "stream16", "block8_late")
+# dsv4_compressor.impl.cutedsl.variants, which needs torch only) is a separate row
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
-    **{f"cutedsl-{name}": _cutedsl(name) for name in CUTEDSL_VARIANTS},
+    **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
 }
 
 
@@ -139,10 +139,7 @@ def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_
         if progress:
             print(f"\r[{index}/{len(cases)}] {case.name} token_num={case.token_num} ({time.perf_counter() - started:.0f}s)   ",
                   end="", file=sys.stderr, flush=True)
-        # the named CuTe DSL variants differ only in C128 compress paths: elsewhere they would time the same kernel again
-        c128_compress = case.compress_ratio == 128 and case.operation == "compress"
-        chosen = [i for i in impls if c128_compress or not i.name.startswith("cutedsl-")]
-        case_rows = run_case(case, chosen, modes, copy_gbs)
+        case_rows = run_case(case, [i for i in impls if i.runs(case)], modes, copy_gbs)
         rows.extend(case_rows)
         if progress:  # one line per row as it lands, so a cut-off run still leaves its numbers
             for r in case_rows:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -94,7 +94,11 @@ class BenchImpl:
     name: str
     compress: Callable | None
     save: Callable | None
-    extra: dict = field(default_factory=dict)  # keyword arguments added to compress calls
+    c128_compress_only: bool = False  # a named variant: it differs from its implementation only on C128 compress
+
+    def runs(self, case) -> bool:
+        """Whether this row belongs in ``case`` (a variant elsewhere would time the same kernel again)."""
+        return not self.c128_compress_only or (case.compress_ratio == 128 and case.operation == "compress")
 
     def caller(self, prepared: Prepared) -> Callable[[InputSet], None]:
         if prepared.case.operation == "save":
@@ -106,10 +110,8 @@ class BenchImpl:
         parameters = inspect.signature(self.compress).parameters
         takes_workspace = "workspace" in parameters or any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        extra = dict(self.extra)
-
         def call(s: InputSet) -> None:
-            kwargs = {**s.kwargs, **extra}
+            kwargs = dict(s.kwargs)
             if takes_workspace:
                 kwargs["workspace"] = s.workspace
             self.compress(*s.args, **kwargs)

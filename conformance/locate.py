@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS, QUANT_BLOCK
+from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS
 from .buffers import Buffer
 
 

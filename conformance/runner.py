@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import spec
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS, QUANT_BLOCK, ratio_config
+from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, QUANT_BLOCK, ratio_config
 from ..spec.formats import bf16_to_f32, e4m3_to_f32, E4M3_MAGNITUDES
 from ..spec.pooling import pool
 from ..spec.postprocess import norm_weight_f32, quantize_nope, rms_norm

@@ -381,7 +381,7 @@ def compress_norm_rope_store(
     fp8_scale: float | None = None,
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split path's fp32 scratch: [S >= T, 512] or >= T*512 elements
-    c128_path: str = "auto",  # "auto" | "fused_cluster" | "split_block8" | "split_generic" (C128 only)
+    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_stream" | "split_block8" | "split_generic" (C128)
 ) -> None:
     """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token.
 

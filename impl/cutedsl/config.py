@@ -196,20 +196,10 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
-class StreamConfig:
+class StreamConfig(ClusterConfig):
     """C128 single-launch kernel on persistent clusters with a two-stage ``cp.async`` pipeline
-    (scores and kv of the next token land in shared memory while this one is pooled)."""
-
-    pool: C128PoolConfig  # tile 64 (8-CTA clusters) or 32 (16-CTA clusters); kv_in_smem unused
-    entry: EntryFormat
-
-    def __post_init__(self):
-        if self.pool.tile not in (32, 64):
-            _fail("pool.tile", "64 (8 CTAs per token) or 32 (16 CTAs per token)", self.pool.tile)
-
-    @property
-    def cluster_size(self) -> int:
-        return HEAD_DIM // self.pool.tile
+    (scores and kv of the next token land in shared memory while this one is pooled); the
+    cluster shapes of :class:`ClusterConfig` (``pool.kv_in_smem`` is unused)."""
 
     @property
     def smem_bytes(self) -> int:

@@ -47,6 +47,15 @@ from .memory import load_fragment, load_scalar, store_fragment, store_scalar
 
 
 # ---- pieces (plain tracing helpers, no dynamic control flow) ---------------------------
+def token_activity(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, tok, ratio: int):
+    """SPEC §5, which tokens write an entry: ``(p, kv_slot, active)``, active iff the token's
+    state is saved, ``p`` ends a window of ``ratio`` and it has a cache slot."""
+    position = mPos[tok]
+    kv_slot = mKvSlot[tok]
+    active = (mSlot[tok] >= Int64(0)) & (kv_slot >= Int64(0)) & ((position + 1) % ratio == Int64(0))
+    return position, kv_slot, active
+
+
 def sum_of_squares(x: cute.Tensor, n: int):
     """``tree(mul(x[i], x[i]))`` over a thread's ``n`` consecutive channels."""
     return tree_sum([fmul(x[i], x[i]) for i in range(n)])

@@ -75,6 +75,7 @@ from .entry import (
     store_rope_bf16,
     store_scale_byte,
     sum_of_squares,
+    token_activity,
 )
 from .exact_math import (
     bf16_round_fragment,
@@ -128,6 +129,8 @@ class C128ClusterKernel(C128TilePooling):
         self.lane_channels = self.final_channels  # channels per lane of warp 0: 2 (tile 64) or 1 (tile 32)
         self.tiles_per_block = QUANT_BLOCK // self.tile  # 1 or 2 CTAs per quantization block
         self.rope_tile = NOPE_DIM // self.tile  # first RoPE tile: 7 or 14
+        # tile 32, flashmla_fp8: the two CTAs of a quantization block swap x for the block's amax
+        self.sends_partner_x = self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"
 
     @cute.jit
     def __call__(
@@ -160,7 +163,7 @@ class C128ClusterKernel(C128TilePooling):
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sPartnerX = smem.allocate_tensor(Float32, cute.make_layout(32), byte_alignment=16)  # tile 32 only
-        position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, self.ratio)
         req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
             cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before remote stores
@@ -168,15 +171,9 @@ class C128ClusterKernel(C128TilePooling):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             n = self.lane_channels
             # everything the finishing stage reads from memory, fetched before the pooling
-            first = tile * self.tile + lane * n
-            partner_first = (tile ^ 1) * self.tile + lane * n  # tile 32: the other half of the block
-            w = load_weight(mWeight, first, n)
-            w_partner = w
-            if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
-                w_partner = load_weight(mWeight, partner_first, n)
-            pair = Int32(cutlass.select_(first >= ROPE_TILE_CHANNEL, (first - ROPE_TILE_CHANNEL) // 2, 0))
+            w, w_partner, pair = self.finish_inputs(mWeight, tile, lane)
             cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, pair, 1)
-            data, scales = entry_addresses(self.entry, mCache, mKvSlot[tok])
+            data, scales = entry_addresses(self.entry, mCache, kv_slot)
             x = cute.make_rmem_tensor((n,), Float32)
             x.fill(0.0)
             self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
@@ -185,18 +182,54 @@ class C128ClusterKernel(C128TilePooling):
             if warp == 0:
                 if lane < self.cluster:
                     store_to_peer_smem(tile_sum, sTileSums.iterator + tile, lane)
-                if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
+                if cutlass.const_expr(self.sends_partner_x):
                     store_to_peer_smem(x[0], sPartnerX.iterator + lane, tile ^ 1)  # for the block's amax
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             if warp == 0:
-                ss = tree_sum([sTileSums[g] for g in range(self.cluster)])
-                rr = rms_scale(ss, eps)
-                if cutlass.const_expr(self.tiles_per_block == 1):
-                    self.finish_block(x, w, rr, cos, sin, lane, tile, data, scales, fp8_inv)
-                else:
-                    self.finish_half_block(x, w, sPartnerX, w_partner, rr, cos, sin, lane, tile, data, scales,
-                                           fp8_inv)
+                self.finish_token(x, w, w_partner, sTileSums, sPartnerX, cos, sin, lane, tile, data, scales, eps,
+                                  fp8_inv)
+
+    @cute.jit
+    def finish_inputs(self, mWeight: cute.Tensor, tile: Int32, lane: Int32):
+        """Token-independent inputs of the finishing stage: ``(w, w_partner, pair)``, the norm
+        weights of this lane's channels (fp32 (n,)), those of the same lane in the block's
+        other half (tile 32, flashmla_fp8; else ``w`` again) and the lane's RoPE pair index."""
+        n = self.lane_channels
+        first = tile * self.tile + lane * n
+        partner_first = (tile ^ 1) * self.tile + lane * n
+        w = load_weight(mWeight, first, n)
+        w_partner = w
+        if cutlass.const_expr(self.sends_partner_x):
+            w_partner = load_weight(mWeight, partner_first, n)
+        pair = Int32(cutlass.select_(first >= ROPE_TILE_CHANNEL, (first - ROPE_TILE_CHANNEL) // 2, 0))
+        return w, w_partner, pair
+
+    @cute.jit
+    def finish_token(
+        self,
+        x: cute.Tensor,  # fp32 (n,): this lane's channels of the compressed vector
+        w: cute.Tensor,  # fp32 (n,): their norm weights
+        w_partner: cute.Tensor,  # fp32 (n,): weights of the block's other half (tile 32)
+        sTileSums: cute.Tensor,  # fp32 smem (C,): every tile's sum of squares, exchanged
+        sPartnerX: cute.Tensor,  # fp32 smem (32,): x of the block's other half (tile 32, flashmla_fp8)
+        cos: cute.Tensor,  # fp32 (1,): cos of the lane's RoPE pair
+        sin: cute.Tensor,  # fp32 (1,): its sin
+        lane: Int32,
+        tile: Int32,
+        data: Int64,  # byte address of the entry (data record)
+        scales: Int64,  # byte address of the scale record (flashmla_fp8)
+        eps: Float32,
+        fp8_inv: Float32,
+    ):
+        """Warp 0, after the exchange: ``ss`` as SPEC's tree over the tile trees, ``rr``, then
+        this tile's part of the entry."""
+        ss = tree_sum([sTileSums[g] for g in range(self.cluster)])
+        rr = rms_scale(ss, eps)
+        if cutlass.const_expr(self.tiles_per_block == 1):
+            self.finish_block(x, w, rr, cos, sin, lane, tile, data, scales, fp8_inv)
+        else:
+            self.finish_half_block(x, w, sPartnerX, w_partner, rr, cos, sin, lane, tile, data, scales, fp8_inv)
 
     @cute.jit
     def finish_block(

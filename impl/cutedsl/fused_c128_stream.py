@@ -49,10 +49,10 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import ClusterConfig, StreamConfig
-from .entry import entry_addresses, load_cos_sin, load_weight, rms_scale, sum_of_squares
-from .exact_math import butterfly_sum, tree_sum
-from .fused_c128_cluster import ROPE_TILE_CHANNEL, C128ClusterKernel, store_to_peer_smem
+from .config import StreamConfig
+from .entry import entry_addresses, load_cos_sin, sum_of_squares, token_activity
+from .exact_math import butterfly_sum
+from .fused_c128_cluster import C128ClusterKernel
 from .pooling_c128 import RATIO, copy_row_async
 
 STAGES = 2
@@ -92,8 +92,7 @@ class C128StreamKernel(C128ClusterKernel):
     """Grid ``C * G`` (1-D), cluster ``(C, 1, 1)``; cluster ``c`` streams chunks ``c + iG``."""
 
     def __init__(self, config: StreamConfig):
-        super().__init__(ClusterConfig(config.pool, config.entry))
-        self.stream_config = config
+        super().__init__(config)
 
     @cute.jit
     def __call__(
@@ -143,16 +142,9 @@ class C128StreamKernel(C128ClusterKernel):
                                          byte_alignment=16)
         sPartnerX = smem.allocate_tensor(Float32, cute.make_layout((2, 32), stride=(32, 1)), byte_alignment=16)
         sArrived = smem.allocate_array(Int64, 2)  # mbarriers of the two exchange buffers
-        sends_x = self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"
-        exchange_bytes = 4 * self.cluster + (4 * 32 if sends_x else 0)  # received per token
+        exchange_bytes = 4 * self.cluster + (4 * 32 if self.sends_partner_x else 0)  # received per token
 
-        # token-independent inputs of the finishing stage
-        first = tile * self.tile + lane * n
-        w = load_weight(mWeight, first, n)
-        w_partner = w
-        if cutlass.const_expr(self.tiles_per_block == 2 and self.entry.layout == "flashmla_fp8"):
-            w_partner = load_weight(mWeight, (tile ^ 1) * self.tile + lane * n, n)
-        pair = Int32(cutlass.select_(first >= ROPE_TILE_CHANNEL, (first - ROPE_TILE_CHANNEL) // 2, 0))
+        w, w_partner, pair = self.finish_inputs(mWeight, tile, lane)  # token-independent
 
         if tidx == 0:
             cute.arch.mbarrier_init(sArrived, 1)
@@ -192,17 +184,12 @@ class C128StreamKernel(C128ClusterKernel):
                         if lane < self.cluster:
                             send_to_peer_smem(tile_sum, sTileSums.iterator + parity * self.cluster + tile,
                                               sArrived + parity, lane)
-                        if cutlass.const_expr(sends_x):
+                        if cutlass.const_expr(self.sends_partner_x):
                             send_to_peer_smem(x[0], sPartnerX.iterator + parity * 32 + lane, sArrived + parity,
                                               tile ^ 1)
                         cute.arch.mbarrier_wait(sArrived + parity, (processed // 2) % 2)
-                        ss = tree_sum([sTileSums[parity, g] for g in range(self.cluster)])
-                        rr = rms_scale(ss, eps)
-                        if cutlass.const_expr(self.tiles_per_block == 1):
-                            self.finish_block(x, w, rr, cos, sin, lane, tile, data, scales, fp8_inv)
-                        else:
-                            self.finish_half_block(x, w, sPartnerX[parity, None], w_partner, rr, cos, sin, lane, tile,
-                                                   data, scales, fp8_inv)
+                        self.finish_token(x, w, w_partner, sTileSums[parity, None], sPartnerX[parity, None], cos, sin,
+                                          lane, tile, data, scales, eps, fp8_inv)
                     processed = processed + Int32(1)
                     parity = parity ^ Int32(1)
                     stage = stage ^ Int32(1)
@@ -220,10 +207,8 @@ class C128StreamKernel(C128ClusterKernel):
         every warp computes the same mask."""
         token = chunk_start + lane
         valid = (lane < chunk) & (token < num_tokens)
-        safe = Int32(cutlass.select_(valid, token, chunk_start))
-        position = mPos[safe]
-        active = valid & (mSlot[safe] >= Int64(0)) & (mKvSlot[safe] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
-        return cute.arch.vote_ballot_sync(active)
+        _, _, active = token_activity(mPos, mSlot, mKvSlot, Int32(cutlass.select_(valid, token, chunk_start)), RATIO)
+        return cute.arch.vote_ballot_sync(valid & active)
 
     @cute.jit
     def issue_rows(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mBlockTable: cute.Tensor,

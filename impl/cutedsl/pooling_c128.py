@@ -55,6 +55,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import HEAD_DIM, C128PoolConfig
+from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment
 
@@ -235,12 +236,6 @@ class C128TilePooling:
         (no 65535 limit on T), and the CTAs that read the same state rows run together."""
         return cta % self.num_tiles, cta // self.num_tiles
 
-    def token_activity(self, mPos, mSlot, mKvSlot, tok):
-        """SPEC §5: active iff saved, boundary and with a cache slot."""
-        position = mPos[tok]
-        active = (mSlot[tok] >= Int64(0)) & (mKvSlot[tok] >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
-        return position, active
-
 
 def copy_row_async(byte_address, dst: cute.Tensor) -> None:
     """``cp.async`` of 4 fp32 (16 bytes, L2 only) from global ``byte_address`` to ``dst`` (smem)."""
@@ -290,7 +285,7 @@ class C128PoolKernel(C128TilePooling):
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)
         sMax, sNum, sDen, sKv = self.allocate_smem(SmemAllocator())
-        position, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+        position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
         req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
             x = cute.make_rmem_tensor((self.final_channels,), Float32)

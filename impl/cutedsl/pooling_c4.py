@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import HEAD_DIM, C4Config
-from .entry import EntryWriter
+from .entry import EntryWriter, token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, load_into, load_scalar, store_fragment
 
@@ -99,13 +99,6 @@ class C4Window:
         for c in cutlass.range_constexpr(self.vec):
             x[c] = pool_channel(kv, sc, c, WINDOW)
 
-    def token_activity(self, mPos, mSlot, mKvSlot, tok):
-        """SPEC §5: active iff saved, boundary and with a cache slot: ``(p, kv_slot, active)``."""
-        position = mPos[tok]
-        kv_slot = mKvSlot[tok]
-        active = (mSlot[tok] >= Int64(0)) & (kv_slot >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
-        return position, kv_slot, active
-
 
 class C4PoolKernel(C4Window):
     """C4 pooling only: writes the fp32 compressed vector of active tokens to ``mOut``."""
@@ -136,7 +129,7 @@ class C4PoolKernel(C4Window):
         t = tidx % self.group_threads
         tok = cta * self.tokens_per_cta + tidx // self.group_threads
         if tok < mPos.shape[0]:
-            position, _, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
@@ -187,7 +180,7 @@ class C4FusedKernel(C4Window, EntryWriter):
         smem = SmemAllocator()
         sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
         if tok < mPos.shape[0]:
-            position, kv_slot, active = self.token_activity(mPos, mSlot, mKvSlot, tok)
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32, Int64
+from cutlass import Float32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import StoreConfig
-from .entry import EntryWriter
+from .entry import EntryWriter, token_activity
 from .memory import element_address, load_fragment
 
 RATIO = 128
@@ -67,9 +67,7 @@ class C128StoreKernel(EntryWriter):
         smem = SmemAllocator()
         sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
         if tok < mPos.shape[0]:
-            position = mPos[tok]
-            kv_slot = mKvSlot[tok]
-            active = (mSlot[tok] >= Int64(0)) & (kv_slot >= Int64(0)) & ((position + 1) % RATIO == Int64(0))
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             if active:
                 x = load_fragment(Float32, element_address(mX, tok, t * self.vec), self.vec, 16)
                 self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,

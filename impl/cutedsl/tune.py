@@ -2,8 +2,9 @@
 
     python -m dsv4_compressor.impl.cutedsl.tune [--ratio 128|4] [--sizes 1 64 1024] [--settings NAME ...]
 
-Each *setting* is a ``c128_path`` plus overrides of :data:`.api.TUNING` (see
-:class:`.api.Tuning` for every knob). For each benchmark case (the decode-boundary sweeps
+Each *setting* is a :class:`.variants.Variant`: a ``c128_path`` plus overrides of
+:data:`.api.TUNING` (see :class:`.api.Tuning` for every knob), pinned explicitly where a
+default has changed since the setting was first measured (``bench/RESULTS.md``). For each benchmark case (the decode-boundary sweeps
 of :mod:`dsv4_compressor.bench.cases`, four rotated input sets) every setting is compiled,
 warmed up and captured into its own CUDA graph; the trials are interleaved across settings
 and the median µs per call of graph replay is printed with the fraction of the copy
@@ -15,18 +16,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import fields
 
-# name -> (c128_path or None, TUNING overrides)
-C128_SETTINGS = {
-    "cluster": ("fused_cluster", {"c128_cluster_tile": 64}),
-    "cluster-regkv": ("fused_cluster", {"c128_cluster_tile": 64, "c128_cluster_kv_in_smem": False}),
-    "cluster-w16": ("fused_cluster", {"c128_cluster_warps": 16, "c128_cluster_kv_in_smem": False}),
-    "cluster-w16-smemkv": ("fused_cluster", {"c128_cluster_warps": 16}),
-    "cluster16": ("fused_cluster", {"c128_cluster_tile": 32}),
-    "cluster16-regkv": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_in_smem": False}),
-    "cluster16-w4": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 4}),
-    "cluster16-w16": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_warps": 16}),
+EARLY = {"c128_cluster_kv_after_max": False}  # the cluster kernel's default before e555146
+
+# name -> (c128_path, TUNING overrides); made Variants below
+_C128 = {
+    "cluster": ("fused_cluster", {**EARLY, "c128_cluster_tile": 64}),
+    "cluster-regkv": ("fused_cluster", {**EARLY, "c128_cluster_tile": 64, "c128_cluster_kv_in_smem": False}),
+    "cluster-w16": ("fused_cluster", {**EARLY, "c128_cluster_tile": 64, "c128_cluster_warps": 16,
+                                      "c128_cluster_kv_in_smem": False}),
+    "cluster-w16-smemkv": ("fused_cluster", {**EARLY, "c128_cluster_tile": 64, "c128_cluster_warps": 16}),
+    "cluster16": ("fused_cluster", {**EARLY, "c128_cluster_tile": 32}),
+    "cluster16-regkv": ("fused_cluster", {**EARLY, "c128_cluster_tile": 32, "c128_cluster_kv_in_smem": False}),
+    "cluster16-w4": ("fused_cluster", {**EARLY, "c128_cluster_tile": 32, "c128_cluster_warps": 4}),
+    "cluster16-w16": ("fused_cluster", {**EARLY, "c128_cluster_tile": 32, "c128_cluster_warps": 16}),
     "stream": ("fused_stream", {"c128_stream_tile": 64}),
     "stream-w4": ("fused_stream", {"c128_stream_tile": 64, "c128_stream_warps": 4}),
     "stream16": ("fused_stream", {"c128_stream_tile": 32}),
@@ -47,24 +50,23 @@ C128_SETTINGS = {
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),
     "block8-store2": ("split_block8", {"c128_store_tokens_per_cta": 2}),
 }
-C4_SETTINGS = {
-    "c4": (None, {}),
-    "c4-tpc2": (None, {"c4_tokens_per_cta": 2}),
-    "c4-tpc4": (None, {"c4_tokens_per_cta": 4}),
+_C4 = {
+    "c4": ("auto", {}),
+    "c4-tpc2": ("auto", {"c4_tokens_per_cta": 2}),
+    "c4-tpc4": ("auto", {"c4_tokens_per_cta": 4}),
 }
+
+
+def _variants(table: dict) -> dict:
+    from .variants import Variant
+
+    return {name: Variant(name, path, overrides) for name, (path, overrides) in table.items()}
+
+
+C128_SETTINGS = _variants(_C128)
+C4_SETTINGS = _variants(_C4)
 C128_SIZES = (1, 8, 32, 64, 128, 256, 1024, 8192)
 C4_SIZES = (1, 32, 128, 1024, 16384)
-
-
-def _apply(overrides: dict):
-    from . import api
-
-    saved = {f.name: getattr(api.TUNING, f.name) for f in fields(api.TUNING)}
-    for key, value in overrides.items():
-        if key not in saved:
-            raise ValueError(f"setting: unknown TUNING field {key!r}; expected one of {sorted(saved)}")
-        setattr(api.TUNING, key, value)
-    return saved
 
 
 def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], int]:
@@ -72,15 +74,12 @@ def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], 
     import torch
 
     from ...bench.timing import BenchImpl, capture_graph, prepare, time_graph
-    from . import api
 
     prepared = prepare(case)
     graphs = {}
-    for name, (path, overrides) in settings.items():
-        saved = _apply(overrides)
+    for name, variant in settings.items():
         try:
-            extra = {"c128_path": path} if path else {}
-            call = BenchImpl(name, api.compress_norm_rope_store, api.save_partial_states, extra).caller(prepared)
+            call = BenchImpl(name, variant.compress_norm_rope_store, variant.save_partial_states).caller(prepared)
             for s in prepared.sets:  # compile and warm up with these knobs
                 call(s)
             torch.cuda.synchronize()
@@ -88,8 +87,6 @@ def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], 
             graphs[name] = (capture_graph(call, prepared.sets, calls), calls)
         except Exception as error:  # report and go on
             print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0][:160]}", file=sys.stderr)
-        finally:
-            _apply(saved)
     replays = {}  # each sample lasts about 20 ms
     for name, (graph, calls) in graphs.items():
         per_call = time_graph(graph, calls, 1)

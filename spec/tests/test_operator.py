@@ -8,7 +8,7 @@ import pytest
 from dsv4_compressor import spec
 from dsv4_compressor.conformance.scenarios import C4, C128, StepRecipe, build_step, scenarios, _decode, _fixed
 from dsv4_compressor.spec import batch as B
-from dsv4_compressor.spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES
+from dsv4_compressor.spec.constants import DATA_RECORD_BYTES
 from dsv4_compressor.spec.formats import E4M3_MAGNITUDES, bf16_to_f32, e4m3_to_f32
 from dsv4_compressor.spec.layouts import flashmla_page_bytes
 from spec_test_helpers import ideal_entry, run_step, store
