@@ -200,6 +200,18 @@ class EntryWriter:
     rope_first_thread = NOPE_DIM // 4  # 112
     lanes_per_block = QUANT_BLOCK // 4  # 16
 
+    def token_group(self, smem):
+        """This thread's ``(group, t, tok, sPartial)``: token group of the CTA, thread index in
+        it (0..127), token index (``tokens_per_cta`` consecutive tokens per CTA) and the
+        groups' shared partial sums of squares, fp32 ``[tokens_per_cta, 4]`` (one per warp)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        group = tidx // self.group_threads
+        t = tidx % self.group_threads
+        tok = cta * self.tokens_per_cta + group
+        layout = cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1))
+        return group, t, tok, smem.allocate_tensor(Float32, layout, byte_alignment=16)
+
     @cute.jit
     def write_entry_x4(
         self,

@@ -59,13 +59,7 @@ class C128StoreKernel(EntryWriter):
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor,
                mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        group = tidx // self.group_threads
-        t = tidx % self.group_threads
-        tok = cta * self.tokens_per_cta + group
-        smem = SmemAllocator()
-        sPartial = smem.allocate_tensor(Float32, cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1)), byte_alignment=16)
+        group, t, tok, sPartial = self.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             if active:
