@@ -68,6 +68,17 @@ for s in "$@"; do
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
+    conformance-pdl)
+      step conformance-pdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pdl --size all ;;
+    probe-floor)
+      step probe-floor 120 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
+    probe-variants)
+      step probe-variants 240 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 32 64 128 256 1024 --variants cluster16 cluster16_pdl cluster8 cluster8_pdl split_block8 split_block8_pdl fused_cluster pdl ;;
+    probe-noexp)
+      step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16 cluster8 split_block8 ;;
+    ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64)
+      v="${s#ncu-}"; v="${v%-*}"; n="${s##*-}"
+      step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one --tokens "$n" --variant "$v" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

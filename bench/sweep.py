@@ -25,7 +25,7 @@ def _cutedsl(variant: str | None):
             return BenchImpl("cutedsl", module.compress_norm_rope_store, module.save_partial_states)
         chosen = importlib.import_module("dsv4_compressor.impl.cutedsl.variants").VARIANTS[variant]
         return BenchImpl(f"cutedsl-{variant}", chosen.compress_norm_rope_store, chosen.save_partial_states,
-                         c128_compress_only=True)
+                         c128_compress_only=chosen.c128_compress_only)
     return load
 
 

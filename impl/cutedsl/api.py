@@ -90,6 +90,7 @@ class Tuning:
     c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)
     c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
+    pdl: bool = False  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
 
 
 TUNING = Tuning()
@@ -203,7 +204,7 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late)
+    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, TUNING.pdl)
 
 
 SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds
@@ -264,7 +265,7 @@ def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, blo
         and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
     )
     kernel = compile_cache.compile_save(
-        config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta)
+        config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta, TUNING.pdl)
     )
     kernel(kv_score, ape, _unit_stride_1d(positions), _unit_stride_1d(slot_mapping), state_cache)
 
@@ -349,7 +350,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         store_align=_store_align(k_cache, call.store.layout),
     )
     if path == "c4":
-        kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta)),)
+        kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta, TUNING.pdl)),)
     elif path == "fused_cluster":
         pool = c128_pool_config(path, block_size, num_tokens)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
@@ -359,7 +360,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         return LaunchPlan((compile_cache.compile_c128_stream(stream_config),), path, eps, fp8_inv, num_tokens, restride, grid)
     else:
         kernels = (compile_cache.compile_c128_pool(c128_pool_config(path, block_size)),
-                   compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta)))
+                   compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta, TUNING.pdl)))
     return LaunchPlan(kernels, path, eps, fp8_inv, num_tokens, restride)
 
 
@@ -447,7 +448,7 @@ def compress(
     args = _metadata(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
     token_req, positions, slot_mapping, block_table, kv_slot_mapping = args
     if ratio == 4:
-        kernel = compile_cache.compile_c4(config.C4Config(block_size, None, TUNING.c4_tokens_per_cta))
+        kernel = compile_cache.compile_c4(config.C4Config(block_size, None, TUNING.c4_tokens_per_cta, TUNING.pdl))
     else:
         if path in ("fused_cluster", "fused_stream"):  # the fused kernels pool exactly like the split kernels
             path = "split_generic"  # (generic lookups are Block8's whenever bs allows)

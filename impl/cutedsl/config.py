@@ -30,6 +30,15 @@ def _fail(name: str, expected: str, given) -> None:
     raise ValueError(f"{name}: expected {expected}, got {given!r}")
 
 
+def _flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        _fail(name, "True or False", value)
+
+
+def _pdl_tag(pdl: bool) -> str:
+    return "_pdl" if pdl else ""
+
+
 def _power_of_two(name: str, value: int, allowed=None) -> None:
     if not isinstance(value, int) or value < 1 or value & (value - 1):
         _fail(name, "a power of two", value)
@@ -83,11 +92,13 @@ class C4Config:
     block_size: int  # bs, rows per state block (any >= 1)
     entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
     tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+        _flag("pdl", self.pdl)
 
     @property
     def rows_per_lookup(self) -> int:
@@ -98,7 +109,7 @@ class C4Config:
     @property
     def tag(self) -> str:
         out = self.entry.tag if self.entry is not None else "x"
-        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}"
+        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,8 @@ class C128PoolConfig:
     kv_in_smem: bool = False  # sweep: stage kv rows in shared memory (cp.async), halving registers
     kv_after_max: bool = False  # sweep: issue the kv loads once the window max is known, so that
     #                             every CTA's scores (which gate the exps) reach HBM's queue first
+    pdl: bool = False  # programmatic dependent launch (the split compress kernel, and the cluster
+    #                    and stream kernels built around this pooling; see :mod:`.dependent_launch`)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -131,6 +144,8 @@ class C128PoolConfig:
         _power_of_two("rows_per_lookup", self.rows_per_lookup)
         if rpl % self.rows_per_lookup or self.block_size % self.rows_per_lookup:
             _fail("rows_per_lookup", f"a divisor of rows_per_lane ({rpl}) and of block_size ({self.block_size})", self.rows_per_lookup)
+        for name in ("kv_in_smem", "kv_after_max", "pdl"):
+            _flag(name, getattr(self, name))
 
     @property
     def lanes_per_row_group(self) -> int:
@@ -153,7 +168,7 @@ class C128PoolConfig:
         kind = "block8" if self.is_block8 else f"generic{self.rows_per_lookup}"
         staged = "_kvsmem" if self.kv_in_smem else ""
         late = "_kvlate" if self.kv_after_max else ""
-        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}"
+        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)
@@ -162,13 +177,15 @@ class StoreConfig:
 
     entry: EntryFormat
     tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
 
     def __post_init__(self):
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+        _flag("pdl", self.pdl)
 
     @property
     def tag(self) -> str:
-        return f"c128store_{self.entry.tag}_tpc{self.tokens_per_cta}"
+        return f"c128store_{self.entry.tag}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)
@@ -221,6 +238,7 @@ class SaveConfig:
     block_size: int  # bs
     vector_inputs: bool  # kv_score and ape rows 16-byte aligned: 128-bit loads
     tokens_per_cta: int = 1
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
 
     def __post_init__(self):
         if self.compress_ratio not in (4, 128):
@@ -228,6 +246,7 @@ class SaveConfig:
         if not isinstance(self.block_size, int) or self.block_size < 1:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
+        _flag("pdl", self.pdl)
 
     @property
     def state_width(self) -> int:
@@ -236,4 +255,4 @@ class SaveConfig:
     @property
     def tag(self) -> str:
         v = "v4" if self.vector_inputs else "v1"
-        return f"save_r{self.compress_ratio}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}"
+        return f"save_r{self.compress_ratio}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"

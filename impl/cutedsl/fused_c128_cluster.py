@@ -60,6 +60,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import NOPE_DIM, QUANT_BLOCK, ClusterConfig
+from .dependent_launch import wait_for_prerequisite_grids
 from .entry import (
     entry_addresses,
     load_cos_sin,
@@ -150,13 +151,14 @@ class C128ClusterKernel(C128TilePooling):
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
             grid=(self.cluster * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), cluster=(self.cluster, 1, 1),
-            stream=stream,
+            stream=stream, use_pdl=self.pdl,
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)  # tile == rank in the cluster (CTAs C*t .. C*t + C-1)
         smem = SmemAllocator()

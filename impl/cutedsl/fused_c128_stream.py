@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import StreamConfig
+from .dependent_launch import wait_for_prerequisite_grids
 from .entry import entry_addresses, load_cos_sin, sum_of_squares, token_activity
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
@@ -115,13 +116,14 @@ class C128StreamKernel(C128ClusterKernel):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
                     num_clusters, chunk).launch(
             grid=(self.cluster * num_clusters, 1, 1), block=(self.threads, 1, 1), cluster=(self.cluster, 1, 1),
-            stream=stream,
+            stream=stream, use_pdl=self.pdl,
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, num_clusters: Int32, chunk: Int32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         tile = cta % self.cluster  # rank in the cluster
         cluster_id = cta // self.cluster

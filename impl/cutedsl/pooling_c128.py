@@ -55,6 +55,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import HEAD_DIM, C128PoolConfig
+from .dependent_launch import wait_for_prerequisite_grids
 from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment
@@ -71,6 +72,7 @@ class C128TilePooling:
 
     def __init__(self, pool: C128PoolConfig):
         self.pool = pool
+        self.pdl = pool.pdl
         self.block_size = pool.block_size
         self.warps = pool.warps
         self.threads = 32 * pool.warps
@@ -276,12 +278,13 @@ class C128PoolKernel(C128TilePooling):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(self.num_tiles * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(self.num_tiles * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)
         sMax, sNum, sDen, sKv = self.allocate_smem(SmemAllocator())

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import HEAD_DIM, C4Config
+from .dependent_launch import wait_for_prerequisite_grids
 from .entry import EntryWriter, token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, load_into, load_scalar, store_fragment
@@ -59,6 +60,7 @@ class C4Window:
 
     def __init__(self, config: C4Config):
         self.config = config
+        self.pdl = config.pdl
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.tokens_per_cta = config.tokens_per_cta
@@ -118,12 +120,13 @@ class C4PoolKernel(C4Window):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         t = tidx % self.group_threads
@@ -165,13 +168,14 @@ class C4FusedKernel(C4Window, EntryWriter):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)

@@ -71,6 +71,17 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
             yield cfg.tag, "save", cfg, vector
+    # programmatic dependent launch: every kernel kind once (griddepcontrol at the top)
+    pdl_pool = C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True, pdl=True)
+    for kind, cfg, streams in (
+        ("c4", C4Config(4, entry(), pdl=True), True), ("c4", C4Config(4, None, pdl=True), True),
+        ("c128_pool", C128PoolConfig(8, 8, pdl=True), True), ("c128_store", StoreConfig(entry(), pdl=True), False),
+        ("c128_cluster", ClusterConfig(pdl_pool, entry()), True),
+        ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
+        ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
+        ("save", SaveConfig(128, 8, True, pdl=True), True),
+    ):
+        yield cfg.tag, kind, cfg, streams
 
 
 def compile_variant(kind: str, config, *, keep_ptx: bool = True):

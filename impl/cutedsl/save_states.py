@@ -16,6 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int64
 
 from .config import SaveConfig
+from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import fadd
 from .memory import element_address, load_fragment, store_fragment
 
@@ -28,6 +29,7 @@ class SavePartialStatesKernel:
 
     def __init__(self, config: SaveConfig):
         self.config = config
+        self.pdl = config.pdl
         self.ratio = config.compress_ratio
         self.block_size = config.block_size
         self.state_width = config.state_width
@@ -49,12 +51,13 @@ class SavePartialStatesKernel:
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mKvScore, mApe, mPos, mSlot, mState).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mState: cute.Tensor):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         t = tidx % self.group_threads

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .config import StoreConfig
+from .dependent_launch import wait_for_prerequisite_grids
 from .entry import EntryWriter, token_activity
 from .memory import element_address, load_fragment
 
@@ -32,6 +33,7 @@ class C128StoreKernel(EntryWriter):
 
     def __init__(self, config: StoreConfig):
         self.config = config
+        self.pdl = config.pdl
         self.entry = config.entry
         self.tokens_per_cta = config.tokens_per_cta
         self.threads = self.group_threads * self.tokens_per_cta
@@ -53,12 +55,13 @@ class C128StoreKernel(EntryWriter):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mX, mPos, mSlot, mKvSlot, mWeight, mCosSin, mCache, eps, fp8_inv).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor,
                mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor, eps: Float32, fp8_inv: Float32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)

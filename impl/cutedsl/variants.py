@@ -50,6 +50,12 @@ class Variant:
         if self.c128_path not in api.C128_PATHS:
             raise ValueError(f"c128_path: expected one of {api.C128_PATHS}, got {self.c128_path!r}")
 
+    @property
+    def c128_compress_only(self) -> bool:
+        """Whether the variant differs from the dispatcher only on C128 compress calls (all its
+        overrides are ``c128_*`` knobs and C4 ignores ``c128_path``), so other cases need no row."""
+        return all(key.startswith("c128_") for key in self.overrides)
+
     def compress_norm_rope_store(self, *args, **kwargs) -> None:
         kwargs.setdefault("c128_path", self.c128_path)
         if not self.overrides:
@@ -76,6 +82,12 @@ split_block8 = Variant("split_block8", "split_block8")
 # Block8 whenever the block size allows, generic otherwise, kv loads after the window max
 block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0})
 split_generic = Variant("split_generic", "split_generic")
+# programmatic dependent launch on every kernel (auto dispatch; also C4 and save)
+pdl = Variant("pdl", "auto", {"pdl": True})
+cluster8_pdl = Variant("cluster8_pdl", "fused_cluster", {"c128_cluster_tile": 64, "pdl": True})
+cluster16_pdl = Variant("cluster16_pdl", "fused_cluster", {"c128_cluster_tile": 32, "pdl": True})
+split_block8_pdl = Variant("split_block8_pdl", "split_block8", {"pdl": True})
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
-                                 stream16, split_block8, block8_late, split_generic)}
+                                 stream16, split_block8, block8_late, split_generic, pdl, cluster8_pdl, cluster16_pdl,
+                                 split_block8_pdl)}

@@ -351,3 +351,54 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
     assert_same_bytes("graph replay vs eager", replayed, eager)
     expected = spec_run(case, moved, moved_state, weight, cos_sin, k_cache, fp8_scale)
     assert_same_bytes("graph replay vs spec", replayed, expected)
+
+
+# ---- programmatic dependent launch ---------------------------------------------------------------
+def _storage(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of ``t``'s whole storage (padding included), to snapshot and restore it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+@pytest.mark.parametrize("case, path", [
+    (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"), (Case(128, 8, 2), "fused_stream"),
+    (Case(4, 4, 2), "auto"),
+], ids=lambda v: v.name if isinstance(v, Case) else v)
+def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path):
+    """``save_partial_states`` then ``compress_norm_rope_store``, every kernel launched with PDL
+    and both captured in one graph: each boundary token's window includes the row the save
+    kernel has just written, so a compress kernel that read before its ``griddepcontrol.wait``
+    returned would pool stale rows. Every replay must give the spec's bytes."""
+    from dsv4_compressor.impl import cutedsl
+    from dsv4_compressor.impl.cutedsl import api
+
+    monkeypatch.setattr(api.TUNING, "pdl", True)
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    rng = np.random.default_rng(11)
+    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
+    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
+    assert not np.array_equal(span(saved), span(state))  # the save changes rows the windows read
+    expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
+
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    state_clean, k_clean = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
+    kv_t, ape_t = to_cuda(kv), to_cuda(ape)
+    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path,
+                  workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
+
+    def step():
+        cutedsl.save_partial_states(kv_t, ape_t, args["positions"], args["slot_mapping"], args["state_cache"],
+                                    batch.block_size)
+        cutedsl.compress_norm_rope_store(**args, **kwargs)
+
+    step()  # compiles both kernels before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(3):
+        _storage(args["state_cache"]).copy_(state_clean)
+        _storage(args["k_cache"]).copy_(k_clean)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
