@@ -70,6 +70,10 @@ for s in "$@"; do
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     conformance-pdl)
       step conformance-pdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pdl --size all ;;
+    conformance-handoff)
+      step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff --impl dsv4_compressor.impl.cutedsl.variants:handoff_pdl --size all ;;
+    probe-handoff)
+      step probe-handoff 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants handoff handoff_pdl cluster8 fused_cluster pdl cluster16_pdl split_block8_pdl ;;
     probe-floor)
       step probe-floor 120 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
     probe-variants)

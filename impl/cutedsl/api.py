@@ -42,7 +42,7 @@ from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_s
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
-C128_PATHS = ("auto", "fused_cluster", "fused_stream", "split_block8", "split_generic")
+C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic")
 HEAD_DIM = 512
 
 
@@ -84,6 +84,7 @@ class Tuning:
     c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
+    c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
@@ -189,6 +190,8 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
     if path == "fused_cluster":
         warps, tile, staged = TUNING.c128_cluster_warps, cluster_tile(num_tokens), TUNING.c128_cluster_kv_in_smem
         late = TUNING.c128_cluster_kv_after_max
+    elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
+        warps, tile, staged, late = 8, 64, True, TUNING.c128_handoff_kv_after_max
     elif path == "fused_stream":
         warps, tile, staged, late = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False, False
     else:
@@ -230,6 +233,33 @@ def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[i
 
 
 _SM_COUNTS: dict = {}
+_COUNTERS: dict = {}  # (device, stream) -> int32 arrival counters of the handoff kernel, zero between calls
+_OUTGROWN: list = []  # replaced counter arrays stay allocated: a captured CUDA graph may still use them
+
+
+def _current_stream(device: torch.device) -> int:
+    try:
+        return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+    except AttributeError:  # pragma: no cover - older torch
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
+    """The ``fused_handoff`` kernel's per-token arrival counters for the current stream: an
+    int32 array of at least ``num_tokens`` zeros (the kernel leaves them zero again).
+
+    One array per (device, stream), so calls on different streams never share counters. A
+    CUDA graph keeps the array of the stream it was captured on: graphs captured on one
+    stream must not be replayed concurrently on several.
+    """
+    key = (device, _current_stream(device))
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < num_tokens:
+        if counters is not None:
+            _OUTGROWN.append(counters)
+        counters = torch.zeros(max(4096, 1 << (num_tokens - 1).bit_length()), dtype=torch.int32, device=device)
+        _COUNTERS[key] = counters
+    return counters
 
 
 def _multiprocessor_count(device: torch.device) -> int:
@@ -281,7 +311,7 @@ class LaunchPlan:
     """
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
-    path: str  # "c4", "fused_cluster", "fused_stream", "split_block8" or "split_generic"
+    path: str  # "c4", "fused_cluster", "fused_handoff", "fused_stream", "split_block8" or "split_generic"
     eps: float
     fp8_inv: float
     num_tokens: int
@@ -298,6 +328,12 @@ class LaunchPlan:
         if self.path in ("c4", "fused_cluster"):
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                             cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv)
+            return
+        if self.path == "fused_handoff":
+            scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
+            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                            cos_sin_cache, k_cache, kv_slot_mapping, scratch,
+                            handoff_counters(state_cache.device, self.num_tokens), self.eps, self.fp8_inv)
             return
         if self.path == "fused_stream":
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
@@ -334,7 +370,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     if c128_path not in C128_PATHS:  # also for C4, where it has no effect: a typo is still an error
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
     path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else "c4"
-    if path.startswith("split"):
+    if path.startswith("split") or path == "fused_handoff":
         _x_buffer(workspace, num_tokens, state_cache.device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)
     eps = float(call.store.eps)
@@ -354,6 +390,9 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     elif path == "fused_cluster":
         pool = c128_pool_config(path, block_size, num_tokens)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
+    elif path == "fused_handoff":
+        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry)
+        kernels = (compile_cache.compile_c128_handoff(handoff),)
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
         grid = stream_grid(stream_config, num_tokens, state_cache.device)
@@ -381,8 +420,8 @@ def compress_norm_rope_store(
     layout: str = "flashmla_fp8",
     fp8_scale: float | None = None,
     debug: bool = False,
-    workspace: torch.Tensor | None = None,  # C128 split path's fp32 scratch: [S >= T, 512] or >= T*512 elements
-    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_stream" | "split_block8" | "split_generic" (C128)
+    workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
+    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_handoff" | "fused_stream" | "split_block8" | "split_generic"
 ) -> None:
     """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token.
 
@@ -450,7 +489,7 @@ def compress(
     if ratio == 4:
         kernel = compile_cache.compile_c4(config.C4Config(block_size, None, TUNING.c4_tokens_per_cta, TUNING.pdl))
     else:
-        if path in ("fused_cluster", "fused_stream"):  # the fused kernels pool exactly like the split kernels
+        if path in ("fused_cluster", "fused_handoff", "fused_stream"):  # the fused kernels pool like the split ones
             path = "split_generic"  # (generic lookups are Block8's whenever bs allows)
         kernel = compile_cache.compile_c128_pool(c128_pool_config(path, block_size))
     kernel(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, buffer)

@@ -35,6 +35,7 @@ from .config import (
     C128PoolConfig,
     ClusterConfig,
     EntryFormat,
+    HandoffConfig,
     SaveConfig,
     StoreConfig,
     StreamConfig,
@@ -203,6 +204,24 @@ def compile_c128_cluster(config: ClusterConfig, *, keep_ptx: bool = False):
         )
 
     return cached(("c128_cluster", config, keep_ptx), build)
+
+
+def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
+    """C128 single-launch kernel without clusters (the last CTA of a token finishes it)."""
+
+    def build():
+        from .fused_c128_handoff import C128HandoffKernel
+
+        T = cute.sym_int()
+        return cute.compile(
+            C128HandoffKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
+            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
+            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
+            fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), fake_stream(),
+            options=_options(keep_ptx),
+        )
+
+    return cached(("c128_handoff", config, keep_ptx), build)
 
 
 def compile_c128_stream(config: StreamConfig, *, keep_ptx: bool = False):

@@ -231,6 +231,24 @@ class StreamConfig(ClusterConfig):
 
 
 @dataclass(frozen=True)
+class HandoffConfig(ClusterConfig):
+    """C128 single-launch kernel without clusters: 8 independent CTAs per token (64-channel
+    tiles, 8 warps); the last of them to finish, found by a global atomic counter, reads
+    the token's ``x`` back from the scratch and finishes the entry (a warp per 64-channel
+    block). Needs ``pool.tile == 64`` and ``pool.warps == 8``."""
+
+    def __post_init__(self):
+        if self.pool.tile != 64:
+            _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
+        if self.pool.warps != 8:
+            _fail("pool.warps", "8 (one warp per block of the entry when finishing)", self.pool.warps)
+
+    @property
+    def tag(self) -> str:
+        return f"c128handoff_{self.pool.tag}_{self.entry.tag}"
+
+
+@dataclass(frozen=True)
 class SaveConfig:
     """save_partial_states: copy kv, add ape to the score (SPEC §4)."""
 

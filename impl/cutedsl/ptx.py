@@ -20,7 +20,8 @@ _LAYOUT_ALIGNS = (("flashmla_fp8", 16), ("bf16", 8), ("bf16", 2), ("fp8_per_tens
 
 def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """``(variant name, kernel kind, static config, streams state rows)`` for every CI variant."""
-    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, SaveConfig, StoreConfig, StreamConfig
+    from .config import (C4Config, C128PoolConfig, ClusterConfig, EntryFormat, HandoffConfig, SaveConfig, StoreConfig,
+                         StreamConfig)
 
     def entry(layout="flashmla_fp8", align=16, weight="bfloat16", pages=64):
         return EntryFormat(layout, pages, weight, align)
@@ -35,6 +36,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
             yield cfg.tag, "c128_cluster", cfg, True
             stream = StreamConfig(C128PoolConfig(8, tile // 8, tile=tile), e)
             yield stream.tag, "c128_stream", stream, False  # rows arrive by cp.async, not ld.global
+        handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e)
+        yield handoff.tag, "c128_handoff", handoff, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -63,6 +66,10 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(8, 8, kv_in_smem=True), C128PoolConfig(8, 4, tile=32, kv_after_max=True)):
         cfg = ClusterConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_cluster", cfg, True
+    for pool in (C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(4, 4, kv_in_smem=True, kv_after_max=True),
+                 C128PoolConfig(16, 8, kv_in_smem=True)):
+        cfg = HandoffConfig(pool, entry(pages=1))
+        yield cfg.tag, "c128_handoff", cfg, True
     for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),
                  C128PoolConfig(16, 4, warps=16)):
         cfg = StreamConfig(pool, entry(pages=1))
@@ -79,6 +86,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(pdl_pool, entry()), True),
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
         ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
+        ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):
         yield cfg.tag, kind, cfg, streams
@@ -94,6 +102,7 @@ def compile_variant(kind: str, config, *, keep_ptx: bool = True):
         "c128_store": compile_cache.compile_c128_store,
         "c128_cluster": compile_cache.compile_c128_cluster,
         "c128_stream": compile_cache.compile_c128_stream,
+        "c128_handoff": compile_cache.compile_c128_handoff,
         "save": compile_cache.compile_save,
     }[kind]
     return compile_fn(config, keep_ptx=keep_ptx)

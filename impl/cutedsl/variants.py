@@ -82,6 +82,8 @@ split_block8 = Variant("split_block8", "split_block8")
 # Block8 whenever the block size allows, generic otherwise, kv loads after the window max
 block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0})
 split_generic = Variant("split_generic", "split_generic")
+handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; the last one finishes the token
+handoff_pdl = Variant("handoff_pdl", "fused_handoff", {"pdl": True})
 # programmatic dependent launch on every kernel (auto dispatch; also C4 and save)
 pdl = Variant("pdl", "auto", {"pdl": True})
 cluster8_pdl = Variant("cluster8_pdl", "fused_cluster", {"c128_cluster_tile": 64, "pdl": True})
@@ -90,4 +92,4 @@ split_block8_pdl = Variant("split_block8_pdl", "split_block8", {"pdl": True})
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
                                  stream16, split_block8, block8_late, split_generic, pdl, cluster8_pdl, cluster16_pdl,
-                                 split_block8_pdl)}
+                                 split_block8_pdl, handoff, handoff_pdl)}

@@ -166,13 +166,13 @@ C4_CASES = [
     Case(4, 1, 64, values="signed_zeros"),
 ]
 C128_CASES = [
-    (Case(128, 8, 64), ("fused_cluster", "fused_stream", "split_block8", "split_generic")),
-    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "fused_stream", "split_block8")),
-    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_stream", "split_generic")),
-    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_stream", "split_block8")),
-    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_stream", "split_generic")),
-    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "fused_stream", "split_block8")),
-    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_stream")),
+    (Case(128, 8, 64), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic")),
+    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
+    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_handoff", "fused_stream", "split_generic")),
+    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
+    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_handoff", "fused_stream", "split_generic")),
+    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
+    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "fused_stream")),
 ]
 
 
@@ -313,6 +313,7 @@ def test_save_partial_states_matches_spec(ratio, block_size, misaligned):
 @pytest.mark.parametrize("case, path", [
     (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
     (Case(128, 4, 2, layout="bf16"), "split_generic"), (Case(128, 8, 2), "fused_stream"),
+    (Case(128, 8, 2), "fused_handoff"),
 ], ids=lambda v: v.name if isinstance(v, Case) else v)
 def test_cuda_graph_replay_with_new_metadata(case, path):
     """Capture once, then change the metadata in place and replay: same bytes as eager."""
@@ -361,7 +362,7 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("case, path", [
     (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"), (Case(128, 8, 2), "fused_stream"),
-    (Case(4, 4, 2), "auto"),
+    (Case(128, 8, 2), "fused_handoff"), (Case(4, 4, 2), "auto"),
 ], ids=lambda v: v.name if isinstance(v, Case) else v)
 def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path):
     """``save_partial_states`` then ``compress_norm_rope_store``, every kernel launched with PDL
@@ -402,3 +403,14 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path)
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
+
+
+def test_handoff_counters_are_zero_between_calls():
+    """The handoff kernel's last CTA of each token resets its counter: after calls of every
+    size (some tokens inactive) the whole counter array of this stream is zero again."""
+    from dsv4_compressor.impl.cutedsl import api
+
+    for case in (Case(128, 8, 64), Case(128, 5, 2, layout="bf16")):
+        args = _run_and_compare(case, c128_path="fused_handoff")
+        counters = api.handoff_counters(args["state_cache"].device, args["positions"].shape[0])
+        assert int(torch.count_nonzero(counters)) == 0
