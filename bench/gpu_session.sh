@@ -68,18 +68,20 @@ for s in "$@"; do
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)
       step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
-    conformance-pdl)
-      step conformance-pdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pdl --size all ;;
+    conformance-nopdl)
+      step conformance-nopdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:nopdl --size all ;;
     conformance-handoff)
-      step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff --impl dsv4_compressor.impl.cutedsl.variants:handoff_pdl --size all ;;
-    probe-handoff)
-      step probe-handoff 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants handoff handoff_pdl cluster8 fused_cluster pdl cluster16_pdl split_block8_pdl ;;
+      step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff --impl dsv4_compressor.impl.cutedsl.variants:handoff_nopdl --size all ;;
     probe-floor)
       step probe-floor 120 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
     probe-variants)
-      step probe-variants 240 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 32 64 128 256 1024 --variants cluster16 cluster16_pdl cluster8 cluster8_pdl split_block8 split_block8_pdl fused_cluster pdl ;;
+      step probe-variants 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants nopdl fused_cluster handoff handoff_nopdl handoff_early cluster16 cluster8 split_block8 ;;
     probe-noexp)
-      step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16 cluster8 split_block8 ;;
+      step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
+    bench-c128-third)
+      step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
+    bench-c4-third)
+      step bench-c4-third 200 $PY -m dsv4_compressor bench --ratio 4 --sizes 1 128 1024 16384 --impl triton --impl cutedsl --impl cutedsl-nopdl --extra --trials 3 --tag c4-third --out "$LOGS" ;;
     ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64)
       v="${s#ncu-}"; v="${v%-*}"; n="${s##*-}"
       step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one --tokens "$n" --variant "$v" ;;

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.bench.probe", description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("floor", "variants", "no-exp", "profile-one"))
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
-    parser.add_argument("--variants", nargs="*", default=["fused_cluster", "pdl"])
+    parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--variant", default="cluster8")
     args = parser.parse_args(argv)

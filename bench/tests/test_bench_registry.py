@@ -21,7 +21,7 @@ def test_every_variant_is_registered_and_runs_only_c128_compress():
         assert all(impl.runs(case) for case in c128), name
         # a variant with only c128_* knobs is the dispatcher elsewhere; one with others (pdl) is not
         assert any(impl.runs(case) for case in others) == (not variant.c128_compress_only), name
-    assert not VARIANTS["pdl"].c128_compress_only and VARIANTS["cluster16"].c128_compress_only
+    assert not VARIANTS["nopdl"].c128_compress_only and VARIANTS["cluster16"].c128_compress_only
     for name in ("cutedsl", "triton"):
         impl = load_bench_impl(name)
         assert all(impl.runs(case) for case in c128 + others), name

@@ -89,9 +89,10 @@ class Tuning:
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
     c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)
-    c128_fused_max_tokens: int | None = 128  # auto: fused_cluster up to this T (None = always), split above
+    c128_cluster_max_tokens: int = 16  # auto: fused_cluster up to this T (and up to c128_fused_max_tokens)
+    c128_fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
-    pdl: bool = False  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
+    pdl: bool = True  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
 
 
 TUNING = Tuning()
@@ -276,8 +277,10 @@ def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
         c128_pool_config(c128_path, block_size)  # raises if the path cannot take this block size
         return c128_path
     limit = TUNING.c128_fused_max_tokens
-    if limit is None or num_tokens <= limit:
+    if num_tokens <= TUNING.c128_cluster_max_tokens and (limit is None or num_tokens <= limit):
         return "fused_cluster"
+    if limit is None or num_tokens <= limit:
+        return "fused_handoff"
     rows_per_lane = c128_pool_config("split_generic", block_size).rows_per_lane
     return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
 

@@ -83,13 +83,15 @@ split_block8 = Variant("split_block8", "split_block8")
 block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0})
 split_generic = Variant("split_generic", "split_generic")
 handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; the last one finishes the token
-handoff_pdl = Variant("handoff_pdl", "fused_handoff", {"pdl": True})
-# programmatic dependent launch on every kernel (auto dispatch; also C4 and save)
-pdl = Variant("pdl", "auto", {"pdl": True})
-cluster8_pdl = Variant("cluster8_pdl", "fused_cluster", {"c128_cluster_tile": 64, "pdl": True})
-cluster16_pdl = Variant("cluster16_pdl", "fused_cluster", {"c128_cluster_tile": 32, "pdl": True})
-split_block8_pdl = Variant("split_block8_pdl", "split_block8", {"pdl": True})
+handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", {"pdl": False})
+handoff_early = Variant("handoff_early", "fused_handoff", {"c128_handoff_kv_after_max": False})  # kv with the scores
+# without programmatic dependent launch (TUNING.pdl, the default since the third session): auto dispatch
+# (also C4 and save), and the forced paths
+nopdl = Variant("nopdl", "auto", {"pdl": False})
+cluster8_nopdl = Variant("cluster8_nopdl", "fused_cluster", {"c128_cluster_tile": 64, "pdl": False})
+cluster16_nopdl = Variant("cluster16_nopdl", "fused_cluster", {"c128_cluster_tile": 32, "pdl": False})
+split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", {"pdl": False})
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
-                                 stream16, split_block8, block8_late, split_generic, pdl, cluster8_pdl, cluster16_pdl,
-                                 split_block8_pdl, handoff, handoff_pdl)}
+                                 stream16, split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
+                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early)}

@@ -46,10 +46,40 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_stream", "save"}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_stream", "save"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
-        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128stream_"):
+        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_", "c128stream_"):
             assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
+    assert {kind for name, kind, _, _ in variant_configs() if "_pdl" in name} == kinds  # PDL on every kernel kind
+
+
+def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
+    """A PDL kernel's first memory instruction comes after ``griddepcontrol.wait`` (it may
+    start while the previous kernel still writes); a kernel without PDL has none."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant
+
+    memory_ops = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile.global")
+    for name, kind, config, _ in variant_configs():
+        body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
+        if "_pdl" not in name:
+            assert "griddepcontrol" not in body, name
+            continue
+        wait = body.index("griddepcontrol.wait")
+        first_access = min(i for i in (body.find(op) for op in memory_ops) if i >= 0)
+        assert wait < first_access < len(body), name
+        assert wait < body.index("griddepcontrol.launch_dependents"), name
+
+
+def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
+    """The handoff kernel's order: x stores, a GPU-scope fence, the acq_rel arrival atomic, a
+    fence, then the scratch read back through L2 (``ld.global.cg``), not L1."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant
+
+    name, kind, config, _ = next(v for v in variant_configs() if v[1] == "c128_handoff")
+    body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
+    arrival = body.index("atom.global.acq_rel.add")
+    assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global")
+    assert arrival < body.index("fence.acq_rel.gpu", arrival) < body.index("ld.global.cg.v2.f32", arrival)
 
 
 def test_exact_arithmetic_is_present(ptx_reports):
@@ -128,14 +158,20 @@ def test_cluster_tile_follows_the_token_count(monkeypatch):
 
 
 def test_auto_dispatch(monkeypatch):
+    monkeypatch.setattr(api.TUNING, "c128_cluster_max_tokens", 16)
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
-    assert api.choose_c128_path("auto", 100000, 8) == "fused_cluster"
+    assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
+    assert api.choose_c128_path("auto", 100000, 8) == "fused_handoff"
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)
     assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
-    assert api.choose_c128_path("auto", 64, 8) == "fused_cluster"
+    assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
+    assert api.choose_c128_path("auto", 17, 8) == "fused_handoff"
+    assert api.choose_c128_path("auto", 64, 5) == "fused_handoff"
     assert api.choose_c128_path("auto", 65, 8) == "split_block8"
     assert api.choose_c128_path("auto", 65, 4) == "split_generic"
     assert api.choose_c128_path("split_generic", 65, 8) == "split_generic"
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 0)  # split only
+    assert api.choose_c128_path("auto", 1, 8) == "split_block8"
     with pytest.raises(ValueError, match="c128_path: expected one of"):
         api.choose_c128_path("fused", 1, 8)
 

@@ -238,6 +238,10 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_cluster_kv_after_max=False, c128_cluster_tile=32), C128_CASES[2][0], "fused_cluster"),
     (dict(c128_split_kv_after_max=True), C128_CASES[3][0], "split_block8"),
     (dict(c128_split_kv_after_max=True, c128_split_kv_in_smem=True), C128_CASES[4][0], "split_generic"),
+    (dict(pdl=False), C4_CASES[1], None),  # without programmatic dependent launch (the default uses it)
+    *[(dict(pdl=False), C128_CASES[i][0], path) for i, path in
+      ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"))],
+    (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
 def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
     from dsv4_compressor.impl.cutedsl import api
