@@ -19,6 +19,9 @@ Dispatch: C4 runs the fused kernel. C128 runs
 - ``fused_cluster``: one launch, a thread-block cluster per token (16 CTAs of 32 channels
   up to ``TUNING.c128_cluster16_max_tokens`` tokens, 8 CTAs of 64 channels above; kv rows
   requested once the window max is known);
+- ``fused_handoff``: one launch, 8 independent CTAs per token (no cluster, so no GPC
+  packing limit); the last of them, found by a per-token atomic counter, finishes the
+  token from the ``workspace`` scratch;
 - ``fused_stream``: one launch, about one wave of persistent clusters that ballot their
   tokens' activity and stream the active ones through a two-stage ``cp.async`` pipeline.
   Never chosen by ``auto`` (slower on all-active decode sweeps), but the fastest path for
@@ -26,8 +29,13 @@ Dispatch: C4 runs the fused kernel. C128 runs
 - ``split_block8``: Block8 compress kernel + store kernel (each lane's rows in one state
   block: ``bs % 8 == 0`` with the default mapping), or ``split_generic`` (any ``bs``).
 
-``c128_path="auto"`` picks ``fused_cluster`` up to ``TUNING.c128_fused_max_tokens`` tokens
-(default 128; ``None``: always), else Block8 whenever allowed, generic otherwise.
+``c128_path="auto"`` picks ``fused_cluster`` up to ``TUNING.c128_cluster_max_tokens`` tokens
+(16), ``fused_handoff`` up to ``TUNING.c128_fused_max_tokens`` (64; ``None``: always), else
+Block8 whenever allowed, generic otherwise.
+
+Every kernel is launched with programmatic dependent launch (``TUNING.pdl``, see
+:mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
+stream finishes, and it waits (``griddepcontrol.wait``) before its first memory access.
 """
 
 from __future__ import annotations
@@ -50,27 +58,29 @@ HEAD_DIM = 512
 class Tuning:
     """Static knobs the dispatcher uses; each distinct value compiles its own kernel once.
 
-    Sweep them on the GPU with ``python -m dsv4_compressor.impl.cutedsl.tune`` (or assign
-    fields of :data:`TUNING` between timed runs). Defaults come from H200 measurements
-    (CUDA-graph replay, decode-boundary sweeps, bs 8 / B 2 for C128, bs 4 / B 64 for C4;
-    ``bench/RESULTS.md`` tables A-D):
+    Sweep them on the GPU with ``python -m dsv4_compressor.impl.cutedsl.tune`` or
+    ``python -m dsv4_compressor.bench.probe variants`` (or assign fields of :data:`TUNING`
+    between timed runs). Defaults come from H200 measurements (CUDA-graph replay,
+    decode-boundary sweeps, bs 8 / B 2 for C128, bs 4 / B 64 for C4; ``bench/RESULTS.md``,
+    third session, all with PDL):
 
-    ====  ==============  ==============  ==============  ================
-    T     8-CTA cluster   16-CTA cluster  split Block8    stream (16 CTAs)
-    ====  ==============  ==============  ==============  ================
-    1     3.9 µs          3.5 µs          5.0 µs          4.4 µs
-    8     4.2 µs          4.4 µs          5.3 µs          5.4 µs
-    32    8.9 µs          11.1 µs         10.0 µs         11.3 µs
-    64    14.0 µs         17.4 µs         15.1 µs         17.0 µs
-    128   22.9 µs         29.6 µs         23.3 µs         27.6 µs
-    1024  93% of copy BW  64%             98%             69%
-    8192  98%             65%             103%            63%
-    ====  ==============  ==============  ==============  ================
+    ====  ==============  ==============  ==============  ==============
+    T     16-CTA cluster  8-CTA cluster   handoff         split Block8
+    ====  ==============  ==============  ==============  ==============
+    1     3.0 µs          3.5 µs          4.3 µs          4.1 µs
+    8     3.9 µs          3.6 µs          4.6 µs          4.5 µs
+    16    5.9 µs          5.0 µs          5.0 µs          5.0 µs
+    32    10.4 µs         10.5 µs         8.6 µs          8.8 µs
+    64    16.8 µs         13.6 µs         12.7 µs         13.8 µs
+    128   29.4 µs         22.7 µs         22.7 µs         22.2 µs
+    1024  65% of copy BW  94%             97%             98%
+    8192  66%             97%             101%            103%
+    ====  ==============  ==============  ==============  ==============
 
-    (Cluster columns with kv loads after the window max, the default; without it 4.1 / 4.3 /
-    10.1 / 14.5 / 23.2 µs for 8 CTAs and 3.6 / 4.5 / 9.5 / 15.3 / 25.9 for 16.)
-    Mixed step (4608 tokens, 36 active): stream 21.7 µs, split 62.3, 8-CTA cluster 56.1.
-    C4 fused: 2.9 µs (T=1), 3.6 µs (T=128), 94% of copy bandwidth at T=16384.
+    Without PDL every path is 0.4-1.1 µs slower below 256 tokens, except clusters at 32
+    tokens (8.9 µs instead of 10.5: with PDL the next call's clusters take GPC room early).
+    Mixed step (4608 tokens, 36 active): stream 21.7 µs, split 62-67. C4 fused: 2.5 µs (T=1),
+    3.1 µs (T=128), 97% of copy bandwidth at T=16384.
     """
 
     c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA (2: 90% at 16K)
@@ -80,7 +90,7 @@ class Tuning:
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_tile: int | None = None  # cluster kernel: 64 (8-CTA clusters), 32 (16-CTA clusters), None: by T
-    c128_cluster16_max_tokens: int = 4  # tile None: 16-CTA clusters up to this T, 8-CTA above
+    c128_cluster16_max_tokens: int = 4  # tile None: 16-CTA clusters up to this T, 8-CTA above (auto: 16)
     c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
