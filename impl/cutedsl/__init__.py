@@ -4,7 +4,8 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 
 - :func:`save_partial_states` (SPEC §4)
 - :func:`compress_norm_rope_store` (SPEC §5-§7; C4 fused kernel; C128 cluster-fused,
-  stream-fused or split compress + store kernels, chosen by ``c128_path``)
+  handoff-fused (no cluster), stream-fused or split compress + store kernels, chosen by
+  ``c128_path``)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
 
 Every kernel follows SPEC §2 bit for bit (separately rounded ``.rn`` operations, the
@@ -18,7 +19,9 @@ bytes written equal the NumPy specification's. Module map:
 - :mod:`.pooling_c128` C128 tile pooling, the split path's compress kernel (Block8/generic)
 - :mod:`.store` C128 split path's store kernel
 - :mod:`.fused_c128_cluster` C128 single-launch kernel, a cluster of 8 or 16 CTAs per token
+- :mod:`.fused_c128_handoff` C128 single-launch kernel without clusters (the last CTA finishes)
 - :mod:`.fused_c128_stream` C128 single-launch kernel on persistent, pipelined clusters
+- :mod:`.dependent_launch` programmatic dependent launch (every kernel waits before its first access)
 - :mod:`.save_states` save_partial_states
 - :mod:`.config` static configurations (compile-cache keys, sweepable knobs)
 - :mod:`.compile_cache` tensor-free compile functions and the in-process cache

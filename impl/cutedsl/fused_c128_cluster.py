@@ -42,7 +42,10 @@ each SM's share of the exact arithmetic (~25 separately rounded operations per `
 3.5-3.6 µs at 1 token against 3.9-4.1 with 8 CTAs, but they stream worse (11.1 against 8.9 µs
 at 32 tokens, 64% at 1024), so dispatch switches to 8 CTAs above 4 tokens. Requesting the kv
 rows only after the window max (``kv_after_max``, the default) lets a wave's scores arrive
-first: 8.9 instead of 10.1 µs at 32 tokens, 93% instead of 92% at 1024.
+first: 8.9 instead of 10.1 µs at 32 tokens, 93% instead of 92% at 1024. A cluster must fit
+inside one GPC: only 62 eight-CTA clusters run at once on the H200 (Nsight Compute), so from
+32 tokens on the cluster-free :mod:`.fused_c128_handoff` is faster and dispatch uses clusters
+only up to 16 tokens.
 """
 
 from __future__ import annotations
