@@ -4,7 +4,8 @@
   window of its own request; state block size 8; 2 entries per page.
 - C4 sweep: 1 ... 16384 decode-boundary tokens; state block size 4; 64 entries per page.
 - A realistic mixed step: decode tokens of many requests at random positions plus a chunked
-  prefill of a few thousand tokens.
+  prefill of a few thousand tokens; and a C128 serving decode step (512 requests at random
+  positions, so only the few at a window boundary are active).
 - The save-partial-states pass over T tokens.
 
 Metadata comes from NumPy builders; the large buffers are filled on the GPU.
@@ -42,6 +43,8 @@ class Case:
         if self.kind == "mixed":
             prefill = self.token_num - 512
             requests = B.mixed_requests(rng, r, num_decode=512, prefill_tokens=(prefill,), max_entries=64)
+        elif self.kind == "decode_step":  # one decode token per request at a random position
+            requests = B.mixed_requests(rng, r, num_decode=self.token_num, prefill_tokens=(), max_entries=64)
         elif self.kind == "save":
             requests = B.decode_requests(self.token_num, r, rng, boundary=False, max_entries=64)
         else:
@@ -73,7 +76,10 @@ def c4_decode_sweep(sizes=C4_SWEEP, layout="flashmla_fp8") -> list[Case]:
 
 
 def mixed_steps() -> list[Case]:
-    return [Case("c128_mixed", "compress", 128, 8, 2, 4096 + 512, "mixed"),
+    """Steps where few tokens are active: a serving decode step (C128: about 1 in 128 decode
+    tokens closes a window) and decode plus a prefill chunk."""
+    return [Case("c128_decode_step", "compress", 128, 8, 2, 512, "decode_step"),
+            Case("c128_mixed", "compress", 128, 8, 2, 4096 + 512, "mixed"),
             Case("c4_mixed", "compress", 4, 4, 64, 4096 + 512, "mixed")]
 
 

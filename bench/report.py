@@ -76,7 +76,8 @@ def plot(rows: list[Row], out_path: Path, copy_gbs: float) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    cases = list(dict.fromkeys(r.case for r in rows if r.operation == "compress" and "mixed" not in r.case))
+    cases = list(dict.fromkeys(r.case for r in rows if r.operation == "compress" and "mixed" not in r.case
+                               and "step" not in r.case))  # single points, not sweeps
     if not cases:
         return None
     fig, axes = plt.subplots(1, len(cases), figsize=(7 * len(cases), 5), squeeze=False)

@@ -95,6 +95,8 @@ class Tuning:
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
+    c128_handoff_waves: int | None = 4  # handoff kernel: tokens per CTA grow so the grid is about this many
+    #                                     waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
@@ -255,6 +257,18 @@ def _current_stream(device: torch.device) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
 
+def handoff_chunk(num_tokens: int, device: torch.device) -> int:
+    """Tokens per CTA of the handoff kernel: 1 up to about ``TUNING.c128_handoff_waves``
+    waves of CTAs (4 per SM), then as many as keep the grid at that many waves, at most 32
+    (one ballot). Inactive tokens then cost a CTA a ballot bit instead of a CTA each, which
+    is what steps with few active tokens among many (prefill chunks, decode) need."""
+    waves = TUNING.c128_handoff_waves
+    if waves is None:
+        return 1
+    slots = waves * 4 * _multiprocessor_count(device)
+    return max(1, min(32, -(-8 * num_tokens // slots)))
+
+
 def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
     """The ``fused_handoff`` kernel's per-token arrival counters for the current stream: an
     int32 array of at least ``num_tokens`` zeros (the kernel leaves them zero again).
@@ -329,7 +343,7 @@ class LaunchPlan:
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
-    grid: tuple = ()  # fused_stream: (clusters, chunk)
+    grid: tuple = ()  # fused_stream: (clusters, chunk); fused_handoff: (chunk,)
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -346,7 +360,7 @@ class LaunchPlan:
             scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                             cos_sin_cache, k_cache, kv_slot_mapping, scratch,
-                            handoff_counters(state_cache.device, self.num_tokens), self.eps, self.fp8_inv)
+                            handoff_counters(state_cache.device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
             return
         if self.path == "fused_stream":
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
@@ -405,7 +419,8 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
         handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry)
-        kernels = (compile_cache.compile_c128_handoff(handoff),)
+        chunk = (handoff_chunk(num_tokens, state_cache.device),)
+        return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, chunk)
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
         grid = stream_grid(stream_config, num_tokens, state_cache.device)

@@ -217,7 +217,7 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
             C128HandoffKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
             fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
             fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
-            fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), fake_stream(),
+            fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
             options=_options(keep_ptx),
         )
 

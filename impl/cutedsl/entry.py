@@ -56,6 +56,22 @@ def token_activity(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, 
     return position, kv_slot, active
 
 
+def active_token_mask(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, first, count, num_tokens,
+                      lane, ratio: int):
+    """Bit ``j`` set iff token ``first + j`` (``j < count <= 32``, below ``num_tokens``) is
+    active (SPEC §5): lane ``j`` of the calling warp reads that token's metadata, then a
+    ballot; every warp that calls it gets the same mask."""
+    token = first + lane
+    valid = (lane < count) & (token < num_tokens)
+    _, _, active = token_activity(mPos, mSlot, mKvSlot, Int32(cutlass.select_(valid, token, first)), ratio)
+    return cute.arch.vote_ballot_sync(valid & active)
+
+
+def lowest_set_bit(mask):
+    """Index of the lowest set bit of a non-zero 32-bit mask: ``popc((m & -m) - 1)``."""
+    return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))
+
+
 def sum_of_squares(x: cute.Tensor, n: int):
     """``tree(mul(x[i], x[i]))`` over a thread's ``n`` consecutive channels."""
     return tree_sum([fmul(x[i], x[i]) for i in range(n)])

@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .config import HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import entry_addresses, load_cos_sin, sum_of_squares, token_activity
+from .entry import active_token_mask, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
 from .memory import GMEM, element_address, store_fragment, store_scalar
@@ -72,7 +72,8 @@ SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at comp
 
 
 class C128HandoffKernel(C128ClusterKernel):
-    """Grid ``8 * T`` (1-D, CTAs ``8t .. 8t+7`` are token ``t``'s tiles), 256 threads, no cluster."""
+    """Grid ``8 * ceil(T / chunk)`` (1-D; CTAs ``8c .. 8c+7`` are the 8 tiles of chunk ``c``,
+    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster."""
 
     def __init__(self, config: HandoffConfig):
         super().__init__(config)
@@ -93,48 +94,86 @@ class C128HandoffKernel(C128ClusterKernel):
         mCounters: cute.Tensor,  # int32 [C >= T], all zero on entry (and on exit)
         eps: Float32,  # rms_norm_eps as binary32
         fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        chunk: Int32,  # tokens per CTA, 1..32
         stream: cuda.CUstream,
     ):
+        chunks = (mPos.shape[0] + chunk - 1) // chunk
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
-                    fp8_inv).launch(grid=(self.cluster * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream,
-                                    use_pdl=self.pdl, min_blocks_per_mp=CTAS_PER_SM,
-                                    preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+                    fp8_inv, chunk).launch(grid=(self.cluster * chunks, 1, 1), block=(self.threads, 1, 1), stream=stream,
+                                           use_pdl=self.pdl, min_blocks_per_mp=CTAS_PER_SM,
+                                           preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32):
+               mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32,
+               chunk: Int32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
-        tile, tok = self.tile_and_token(cta)
+        tile = cta % self.cluster
+        first = (cta // self.cluster) * chunk
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, self.ratio)
-        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
-        if active:
-            tidx, _, _ = cute.arch.thread_idx()
-            lane = cute.arch.lane_idx()
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            n = self.lane_channels  # 2
-            x = cute.make_rmem_tensor((n,), Float32)
-            x.fill(0.0)
-            self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
-            if warp == 0:
-                store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
-                cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
-            cute.arch.sync_threads()
-            counter = cute.make_ptr(Int32, element_address(mCounters, tok), GMEM, assumed_align=4)
+        lane = cute.arch.lane_idx()
+        # the chunk's active tokens (every warp ballots the same mask), then each in order
+        mask = active_token_mask(mPos, mSlot, mKvSlot, first, chunk, Int32(mPos.shape[0]), lane, self.ratio)
+        while mask != Int32(0):
+            tok = first + lowest_set_bit(mask)
+            mask = mask & (mask - Int32(1))
+            self.pool_and_hand_off(mState, mTokenReq, mPos, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX,
+                                   mCounters, eps, fp8_inv, tok, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
+
+    @cute.jit
+    def pool_and_hand_off(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # the k_cache (see __call__)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mX: cute.Tensor,  # fp32 [S >= T, 512] scratch
+        mCounters: cute.Tensor,  # int32 [C >= T] arrival counters
+        eps: Float32,
+        fp8_inv: Float32,
+        tok: Int32,  # an active token
+        tile: Int32,  # this CTA's 64-channel tile
+        sMax: cute.Tensor,  # fp32 smem [8, 64] per-warp partials
+        sNum: cute.Tensor,  # fp32 smem [8, 64]
+        sDen: cute.Tensor,  # fp32 smem [8, 64]
+        sKv: cute.Tensor,  # fp32 smem [8, 256, 4] this thread's kv rows
+        sTileSums: cute.Tensor,  # fp32 smem (8,)
+        sArrivals: cute.Tensor,  # int32 smem (1,): the counter value thread 0 found
+    ):
+        """Pool tile ``tile`` of ``tok`` into the scratch and count it; the token's last tile
+        finishes the entry and zeroes the counter."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n = self.lane_channels  # 2
+        position = mPos[tok]
+        x = cute.make_rmem_tensor((n,), Float32)
+        x.fill(0.0)
+        self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, sKv, x)
+        if warp == 0:
+            store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
+            cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
+        cute.arch.sync_threads()
+        counter = cute.make_ptr(Int32, element_address(mCounters, tok), GMEM, assumed_align=4)
+        if tidx == 0:
+            sArrivals[0] = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.sync_threads()
+        if sArrivals[0] == self.cluster - 1:  # the token's last tile: every x is in the scratch
+            cute.arch.fence_acq_rel_gpu()
+            self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, mKvSlot[tok], warp, lane,
+                                     eps, fp8_inv)
             if tidx == 0:
-                sArrivals[0] = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
-            cute.arch.sync_threads()
-            if sArrivals[0] == self.cluster - 1:  # the token's last tile: every x is in the scratch
-                cute.arch.fence_acq_rel_gpu()
-                self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, kv_slot, warp, lane,
-                                         eps, fp8_inv)
-                if tidx == 0:
-                    store_scalar(Int32, counter.toint(), Int32(0))  # zero again for the next call
+                store_scalar(Int32, counter.toint(), Int32(0))  # zero again for the next call
+        cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
 
     @cute.jit
     def finish_from_scratch(

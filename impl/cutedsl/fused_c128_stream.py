@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .config import StreamConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import entry_addresses, load_cos_sin, sum_of_squares, token_activity
+from .entry import active_token_mask, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
 from .pooling_c128 import RATIO, copy_row_async
@@ -82,11 +82,6 @@ def send_to_peer_smem(value, smem_ptr, mbarrier_ptr, peer_rank, *, loc=None, ip=
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
-
-
-def lowest_set_bit(mask: Int32) -> Int32:
-    """Index of the lowest set bit of a non-zero 32-bit mask: ``popc((m & -m) - 1)``."""
-    return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))
 
 
 class C128StreamKernel(C128ClusterKernel):
@@ -159,7 +154,7 @@ class C128StreamKernel(C128ClusterKernel):
         parity = Int32(0)
         chunk_start = cluster_id * chunk
         while chunk_start < num_tokens:
-            mask = self.active_mask(mPos, mSlot, mKvSlot, chunk_start, chunk, num_tokens, lane)
+            mask = active_token_mask(mPos, mSlot, mKvSlot, chunk_start, chunk, num_tokens, lane, RATIO)
             if mask != Int32(0):
                 stage = Int32(0)
                 token = chunk_start + lowest_set_bit(mask)
@@ -201,16 +196,6 @@ class C128StreamKernel(C128ClusterKernel):
             chunk_start = chunk_start + num_clusters * chunk
         cute.arch.cluster_arrive_relaxed()  # no CTA leaves while a peer may still write to it
         cute.arch.cluster_wait()
-
-    @cute.jit
-    def active_mask(self, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, chunk_start: Int32,
-                    chunk: Int32, num_tokens: Int32, lane: Int32) -> Int32:
-        """Bit ``j`` set iff token ``chunk_start + j`` (``j < chunk``) is active (SPEC §5);
-        every warp computes the same mask."""
-        token = chunk_start + lane
-        valid = (lane < chunk) & (token < num_tokens)
-        _, _, active = token_activity(mPos, mSlot, mKvSlot, Int32(cutlass.select_(valid, token, chunk_start)), RATIO)
-        return cute.arch.vote_ballot_sync(valid & active)
 
     @cute.jit
     def issue_rows(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mBlockTable: cute.Tensor,

@@ -45,6 +45,8 @@ _C128 = {
     "cluster16-late": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_after_max": True}),
     "block8-late": ("split_block8", {"c128_split_kv_after_max": True}),
     "block8": ("split_block8", {}),
+    "handoff": ("fused_handoff", {}),
+    "handoff-chunk1": ("fused_handoff", {"c128_handoff_waves": None}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),

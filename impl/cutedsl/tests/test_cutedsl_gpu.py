@@ -418,3 +418,18 @@ def test_handoff_counters_are_zero_between_calls():
         args = _run_and_compare(case, c128_path="fused_handoff")
         counters = api.handoff_counters(args["state_cache"].device, args["positions"].shape[0])
         assert int(torch.count_nonzero(counters)) == 0
+
+
+@pytest.mark.parametrize("chunk", [3, 32])
+@pytest.mark.parametrize("case", [C128_CASES[0][0], C128_CASES[4][0], C128_CASES[5][0]], ids=lambda c: c.name)
+def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
+    """Several tokens per CTA (a ballot over the chunk, then its active tokens in order),
+    padding and inactive tokens among them: the same bytes as the spec."""
+    from dsv4_compressor.impl.cutedsl import api
+
+    monkeypatch.setattr(api, "handoff_chunk", lambda num_tokens, device: chunk)
+    api._PLANS.clear()  # plans are keyed by TUNING, not by this function
+    try:
+        _run_and_compare(case, c128_path="fused_handoff")
+    finally:
+        api._PLANS.clear()
