@@ -79,7 +79,7 @@ for s in "$@"; do
     probe-noexp)
       step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
     probe-chunks)
-      step probe-chunks 300 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 64 128 256 1024 8192 --mixed --trials 3 --settings handoff handoff-chunk1 block8 stream16 ;;
+      step probe-chunks 300 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
     bench-c128-third)
       step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
     bench-c4-third)

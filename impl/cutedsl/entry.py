@@ -67,6 +67,19 @@ def active_token_mask(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tenso
     return cute.arch.vote_ballot_sync(valid & active)
 
 
+def chunk_tokens(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, mTokenReq: cute.Tensor, first, count,
+                 num_tokens, lane, ratio: int):
+    """:func:`active_token_mask` that also returns lane ``j``'s ``(position, kv_slot, req)``
+    of token ``first + j``, all four loaded at once (so a token's pooling needs no second
+    metadata round trip)."""
+    token = first + lane
+    valid = (lane < count) & (token < num_tokens)
+    token = Int32(cutlass.select_(valid, token, first))
+    position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, ratio)
+    req = mTokenReq[token]
+    return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
+
+
 def lowest_set_bit(mask):
     """Index of the lowest set bit of a non-zero 32-bit mask: ``popc((m & -m) - 1)``."""
     return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))

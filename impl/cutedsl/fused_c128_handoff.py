@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .config import HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import active_token_mask, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
+from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
 from .memory import GMEM, element_address, store_fragment, store_scalar
@@ -116,32 +116,44 @@ class C128HandoffKernel(C128ClusterKernel):
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        sPositions = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
+        sKvSlots = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
+        sReqs = smem.allocate_tensor(Int32, cute.make_layout(32), byte_alignment=4)
         lane = cute.arch.lane_idx()
-        # the chunk's active tokens (every warp ballots the same mask), then each in order
-        mask = active_token_mask(mPos, mSlot, mKvSlot, first, chunk, Int32(mPos.shape[0]), lane, self.ratio)
-        while mask != Int32(0):
-            tok = first + lowest_set_bit(mask)
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        # the chunk's metadata, one token per lane; every warp ballots the same activity mask
+        mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
+                                                    Int32(mPos.shape[0]), lane, self.ratio)
+        if warp == 0:
+            sPositions[lane] = position
+            sKvSlots[lane] = kv_slot
+            sReqs[lane] = req
+        cute.arch.sync_threads()
+        while mask != Int32(0):  # the active tokens in order
+            j = lowest_set_bit(mask)
             mask = mask & (mask - Int32(1))
-            self.pool_and_hand_off(mState, mTokenReq, mPos, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX,
-                                   mCounters, eps, fp8_inv, tok, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
+            self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
+                                   first, j, tile, sPositions, sKvSlots, sReqs, sMax, sNum, sDen, sKv, sTileSums,
+                                   sArrivals)
 
     @cute.jit
     def pool_and_hand_off(
         self,
         mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
         mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
         mWeight: cute.Tensor,  # fp32 or bf16 [512]
         mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
         mCache: cute.Tensor,  # the k_cache (see __call__)
-        mKvSlot: cute.Tensor,  # int64 [T]
         mX: cute.Tensor,  # fp32 [S >= T, 512] scratch
         mCounters: cute.Tensor,  # int32 [C >= T] arrival counters
         eps: Float32,
         fp8_inv: Float32,
-        tok: Int32,  # an active token
+        first: Int32,  # the chunk's first token
+        j: Int32,  # the active token first + j
         tile: Int32,  # this CTA's 64-channel tile
+        sPositions: cute.Tensor,  # int64 smem (32,): the chunk's positions
+        sKvSlots: cute.Tensor,  # int64 smem (32,): its kv slots
+        sReqs: cute.Tensor,  # int32 smem (32,): its block_table rows
         sMax: cute.Tensor,  # fp32 smem [8, 64] per-warp partials
         sNum: cute.Tensor,  # fp32 smem [8, 64]
         sDen: cute.Tensor,  # fp32 smem [8, 64]
@@ -149,16 +161,18 @@ class C128HandoffKernel(C128ClusterKernel):
         sTileSums: cute.Tensor,  # fp32 smem (8,)
         sArrivals: cute.Tensor,  # int32 smem (1,): the counter value thread 0 found
     ):
-        """Pool tile ``tile`` of ``tok`` into the scratch and count it; the token's last tile
-        finishes the entry and zeroes the counter."""
+        """Pool tile ``tile`` of token ``first + j`` into the scratch and count it; the token's
+        last tile finishes the entry and zeroes the counter. (The token's metadata is read from
+        shared memory where it is used, so that little stays live across the pooling.)"""
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n = self.lane_channels  # 2
-        position = mPos[tok]
+        tok = first + j
+        position = sPositions[j]
         x = cute.make_rmem_tensor((n,), Float32)
         x.fill(0.0)
-        self.pool_tile(mState, mBlockTable, mTokenReq[tok], position, tile, sMax, sNum, sDen, sKv, x)
+        self.pool_tile(mState, mBlockTable, sReqs[j], position, tile, sMax, sNum, sDen, sKv, x)
         if warp == 0:
             store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
             cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
@@ -169,8 +183,8 @@ class C128HandoffKernel(C128ClusterKernel):
         cute.arch.sync_threads()
         if sArrivals[0] == self.cluster - 1:  # the token's last tile: every x is in the scratch
             cute.arch.fence_acq_rel_gpu()
-            self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, mKvSlot[tok], warp, lane,
-                                     eps, fp8_inv)
+            self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, sKvSlots[j], warp,
+                                     lane, eps, fp8_inv)
             if tidx == 0:
                 store_scalar(Int32, counter.toint(), Int32(0))  # zero again for the next call
         cute.arch.sync_threads()  # shared memory is reused by the chunk's next token

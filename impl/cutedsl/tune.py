@@ -47,6 +47,8 @@ _C128 = {
     "block8": ("split_block8", {}),
     "handoff": ("fused_handoff", {}),
     "handoff-chunk1": ("fused_handoff", {"c128_handoff_waves": None}),
+    "handoff-w16": ("fused_handoff", {"c128_handoff_waves": 16}),
+    "handoff-w64": ("fused_handoff", {"c128_handoff_waves": 64}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),
