@@ -95,14 +95,14 @@ class Tuning:
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
     c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
-    c128_handoff_waves: int | None = 4  # handoff kernel: tokens per CTA grow so the grid is about this many
-    #                                     waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
+    c128_handoff_waves: int | None = 16  # handoff kernel: tokens per CTA grow so the grid is about this many
+    #                                      waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
     c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)
     c128_cluster_max_tokens: int = 16  # auto: fused_cluster up to this T (and up to c128_fused_max_tokens)
-    c128_fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None = always), split above
+    c128_fused_max_tokens: int | None = None  # auto: fused_handoff up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
     pdl: bool = True  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
 
@@ -418,9 +418,9 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         pool = c128_pool_config(path, block_size, num_tokens)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
-        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry)
-        chunk = (handoff_chunk(num_tokens, state_cache.device),)
-        return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, chunk)
+        chunk = handoff_chunk(num_tokens, state_cache.device)
+        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1)
+        return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
         grid = stream_grid(stream_config, num_tokens, state_cache.device)

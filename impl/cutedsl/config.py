@@ -235,17 +235,26 @@ class HandoffConfig(ClusterConfig):
     """C128 single-launch kernel without clusters: 8 independent CTAs per token (64-channel
     tiles, 8 warps); the last of them to finish, found by a global atomic counter, reads
     the token's ``x`` back from the scratch and finishes the entry (a warp per 64-channel
-    block). Needs ``pool.tile == 64`` and ``pool.warps == 8``."""
+    block). Needs ``pool.tile == 64`` and ``pool.warps == 8``.
+
+    ``chunked``: each CTA takes a chunk of up to 32 consecutive tokens (a ballot over their
+    activity, then the active ones in order); otherwise exactly one token per CTA, without
+    the ballot (the chunk length is a launch argument; 1 is the unchunked kernel's).
+    """
+
+    chunked: bool = False
 
     def __post_init__(self):
         if self.pool.tile != 64:
             _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
         if self.pool.warps != 8:
             _fail("pool.warps", "8 (one warp per block of the entry when finishing)", self.pool.warps)
+        _flag("chunked", self.chunked)
 
     @property
     def tag(self) -> str:
-        return f"c128handoff_{self.pool.tag}_{self.entry.tag}"
+        chunked = "_chunked" if self.chunked else ""
+        return f"c128handoff{chunked}_{self.pool.tag}_{self.entry.tag}"
 
 
 @dataclass(frozen=True)

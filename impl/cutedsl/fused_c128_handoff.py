@@ -30,6 +30,7 @@ not depend on which CTA comes last.
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
@@ -42,7 +43,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .config import HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
+from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares, token_activity
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
 from .memory import GMEM, element_address, store_fragment, store_scalar
@@ -110,12 +111,52 @@ class C128HandoffKernel(C128ClusterKernel):
                chunk: Int32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
-        tile = cta % self.cluster
-        first = (cta // self.cluster) * chunk
+        tile, first = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        if cutlass.const_expr(not self.config.chunked):  # one token per CTA (chunk == 1)
+            tok = first
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, self.ratio)
+            req = mTokenReq[tok]  # loaded with the activity metadata, not after it
+            if active:
+                self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv, tok,
+                                       position, req, kv_slot, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
+        else:
+            self.walk_chunk(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX,
+                            mCounters, eps, fp8_inv, first * chunk, chunk, tile, smem, sMax, sNum, sDen, sKv, sTileSums,
+                            sArrivals)
+
+    @cute.jit
+    def walk_chunk(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # the k_cache (see __call__)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mX: cute.Tensor,  # fp32 [S >= T, 512] scratch
+        mCounters: cute.Tensor,  # int32 [C >= T] arrival counters
+        eps: Float32,
+        fp8_inv: Float32,
+        first: Int32,  # the chunk's first token
+        chunk: Int32,  # its length, 1..32
+        tile: Int32,  # this CTA's 64-channel tile
+        smem,  # the SmemAllocator (the chunk's metadata goes there)
+        sMax: cute.Tensor,  # fp32 smem [8, 64] per-warp partials
+        sNum: cute.Tensor,  # fp32 smem [8, 64]
+        sDen: cute.Tensor,  # fp32 smem [8, 64]
+        sKv: cute.Tensor,  # fp32 smem [8, 256, 4] this thread's kv rows
+        sTileSums: cute.Tensor,  # fp32 smem (8,)
+        sArrivals: cute.Tensor,  # int32 smem (1,)
+    ):
+        """Several tokens per CTA: one ballot over the chunk's activity, then its active
+        tokens in order, each pooled and handed off like a single token."""
         sPositions = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
         sKvSlots = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
         sReqs = smem.allocate_tensor(Int32, cute.make_layout(32), byte_alignment=4)
@@ -133,8 +174,9 @@ class C128HandoffKernel(C128ClusterKernel):
             j = lowest_set_bit(mask)
             mask = mask & (mask - Int32(1))
             self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
-                                   first, j, tile, sPositions, sKvSlots, sReqs, sMax, sNum, sDen, sKv, sTileSums,
-                                   sArrivals)
+                                   first + j, sPositions[j], sReqs[j], sKvSlots[j], tile, sMax, sNum, sDen, sKv,
+                                   sTileSums, sArrivals)
+            cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
 
     @cute.jit
     def pool_and_hand_off(
@@ -148,12 +190,11 @@ class C128HandoffKernel(C128ClusterKernel):
         mCounters: cute.Tensor,  # int32 [C >= T] arrival counters
         eps: Float32,
         fp8_inv: Float32,
-        first: Int32,  # the chunk's first token
-        j: Int32,  # the active token first + j
+        tok: Int32,  # an active token
+        position: Int64,  # its position
+        req: Int32,  # its block_table row
+        kv_slot: Int64,  # its compressed-cache slot
         tile: Int32,  # this CTA's 64-channel tile
-        sPositions: cute.Tensor,  # int64 smem (32,): the chunk's positions
-        sKvSlots: cute.Tensor,  # int64 smem (32,): its kv slots
-        sReqs: cute.Tensor,  # int32 smem (32,): its block_table rows
         sMax: cute.Tensor,  # fp32 smem [8, 64] per-warp partials
         sNum: cute.Tensor,  # fp32 smem [8, 64]
         sDen: cute.Tensor,  # fp32 smem [8, 64]
@@ -161,18 +202,15 @@ class C128HandoffKernel(C128ClusterKernel):
         sTileSums: cute.Tensor,  # fp32 smem (8,)
         sArrivals: cute.Tensor,  # int32 smem (1,): the counter value thread 0 found
     ):
-        """Pool tile ``tile`` of token ``first + j`` into the scratch and count it; the token's
-        last tile finishes the entry and zeroes the counter. (The token's metadata is read from
-        shared memory where it is used, so that little stays live across the pooling.)"""
+        """Pool tile ``tile`` of ``tok`` into the scratch and count it; the token's last tile
+        finishes the entry and zeroes the counter."""
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n = self.lane_channels  # 2
-        tok = first + j
-        position = sPositions[j]
         x = cute.make_rmem_tensor((n,), Float32)
         x.fill(0.0)
-        self.pool_tile(mState, mBlockTable, sReqs[j], position, tile, sMax, sNum, sDen, sKv, x)
+        self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
         if warp == 0:
             store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
             cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
@@ -183,11 +221,10 @@ class C128HandoffKernel(C128ClusterKernel):
         cute.arch.sync_threads()
         if sArrivals[0] == self.cluster - 1:  # the token's last tile: every x is in the scratch
             cute.arch.fence_acq_rel_gpu()
-            self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, sKvSlots[j], warp,
-                                     lane, eps, fp8_inv)
+            self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, kv_slot, warp, lane,
+                                     eps, fp8_inv)
             if tidx == 0:
                 store_scalar(Int32, counter.toint(), Int32(0))  # zero again for the next call
-        cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
 
     @cute.jit
     def finish_from_scratch(

@@ -36,8 +36,9 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
             yield cfg.tag, "c128_cluster", cfg, True
             stream = StreamConfig(C128PoolConfig(8, tile // 8, tile=tile), e)
             yield stream.tag, "c128_stream", stream, False  # rows arrive by cp.async, not ld.global
-        handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e)
-        yield handoff.tag, "c128_handoff", handoff, True
+        for chunked in (False, True):
+            handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e, chunked)
+            yield handoff.tag, "c128_handoff", handoff, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -87,6 +88,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
         ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
+        ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):
         yield cfg.tag, kind, cfg, streams

@@ -75,11 +75,13 @@ def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
     fence, then the scratch read back through L2 (``ld.global.cg``), not L1."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
-    name, kind, config, _ = next(v for v in variant_configs() if v[1] == "c128_handoff")
-    body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
-    arrival = body.index("atom.global.acq_rel.add")
-    assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global")
-    assert arrival < body.index("fence.acq_rel.gpu", arrival) < body.index("ld.global.cg.v2.f32", arrival)
+    handoffs = [v for v in variant_configs() if v[1] == "c128_handoff"]
+    assert {v[2].chunked for v in handoffs[:2]} == {False, True}
+    for name, kind, config, _ in handoffs[:2]:  # one token per CTA, and chunks of tokens
+        body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
+        arrival = body.index("atom.global.acq_rel.add")
+        assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global"), name
+        assert arrival < body.index("fence.acq_rel.gpu", arrival) < body.index("ld.global.cg.v2.f32", arrival), name
 
 
 def test_exact_arithmetic_is_present(ptx_reports):
@@ -162,7 +164,7 @@ def test_auto_dispatch(monkeypatch):
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
     assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 100000, 8) == "fused_handoff"
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)  # (the default is None: handoff above clusters)
     assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 17, 8) == "fused_handoff"
