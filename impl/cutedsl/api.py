@@ -21,7 +21,9 @@ Dispatch: C4 runs the fused kernel. C128 runs
   requested once the window max is known);
 - ``fused_handoff``: one launch, 8 independent CTAs per token (no cluster, so no GPC
   packing limit); the last of them, found by a per-token atomic counter, finishes the
-  token from the ``workspace`` scratch;
+  token from the ``workspace`` scratch. Past about ``TUNING.c128_handoff_waves`` waves a
+  CTA takes a chunk of up to 32 tokens (a ballot finds the active ones), so steps with
+  few active tokens among many cost a fraction of a CTA per inactive token;
 - ``fused_stream``: one launch, about one wave of persistent clusters that ballot their
   tokens' activity and stream the active ones through a two-stage ``cp.async`` pipeline.
   Never chosen by ``auto`` (slower on all-active decode sweeps), but the fastest path for
@@ -30,8 +32,12 @@ Dispatch: C4 runs the fused kernel. C128 runs
   block: ``bs % 8 == 0`` with the default mapping), or ``split_generic`` (any ``bs``).
 
 ``c128_path="auto"`` picks ``fused_cluster`` up to ``TUNING.c128_cluster_max_tokens`` tokens
-(16), ``fused_handoff`` up to ``TUNING.c128_fused_max_tokens`` (64; ``None``: always), else
-Block8 whenever allowed, generic otherwise.
+(16), then ``fused_handoff`` up to ``TUNING.c128_fused_max_tokens`` (default ``None``:
+always), else Block8 whenever allowed, generic otherwise. Above 64 tokens Block8 is 2-6%
+faster on dense decode-boundary sweeps (every token active), but real C128 steps are
+sparse (about 1 token in 128 closes a window), where the handoff kernel is 3.5x faster
+(``bench/RESULTS.md`` tables O, P); set ``c128_fused_max_tokens = 64`` (or force
+``split_block8``) for dense steps.
 
 Every kernel is launched with programmatic dependent launch (``TUNING.pdl``, see
 :mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
@@ -73,14 +79,16 @@ class Tuning:
     32    10.4 µs         10.5 µs         8.6 µs          8.8 µs
     64    16.8 µs         13.6 µs         12.7 µs         13.8 µs
     128   29.4 µs         22.7 µs         22.7 µs         22.2 µs
-    1024  65% of copy BW  94%             97%             98%
-    8192  66%             97%             101%            103%
+    1024  65% of copy BW  94%             97-99%          98-100%
+    8192  66%             97%             99% (chunks)    103-105%
     ====  ==============  ==============  ==============  ==============
 
-    Without PDL every path is 0.4-1.1 µs slower below 256 tokens, except clusters at 32
-    tokens (8.9 µs instead of 10.5: with PDL the next call's clusters take GPC room early).
-    Mixed step (4608 tokens, 36 active): stream 21.7 µs, split 62-67. C4 fused: 2.5 µs (T=1),
-    3.1 µs (T=128), 97% of copy bandwidth at T=16384.
+    Steps with few active tokens: decode step (512 tokens, 3 active) handoff 8.2 µs, Block8
+    8.2, stream 5.3; prefill chunk plus decode (4608 tokens, 36 active) handoff 18.9 µs (4
+    waves: 12.9), stream 22.2, Block8 67.0, Triton 37.2. Without PDL every path is 0.4-1.1 µs
+    slower below 256 tokens, except clusters at 32 tokens (8.9 µs instead of 10.5: with PDL
+    the next call's clusters take GPC room early). C4 fused: 2.5 µs (T=1), 3.1 µs (T=128),
+    97% of copy bandwidth at T=16384.
     """
 
     c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA (2: 90% at 16K)
