@@ -121,13 +121,13 @@ class C128HandoffKernel(C128ClusterKernel):
                chunk: Int32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
-        tile, first = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
+        tile, chunk_index = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
         if cutlass.const_expr(not self.config.chunked):  # one token per CTA (chunk == 1)
-            tok = first
+            tok = chunk_index
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, self.ratio)
             req = mTokenReq[tok]  # loaded with the activity metadata, not after it
             if active:
@@ -135,7 +135,7 @@ class C128HandoffKernel(C128ClusterKernel):
                                        position, req, kv_slot, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
         else:
             self.walk_chunk(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX,
-                            mCounters, eps, fp8_inv, first * chunk, chunk, tile, smem, sMax, sNum, sDen, sKv, sTileSums,
+                            mCounters, eps, fp8_inv, chunk_index * chunk, chunk, tile, smem, sMax, sNum, sDen, sKv, sTileSums,
                             sArrivals)
 
     @cute.jit
