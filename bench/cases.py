@@ -35,7 +35,7 @@ class Case:
     block_size: int
     entries_per_page: int
     token_num: int  # the x axis
-    kind: str  # "decode", "mixed" or "save"
+    kind: str  # "decode" (every token active), "decode_step" (serving decode), "mixed" or "save"
     layout: str = "flashmla_fp8"
 
     def batch(self, rng: np.random.Generator) -> B.Batch:

@@ -49,7 +49,7 @@ for s in "$@"; do
     tests-triton)
       step tests-triton 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests ;;
     tests-cutedsl)
-      step tests-cutedsl 150 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
+      step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)
       step bench 500 $PY -m dsv4_compressor bench --out "$LOGS" ;;
     bench-triton)
@@ -79,7 +79,7 @@ for s in "$@"; do
     probe-noexp)
       step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
     probe-chunks)
-      step probe-chunks 300 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
+      step probe-chunks 300 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
     bench-c128-final)
       step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-stream16 --trials 3 --tag c128-final3 --out "$LOGS" ;;
     bench-c128-third)

@@ -1,7 +1,7 @@
 """Where the C128 time goes: floors and leave-one-stage-out timings, on a GPU.
 
     python -m dsv4_compressor.bench.probe floor [--sizes 1 32 64 128 1024]
-    python -m dsv4_compressor.bench.probe variants [--sizes ...] [--variants pdl cluster8 ...]
+    python -m dsv4_compressor.bench.probe variants [--sizes ...] [--variants nopdl cluster8 ...]
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
     python -m dsv4_compressor.bench.probe profile-one --tokens 64 --variant cluster8
 
@@ -75,7 +75,7 @@ def floor(sizes) -> None:
 
     store_one, stream_read = _read_floor_kernels()
     copy_gbs = copy_bandwidth_gbs()
-    out = torch.empty(1 << 20, device="cuda")
+    out = torch.empty(1, device="cuda")
     empty = _graph_us(lambda s: store_one[(1,)](out), [None])
     print(f"copy bandwidth {copy_gbs:.0f} GB/s; a one-CTA store kernel in a graph: {empty:.2f} µs per launch\n")
     print("| T | bytes read | streaming read µs | % of copy BW |\n|---:|---:|---:|---:|")
@@ -84,6 +84,7 @@ def floor(sizes) -> None:
         nbytes = t * WINDOW_BYTES
         sets = [torch.randn(nbytes // 4, device="cuda") for _ in range(4)]
         grid = (nbytes // 4 // block,)
+        out = torch.empty(grid[0], device="cuda")  # one partial sum per CTA
         us = _graph_us(lambda s: stream_read[grid](s, out, BLOCK=block, num_warps=8), sets)
         print(f"| {t} | {nbytes / 1e6:.1f} MB | {us:.2f} | {100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs:.0f}% |", flush=True)
         del sets

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
+from .config import HANDOFF_CTAS_PER_SM, HANDOFF_MAX_CHUNK
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -98,7 +99,7 @@ class Tuning:
     c128_store_tokens_per_cta: int = 1  # split store kernel: 1, 2, 4
     c128_cluster_warps: int = 8  # cluster kernel: 4, 8, 16 warps per CTA
     c128_cluster_tile: int | None = None  # cluster kernel: 64 (8-CTA clusters), 32 (16-CTA clusters), None: by T
-    c128_cluster16_max_tokens: int = 4  # tile None: 16-CTA clusters up to this T, 8-CTA above (auto: 16)
+    c128_cluster16_max_tokens: int = 4  # tile None: 16-CTA clusters up to this T, 8-CTA above
     c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
@@ -254,7 +255,7 @@ def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[i
 
 
 _SM_COUNTS: dict = {}
-_COUNTERS: dict = {}  # (device, stream) -> int32 arrival counters of the handoff kernel, zero between calls
+_COUNTERS: dict = {}  # (device, stream) -> _CounterArray: the handoff kernel's arrival counters
 _OUTGROWN: list = []  # replaced counter arrays stay allocated: a captured CUDA graph may still use them
 
 
@@ -273,8 +274,16 @@ def handoff_chunk(num_tokens: int, device: torch.device) -> int:
     waves = TUNING.c128_handoff_waves
     if waves is None:
         return 1
-    slots = waves * 4 * _multiprocessor_count(device)
-    return max(1, min(32, -(-8 * num_tokens // slots)))
+    if not isinstance(waves, int) or waves < 1:
+        raise ValueError(f"TUNING.c128_handoff_waves: expected None or an integer >= 1, got {waves!r}")
+    slots = waves * HANDOFF_CTAS_PER_SM * _multiprocessor_count(device)
+    return max(1, min(HANDOFF_MAX_CHUNK, -(-8 * num_tokens // slots)))
+
+
+@dataclass
+class _CounterArray:
+    tensor: torch.Tensor  # int32, zero between calls once zeroed
+    zeroed: bool  # its zero-fill has run outside any graph capture
 
 
 def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
@@ -284,15 +293,27 @@ def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
     One array per (device, stream), so calls on different streams never share counters. A
     CUDA graph keeps the array of the stream it was captured on: graphs captured on one
     stream must not be replayed concurrently on several.
+
+    A new array is zero-filled on the stream before its first use. If that first use is
+    inside a graph capture, the fill is only recorded into that graph, so the array counts
+    as zeroed only after a fill outside capture; until then every call (each later capture,
+    or the first eager call) issues the fill again.
     """
     key = (device, _current_stream(device))
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < num_tokens:
-        if counters is not None:
-            _OUTGROWN.append(counters)
-        counters = torch.zeros(max(4096, 1 << (num_tokens - 1).bit_length()), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
-    return counters
+    entry = _COUNTERS.get(key)
+    if entry is None or entry.tensor.numel() < num_tokens:
+        if entry is not None:
+            _OUTGROWN.append(entry.tensor)
+        size = max(4096, 1 << (num_tokens - 1).bit_length())
+        entry = _COUNTERS[key] = _CounterArray(torch.empty(size, dtype=torch.int32, device=device), False)
+    if not entry.zeroed:
+        entry.tensor.zero_()
+        entry.zeroed = not _capturing(device)
+    return entry.tensor
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _multiprocessor_count(device: torch.device) -> int:
@@ -426,7 +447,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         pool = c128_pool_config(path, block_size, num_tokens)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
-        chunk = handoff_chunk(num_tokens, state_cache.device)
+        chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= HANDOFF_MAX_CHUNK
         handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1)
         return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":

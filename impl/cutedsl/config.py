@@ -230,6 +230,10 @@ class StreamConfig(ClusterConfig):
         return f"c128stream_{pool}_{self.entry.tag}"
 
 
+HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm), also the host's grid sizing
+HANDOFF_MAX_CHUNK = 32  # tokens per handoff CTA at most: one ballot
+
+
 @dataclass(frozen=True)
 class HandoffConfig(ClusterConfig):
     """C128 single-launch kernel without clusters: 8 independent CTAs per token (64-channel
@@ -249,6 +253,9 @@ class HandoffConfig(ClusterConfig):
             _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
         if self.pool.warps != 8:
             _fail("pool.warps", "8 (one warp per block of the entry when finishing)", self.pool.warps)
+        if not self.pool.kv_in_smem:
+            _fail("pool.kv_in_smem", "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)",
+                  self.pool.kv_in_smem)
         _flag("chunked", self.chunked)
 
     @property

@@ -51,7 +51,7 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import HandoffConfig
+from .config import HANDOFF_CTAS_PER_SM, HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares, token_activity
 from .exact_math import butterfly_sum
@@ -78,7 +78,7 @@ def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
     return out
 
 
-CTAS_PER_SM = 4  # .minnctapersm: caps registers at 64, so that 4 CTAs (32 warps) share an SM
+CTAS_PER_SM = HANDOFF_CTAS_PER_SM  # .minnctapersm 4: caps registers at 64, so that 4 CTAs (32 warps) share an SM
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
 
 

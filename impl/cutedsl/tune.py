@@ -45,7 +45,7 @@ _C128 = {
     "cluster16-late": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_after_max": True}),
     "block8-late": ("split_block8", {"c128_split_kv_after_max": True}),
     "block8": ("split_block8", {}),
-    "handoff": ("fused_handoff", {}),
+    "handoff-w4": ("fused_handoff", {"c128_handoff_waves": 4}),  # named "handoff" in the 6c370ba log (then the default)
     "handoff-chunk1": ("fused_handoff", {"c128_handoff_waves": None}),
     "handoff-w16": ("fused_handoff", {"c128_handoff_waves": 16}),
     "handoff-w64": ("fused_handoff", {"c128_handoff_waves": 64}),

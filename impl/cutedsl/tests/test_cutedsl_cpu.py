@@ -112,6 +112,10 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
     (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
     (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
+    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 8), config.EntryFormat("bf16", 4, "float32", 8)),
+     "pool.kv_in_smem"),
+    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
+                                  config.EntryFormat("bf16", 4, "float32", 8)), "pool.tile"),
 ])
 def test_configurations_reject_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
@@ -315,3 +319,42 @@ def test_variants_load_as_conformance_implementations():
 
     loaded = load_implementation("dsv4_compressor.impl.cutedsl.variants:cluster16")
     assert loaded.devices == ("cuda",) and loaded.target.overrides == {"c128_cluster_tile": 32}
+
+
+# ---- the handoff kernel's host side ------------------------------------------------------------
+def test_handoff_chunk_keeps_about_the_configured_waves(monkeypatch):
+    device = torch.device("cuda", 7)  # only a key: its SM count is planted
+    monkeypatch.setitem(api._SM_COUNTS, device, 132)
+    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 16)
+    assert api.handoff_chunk(1, device) == 1
+    assert api.handoff_chunk(1056, device) == 1  # 8 * 1056 CTAs = 16 waves of 4 per SM on 132 SMs
+    assert api.handoff_chunk(1057, device) == 2
+    assert api.handoff_chunk(4608, device) == 5
+    assert api.handoff_chunk(10**6, device) == 32  # one ballot at most
+    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", None)
+    assert api.handoff_chunk(10**6, device) == 1
+    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 0)
+    with pytest.raises(ValueError, match="TUNING.c128_handoff_waves: expected None or an integer >= 1, got 0"):
+        api.handoff_chunk(10, device)
+
+
+def test_handoff_counters_are_filled_until_a_fill_runs_outside_capture(monkeypatch):
+    """A counter array first used inside a graph capture gets its zero-fill only inside that
+    graph; every later use fills it again until a fill has run outside capture."""
+    device = torch.device("cpu")  # the bookkeeping only; the stream and capture state are planted
+    capturing = [True]
+    monkeypatch.setattr(api, "_current_stream", lambda d: 12345)
+    monkeypatch.setattr(api, "_capturing", lambda d: capturing[0])
+    monkeypatch.setattr(api, "_COUNTERS", {})
+    monkeypatch.setattr(api, "_OUTGROWN", [])
+    first = api.handoff_counters(device, 10)
+    assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
+    first[3] = 7  # what a fill recorded only into a graph would leave behind
+    assert api.handoff_counters(device, 10) is first and not first.any()
+    capturing[0] = False
+    api.handoff_counters(device, 10)  # filled outside capture: from now on the kernel keeps it zero
+    first[3] = 7
+    assert api.handoff_counters(device, 10)[3] == 7  # no more fills
+    bigger = api.handoff_counters(device, 10**5)
+    assert bigger.numel() >= 10**5 and not bigger.any()
+    assert any(t is first for t in api._OUTGROWN)  # kept alive for graphs that captured it
