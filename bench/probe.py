@@ -52,17 +52,9 @@ def _read_floor_kernels():
 
 def _graph_us(launch, sets: list, calls: int = 200, trials: int = 5) -> float:
     """Median µs per launch: one graph of ``calls`` launches cycling over ``sets``, replayed."""
-    import torch
+    from .timing import capture_graph, time_graph
 
-    for s in sets:
-        launch(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            launch(sets[i % len(sets)])
-    from .timing import time_graph
-
+    graph = capture_graph(launch, sets, calls)
     per_call = time_graph(graph, calls, 1)
     replays = max(1, min(200, int(20000 / (calls * max(per_call, 0.5)))))
     return statistics.median(time_graph(graph, calls, replays) for _ in range(trials))
@@ -95,13 +87,7 @@ def patch_out_exp2s() -> None:
     """Make the CuTe DSL pooling compute ``e = s - M`` instead of ``exp2s((s - M) * L)``."""
     from ..impl.cutedsl import exact_math, pooling_c128
 
-    pooling_c128.softmax_weight = lambda score, row_max: exact_math.fsub(score, row_max)
-    try:
-        from ..impl.cutedsl import fused_c128_stream
-        if hasattr(fused_c128_stream, "softmax_weight"):
-            fused_c128_stream.softmax_weight = pooling_c128.softmax_weight
-    except ImportError:  # pragma: no cover
-        pass
+    pooling_c128.softmax_weight = lambda score, row_max: exact_math.fsub(score, row_max)  # every C128 kernel's
 
 
 def time_variants(sizes, names) -> None:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
-from .config import HANDOFF_CTAS_PER_SM, HANDOFF_MAX_CHUNK
+from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -250,7 +250,7 @@ def stream_grid(stream_config, num_tokens: int, device: torch.device) -> tuple[i
     sms = _multiprocessor_count(device)
     clusters = TUNING.c128_stream_clusters or sms * per_sm // stream_config.cluster_size
     clusters = max(1, min(num_tokens, clusters))
-    chunk = max(1, min(32, -(-num_tokens // clusters)))
+    chunk = max(1, min(MAX_CHUNK_TOKENS, -(-num_tokens // clusters)))
     return clusters, chunk
 
 
@@ -277,7 +277,7 @@ def handoff_chunk(num_tokens: int, device: torch.device) -> int:
     if not isinstance(waves, int) or waves < 1:
         raise ValueError(f"TUNING.c128_handoff_waves: expected None or an integer >= 1, got {waves!r}")
     slots = waves * HANDOFF_CTAS_PER_SM * _multiprocessor_count(device)
-    return max(1, min(HANDOFF_MAX_CHUNK, -(-8 * num_tokens // slots)))
+    return max(1, min(MAX_CHUNK_TOKENS, -(-8 * num_tokens // slots)))
 
 
 @dataclass
@@ -381,19 +381,13 @@ class LaunchPlan:
         if self.restride:
             token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
                 token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-        if self.path in ("c4", "fused_cluster"):
+        if not self.path.startswith("split"):  # one launch: c4, fused_cluster, fused_handoff, fused_stream
+            buffers = ()
+            if self.path == "fused_handoff":  # the x scratch and the arrival counters
+                buffers = (_x_buffer(workspace, self.num_tokens, state_cache.device, "workspace"),
+                           handoff_counters(state_cache.device, self.num_tokens))
             self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv)
-            return
-        if self.path == "fused_handoff":
-            scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
-            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, scratch,
-                            handoff_counters(state_cache.device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
-            return
-        if self.path == "fused_stream":
-            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
+                            cos_sin_cache, k_cache, kv_slot_mapping, *buffers, self.eps, self.fp8_inv, *self.grid)
             return
         scratch = _x_buffer(workspace, self.num_tokens, state_cache.device, "workspace")
         pool, store = self.kernels
@@ -447,7 +441,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         pool = c128_pool_config(path, block_size, num_tokens)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
-        chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= HANDOFF_MAX_CHUNK
+        chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= MAX_CHUNK_TOKENS
         handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1)
         return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":

@@ -231,7 +231,7 @@ class StreamConfig(ClusterConfig):
 
 
 HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm), also the host's grid sizing
-HANDOFF_MAX_CHUNK = 32  # tokens per handoff CTA at most: one ballot
+MAX_CHUNK_TOKENS = 32  # tokens a chunked CTA (handoff, stream) takes at most: one ballot, a token per lane
 
 
 @dataclass(frozen=True)

@@ -56,14 +56,21 @@ def token_activity(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, 
     return position, kv_slot, active
 
 
+def chunk_lane_token(first, count, num_tokens, lane):
+    """``(token, valid)``: lane ``j``'s token ``first + j`` of a chunk of ``count <= 32``
+    tokens, valid below ``count`` and ``num_tokens`` (invalid lanes read token ``first``)."""
+    token = first + lane
+    valid = (lane < count) & (token < num_tokens)
+    return Int32(cutlass.select_(valid, token, first)), valid
+
+
 def active_token_mask(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, first, count, num_tokens,
                       lane, ratio: int):
     """Bit ``j`` set iff token ``first + j`` (``j < count <= 32``, below ``num_tokens``) is
     active (SPEC §5): lane ``j`` of the calling warp reads that token's metadata, then a
     ballot; every warp that calls it gets the same mask."""
-    token = first + lane
-    valid = (lane < count) & (token < num_tokens)
-    _, _, active = token_activity(mPos, mSlot, mKvSlot, Int32(cutlass.select_(valid, token, first)), ratio)
+    token, valid = chunk_lane_token(first, count, num_tokens, lane)
+    _, _, active = token_activity(mPos, mSlot, mKvSlot, token, ratio)
     return cute.arch.vote_ballot_sync(valid & active)
 
 
@@ -72,11 +79,9 @@ def chunk_tokens(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, mT
     """:func:`active_token_mask` that also returns lane ``j``'s ``(position, kv_slot, req)``
     of token ``first + j``, all four loaded at once (so a token's pooling needs no second
     metadata round trip)."""
-    token = first + lane
-    valid = (lane < count) & (token < num_tokens)
-    token = Int32(cutlass.select_(valid, token, first))
+    token, valid = chunk_lane_token(first, count, num_tokens, lane)
     position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, ratio)
-    req = mTokenReq[token]
+    req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
     return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
 
 

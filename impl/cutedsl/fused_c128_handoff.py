@@ -43,39 +43,18 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import HANDOFF_CTAS_PER_SM, HandoffConfig
+from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares, token_activity
 from .exact_math import butterfly_sum
 from .fused_c128_cluster import C128ClusterKernel
-from .memory import GMEM, element_address, store_fragment, store_scalar
-
-
-@dsl_user_op
-def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
-    """Two fp32 at an 8-byte aligned global address, read from L2 (``ld.global.cg.v2``),
-    never from a possibly stale L1 line."""
-    pair = llvm.inline_asm(
-        llvm.StructType.get_literal([Float32.mlir_type, Float32.mlir_type]),
-        [Int64(byte_address).ir_value(loc=loc, ip=ip)],
-        "ld.global.cg.v2.f32 {$0, $1}, [$2];",
-        "=f,=f,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    out = cute.make_rmem_tensor((2,), Float32)
-    out[0] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [0], loc=loc, ip=ip))
-    out[1] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [1], loc=loc, ip=ip))
-    return out
+from .memory import GMEM, element_address, load_pair_from_l2, store_fragment, store_scalar
 
 
 CTAS_PER_SM = HANDOFF_CTAS_PER_SM  # .minnctapersm 4: caps registers at 64, so that 4 CTAs (32 warps) share an SM
@@ -84,10 +63,8 @@ SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at comp
 
 class C128HandoffKernel(C128ClusterKernel):
     """Grid ``8 * ceil(T / chunk)`` (1-D; CTAs ``8c .. 8c+7`` are the 8 tiles of chunk ``c``,
-    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster."""
-
-    def __init__(self, config: HandoffConfig):
-        super().__init__(config)
+    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster; built from a
+    :class:`.config.HandoffConfig`."""
 
     @cute.jit
     def __call__(
@@ -133,60 +110,28 @@ class C128HandoffKernel(C128ClusterKernel):
             if active:
                 self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv, tok,
                                        position, req, kv_slot, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
-        else:
-            self.walk_chunk(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX,
-                            mCounters, eps, fp8_inv, chunk_index * chunk, chunk, tile, smem, sMax, sNum, sDen, sKv, sTileSums,
-                            sArrivals)
-
-    @cute.jit
-    def walk_chunk(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # the k_cache (see __call__)
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mX: cute.Tensor,  # fp32 [S >= T, 512] scratch
-        mCounters: cute.Tensor,  # int32 [C >= T] arrival counters
-        eps: Float32,
-        fp8_inv: Float32,
-        first: Int32,  # the chunk's first token
-        chunk: Int32,  # its length, 1..32
-        tile: Int32,  # this CTA's 64-channel tile
-        smem,  # the SmemAllocator (the chunk's metadata goes there)
-        sMax: cute.Tensor,  # fp32 smem [8, 64] per-warp partials
-        sNum: cute.Tensor,  # fp32 smem [8, 64]
-        sDen: cute.Tensor,  # fp32 smem [8, 64]
-        sKv: cute.Tensor,  # fp32 smem [8, 256, 4] this thread's kv rows
-        sTileSums: cute.Tensor,  # fp32 smem (8,)
-        sArrivals: cute.Tensor,  # int32 smem (1,)
-    ):
-        """Several tokens per CTA: one ballot over the chunk's activity, then its active
-        tokens in order, each pooled and handed off like a single token."""
-        sPositions = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
-        sKvSlots = smem.allocate_tensor(Int64, cute.make_layout(32), byte_alignment=8)
-        sReqs = smem.allocate_tensor(Int32, cute.make_layout(32), byte_alignment=4)
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        # the chunk's metadata, one token per lane; every warp ballots the same activity mask
-        mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
-                                                    Int32(mPos.shape[0]), lane, self.ratio)
-        if warp == 0:
-            sPositions[lane] = position
-            sKvSlots[lane] = kv_slot
-            sReqs[lane] = req
-        cute.arch.sync_threads()
-        while mask != Int32(0):  # the active tokens in order
-            j = lowest_set_bit(mask)
-            mask = mask & (mask - Int32(1))
-            self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
-                                   first + j, sPositions[j], sReqs[j], sKvSlots[j], tile, sMax, sNum, sDen, sKv,
-                                   sTileSums, sArrivals)
-            cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
+        else:  # a chunk of tokens: one ballot over their activity, then the active ones in order
+            first = chunk_index * chunk
+            sPositions = smem.allocate_tensor(Int64, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=8)
+            sKvSlots = smem.allocate_tensor(Int64, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=8)
+            sReqs = smem.allocate_tensor(Int32, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=4)
+            lane = cute.arch.lane_idx()
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            # the chunk's metadata, one token per lane (every warp ballots the same mask), kept in smem
+            mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
+                                                        Int32(mPos.shape[0]), lane, self.ratio)
+            if warp == 0:
+                sPositions[lane] = position
+                sKvSlots[lane] = kv_slot
+                sReqs[lane] = req
+            cute.arch.sync_threads()
+            while mask != Int32(0):
+                j = lowest_set_bit(mask)
+                mask = mask & (mask - Int32(1))
+                self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
+                                       first + j, sPositions[j], sReqs[j], sKvSlots[j], tile, sMax, sNum, sDen, sKv,
+                                       sTileSums, sArrivals)
+                cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
 
     @cute.jit
     def pool_and_hand_off(
@@ -265,4 +210,4 @@ class C128HandoffKernel(C128ClusterKernel):
         self.finish_token(x, w, w, sTileSums, None, cos, sin, lane, warp, data, scales, eps, fp8_inv)
 
 
-__all__ = ["C128HandoffKernel", "load_pair_from_l2"]
+__all__ = ["C128HandoffKernel"]

@@ -49,7 +49,6 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import StreamConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import active_token_mask, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares
 from .exact_math import butterfly_sum
@@ -57,7 +56,6 @@ from .fused_c128_cluster import C128ClusterKernel
 from .pooling_c128 import RATIO, copy_row_async
 
 STAGES = 2
-CHUNK_MAX = 32  # tokens per ballot (one per lane)
 MBARRIER_BYTES = 8
 
 
@@ -85,10 +83,8 @@ def send_to_peer_smem(value, smem_ptr, mbarrier_ptr, peer_rank, *, loc=None, ip=
 
 
 class C128StreamKernel(C128ClusterKernel):
-    """Grid ``C * G`` (1-D), cluster ``(C, 1, 1)``; cluster ``c`` streams chunks ``c + iG``."""
-
-    def __init__(self, config: StreamConfig):
-        super().__init__(config)
+    """Grid ``C * G`` (1-D), cluster ``(C, 1, 1)``; cluster ``c`` streams chunks ``c + iG``;
+    built from a :class:`.config.StreamConfig`."""
 
     @cute.jit
     def __call__(

@@ -12,7 +12,9 @@ size-1 dimensions, where SPEC lets strides be anything).
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Int64
+from cutlass import Float32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 GMEM = cute.AddressSpace.gmem
 
@@ -57,3 +59,22 @@ def load_scalar(tensor: cute.Tensor, *indices):
     """``tensor[indices]`` with 64-bit index arithmetic."""
     dtype = tensor.element_type
     return gmem_tensor(dtype, element_address(tensor, *indices), 1, dtype.width // 8)[0]
+
+
+@dsl_user_op
+def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
+    """Two fp32 at an 8-byte aligned global address, read from L2 (``ld.global.cg.v2``),
+    never from a possibly stale L1 line."""
+    pair = llvm.inline_asm(
+        llvm.StructType.get_literal([Float32.mlir_type, Float32.mlir_type]),
+        [Int64(byte_address).ir_value(loc=loc, ip=ip)],
+        "ld.global.cg.v2.f32 {$0, $1}, [$2];",
+        "=f,=f,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    out = cute.make_rmem_tensor((2,), Float32)
+    out[0] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [0], loc=loc, ip=ip))
+    out[1] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [1], loc=loc, ip=ip))
+    return out

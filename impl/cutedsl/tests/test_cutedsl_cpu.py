@@ -59,8 +59,8 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
     memory_ops = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile.global")
-    for name, kind, config, _ in variant_configs():
-        body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
+    for name, kind, cfg, _ in variant_configs():
+        body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         if "_pdl" not in name:
             assert "griddepcontrol" not in body, name
             continue
@@ -77,8 +77,8 @@ def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
 
     handoffs = [v for v in variant_configs() if v[1] == "c128_handoff"]
     assert {v[2].chunked for v in handoffs[:2]} == {False, True}
-    for name, kind, config, _ in handoffs[:2]:  # one token per CTA, and chunks of tokens
-        body = compile_variant(kind, config).__ptx__.split(".entry", 1)[1]
+    for name, kind, cfg, _ in handoffs[:2]:  # one token per CTA, and chunks of tokens
+        body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         arrival = body.index("atom.global.acq_rel.add")
         assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global"), name
         assert arrival < body.index("fence.acq_rel.gpu", arrival) < body.index("ld.global.cg.v2.f32", arrival), name
