@@ -48,6 +48,10 @@ for s in "$@"; do
       step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
     tests-triton)
       step tests-triton 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests ;;
+    tests-floors)
+      step tests-floors 120 $PY -m pytest -p no:cacheprovider -q -m gpu bench/tests/test_floor_kernels.py ;;
+    bench-eager)
+      step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
     tests-cutedsl)
       step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)
@@ -73,7 +77,7 @@ for s in "$@"; do
     conformance-handoff)
       step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff --impl dsv4_compressor.impl.cutedsl.variants:handoff_nopdl --size all ;;
     probe-floor)
-      step probe-floor 120 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
+      step probe-floor 240 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
     probe-variants)
       step probe-variants 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants nopdl fused_cluster handoff handoff_nopdl handoff_early cluster16 cluster8 split_block8 ;;
     probe-noexp)

@@ -5,10 +5,12 @@
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
     python -m dsv4_compressor.bench.probe profile-one --tokens 64 --variant cluster8
 
-- ``floor``: graph replay of (a) a one-CTA kernel that stores one word (the per-call
-  floor of a launch in a graph) and (b) a streaming read of exactly the bytes a C128
-  decode step must read at each size (T windows of 128 rows x 4 KiB, contiguous, 16-byte
-  loads, one partial sum stored per CTA): what no kernel that reads its input can beat.
+- ``floor``: graph replay of a one-CTA kernel that reads and stores one word (the per-call
+  floor of a launch in a graph), then of every read floor of :mod:`.floor_kernels`: the
+  bytes a C128 decode step must read at each size, read contiguously (32 KiB per CTA), in
+  the fused kernels' tile pattern (with 16-byte loads and with TMA), one 512-thread CTA per
+  token, and through the benchmark's own paged state cache and metadata (16-byte loads,
+  TMA). What no kernel with that access pattern can beat.
 - ``variants``: the C128 decode sweep over named CuTe DSL variants
   (:mod:`dsv4_compressor.impl.cutedsl.variants`), each in its own graph, interleaved.
 - ``no-exp``: the same, with SPEC's ``exp2s`` replaced by one subtraction in the CuTe DSL
@@ -29,25 +31,7 @@ import sys
 
 DEFAULT_SIZES = (1, 8, 32, 64, 128, 256, 1024)
 WINDOW_BYTES = 128 * 2 * 512 * 4  # kv and score halves of 128 state rows
-
-
-def _read_floor_kernels():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def store_one(out_ptr):
-        tl.store(out_ptr, 1.0)
-
-    @triton.jit
-    def stream_read(src_ptr, out_ptr, BLOCK: tl.constexpr):
-        # one CTA reads BLOCK consecutive fp32 (16-byte vectors) and stores their sum
-        pid = tl.program_id(0)
-        offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        values = tl.load(src_ptr + offsets, cache_modifier=".cg")
-        tl.store(out_ptr + pid, tl.sum(values, axis=0))
-
-    return store_one, stream_read
+STREAM_BLOCK = 8192  # fp32 per CTA of the plain streaming read (32 KiB)
 
 
 def _graph_us(launch, sets: list, calls: int = 200, trials: int = 5) -> float:
@@ -60,26 +44,77 @@ def _graph_us(launch, sets: list, calls: int = 200, trials: int = 5) -> float:
     return statistics.median(time_graph(graph, calls, replays) for _ in range(trials))
 
 
+def _floor_launchers(t: int):
+    """``{name: (launch(set), sets)}`` for every read floor of :mod:`.floor_kernels` at ``T = t``."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from . import floor_kernels as K
+    from .cases import c128_decode_sweep
+    from .timing import prepare
+
+    tile = 64
+    tiles = t * 512 // tile
+    windows = [torch.randn((128 * t, 1024), device="cuda") for _ in range(4)]  # contiguous windows
+    paged = prepare(c128_decode_sweep((t,))[0]).sets  # the benchmark's own state cache and metadata
+    out = torch.empty(max(tiles, t * WINDOW_BYTES // 4 // STREAM_BLOCK), device="cuda")
+
+    def paged_args(s):  # state [num_blocks, 8, 1024], token_to_req, positions, block_table
+        state, token_req, positions, _, block_table = s.args[:5]
+        return state, token_req, positions, block_table
+
+    def paged_tma(s):
+        state, token_req, positions, block_table = paged_args(s)
+        desc = TensorDescriptor.from_tensor(state.view(-1, 1024), block_shape=[8, tile])
+        K.paged_tile_read_tma[(tiles,)](desc, token_req, positions, block_table, out, block_table.stride(0),
+                                        BLOCK_SIZE=8, TILE=tile, STAGES=8, num_warps=4)
+
+    def paged_ldg(s):
+        state, token_req, positions, block_table = paged_args(s)
+        K.paged_tile_read[(tiles,)](state, token_req, positions, block_table, out, block_table.stride(0),
+                                    BLOCK_SIZE=8, TILE=tile, num_warps=8)
+
+    def tile_tma(w):
+        desc = TensorDescriptor.from_tensor(w.view(-1, 2, 512), block_shape=[128, 2, tile])
+        K.tile_read_tma[(tiles,)](desc, out, TILE=tile, num_warps=8)
+
+    return {
+        "stream 32 KiB/CTA": (lambda w: K.stream_read[(t * WINDOW_BYTES // 4 // STREAM_BLOCK,)](
+            w, out, BLOCK=STREAM_BLOCK, num_warps=8), windows),
+        "tile (8 CTAs/token)": (lambda w: K.tile_read[(tiles,)](w, out, TILE=tile, num_warps=8), windows),
+        "tile, TMA": (tile_tma, windows),
+        "token (1 CTA of 512 thr)": (lambda w: K.token_read[(t,)](w, out, CHUNK_ROWS=32, num_warps=16), windows),
+        "paged tile": (paged_ldg, paged),
+        "paged tile, TMA": (paged_tma, paged),
+    }
+
+
 def floor(sizes) -> None:
+    """The launch floor, then every read floor of :mod:`.floor_kernels` per size."""
     import torch
 
+    from .floor_kernels import stream_read
     from .timing import copy_bandwidth_gbs
 
-    store_one, stream_read = _read_floor_kernels()
     copy_gbs = copy_bandwidth_gbs()
     out = torch.empty(1, device="cuda")
-    empty = _graph_us(lambda s: store_one[(1,)](out), [None])
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s; a one-CTA store kernel in a graph: {empty:.2f} µs per launch\n")
-    print("| T | bytes read | streaming read µs | % of copy BW |\n|---:|---:|---:|---:|")
-    block = 8192  # fp32 per CTA: 32 KiB
+    empty = _graph_us(lambda s: stream_read[(1,)](out, out, BLOCK=1), [None])
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s; a one-CTA kernel that reads and stores one word, in a graph: "
+          f"{empty:.2f} µs per launch\n")
+    header = None
     for t in sizes:
+        launchers = _floor_launchers(t)
+        if header is None:
+            header = list(launchers)
+            print("| T | MB read | " + " | ".join(header) + " |\n|---:|---:|" + "---:|" * len(header))
         nbytes = t * WINDOW_BYTES
-        sets = [torch.randn(nbytes // 4, device="cuda") for _ in range(4)]
-        grid = (nbytes // 4 // block,)
-        out = torch.empty(grid[0], device="cuda")  # one partial sum per CTA
-        us = _graph_us(lambda s: stream_read[grid](s, out, BLOCK=block, num_warps=8), sets)
-        print(f"| {t} | {nbytes / 1e6:.1f} MB | {us:.2f} | {100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs:.0f}% |", flush=True)
-        del sets
+        cells = []
+        for name in header:
+            launch, sets = launchers[name]
+            us = _graph_us(launch, sets)
+            cells.append(f"{us:.2f} ({100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs:.0f}%)")
+        print(f"| {t} | {nbytes / 1e6:.1f} | " + " | ".join(cells) + " |", flush=True)
+        del launchers
         torch.cuda.empty_cache()
 
 
