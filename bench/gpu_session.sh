@@ -52,6 +52,12 @@ for s in "$@"; do
       step tests-floors 120 $PY -m pytest -p no:cacheprovider -q -m gpu bench/tests/test_floor_kernels.py ;;
     bench-eager)
       step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
+    tests-handoff)
+      step tests-handoff 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k handoff ;;
+    conformance-prefetch)
+      step conformance-prefetch 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff_prefetch --size all ;;
+    tune-prefetch)
+      step tune-prefetch 330 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w16 handoff-w1 handoff-w2 handoff-pf-w1 handoff-pf-w2 handoff-pf-w4 handoff-pf-w16 block8 stream16 ;;
     tests-cutedsl)
       step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)

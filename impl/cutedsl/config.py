@@ -244,9 +244,13 @@ class HandoffConfig(ClusterConfig):
     ``chunked``: each CTA takes a chunk of up to 32 consecutive tokens (a ballot over their
     activity, then the active ones in order); otherwise exactly one token per CTA, without
     the ballot (the chunk length is a launch argument; 1 is the unchunked kernel's).
+    ``prefetch_next``: a chunked CTA, once all loads of the current token are issued, asks L2
+    for its tile of the next active token's window (bulk L2 prefetches), so that HBM keeps
+    streaming while the CTA computes, hands off and finishes the current token.
     """
 
     chunked: bool = False
+    prefetch_next: bool = False  # chunked only: while pooling a token, ask L2 for the next active one's window
 
     def __post_init__(self):
         if self.pool.tile != 64:
@@ -257,10 +261,13 @@ class HandoffConfig(ClusterConfig):
             _fail("pool.kv_in_smem", "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)",
                   self.pool.kv_in_smem)
         _flag("chunked", self.chunked)
+        _flag("prefetch_next", self.prefetch_next)
+        if self.prefetch_next and not self.chunked:
+            _fail("prefetch_next", "False with one token per CTA (there is no next token)", self.prefetch_next)
 
     @property
     def tag(self) -> str:
-        chunked = "_chunked" if self.chunked else ""
+        chunked = ("_chunked_pf" if self.prefetch_next else "_chunked") if self.chunked else ""
         return f"c128handoff{chunked}_{self.pool.tag}_{self.entry.tag}"
 
 

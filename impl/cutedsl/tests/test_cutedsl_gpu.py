@@ -421,16 +421,22 @@ def test_handoff_counters_are_zero_between_calls():
         assert entry.zeroed and int(torch.count_nonzero(entry.tensor)) == 0
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 @pytest.mark.parametrize("chunk", [3, 32])
 @pytest.mark.parametrize("case", [C128_CASES[0][0], C128_CASES[4][0], C128_CASES[5][0]], ids=lambda c: c.name)
-def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
+def test_handoff_chunks_of_tokens(monkeypatch, case, chunk, prefetch):
     """Several tokens per CTA (a ballot over the chunk, then its active tokens in order),
-    padding and inactive tokens among them: the same bytes as the spec."""
+    padding and inactive tokens among them, with and without the L2 prefetch of each next
+    active token: the same bytes as the spec, and every counter zero afterwards."""
     from dsv4_compressor.impl.cutedsl import api
 
     monkeypatch.setattr(api, "handoff_chunk", lambda num_tokens, device: chunk)
+    monkeypatch.setattr(api.TUNING, "c128_handoff_prefetch", prefetch)
     api._PLANS.clear()  # plans are keyed by TUNING, not by this function
     try:
-        _run_and_compare(case, c128_path="fused_handoff")
+        args = _run_and_compare(case, c128_path="fused_handoff")
     finally:
         api._PLANS.clear()
+    device = args["state_cache"].device
+    entry = api._COUNTERS[(device, api._current_stream(device))]
+    assert int(torch.count_nonzero(entry.tensor)) == 0
