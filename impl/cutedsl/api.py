@@ -47,7 +47,7 @@ stream finishes, and it waits (``griddepcontrol.wait``) before its first memory 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -106,7 +106,8 @@ class Tuning:
     c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
     c128_handoff_waves: int | None = 16  # handoff kernel: tokens per CTA grow so the grid is about this many
     #                                      waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
-    c128_handoff_prefetch: bool = False  # handoff kernel with chunks: L2 prefetch of the next active token's window
+    c128_handoff_prefetch: str | None = None  # handoff kernel with chunks: L2 prefetch of the next active token's
+    #                                           "rows" or "scores" (None: none; both measured slower, RESULTS table Q)
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
@@ -284,7 +285,8 @@ def handoff_chunk(num_tokens: int, device: torch.device) -> int:
 @dataclass
 class _CounterArray:
     tensor: torch.Tensor  # int32, zero between calls once zeroed
-    zeroed: bool  # its zero-fill has run outside any graph capture
+    zeroed: bool = False  # a zero-fill has run outside any graph capture
+    filled_captures: set = field(default_factory=set)  # ids of the captures that recorded a zero-fill
 
 
 def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
@@ -295,10 +297,11 @@ def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
     CUDA graph keeps the array of the stream it was captured on: graphs captured on one
     stream must not be replayed concurrently on several.
 
-    A new array is zero-filled on the stream before its first use. If that first use is
-    inside a graph capture, the fill is only recorded into that graph, so the array counts
-    as zeroed only after a fill outside capture; until then every call (each later capture,
-    or the first eager call) issues the fill again.
+    A new array is zero-filled on the stream before its first use. A fill issued inside a
+    graph capture exists only in that graph, so until a fill has run outside capture, each
+    capture that uses the array records one fill of its own (at its first call: later calls
+    of the same graph follow in stream order and find the zeros the kernel left), and the
+    first call outside capture fills it again. Once filled outside capture, nothing more.
     """
     key = (device, _current_stream(device))
     entry = _COUNTERS.get(key)
@@ -306,15 +309,29 @@ def handoff_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
         if entry is not None:
             _OUTGROWN.append(entry.tensor)
         size = max(4096, 1 << (num_tokens - 1).bit_length())
-        entry = _COUNTERS[key] = _CounterArray(torch.empty(size, dtype=torch.int32, device=device), False)
+        entry = _COUNTERS[key] = _CounterArray(torch.empty(size, dtype=torch.int32, device=device))
     if not entry.zeroed:
-        entry.tensor.zero_()
-        entry.zeroed = not _capturing(device)
+        capture = _capture_id(device)
+        if capture is None:
+            entry.tensor.zero_()
+            entry.zeroed = True
+        elif capture not in entry.filled_captures:
+            entry.tensor.zero_()  # recorded into this graph only
+            entry.filled_captures.add(capture)
     return entry.tensor
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def _capture_id(device: torch.device) -> int | None:
+    """The id of the CUDA graph capture running on the current stream (unique over the
+    process's lifetime), or None outside capture."""
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return None
+    import cuda.bindings.driver as driver
+
+    result = driver.cuStreamGetCaptureInfo(driver.CUstream(_current_stream(device)))
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamGetCaptureInfo failed: {result[0]}")
+    return int(result[2])  # (error, status, id, graph, ...)
 
 
 def _multiprocessor_count(device: torch.device) -> int:
@@ -444,7 +461,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     elif path == "fused_handoff":
         chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= MAX_CHUNK_TOKENS
         handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1,
-                                       prefetch_next=chunk > 1 and TUNING.c128_handoff_prefetch)
+                                       prefetch_next=TUNING.c128_handoff_prefetch if chunk > 1 else None)
         return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)

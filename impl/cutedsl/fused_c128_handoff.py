@@ -131,7 +131,7 @@ class C128HandoffKernel(C128ClusterKernel):
                 j = lowest_set_bit(mask)
                 mask = mask & (mask - Int32(1))
                 following = None  # (whether an active token follows, its position, its block_table row)
-                if cutlass.const_expr(self.config.prefetch_next):
+                if cutlass.const_expr(self.config.prefetch_next is not None):
                     k = lowest_set_bit(mask | Int32(-2147483648))  # bit 31 when none follows: a valid slot
                     following = (mask != Int32(0), sPositions[k], sReqs[k])
                 self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
@@ -203,7 +203,7 @@ class C128HandoffKernel(C128ClusterKernel):
     ):
         """L2 prefetch of this tile of the chunk's next active token (if there is one)."""
         if exists:
-            self.prefetch_window(mState, mBlockTable, req, position, tile)
+            self.prefetch_window(mState, mBlockTable, req, position, tile, self.config.prefetch_next == "scores")
 
     @cute.jit
     def finish_from_scratch(

@@ -155,18 +155,22 @@ class C128TilePooling:
         req: Int32,  # block_table row of the token to prefetch
         position: Int64,  # its position (a boundary)
         tile: Int32,  # channel tile index of this CTA
+        scores_only: bool,  # compile time: the score halves of the rows only
     ):
-        """Ask L2 for whole rows of a token's window, ``128 / num_tiles`` of them per CTA (rows
-        ``16 * tile ..`` for 64-channel tiles), so that a token's CTAs together ask for all 128:
-        thread ``i`` looks up row ``i``'s state block and prefetches its 4 KiB (kv and score).
-        A thread needs one address, not the tile's row list, so it costs no registers."""
+        """Ask L2 for whole rows (or their score halves) of a token's window, ``128 / num_tiles``
+        rows per CTA (rows ``16 * tile ..`` for 64-channel tiles), so that a token's CTAs together
+        ask for all 128: thread ``i`` looks up row ``i``'s state block and prefetches its 4 KiB
+        (kv and score) or 2 KiB (score). A thread needs one address, not the tile's row list,
+        so it costs no registers."""
         rows_per_cta = RATIO // self.num_tiles
         tidx, _, _ = cute.arch.thread_idx()
         if tidx < rows_per_cta:
             pos = (position // RATIO) * RATIO + tile * rows_per_cta + tidx
             block_column = pos // self.block_size
             block = load_scalar(mBlockTable, req, block_column)
-            prefetch_to_l2(element_address(mState, block, pos - block_column * self.block_size, 0), 2 * STATE_WIDTH * 4)
+            first = STATE_WIDTH if cutlass.const_expr(scores_only) else 0
+            prefetch_to_l2(element_address(mState, block, pos - block_column * self.block_size, first),
+                           (1 if scores_only else 2) * STATE_WIDTH * 4)
 
     @cute.jit
     def row_addresses(

@@ -87,7 +87,7 @@ handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", {"pdl": False})
 handoff_early = Variant("handoff_early", "fused_handoff", {"c128_handoff_kv_after_max": False})  # kv with the scores
 handoff_chunk1 = Variant("handoff_chunk1", "fused_handoff", {"c128_handoff_waves": None})  # one token per CTA always
 # chunks from about one wave of CTAs on, each CTA asking L2 for its next token's window while pooling this one
-handoff_prefetch = Variant("handoff_prefetch", "fused_handoff", {"c128_handoff_waves": 1, "c128_handoff_prefetch": True})
+handoff_prefetch = Variant("handoff_prefetch", "fused_handoff", {"c128_handoff_waves": 1, "c128_handoff_prefetch": "rows"})
 # without programmatic dependent launch (TUNING.pdl, the default since the third session): auto dispatch
 # (also C4 and save), and the forced paths
 nopdl = Variant("nopdl", "auto", {"pdl": False})

@@ -117,7 +117,7 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.HandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
                                   config.EntryFormat("bf16", 4, "float32", 8)), "pool.tile"),
     (lambda: config.HandoffConfig(config.C128PoolConfig(8, 8, kv_in_smem=True), config.EntryFormat("bf16", 4, "float32", 8),
-                                  prefetch_next=True), "prefetch_next: expected False with one token per CTA"),
+                                  prefetch_next="rows"), "prefetch_next: expected None with one token per CTA"),
 ])
 def test_configurations_reject_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
@@ -340,23 +340,29 @@ def test_handoff_chunk_keeps_about_the_configured_waves(monkeypatch):
         api.handoff_chunk(10, device)
 
 
-def test_handoff_counters_are_filled_until_a_fill_runs_outside_capture(monkeypatch):
-    """A counter array first used inside a graph capture gets its zero-fill only inside that
-    graph; every later use fills it again until a fill has run outside capture."""
-    device = torch.device("cpu")  # the bookkeeping only; the stream and capture state are planted
-    capturing = [True]
+def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):
+    """A counter array first used inside graph captures gets one zero-fill per capture (each
+    graph must start from zeros, whichever is replayed first), not one per call; the first
+    use outside capture fills it, and from then on nothing does (the kernel keeps it zero)."""
+    device = torch.device("cpu")  # the bookkeeping only; the stream and capture ids are planted
+    capture = [1]
     monkeypatch.setattr(api, "_current_stream", lambda d: 12345)
-    monkeypatch.setattr(api, "_capturing", lambda d: capturing[0])
+    monkeypatch.setattr(api, "_capture_id", lambda d: capture[0])
     monkeypatch.setattr(api, "_COUNTERS", {})
     monkeypatch.setattr(api, "_OUTGROWN", [])
     first = api.handoff_counters(device, 10)
     assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
-    first[3] = 7  # what a fill recorded only into a graph would leave behind
-    assert api.handoff_counters(device, 10) is first and not first.any()
-    capturing[0] = False
-    api.handoff_counters(device, 10)  # filled outside capture: from now on the kernel keeps it zero
+    first[3] = 7  # stands for "no fill issued": a fill would clear it
+    assert api.handoff_counters(device, 10)[3] == 7  # same capture: its one fill precedes this call
+    capture[0] = 2
+    assert not api.handoff_counters(device, 10).any()  # another graph: a fill of its own
     first[3] = 7
-    assert api.handoff_counters(device, 10)[3] == 7  # no more fills
+    capture[0] = None
+    assert not api.handoff_counters(device, 10).any()  # outside capture: filled for good
+    first[3] = 7
+    assert api.handoff_counters(device, 10)[3] == 7
+    capture[0] = 3
+    assert api.handoff_counters(device, 10)[3] == 7  # no more fills, in capture or not
     bigger = api.handoff_counters(device, 10**5)
     assert bigger.numel() >= 10**5 and not bigger.any()
     assert any(t is first for t in api._OUTGROWN)  # kept alive for graphs that captured it

@@ -421,7 +421,39 @@ def test_handoff_counters_are_zero_between_calls():
         assert entry.zeroed and int(torch.count_nonzero(entry.tensor)) == 0
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
+def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters():
+    """Two graphs captured on a stream whose counter array has never been used outside capture
+    (the array then holds whatever its memory held): each graph zero-fills it once, so either
+    can be replayed first, whatever the array holds before the replay."""
+    from dsv4_compressor.impl import cutedsl
+    from dsv4_compressor.impl.cutedsl import api
+
+    case = Case(128, 8, 2)
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    k_clean = _storage(args["k_cache"]).clone()
+    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path="fused_handoff",
+                  workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
+    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles, on the default stream's own array
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    for calls, graph in zip((2, 1), graphs):
+        with torch.cuda.graph(graph, stream=side):
+            for _ in range(calls):
+                cutedsl.compress_norm_rope_store(**args, **kwargs)
+    counters = api._COUNTERS[(args["state_cache"].device, side.cuda_stream)].tensor
+    for garbage, graph in ((5, graphs[1]), (3, graphs[0]), (7, graphs[1])):
+        counters.fill_(garbage)  # no fill outside capture has run: the graph must bring its own
+        _storage(args["k_cache"]).copy_(k_clean)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bytes(f"graph of {2 if graph is graphs[0] else 1} call(s)", span_bytes(args["k_cache"]), expected)
+        assert int(torch.count_nonzero(counters)) == 0
+
+
+@pytest.mark.parametrize("prefetch", [None, "rows", "scores"], ids=["", "prefetch-rows", "prefetch-scores"])
 @pytest.mark.parametrize("chunk", [3, 32])
 @pytest.mark.parametrize("case", [C128_CASES[0][0], C128_CASES[4][0], C128_CASES[5][0]], ids=lambda c: c.name)
 def test_handoff_chunks_of_tokens(monkeypatch, case, chunk, prefetch):
