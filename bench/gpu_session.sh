@@ -54,12 +54,6 @@ for s in "$@"; do
       step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
     tests-handoff)
       step tests-handoff 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k handoff ;;
-    conformance-prefetch)
-      step conformance-prefetch 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff_prefetch --size all ;;
-    tune-prefetch)
-      step tune-prefetch 330 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w16 handoff-w1 handoff-w2 handoff-pfr-w1 handoff-pfr-w2 handoff-pfr-w4 handoff-pfr-w16 block8 stream16 ;;
-    tune-prefetch-scores)
-      step tune-prefetch-scores 330 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w16 handoff-pfr-w1 handoff-pfs-w1 handoff-pfs-w2 handoff-pfs-w4 handoff-pfs-w16 block8 ;;
     tests-cutedsl)
       step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)

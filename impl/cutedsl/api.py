@@ -106,8 +106,6 @@ class Tuning:
     c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
     c128_handoff_waves: int | None = 16  # handoff kernel: tokens per CTA grow so the grid is about this many
     #                                      waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
-    c128_handoff_prefetch: str | None = None  # handoff kernel with chunks: L2 prefetch of the next active token's
-    #                                           "rows" or "scores" (None: none; both measured slower, RESULTS table Q)
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
     c128_stream_warps: int = 8  # stream kernel: 4, 8, 16 warps per CTA
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
@@ -460,8 +458,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
         chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= MAX_CHUNK_TOKENS
-        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1,
-                                       prefetch_next=TUNING.c128_handoff_prefetch if chunk > 1 else None)
+        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1)
         return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)

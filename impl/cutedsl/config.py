@@ -244,15 +244,9 @@ class HandoffConfig(ClusterConfig):
     ``chunked``: each CTA takes a chunk of up to 32 consecutive tokens (a ballot over their
     activity, then the active ones in order); otherwise exactly one token per CTA, without
     the ballot (the chunk length is a launch argument; 1 is the unchunked kernel's).
-    ``prefetch_next``: a chunked CTA, once all loads of the current token are issued, asks L2
-    for part of the next active token's window (bulk L2 prefetches of whole rows, or of their
-    score halves), so that HBM keeps streaming while the CTA computes, hands off and finishes
-    the current token.
     """
 
     chunked: bool = False
-    prefetch_next: str | None = None  # chunked only: ask L2 for the next active token's "rows" (kv and
-    #                                    score) or only its "scores" while pooling this one; None: no prefetch
 
     def __post_init__(self):
         if self.pool.tile != 64:
@@ -263,16 +257,10 @@ class HandoffConfig(ClusterConfig):
             _fail("pool.kv_in_smem", "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)",
                   self.pool.kv_in_smem)
         _flag("chunked", self.chunked)
-        if self.prefetch_next not in (None, "rows", "scores"):
-            _fail("prefetch_next", "None, 'rows' or 'scores'", self.prefetch_next)
-        if self.prefetch_next is not None and not self.chunked:
-            _fail("prefetch_next", "None with one token per CTA (there is no next token)", self.prefetch_next)
 
     @property
     def tag(self) -> str:
         chunked = "_chunked" if self.chunked else ""
-        if self.prefetch_next is not None:
-            chunked += f"_pf{self.prefetch_next}"
         return f"c128handoff{chunked}_{self.pool.tag}_{self.entry.tag}"
 
 

@@ -39,8 +39,6 @@ bandwidth from 1024, 18.9 µs on the 4608-token mixed step (split path: 67).
 
 from __future__ import annotations
 
-import functools
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -130,13 +128,9 @@ class C128HandoffKernel(C128ClusterKernel):
             while mask != Int32(0):
                 j = lowest_set_bit(mask)
                 mask = mask & (mask - Int32(1))
-                following = None  # (whether an active token follows, its position, its block_table row)
-                if cutlass.const_expr(self.config.prefetch_next is not None):
-                    k = lowest_set_bit(mask | Int32(-2147483648))  # bit 31 when none follows: a valid slot
-                    following = (mask != Int32(0), sPositions[k], sReqs[k])
                 self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
                                        first + j, sPositions[j], sReqs[j], sKvSlots[j], tile, sMax, sNum, sDen, sKv,
-                                       sTileSums, sArrivals, following)
+                                       sTileSums, sArrivals)
                 cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
 
     @cute.jit
@@ -162,7 +156,6 @@ class C128HandoffKernel(C128ClusterKernel):
         sKv: cute.Tensor,  # fp32 smem [8, 256, 4] this thread's kv rows
         sTileSums: cute.Tensor,  # fp32 smem (8,)
         sArrivals: cute.Tensor,  # int32 smem (1,): the counter value thread 0 found
-        following=None,  # prefetch_next: (an active token follows, its position, its block_table row)
     ):
         """Pool tile ``tile`` of ``tok`` into the scratch and count it; the token's last tile
         finishes the entry and zeroes the counter."""
@@ -172,10 +165,7 @@ class C128HandoffKernel(C128ClusterKernel):
         n = self.lane_channels  # 2
         x = cute.make_rmem_tensor((n,), Float32)
         x.fill(0.0)
-        prefetch = None
-        if cutlass.const_expr(following is not None):
-            prefetch = functools.partial(self.prefetch_following, mState, mBlockTable, tile, *following)
-        self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x, prefetch)
+        self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
         if warp == 0:
             store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
             cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
@@ -190,20 +180,6 @@ class C128HandoffKernel(C128ClusterKernel):
                                      eps, fp8_inv)
             if tidx == 0:
                 store_scalar(Int32, counter.toint(), Int32(0))  # zero again for the next call
-
-    @cute.jit
-    def prefetch_following(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        tile: Int32,  # this CTA's 64-channel tile
-        exists,  # Boolean: an active token follows in the chunk
-        position: Int64,  # its position
-        req: Int32,  # its block_table row
-    ):
-        """L2 prefetch of this tile of the chunk's next active token (if there is one)."""
-        if exists:
-            self.prefetch_window(mState, mBlockTable, req, position, tile, self.config.prefetch_next == "scores")
 
     @cute.jit
     def finish_from_scratch(

@@ -78,19 +78,3 @@ def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
     out[0] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [0], loc=loc, ip=ip))
     out[1] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [1], loc=loc, ip=ip))
     return out
-
-
-@dsl_user_op
-def prefetch_to_l2(byte_address, nbytes: int, *, loc=None, ip=None) -> None:
-    """Ask L2 to fetch ``nbytes`` (a multiple of 16) contiguous bytes at a 16-byte aligned
-    global address (``cp.async.bulk.prefetch.L2.global``, sm_90): no registers, no
-    completion to wait for; a later load of those bytes then hits L2 instead of HBM."""
-    llvm.inline_asm(
-        None,
-        [Int64(byte_address).ir_value(loc=loc, ip=ip)],
-        f"cp.async.bulk.prefetch.L2.global [$0], {nbytes};",
-        "l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )

@@ -58,7 +58,7 @@ from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, load_scalar, prefetch_to_l2, store_fragment
+from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -111,7 +111,6 @@ class C128TilePooling:
         sDen: cute.Tensor,  # fp32 smem [warps, tile]
         sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
-        after_loads=None,  # Python callable run once all loads of the window are issued (e.g. L2 prefetches)
     ):
         rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile)
         # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
@@ -130,8 +129,6 @@ class C128TilePooling:
             else:
                 for i in cutlass.range_constexpr(self.rows_per_lane):
                     load_into(kv[i], rows[i] + kv_byte, 16)
-            if cutlass.const_expr(after_loads is not None):
-                after_loads()
 
         def kv_rows():
             if cutlass.const_expr(self.kv_in_smem):
@@ -146,31 +143,6 @@ class C128TilePooling:
         else:
             issue_kv()
             self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
-
-    @cute.jit
-    def prefetch_window(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token to prefetch
-        position: Int64,  # its position (a boundary)
-        tile: Int32,  # channel tile index of this CTA
-        scores_only: bool,  # compile time: the score halves of the rows only
-    ):
-        """Ask L2 for whole rows (or their score halves) of a token's window, ``128 / num_tiles``
-        rows per CTA (rows ``16 * tile ..`` for 64-channel tiles), so that a token's CTAs together
-        ask for all 128: thread ``i`` looks up row ``i``'s state block and prefetches its 4 KiB
-        (kv and score) or 2 KiB (score). A thread needs one address, not the tile's row list,
-        so it costs no registers."""
-        rows_per_cta = RATIO // self.num_tiles
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx < rows_per_cta:
-            pos = (position // RATIO) * RATIO + tile * rows_per_cta + tidx
-            block_column = pos // self.block_size
-            block = load_scalar(mBlockTable, req, block_column)
-            first = STATE_WIDTH if cutlass.const_expr(scores_only) else 0
-            prefetch_to_l2(element_address(mState, block, pos - block_column * self.block_size, first),
-                           (1 if scores_only else 2) * STATE_WIDTH * 4)
 
     @cute.jit
     def row_addresses(

@@ -71,8 +71,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(16, 8, kv_in_smem=True)):
         cfg = HandoffConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_handoff", cfg, True
-    cfg = HandoffConfig(C128PoolConfig(5, 1, kv_in_smem=True), entry(pages=1), chunked=True, prefetch_next="scores")
-    yield cfg.tag, "c128_handoff", cfg, True  # L2 prefetch of the next token through per-row lookups
     for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),
                  C128PoolConfig(16, 4, warps=16)):
         cfg = StreamConfig(pool, entry(pages=1))
@@ -91,7 +89,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
-        ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True, prefetch_next="rows"), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):
         yield cfg.tag, kind, cfg, streams

@@ -50,8 +50,6 @@ _C128 = {
     "handoff-w16": ("fused_handoff", {"c128_handoff_waves": 16}),
     "handoff-w64": ("fused_handoff", {"c128_handoff_waves": 64}),
     **{f"handoff-w{w}": ("fused_handoff", {"c128_handoff_waves": w}) for w in (1, 2)},
-    **{f"handoff-pf{kind[0]}-w{w}": ("fused_handoff", {"c128_handoff_waves": w, "c128_handoff_prefetch": kind})
-       for kind in ("rows", "scores") for w in (1, 2, 4, 16)},
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),

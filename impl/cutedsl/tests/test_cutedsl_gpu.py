@@ -453,17 +453,15 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
         assert int(torch.count_nonzero(counters)) == 0
 
 
-@pytest.mark.parametrize("prefetch", [None, "rows", "scores"], ids=["", "prefetch-rows", "prefetch-scores"])
 @pytest.mark.parametrize("chunk", [3, 32])
 @pytest.mark.parametrize("case", [C128_CASES[0][0], C128_CASES[4][0], C128_CASES[5][0]], ids=lambda c: c.name)
-def test_handoff_chunks_of_tokens(monkeypatch, case, chunk, prefetch):
+def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
     """Several tokens per CTA (a ballot over the chunk, then its active tokens in order),
-    padding and inactive tokens among them, with and without the L2 prefetch of each next
-    active token: the same bytes as the spec, and every counter zero afterwards."""
+    padding and inactive tokens among them: the same bytes as the spec, and every counter
+    zero afterwards."""
     from dsv4_compressor.impl.cutedsl import api
 
     monkeypatch.setattr(api, "handoff_chunk", lambda num_tokens, device: chunk)
-    monkeypatch.setattr(api.TUNING, "c128_handoff_prefetch", prefetch)
     api._PLANS.clear()  # plans are keyed by TUNING, not by this function
     try:
         args = _run_and_compare(case, c128_path="fused_handoff")
