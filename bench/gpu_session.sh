@@ -54,10 +54,6 @@ for s in "$@"; do
       step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
     tests-handoff)
       step tests-handoff 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k handoff ;;
-    conformance-handoff16)
-      step conformance-handoff16 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff16 --size all ;;
-    tune-handoff16)
-      step tune-handoff16 330 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 16 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w16 handoff16 handoff16-early block8 cluster cluster16 ;;
     tests-cutedsl)
       step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)

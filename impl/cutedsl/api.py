@@ -103,8 +103,7 @@ class Tuning:
     c128_cluster_kv_after_max: bool = True  # cluster kernel: issue kv loads after the window max
     c128_split_kv_after_max: bool = False  # split compress kernel: the same
     c128_cluster_kv_in_smem: bool = True  # cluster kernel: kv rows staged in smem (64 regs, 4 CTAs/SM)
-    c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, kv in smem): kv after the max
-    c128_handoff_tile: int = 64  # handoff kernel: 64 (8 CTAs per token) or 32 channels per CTA (16 CTAs)
+    c128_handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem): kv after the max
     c128_handoff_waves: int | None = 16  # handoff kernel: tokens per CTA grow so the grid is about this many
     #                                      waves of 4 CTAs per SM (None: one token per CTA); see handoff_chunk
     c128_stream_tile: int = 32  # stream kernel: 32 (16-CTA clusters, 3 CTAs/SM) or 64 (8-CTA, 1 CTA/SM)
@@ -213,8 +212,8 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
     if path == "fused_cluster":
         warps, tile, staged = TUNING.c128_cluster_warps, cluster_tile(num_tokens), TUNING.c128_cluster_kv_in_smem
         late = TUNING.c128_cluster_kv_after_max
-    elif path == "fused_handoff":  # 8 warps: a warp per 64-channel block when finishing
-        warps, tile, staged, late = 8, TUNING.c128_handoff_tile, True, TUNING.c128_handoff_kv_after_max
+    elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
+        warps, tile, staged, late = 8, 64, True, TUNING.c128_handoff_kv_after_max
     elif path == "fused_stream":
         warps, tile, staged, late = TUNING.c128_stream_warps, TUNING.c128_stream_tile, False, False
     else:
@@ -278,8 +277,7 @@ def handoff_chunk(num_tokens: int, device: torch.device) -> int:
     if not isinstance(waves, int) or waves < 1:
         raise ValueError(f"TUNING.c128_handoff_waves: expected None or an integer >= 1, got {waves!r}")
     slots = waves * HANDOFF_CTAS_PER_SM * _multiprocessor_count(device)
-    ctas_per_token = HEAD_DIM // TUNING.c128_handoff_tile
-    return max(1, min(MAX_CHUNK_TOKENS, -(-ctas_per_token * num_tokens // slots)))
+    return max(1, min(MAX_CHUNK_TOKENS, -(-8 * num_tokens // slots)))
 
 
 @dataclass

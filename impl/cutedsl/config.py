@@ -236,10 +236,10 @@ MAX_CHUNK_TOKENS = 32  # tokens a chunked CTA (handoff, stream) takes at most: o
 
 @dataclass(frozen=True)
 class HandoffConfig(ClusterConfig):
-    """C128 single-launch kernel without clusters: 8 (``pool.tile`` 64) or 16 (32) independent
-    CTAs per token, 8 warps each; the last of them to finish, found by a global atomic
-    counter, reads the token's ``x`` back from the scratch and finishes the entry (a warp per
-    64-channel block, whatever the pooling tile). Needs ``pool.warps == 8``.
+    """C128 single-launch kernel without clusters: 8 independent CTAs per token (64-channel
+    tiles, 8 warps); the last of them to finish, found by a global atomic counter, reads
+    the token's ``x`` back from the scratch and finishes the entry (a warp per 64-channel
+    block). Needs ``pool.tile == 64`` and ``pool.warps == 8``.
 
     ``chunked``: each CTA takes a chunk of up to 32 consecutive tokens (a ballot over their
     activity, then the active ones in order); otherwise exactly one token per CTA, without
@@ -249,8 +249,8 @@ class HandoffConfig(ClusterConfig):
     chunked: bool = False
 
     def __post_init__(self):
-        if self.pool.tile not in (32, 64):
-            _fail("pool.tile", "64 or 32 (8 or 16 CTAs per token)", self.pool.tile)
+        if self.pool.tile != 64:
+            _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
         if self.pool.warps != 8:
             _fail("pool.warps", "8 (one warp per block of the entry when finishing)", self.pool.warps)
         if not self.pool.kv_in_smem:

@@ -49,7 +49,7 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS, C128PoolConfig, ClusterConfig, HandoffConfig
+from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares, token_activity
 from .exact_math import butterfly_sum
@@ -62,18 +62,9 @@ SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at comp
 
 
 class C128HandoffKernel(C128ClusterKernel):
-    """Grid ``C * ceil(T / chunk)`` (1-D; CTAs ``Cc .. Cc+C-1`` are the ``C = 512 / tile`` tiles
-    of chunk ``c``, tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster; built
-    from a :class:`.config.HandoffConfig`. The pooling follows ``pool.tile``; the finishing
-    always takes 64-channel blocks (``finisher``: this kernel for tile 64, else the 8-CTA
-    cluster kernel's finishing code, which is the same for any pooling)."""
-
-    def __init__(self, config: HandoffConfig):
-        super().__init__(config)
-        self.finisher = self
-        if self.tile != 64:
-            pool = C128PoolConfig(config.pool.block_size, 1, warps=8, tile=64, kv_in_smem=True, pdl=config.pool.pdl)
-            self.finisher = C128ClusterKernel(ClusterConfig(pool, config.entry))
+    """Grid ``8 * ceil(T / chunk)`` (1-D; CTAs ``8c .. 8c+7`` are the 8 tiles of chunk ``c``,
+    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster; built from a
+    :class:`.config.HandoffConfig`."""
 
     @cute.jit
     def __call__(
@@ -110,7 +101,7 @@ class C128HandoffKernel(C128ClusterKernel):
         tile, chunk_index = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.allocate_smem(smem)
-        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.finisher.cluster), byte_alignment=16)  # per block
+        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
         if cutlass.const_expr(not self.config.chunked):  # one token per CTA (chunk == 1)
             tok = chunk_index
@@ -206,18 +197,17 @@ class C128HandoffKernel(C128ClusterKernel):
         eps: Float32,
         fp8_inv: Float32,
     ):
-        """Every warp of the last CTA: block ``warp`` of the token's entry (2 channels per lane)."""
-        finisher = self.finisher
-        n = finisher.lane_channels
-        w, _, pair = finisher.finish_inputs(mWeight, warp, lane)
+        """Every warp of the last CTA: block ``warp`` of the token's entry."""
+        n = self.lane_channels
+        w, _, pair = self.finish_inputs(mWeight, warp, lane)
         cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, pair, 1)
         data, scales = entry_addresses(self.entry, mCache, kv_slot)
-        x = load_pair_from_l2(element_address(mX, tok, warp * finisher.tile + lane * n))
+        x = load_pair_from_l2(element_address(mX, tok, warp * self.tile + lane * n))
         block_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)
         if lane == 0:
             sTileSums[warp] = block_sum
         cute.arch.sync_threads()
-        finisher.finish_token(x, w, w, sTileSums, None, cos, sin, lane, warp, data, scales, eps, fp8_inv)
+        self.finish_token(x, w, w, sTileSums, None, cos, sin, lane, warp, data, scales, eps, fp8_inv)
 
 
 __all__ = ["C128HandoffKernel"]

@@ -71,11 +71,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(16, 8, kv_in_smem=True)):
         cfg = HandoffConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_handoff", cfg, True
-    for layout, align in (("flashmla_fp8", 16), ("bf16", 2), ("fp8_per_tensor", 1)):  # 16 CTAs per token
-        for pool, chunked in ((C128PoolConfig(5, 1, tile=32, kv_in_smem=True), False),
-                              (C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True), True)):
-            cfg = HandoffConfig(pool, entry(layout, align, pages=1), chunked)
-            yield cfg.tag, "c128_handoff", cfg, True
     for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),
                  C128PoolConfig(16, 4, warps=16)):
         cfg = StreamConfig(pool, entry(pages=1))
@@ -94,8 +89,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
-        ("c128_handoff", HandoffConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True),
-                                       entry()), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):
         yield cfg.tag, kind, cfg, streams

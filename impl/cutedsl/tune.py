@@ -50,8 +50,6 @@ _C128 = {
     "handoff-w16": ("fused_handoff", {"c128_handoff_waves": 16}),
     "handoff-w64": ("fused_handoff", {"c128_handoff_waves": 64}),
     **{f"handoff-w{w}": ("fused_handoff", {"c128_handoff_waves": w}) for w in (1, 2)},
-    "handoff16": ("fused_handoff", {"c128_handoff_tile": 32}),
-    "handoff16-early": ("fused_handoff", {"c128_handoff_tile": 32, "c128_handoff_kv_after_max": False}),
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),

@@ -86,7 +86,6 @@ handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; t
 handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", {"pdl": False})
 handoff_early = Variant("handoff_early", "fused_handoff", {"c128_handoff_kv_after_max": False})  # kv with the scores
 handoff_chunk1 = Variant("handoff_chunk1", "fused_handoff", {"c128_handoff_waves": None})  # one token per CTA always
-handoff16 = Variant("handoff16", "fused_handoff", {"c128_handoff_tile": 32})  # 16 CTAs of 32 channels per token
 # without programmatic dependent launch (TUNING.pdl, the default since the third session): auto dispatch
 # (also C4 and save), and the forced paths
 nopdl = Variant("nopdl", "auto", {"pdl": False})
@@ -96,5 +95,4 @@ split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", {"pdl": False
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
                                  stream16, split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
-                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
-                                 handoff16)}
+                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1)}

@@ -114,8 +114,8 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
     (lambda: config.HandoffConfig(config.C128PoolConfig(8, 8), config.EntryFormat("bf16", 4, "float32", 8)),
      "pool.kv_in_smem"),
-    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 8, warps=4, tile=32, kv_in_smem=True),
-                                  config.EntryFormat("bf16", 4, "float32", 8)), "pool.warps"),
+    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
+                                  config.EntryFormat("bf16", 4, "float32", 8)), "pool.tile"),
 ])
 def test_configurations_reject_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
@@ -331,9 +331,6 @@ def test_handoff_chunk_keeps_about_the_configured_waves(monkeypatch):
     assert api.handoff_chunk(1057, device) == 2
     assert api.handoff_chunk(4608, device) == 5
     assert api.handoff_chunk(10**6, device) == 32  # one ballot at most
-    monkeypatch.setattr(api.TUNING, "c128_handoff_tile", 32)  # 16 CTAs per token: chunks start at half the tokens
-    assert api.handoff_chunk(528, device) == 1 and api.handoff_chunk(529, device) == 2
-    monkeypatch.setattr(api.TUNING, "c128_handoff_tile", 64)
     monkeypatch.setattr(api.TUNING, "c128_handoff_waves", None)
     assert api.handoff_chunk(10**6, device) == 1
     monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 0)

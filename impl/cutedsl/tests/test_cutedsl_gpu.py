@@ -242,7 +242,6 @@ def test_c128_split_with_caller_workspace():
     *[(dict(pdl=False), C128_CASES[i][0], path) for i, path in
       ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"))],
     (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
-    *[(dict(c128_handoff_tile=32), case, "fused_handoff") for case, _ in C128_CASES],  # 16 CTAs per token
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
 def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
     from dsv4_compressor.impl.cutedsl import api
@@ -454,17 +453,15 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
         assert int(torch.count_nonzero(counters)) == 0
 
 
-@pytest.mark.parametrize("tile", [64, 32])
 @pytest.mark.parametrize("chunk", [3, 32])
 @pytest.mark.parametrize("case", [C128_CASES[0][0], C128_CASES[4][0], C128_CASES[5][0]], ids=lambda c: c.name)
-def test_handoff_chunks_of_tokens(monkeypatch, case, chunk, tile):
+def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
     """Several tokens per CTA (a ballot over the chunk, then its active tokens in order),
-    padding and inactive tokens among them, 8 or 16 CTAs per token: the same bytes as the
-    spec, and every counter zero afterwards."""
+    padding and inactive tokens among them: the same bytes as the spec, and every counter
+    zero afterwards."""
     from dsv4_compressor.impl.cutedsl import api
 
     monkeypatch.setattr(api, "handoff_chunk", lambda num_tokens, device: chunk)
-    monkeypatch.setattr(api.TUNING, "c128_handoff_tile", tile)
     api._PLANS.clear()  # plans are keyed by TUNING, not by this function
     try:
         args = _run_and_compare(case, c128_path="fused_handoff")
