@@ -54,6 +54,12 @@ for s in "$@"; do
       step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
     tests-handoff)
       step tests-handoff 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k handoff ;;
+    tests-early)
+      step tests-early 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k "early or pdl_chain or handoff" ;;
+    conformance-early)
+      step conformance-early 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:early_metadata --size all ;;
+    bench-early)
+      step bench-early 300 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-early_metadata --impl cutedsl-split_block8 --impl cutedsl-split_block8_early --trials 3 --tag c128-early --out "$LOGS" ;;
     tests-cutedsl)
       step tests-cutedsl 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests ;;
     bench)

@@ -114,6 +114,9 @@ class Tuning:
     c128_fused_max_tokens: int | None = None  # auto: fused_handoff up to this T (None = always), split above
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
     pdl: bool = True  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
+    c128_early_metadata: bool = False  # with pdl, the C128 split, cluster and handoff kernels read positions,
+    #   slots, block table, weights and cos/sin before griddepcontrol.wait: only if the previous kernel in the
+    #   stream writes none of them and waits for its own predecessor before it triggers (.dependent_launch)
 
 
 TUNING = Tuning()
@@ -229,7 +232,8 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, TUNING.pdl)
+    early = TUNING.pdl and TUNING.c128_early_metadata and path != "fused_stream"
+    return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, TUNING.pdl, early)
 
 
 SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds

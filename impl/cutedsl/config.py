@@ -132,6 +132,9 @@ class C128PoolConfig:
     #                             every CTA's scores (which gate the exps) reach HBM's queue first
     pdl: bool = False  # programmatic dependent launch (the split compress kernel, and the cluster
     #                    and stream kernels built around this pooling; see :mod:`.dependent_launch`)
+    early_metadata: bool = False  # with pdl (split, cluster and handoff kernels): read the per-token
+    #                              metadata, the block table, weights and cos/sin before griddepcontrol.wait;
+    #                              the previous kernel must not write them (see :mod:`.dependent_launch`)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -144,8 +147,10 @@ class C128PoolConfig:
         _power_of_two("rows_per_lookup", self.rows_per_lookup)
         if rpl % self.rows_per_lookup or self.block_size % self.rows_per_lookup:
             _fail("rows_per_lookup", f"a divisor of rows_per_lane ({rpl}) and of block_size ({self.block_size})", self.rows_per_lookup)
-        for name in ("kv_in_smem", "kv_after_max", "pdl"):
+        for name in ("kv_in_smem", "kv_after_max", "pdl", "early_metadata"):
             _flag(name, getattr(self, name))
+        if self.early_metadata and not self.pdl:
+            _fail("early_metadata", "False without pdl (there is no wait to read ahead of)", self.early_metadata)
 
     @property
     def lanes_per_row_group(self) -> int:
@@ -168,7 +173,8 @@ class C128PoolConfig:
         kind = "block8" if self.is_block8 else f"generic{self.rows_per_lookup}"
         staged = "_kvsmem" if self.kv_in_smem else ""
         late = "_kvlate" if self.kv_after_max else ""
-        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}"
+        early = "_early" if self.early_metadata else ""
+        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}{early}"
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,11 @@ class StreamConfig(ClusterConfig):
     """C128 single-launch kernel on persistent clusters with a two-stage ``cp.async`` pipeline
     (scores and kv of the next token land in shared memory while this one is pooled); the
     cluster shapes of :class:`ClusterConfig` (``pool.kv_in_smem`` is unused)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.pool.early_metadata:
+            _fail("pool.early_metadata", "False (the stream kernel waits before its metadata)", True)
 
     @property
     def smem_bytes(self) -> int:

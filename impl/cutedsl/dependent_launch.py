@@ -18,6 +18,16 @@ run. Then the kernel triggers its own dependents at once: the next PDL kernel's 
 launched only after *all* of this grid's CTAs have started, so they never take the place
 of a CTA of this grid that is still waiting for a slot.
 
+Opt-in exception (``TUNING.c128_early_metadata``, ``C128PoolConfig.early_metadata``): the
+C128 split, cluster and handoff kernels may read the per-token metadata, the block table,
+the norm weights and the cos/sin rows *before* the wait, and wait only right before their
+first state-row load, so that these dependent loads overlap the previous kernel's tail
+instead of preceding the state reads. This reads what a serialized launch would only if
+the previous kernel in the stream writes none of them and itself waits for its own
+predecessor before triggering (every kernel here does: ``save_partial_states`` before
+``compress_norm_rope_store`` is the intended pair). Stores, atomics and every state read
+still follow the wait (checked on the PTX in CI).
+
 Without PDL (``pdl=False``) nothing is emitted; a kernel compiled with PDL but launched
 after a non-PDL kernel simply finds its wait satisfied.
 """

@@ -161,7 +161,7 @@ class C128ClusterKernel(C128TilePooling):
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)  # tile == rank in the cluster (CTAs C*t .. C*t + C-1)
         smem = SmemAllocator()

@@ -96,7 +96,7 @@ class C128HandoffKernel(C128ClusterKernel):
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32,
                chunk: Int32):
-        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
         tile, chunk_index = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
         smem = SmemAllocator()

@@ -113,6 +113,8 @@ class C128TilePooling:
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
     ):
         rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile)
+        if cutlass.const_expr(self.pool.early_metadata):  # metadata and block table read: now the state
+            wait_for_prerequisite_grids(True)
         # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
         # loads are still in flight (only u = kv * e waits for them)
         sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
@@ -284,7 +286,7 @@ class C128PoolKernel(C128TilePooling):
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
-        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.tile_and_token(cta)
         sMax, sNum, sDen, sKv = self.allocate_smem(SmemAllocator())

@@ -86,6 +86,9 @@ handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; t
 handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", {"pdl": False})
 handoff_early = Variant("handoff_early", "fused_handoff", {"c128_handoff_kv_after_max": False})  # kv with the scores
 handoff_chunk1 = Variant("handoff_chunk1", "fused_handoff", {"c128_handoff_waves": None})  # one token per CTA always
+# auto, with metadata and block table read before griddepcontrol.wait (a contract on the previous kernel)
+early_metadata = Variant("early_metadata", "auto", {"c128_early_metadata": True})
+split_block8_early = Variant("split_block8_early", "split_block8", {"c128_early_metadata": True})
 # without programmatic dependent launch (TUNING.pdl, the default since the third session): auto dispatch
 # (also C4 and save), and the forced paths
 nopdl = Variant("nopdl", "auto", {"pdl": False})
@@ -95,4 +98,5 @@ split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", {"pdl": False
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
                                  stream16, split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
-                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1)}
+                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
+                                 early_metadata, split_block8_early)}

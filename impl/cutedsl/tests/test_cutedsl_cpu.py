@@ -55,19 +55,27 @@ def test_variants_cover_every_kernel_and_layout(ptx_reports):
 
 def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
     """A PDL kernel's first memory instruction comes after ``griddepcontrol.wait`` (it may
-    start while the previous kernel still writes); a kernel without PDL has none."""
+    start while the previous kernel still writes); a kernel without PDL has none. With
+    ``early_metadata`` only scalar and small vector metadata loads (positions, block table,
+    weights, cos/sin) may come first: every state row load (16-byte ``ld.global.v4``,
+    ``cp.async``) and every store or atomic follows the wait."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
     memory_ops = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile.global")
+    state_and_writes = ("ld.global.v4", "ld.global.nc.v4", "cp.async", "st.global", "atom.", "red.")
+    early = 0
     for name, kind, cfg, _ in variant_configs():
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         if "_pdl" not in name:
             assert "griddepcontrol" not in body, name
             continue
         wait = body.index("griddepcontrol.wait")
-        first_access = min(i for i in (body.find(op) for op in memory_ops) if i >= 0)
+        ops = state_and_writes if "_early" in name else memory_ops
+        early += "_early" in name
+        first_access = min(i for i in (body.find(op) for op in ops) if i >= 0)
         assert wait < first_access < len(body), name
         assert wait < body.index("griddepcontrol.launch_dependents"), name
+    assert early >= 3  # the split, cluster and handoff kernels
 
 
 def test_handoff_kernel_publishes_before_it_counts(ptx_reports):

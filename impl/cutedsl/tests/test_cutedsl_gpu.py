@@ -241,6 +241,9 @@ def test_c128_split_with_caller_workspace():
     (dict(pdl=False), C4_CASES[1], None),  # without programmatic dependent launch (the default uses it)
     *[(dict(pdl=False), C128_CASES[i][0], path) for i, path in
       ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"))],
+    *[(dict(c128_early_metadata=True), C128_CASES[i][0], path) for i, path in  # metadata before the PDL wait
+      ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"),
+       (5, "auto"))],
     (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
 def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
@@ -364,19 +367,23 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-@pytest.mark.parametrize("case, path", [
-    (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"), (Case(128, 8, 2), "fused_stream"),
-    (Case(128, 8, 2), "fused_handoff"), (Case(4, 4, 2), "auto"),
-], ids=lambda v: v.name if isinstance(v, Case) else v)
-def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path):
+@pytest.mark.parametrize("case, path, early", [
+    (Case(128, 8, 2), "fused_cluster", False), (Case(128, 8, 2), "split_block8", False),
+    (Case(128, 8, 2), "fused_stream", False), (Case(128, 8, 2), "fused_handoff", False), (Case(4, 4, 2), "auto", False),
+    (Case(128, 8, 2), "fused_cluster", True), (Case(128, 8, 2), "split_block8", True),
+    (Case(128, 8, 2), "fused_handoff", True),
+], ids=lambda v: v.name if isinstance(v, Case) else ("early_metadata" if v is True else "" if v is False else v))
+def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path, early):
     """``save_partial_states`` then ``compress_norm_rope_store``, every kernel launched with PDL
     and both captured in one graph: each boundary token's window includes the row the save
-    kernel has just written, so a compress kernel that read before its ``griddepcontrol.wait``
-    returned would pool stale rows. Every replay must give the spec's bytes."""
+    kernel has just written, so a compress kernel that read state before its
+    ``griddepcontrol.wait`` returned would pool stale rows (with ``c128_early_metadata`` only
+    the metadata and block table are read before it). Every replay must give the spec's bytes."""
     from dsv4_compressor.impl import cutedsl
     from dsv4_compressor.impl.cutedsl import api
 
     monkeypatch.setattr(api.TUNING, "pdl", True)
+    monkeypatch.setattr(api.TUNING, "c128_early_metadata", early)
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     rng = np.random.default_rng(11)
     kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
