@@ -61,8 +61,8 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
     ``cp.async``) and every store or atomic follows the wait."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
-    memory_ops = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile.global")
-    state_and_writes = ("ld.global.v4", "ld.global.nc.v4", "cp.async", "st.global", "atom.", "red.")
+    memory_ops = ("ld.global", "st.global", "cp.async", "atom.global", "red.global", "ld.volatile.global")
+    state_and_writes = ("ld.global.v4", "ld.global.nc.v4", "cp.async", "st.global", "atom.global", "red.global")
     early = 0
     for name, kind, cfg, _ in variant_configs():
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
