@@ -3,6 +3,7 @@
     python -m dsv4_compressor.bench.probe floor [--sizes 1 32 64 128 1024]
     python -m dsv4_compressor.bench.probe variants [--sizes ...] [--variants nopdl cluster8 ...]
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
+    python -m dsv4_compressor.bench.probe pairs [--sizes ...]
     python -m dsv4_compressor.bench.probe profile-one --tokens 64 --variant cluster8
 
 - ``floor``: graph replay of a one-CTA kernel that reads and stores one word (the per-call
@@ -17,6 +18,9 @@
   pooling code. **The results are wrong on purpose**; the time difference to ``variants``
   is what the exact exponentials cost where they are not hidden behind memory traffic.
   Run it in its own process (it patches the kernel source before compiling).
+- ``pairs``: a step's ``save_partial_states`` + ``compress_norm_rope_store`` against one
+  ``save_and_compress_norm_rope_store`` (whose compress kernel reads its metadata while the
+  save kernel runs), per size and on the serving steps.
 - ``profile-one``: warm up one variant at one size, then run it once between
   ``cudaProfilerStart``/``Stop`` (for ``ncu --profile-from-start off``).
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+
+import numpy as np
 
 DEFAULT_SIZES = (1, 8, 32, 64, 128, 256, 1024)
 WINDOW_BYTES = 128 * 2 * 512 * 4  # kv and score halves of 128 state rows
@@ -142,6 +148,41 @@ def time_variants(sizes, names) -> None:
         print(f"| {case.token_num} | " + " | ".join(cells) + " |", flush=True)
 
 
+def time_pairs(sizes) -> None:
+    """A step's two calls, ``save_partial_states`` then ``compress_norm_rope_store`` (auto, PDL),
+    against one ``save_and_compress_norm_rope_store``: µs per pair in a graph (4 rotated sets)."""
+    import torch
+
+    from ..impl import cutedsl
+    from ..spec import batch as B
+    from .cases import c128_decode_sweep, mixed_steps
+    from .timing import prepare
+
+    cases = c128_decode_sweep(tuple(sizes)) + [c for c in mixed_steps() if c.compress_ratio == 128]
+    print("| case | T | save, then compress | save_and_compress | gain |\n|---|---:|---:|---:|---:|")
+    for case in cases:
+        prepared = prepare(case)
+        rng = np.random.default_rng(5)
+        extra = [(torch.from_numpy(B.random_kv_score(case.token_num, 128, rng)).cuda(),
+                  torch.from_numpy(B.random_ape(128, rng)).cuda()) for _ in prepared.sets]
+        pairs = list(zip(prepared.sets, extra))
+
+        def separate(pair):
+            s, (kv_score, ape) = pair
+            state, _, positions, slot_mapping = s.args[:4]
+            cutedsl.save_partial_states(kv_score, ape, positions, slot_mapping, state, case.block_size)
+            cutedsl.compress_norm_rope_store(*s.args, **s.kwargs, workspace=s.workspace)
+
+        def combined(pair):
+            s, (kv_score, ape) = pair
+            cutedsl.save_and_compress_norm_rope_store(kv_score, ape, *s.args, **s.kwargs, workspace=s.workspace)
+
+        a, b = _graph_us(separate, pairs), _graph_us(combined, pairs)
+        print(f"| {case.name} | {case.token_num} | {a:.2f} | {b:.2f} | {a - b:.2f} |", flush=True)
+        del prepared, extra, pairs
+        torch.cuda.empty_cache()
+
+
 def profile_one(tokens: int, name: str) -> None:
     import torch
 
@@ -163,7 +204,7 @@ def profile_one(tokens: int, name: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.bench.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("floor", "variants", "no-exp", "profile-one"))
+    parser.add_argument("what", choices=("floor", "variants", "no-exp", "pairs", "profile-one"))
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
     parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
     parser.add_argument("--tokens", type=int, default=64)
@@ -176,6 +217,8 @@ def main(argv=None) -> int:
         return 2
     if args.what == "floor":
         floor(args.sizes)
+    elif args.what == "pairs":
+        time_pairs(args.sizes)
     elif args.what == "profile-one":
         profile_one(args.tokens, args.variant)
     else:

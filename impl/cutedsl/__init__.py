@@ -6,6 +6,8 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 - :func:`compress_norm_rope_store` (SPEC §5-§7; C4 fused kernel; C128 cluster-fused,
   handoff-fused (no cluster), stream-fused or split compress + store kernels, chosen by
   ``c128_path``)
+- :func:`save_and_compress_norm_rope_store` (SPEC §4 then §5-§7, the two calls back to back:
+  with PDL the compress kernel reads its metadata while the save kernel runs)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
 
 Every kernel follows SPEC §2 bit for bit (separately rounded ``.rn`` operations, the
@@ -33,6 +35,8 @@ Importing this package needs torch only; CuTe DSL is imported on first use, with
 ``ImportError`` if it is missing.
 """
 
-from .api import SUPPORTED_DEVICES, TUNING, compress, compress_norm_rope_store, save_partial_states
+from .api import (SUPPORTED_DEVICES, TUNING, compress, compress_norm_rope_store, save_and_compress_norm_rope_store,
+                  save_partial_states)
 
-__all__ = ["SUPPORTED_DEVICES", "TUNING", "save_partial_states", "compress_norm_rope_store", "compress"]
+__all__ = ["SUPPORTED_DEVICES", "TUNING", "save_partial_states", "compress_norm_rope_store",
+           "save_and_compress_norm_rope_store", "compress"]

@@ -209,8 +209,10 @@ def cluster_tile(num_tokens: int) -> int:
     return 32 if num_tokens <= TUNING.c128_cluster16_max_tokens else 64
 
 
-def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
-    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_*``/``split_*``)."""
+def c128_pool_config(path: str, block_size: int, num_tokens: int = 1, early_metadata: bool = False):
+    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_*``/``split_*``); with PDL
+    its metadata is read before the wait if ``early_metadata`` or ``TUNING.c128_early_metadata``
+    (not on the stream path)."""
     _, config = _kernels()
     if path == "fused_cluster":
         warps, tile, staged = TUNING.c128_cluster_warps, cluster_tile(num_tokens), TUNING.c128_cluster_kv_in_smem
@@ -232,7 +234,7 @@ def c128_pool_config(path: str, block_size: int, num_tokens: int = 1):
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    early = TUNING.pdl and TUNING.c128_early_metadata and path != "fused_stream"
+    early = TUNING.pdl and (early_metadata or TUNING.c128_early_metadata) and path != "fused_stream"
     return config.C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, TUNING.pdl, early)
 
 
@@ -361,10 +363,17 @@ def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
 # ---- public operations ----------------------------------------------------------------------
 def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False) -> None:
     """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache."""
+    launch = _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug)
+    if launch is not None:
+        launch()
+
+
+def _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug: bool):
+    """Validate a ``save_partial_states`` call and return its launch (None: nothing to do)."""
     call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug)
     _require_cuda("state_cache", state_cache)
     if call.num_tokens == 0:
-        return
+        return None
     compile_cache, config = _kernels()
     vector_inputs = (
         kv_score.data_ptr() % 16 == 0 and (call.num_tokens <= 1 or kv_score.stride(0) % 4 == 0)
@@ -373,7 +382,8 @@ def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, blo
     kernel = compile_cache.compile_save(
         config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta, TUNING.pdl)
     )
-    kernel(kv_score, ape, _unit_stride_1d(positions), _unit_stride_1d(slot_mapping), state_cache)
+    positions, slot_mapping = _unit_stride_1d(positions), _unit_stride_1d(slot_mapping)
+    return lambda: kernel(kv_score, ape, positions, slot_mapping, state_cache)
 
 
 @dataclass(frozen=True)
@@ -428,7 +438,7 @@ def _plan_key(tensors: tuple, workspace, scalars: tuple) -> tuple:
 
 def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
                 rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
-                workspace, c128_path) -> LaunchPlan:
+                workspace, c128_path, early_metadata) -> LaunchPlan:
     """Validate (SPEC §9 and this implementation's constraints), dispatch and compile."""
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
@@ -458,18 +468,19 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     if path == "c4":
         kernels = (compile_cache.compile_c4(config.C4Config(block_size, entry, TUNING.c4_tokens_per_cta, TUNING.pdl)),)
     elif path == "fused_cluster":
-        pool = c128_pool_config(path, block_size, num_tokens)
+        pool = c128_pool_config(path, block_size, num_tokens, early_metadata)
         kernels = (compile_cache.compile_c128_cluster(config.ClusterConfig(pool, entry)),)
     elif path == "fused_handoff":
         chunk = handoff_chunk(num_tokens, state_cache.device)  # 1 <= chunk <= MAX_CHUNK_TOKENS
-        handoff = config.HandoffConfig(c128_pool_config(path, block_size), entry, chunked=chunk > 1)
+        handoff = config.HandoffConfig(c128_pool_config(path, block_size, early_metadata=early_metadata), entry,
+                                       chunked=chunk > 1)
         return LaunchPlan((compile_cache.compile_c128_handoff(handoff),), path, eps, fp8_inv, num_tokens, restride, (chunk,))
     elif path == "fused_stream":
         stream_config = config.StreamConfig(c128_pool_config(path, block_size), entry)
         grid = stream_grid(stream_config, num_tokens, state_cache.device)
         return LaunchPlan((compile_cache.compile_c128_stream(stream_config),), path, eps, fp8_inv, num_tokens, restride, grid)
     else:
-        kernels = (compile_cache.compile_c128_pool(c128_pool_config(path, block_size)),
+        kernels = (compile_cache.compile_c128_pool(c128_pool_config(path, block_size, early_metadata=early_metadata)),
                    compile_cache.compile_c128_store(config.StoreConfig(entry, TUNING.c128_store_tokens_per_cta, TUNING.pdl)))
     return LaunchPlan(kernels, path, eps, fp8_inv, num_tokens, restride)
 
@@ -502,21 +513,75 @@ def compress_norm_rope_store(
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
-    key = None if debug else _plan_key(tensors, workspace, (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, c128_path))
+    plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
+                          c128_path, early_metadata=False)
+    plan.run(*tensors, workspace)
+
+
+def _compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
+                   c128_path, early_metadata: bool) -> LaunchPlan:
+    """The cached :class:`LaunchPlan` of a ``compress_norm_rope_store`` call (validated, dispatched
+    and compiled on the first call with this layout)."""
+    scalars = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, c128_path, early_metadata)
+    key = None if debug else _plan_key(tensors, workspace, scalars)
     try:
         plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: validate (and reject) it the long way
         key = plan = None
     if plan is None:
+        state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, \
+            k_cache, kv_slot_mapping = tensors
         plan = _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
                            rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio,
-                           layout, fp8_scale, debug, workspace, c128_path)
+                           layout, fp8_scale, debug, workspace, c128_path, early_metadata)
         if key is not None:
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
             _PLANS[key] = plan
-    plan.run(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
-             k_cache, kv_slot_mapping, workspace)
+    return plan
+
+
+def save_and_compress_norm_rope_store(
+    kv_score,  # fp32 [T, 2*SW]: this step's kv and score projections
+    ape,  # fp32 [r, SW]
+    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
+    token_to_req_indices,  # int32 [T]
+    positions,  # int64 [T]
+    slot_mapping,  # int64 [T]
+    block_table,  # int32 [num_reqs, max_blocks]
+    block_size,  # bs
+    rms_norm_weight,  # bf16 or fp32 [512]
+    rms_norm_eps,  # python float (rounded to binary32)
+    cos_sin_cache,  # fp32 [max_pos, 64]
+    k_cache,  # as in compress_norm_rope_store
+    kv_slot_mapping,  # int64 [T]
+    *,
+    compress_ratio: int,
+    layout: str = "flashmla_fp8",
+    fp8_scale: float | None = None,
+    debug: bool = False,
+    workspace: torch.Tensor | None = None,
+    c128_path: str = "auto",
+) -> None:
+    """SPEC §4 then §5-§7: ``save_partial_states(kv_score, ape, positions, slot_mapping,
+    state_cache, block_size)`` and ``compress_norm_rope_store(...)`` with the same state cache,
+    back to back on the current stream; both calls are validated before either launches.
+
+    The same bytes as the two calls. Faster with PDL (``TUNING.pdl``): the C128 compress
+    kernel reads its metadata, block table, weights and cos/sin while the save kernel still
+    runs, and waits (``griddepcontrol.wait``) only before its first state row. That is safe
+    here, and only here: the kernel right before it is this call's save kernel, which writes
+    nothing but state rows and lets the compress kernel start only after its own
+    predecessor has completed (see :mod:`.dependent_launch`).
+    """
+    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+               cos_sin_cache, k_cache, kv_slot_mapping)
+    plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
+                          c128_path, early_metadata=True)
+    save = _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug)
+    if save is not None:  # None only for T = 0, where the plan launches nothing either
+        save()
+    plan.run(*tensors, workspace)
 
 
 def compress(

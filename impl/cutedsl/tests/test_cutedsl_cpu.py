@@ -294,6 +294,17 @@ def test_compress_and_save_reject_bad_arguments(no_compile):
         api.save_partial_states(kv_score, ape, args["positions"], args["slot_mapping"], args["state_cache"], 8)
 
 
+def test_save_and_compress_validates_the_compress_arguments_first(no_compile):
+    """The combined call rejects a bad compress argument before anything (the save) launches."""
+    args = _cpu_call()
+    kv_score, ape = torch.zeros(4, 1024), torch.zeros(128, 512)
+    with pytest.raises(ValueError, match="positions: expected dtype int64"):
+        api.save_and_compress_norm_rope_store(kv_score, ape, **{**args, "positions": args["positions"].int()},
+                                              compress_ratio=128)
+    with pytest.raises(ValueError, match="layout"):
+        api.save_and_compress_norm_rope_store(kv_score, ape, **args, compress_ratio=128, layout="fp8")
+
+
 def test_import_needs_no_cutlass():
     """The package imports torch only; CuTe DSL is loaded on first use."""
     import subprocess

@@ -367,23 +367,25 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-@pytest.mark.parametrize("case, path, early", [
-    (Case(128, 8, 2), "fused_cluster", False), (Case(128, 8, 2), "split_block8", False),
-    (Case(128, 8, 2), "fused_stream", False), (Case(128, 8, 2), "fused_handoff", False), (Case(4, 4, 2), "auto", False),
-    (Case(128, 8, 2), "fused_cluster", True), (Case(128, 8, 2), "split_block8", True),
-    (Case(128, 8, 2), "fused_handoff", True),
-], ids=lambda v: v.name if isinstance(v, Case) else ("early_metadata" if v is True else "" if v is False else v))
-def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path, early):
-    """``save_partial_states`` then ``compress_norm_rope_store``, every kernel launched with PDL
-    and both captured in one graph: each boundary token's window includes the row the save
-    kernel has just written, so a compress kernel that read state before its
-    ``griddepcontrol.wait`` returned would pool stale rows (with ``c128_early_metadata`` only
-    the metadata and block table are read before it). Every replay must give the spec's bytes."""
+@pytest.mark.parametrize("case, path, how", [
+    *[(Case(128, 8, 2), path, how) for path in ("fused_cluster", "split_block8", "fused_handoff")
+      for how in ("separate", "early_metadata", "combined")],
+    (Case(128, 8, 2), "fused_stream", "separate"), (Case(128, 8, 2), "fused_stream", "combined"),
+    (Case(4, 4, 2), "auto", "separate"), (Case(4, 4, 2), "auto", "combined"),
+    (Case(128, 5, 64, layout="bf16"), "auto", "combined"),
+], ids=lambda v: v.name if isinstance(v, Case) else v)
+def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path, how):
+    """``save_partial_states`` then ``compress_norm_rope_store`` (two calls, the two with
+    ``c128_early_metadata``, or one ``save_and_compress_norm_rope_store``), every kernel
+    launched with PDL and captured in one graph: each boundary token's window includes the
+    row the save kernel has just written, so a compress kernel that read state before its
+    ``griddepcontrol.wait`` returned would pool stale rows (early metadata reads only the
+    metadata and block table before it). Every replay must give the spec's bytes."""
     from dsv4_compressor.impl import cutedsl
     from dsv4_compressor.impl.cutedsl import api
 
     monkeypatch.setattr(api.TUNING, "pdl", True)
-    monkeypatch.setattr(api.TUNING, "c128_early_metadata", early)
+    monkeypatch.setattr(api.TUNING, "c128_early_metadata", how == "early_metadata")
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     rng = np.random.default_rng(11)
     kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
@@ -399,6 +401,9 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
                   workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
 
     def step():
+        if how == "combined":
+            cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)
+            return
         cutedsl.save_partial_states(kv_t, ape_t, args["positions"], args["slot_mapping"], args["state_cache"],
                                     batch.block_size)
         cutedsl.compress_norm_rope_store(**args, **kwargs)
@@ -414,6 +419,28 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
+
+
+def test_save_and_compress_writes_nothing_when_an_argument_is_bad():
+    """A bad compress argument fails the combined call before its save kernel runs: the state
+    cache and the k_cache keep every byte."""
+    from dsv4_compressor.impl import cutedsl
+
+    case = Case(128, 8, 2)
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    rng = np.random.default_rng(12)
+    kv_t = to_cuda(B.random_kv_score(batch.num_tokens, case.ratio, rng))
+    ape_t = to_cuda(B.random_ape(case.ratio, rng))
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    state_before, k_before = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
+    for bad, needle in ((dict(layout="fp8"), "layout"), (dict(c128_path="cluster"), "c128_path")):
+        with pytest.raises(ValueError, match=needle):
+            cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **{"compress_ratio": 128, **bad})
+    with pytest.raises(ValueError, match="ape"):
+        cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t[:, :256], **args, compress_ratio=128)
+    torch.cuda.synchronize()
+    assert torch.equal(_storage(args["state_cache"]), state_before)
+    assert torch.equal(_storage(args["k_cache"]), k_before)
 
 
 def test_handoff_counters_are_zero_between_calls():
