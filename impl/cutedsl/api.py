@@ -111,7 +111,8 @@ class Tuning:
     c128_stream_ctas_per_sm: int | None = None  # stream kernel's grid: CTAs per SM (None: as shared memory allows)
     c128_stream_clusters: int | None = None  # stream kernel's grid: clusters (None: from c128_stream_ctas_per_sm)
     c128_cluster_max_tokens: int = 16  # auto: fused_cluster up to this T (and up to c128_fused_max_tokens)
-    c128_fused_max_tokens: int | None = None  # auto: fused_handoff up to this T (None = always), split above
+    c128_fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None = always), split above ...
+    c128_chunked_handoff: bool = True  # ... except where the handoff kernel takes chunks of tokens (see api docs)
     save_tokens_per_cta: int = 1  # save_partial_states: 1, 2, 4
     pdl: bool = True  # every kernel: programmatic dependent launch (griddepcontrol; see .dependent_launch)
     c128_early_metadata: bool = False  # with pdl, the C128 split, cluster and handoff kernels read positions,
@@ -344,8 +345,10 @@ def _multiprocessor_count(device: torch.device) -> int:
     return _SM_COUNTS[device]
 
 
-def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
-    """Resolve ``c128_path`` (raises ``ValueError`` for an unknown or disallowed path)."""
+def choose_c128_path(c128_path: str, num_tokens: int, block_size: int, device: torch.device | None = None) -> str:
+    """Resolve ``c128_path`` (raises ``ValueError`` for an unknown or disallowed path). With a
+    ``device``, ``auto`` above ``c128_fused_max_tokens`` takes the chunked handoff kernel where
+    its chunks hold more than one token (``TUNING.c128_chunked_handoff``)."""
     if c128_path not in C128_PATHS:
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
     if c128_path != "auto":
@@ -355,6 +358,8 @@ def choose_c128_path(c128_path: str, num_tokens: int, block_size: int) -> str:
     if num_tokens <= TUNING.c128_cluster_max_tokens and (limit is None or num_tokens <= limit):
         return "fused_cluster"
     if limit is None or num_tokens <= limit:
+        return "fused_handoff"
+    if TUNING.c128_chunked_handoff and device is not None and handoff_chunk(num_tokens, device) > 1:
         return "fused_handoff"
     rows_per_lane = c128_pool_config("split_generic", block_size).rows_per_lane
     return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
@@ -449,7 +454,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     ratio = call.pooling.config.ratio
     if c128_path not in C128_PATHS:  # also for C4, where it has no effect: a typo is still an error
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
-    path = choose_c128_path(c128_path, num_tokens, block_size) if ratio == 128 else "c4"
+    path = choose_c128_path(c128_path, num_tokens, block_size, state_cache.device) if ratio == 128 else "c4"
     if path.startswith("split") or path == "fused_handoff":
         _x_buffer(workspace, num_tokens, state_cache.device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)

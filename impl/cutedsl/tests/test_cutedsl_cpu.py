@@ -176,7 +176,18 @@ def test_auto_dispatch(monkeypatch):
     monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
     assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 100000, 8) == "fused_handoff"
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)  # (the default is None: handoff above clusters)
+    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)  # the default
+    # with a device: Block8 while the handoff kernel would take one token per CTA, chunked handoff above
+    device = torch.device("cuda", 7)
+    monkeypatch.setattr(api, "_SM_COUNTS", {device: 132})
+    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 16)
+    assert api.choose_c128_path("auto", 64, 8, device) == "fused_handoff"
+    assert api.choose_c128_path("auto", 65, 8, device) == "split_block8"
+    assert api.choose_c128_path("auto", 1056, 8, device) == "split_block8"  # 16 waves of one token per CTA
+    assert api.choose_c128_path("auto", 1057, 8, device) == "fused_handoff"  # chunks of 2
+    assert api.choose_c128_path("auto", 4608, 5, device) == "fused_handoff"
+    monkeypatch.setattr(api.TUNING, "c128_chunked_handoff", False)
+    assert api.choose_c128_path("auto", 4608, 8, device) == "split_block8"
     assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
     assert api.choose_c128_path("auto", 17, 8) == "fused_handoff"
