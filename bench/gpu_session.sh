@@ -62,6 +62,8 @@ for s in "$@"; do
       step bench-early 300 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-early_metadata --impl cutedsl-split_block8 --impl cutedsl-split_block8_early --trials 3 --tag c128-early --out "$LOGS" ;;
     bench-c128-fourth)
       step bench-c128-fourth 240 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 96 128 256 1024 1056 1100 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-handoff --impl cutedsl-early_metadata --trials 3 --tag c128-fourth --out "$LOGS" ;;
+    tests-combined)
+      step tests-combined 150 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k "pdl_chain or save_and" ;;
     probe-pairs)
       step probe-pairs 240 $PY -m dsv4_compressor.bench.probe pairs --sizes 1 8 32 64 128 1024 ;;
     tests-cutedsl)

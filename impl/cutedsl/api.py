@@ -345,10 +345,16 @@ def _multiprocessor_count(device: torch.device) -> int:
     return _SM_COUNTS[device]
 
 
-def choose_c128_path(c128_path: str, num_tokens: int, block_size: int, device: torch.device | None = None) -> str:
-    """Resolve ``c128_path`` (raises ``ValueError`` for an unknown or disallowed path). With a
-    ``device``, ``auto`` above ``c128_fused_max_tokens`` takes the chunked handoff kernel where
-    its chunks hold more than one token (``TUNING.c128_chunked_handoff``)."""
+def choose_c128_path(c128_path: str, num_tokens: int, block_size: int, device: torch.device | None = None,
+                     early_metadata: bool = False) -> str:
+    """Resolve ``c128_path`` (raises ``ValueError`` for an unknown or disallowed path).
+
+    ``auto``: clusters, then the handoff kernel up to ``c128_fused_max_tokens``; above, Block8
+    (1.5-3% faster on dense steps, as fast on a sparse decode step) unless, with a ``device``
+    and ``TUNING.c128_chunked_handoff``, the handoff kernel would take chunks of tokens (a
+    step with few active tokens among many: 3.5x faster than Block8), or it reads its metadata
+    early (``save_and_compress_norm_rope_store``: its inactive CTAs then finish under the save
+    kernel, 5.0 against 7.2 µs on the decode step)."""
     if c128_path not in C128_PATHS:
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
     if c128_path != "auto":
@@ -359,7 +365,7 @@ def choose_c128_path(c128_path: str, num_tokens: int, block_size: int, device: t
         return "fused_cluster"
     if limit is None or num_tokens <= limit:
         return "fused_handoff"
-    if TUNING.c128_chunked_handoff and device is not None and handoff_chunk(num_tokens, device) > 1:
+    if TUNING.c128_chunked_handoff and device is not None and (early_metadata or handoff_chunk(num_tokens, device) > 1):
         return "fused_handoff"
     rows_per_lane = c128_pool_config("split_generic", block_size).rows_per_lane
     return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
@@ -454,7 +460,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     ratio = call.pooling.config.ratio
     if c128_path not in C128_PATHS:  # also for C4, where it has no effect: a typo is still an error
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
-    path = choose_c128_path(c128_path, num_tokens, block_size, state_cache.device) if ratio == 128 else "c4"
+    path = choose_c128_path(c128_path, num_tokens, block_size, state_cache.device, early_metadata) if ratio == 128 else "c4"
     if path.startswith("split") or path == "fused_handoff":
         _x_buffer(workspace, num_tokens, state_cache.device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)

@@ -186,6 +186,7 @@ def test_auto_dispatch(monkeypatch):
     assert api.choose_c128_path("auto", 1056, 8, device) == "split_block8"  # 16 waves of one token per CTA
     assert api.choose_c128_path("auto", 1057, 8, device) == "fused_handoff"  # chunks of 2
     assert api.choose_c128_path("auto", 4608, 5, device) == "fused_handoff"
+    assert api.choose_c128_path("auto", 65, 8, device, early_metadata=True) == "fused_handoff"  # save_and_compress
     monkeypatch.setattr(api.TUNING, "c128_chunked_handoff", False)
     assert api.choose_c128_path("auto", 4608, 8, device) == "split_block8"
     assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
