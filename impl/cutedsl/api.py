@@ -32,16 +32,22 @@ Dispatch: C4 runs the fused kernel. C128 runs
   block: ``bs % 8 == 0`` with the default mapping), or ``split_generic`` (any ``bs``).
 
 ``c128_path="auto"`` picks ``fused_cluster`` up to ``TUNING.c128_cluster_max_tokens`` tokens
-(16), then ``fused_handoff`` up to ``TUNING.c128_fused_max_tokens`` (default ``None``:
-always), else Block8 whenever allowed, generic otherwise. Above 64 tokens Block8 is 2-6%
-faster on dense decode-boundary sweeps (every token active), but real C128 steps are
-sparse (about 1 token in 128 closes a window), where the handoff kernel is 3.5x faster
-(``bench/RESULTS.md`` tables O, P); set ``c128_fused_max_tokens = 64`` (or force
-``split_block8``) for dense steps.
+(16), ``fused_handoff`` up to ``TUNING.c128_fused_max_tokens`` (64), then Block8 whenever
+allowed (generic otherwise) while the handoff kernel would take one token per CTA (Block8
+is 1.5-3% faster there on dense steps, as fast on a sparse decode step), and
+``fused_handoff`` with chunks of tokens above (about 16 waves: 1057 tokens on 132 SMs;
+``TUNING.c128_chunked_handoff``): on all-active steps it is 6-8% slower than Block8 there,
+but real C128 steps are sparse (about 1 token in 128 closes a window), where it is 3.5x
+faster (``bench/RESULTS.md`` tables O, P, V). ``save_and_compress_norm_rope_store`` keeps
+``fused_handoff`` above 64 tokens: with its metadata read under the save kernel its inactive
+CTAs cost nothing (5.0 against 7.2 µs on a 512-token decode step).
 
 Every kernel is launched with programmatic dependent launch (``TUNING.pdl``, see
 :mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
-stream finishes, and it waits (``griddepcontrol.wait``) before its first memory access.
+stream finishes, and it waits (``griddepcontrol.wait``) before its first memory access;
+except that with early metadata (``save_and_compress_norm_rope_store``, or opt-in
+``TUNING.c128_early_metadata``) the C128 kernels read their metadata first and wait right
+before their first state row.
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ class Tuning:
 
     Steps with few active tokens: decode step (512 tokens, 3 active) handoff 8.2 µs, Block8
     8.2, stream 5.3; prefill chunk plus decode (4608 tokens, 36 active) handoff 18.9 µs (4
-    waves: 12.9), stream 22.2, Block8 67.0, Triton 37.2. Without PDL every path is 0.4-1.1 µs
+    waves: 12.9), stream 22.2, Block8 67.0, Triton 37.2. Early metadata (fourth session,
+    table U): auto 2.5 / 7.5 / 11.7 µs at 1 / 32 / 64 tokens, decode step 5.0. Without PDL every path is 0.4-1.1 µs
     slower below 256 tokens, except clusters at 32 tokens (8.9 µs instead of 10.5: with PDL
     the next call's clusters take GPC room early). C4 fused: 2.5 µs (T=1), 3.1 µs (T=128),
     97% of copy bandwidth at T=16384.

@@ -95,3 +95,29 @@ def test_debug_calls_and_tuning_changes_bypass_the_cache(launches, monkeypatch):
     api.compress_norm_rope_store(*args, **kwargs)
     assert len(api._PLANS) == 2
     assert [n for n, _ in launches] == ["compile_c128_pool", "compile_c128_store"]
+
+
+def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(launches, monkeypatch):
+    """The combined call: every argument validated before the first launch, the save kernel
+    first, then a compress kernel compiled with early metadata; a plain compress call with
+    the same layout keeps its own plan, which waits first."""
+    compile_cache, _ = api._kernels()
+    configs = []
+    for name in ("compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool"):
+        monkeypatch.setattr(compile_cache, name,
+                            lambda config, _n=name: configs.append(getattr(config, "pool", config)) or Recorder(_n, launches))
+    monkeypatch.setattr(compile_cache, "compile_save", lambda config: Recorder("compile_save", launches))
+    args, kwargs = _arguments("c128_decode_boundary")
+    tokens = len(args[2])
+    kv_score, ape = torch.zeros(tokens, 1024), torch.zeros(128, 512)
+    workspace = torch.empty((tokens, 512))
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace)
+    assert [n for n, _ in launches][0] == "compile_save" and len(launches) == 2
+    assert configs[-1].early_metadata and configs[-1].pdl
+    launches.clear()
+    for bad_ape, bad_kwargs, needle in ((ape[:, :256], {}, "ape"), (ape, {"layout": "fp8"}, "layout")):
+        with pytest.raises(ValueError, match=needle):
+            api.save_and_compress_norm_rope_store(kv_score, bad_ape, *args, **kwargs, **bad_kwargs)
+    assert launches == []
+    api.compress_norm_rope_store(*args, **kwargs, workspace=workspace)
+    assert not configs[-1].early_metadata
