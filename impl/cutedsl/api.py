@@ -93,10 +93,10 @@ class Tuning:
     Steps with few active tokens: decode step (512 tokens, 3 active) handoff 8.2 µs, Block8
     8.2, stream 5.3; prefill chunk plus decode (4608 tokens, 36 active) handoff 18.9 µs (4
     waves: 12.9), stream 22.2, Block8 67.0, Triton 37.2. Early metadata (fourth session,
-    table U): auto 2.5 / 7.5 / 11.7 µs at 1 / 32 / 64 tokens, decode step 5.0. Without PDL every path is 0.4-1.1 µs
-    slower below 256 tokens, except clusters at 32 tokens (8.9 µs instead of 10.5: with PDL
-    the next call's clusters take GPC room early). C4 fused: 2.5 µs (T=1), 3.1 µs (T=128),
-    97% of copy bandwidth at T=16384.
+    table U): auto 2.5 / 7.5 / 11.7 µs at 1 / 32 / 64 tokens, decode step 5.0. Without PDL
+    every path is 0.4-1.1 µs slower below 256 tokens, except clusters at 32 tokens (8.9 µs
+    instead of 10.5: with PDL the next call's clusters take GPC room early). C4 fused: 2.5 µs
+    (T=1), 3.1 µs (T=128), 97% of copy bandwidth at T=16384.
     """
 
     c4_tokens_per_cta: int = 1  # C4 fused: 1, 2, 4 token groups of 128 threads per CTA (2: 90% at 16K)
