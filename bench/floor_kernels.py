@@ -41,17 +41,23 @@ def stream_read(src_ptr, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _tile_sum(state_ptr, rows, tile, TILE: tl.constexpr):
+    # the sum of kv + score over rows (int64 [128] state row indices) and channels tile*TILE ..
+    columns = tile * TILE + tl.arange(0, TILE)
+    offsets = rows[:, None] * WIDTH + columns[None, :]
+    kv = tl.load(state_ptr + offsets, cache_modifier=".cg")
+    score = tl.load(state_ptr + offsets + HALF, cache_modifier=".cg")
+    return tl.sum(tl.sum(kv + score, axis=1), axis=0)
+
+
+@triton.jit
 def tile_read(state_ptr, out_ptr, TILE: tl.constexpr):
     # state_ptr: fp32 [128 T, 1024] contiguous windows; out_ptr: fp32 [T * 512 / TILE]
     pid = tl.program_id(0)
     token = pid // (HALF // TILE)
     tile = pid % (HALF // TILE)
     rows = token.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    columns = tile * TILE + tl.arange(0, TILE)
-    offsets = rows[:, None] * WIDTH + columns[None, :]
-    kv = tl.load(state_ptr + offsets, cache_modifier=".cg")
-    score = tl.load(state_ptr + offsets + HALF, cache_modifier=".cg")
-    tl.store(out_ptr + pid, tl.sum(tl.sum(kv + score, axis=1), axis=0))
+    tl.store(out_ptr + pid, _tile_sum(state_ptr, rows, tile, TILE))
 
 
 @triton.jit
@@ -91,11 +97,7 @@ def paged_tile_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr, ou
     window = (position // ROWS) * ROWS + tl.arange(0, ROWS)
     blocks = tl.load(block_table_ptr + request.to(tl.int64) * block_table_stride + window // BLOCK_SIZE)
     rows = blocks.to(tl.int64) * BLOCK_SIZE + window % BLOCK_SIZE
-    columns = tile * TILE + tl.arange(0, TILE)
-    offsets = rows[:, None] * WIDTH + columns[None, :]
-    kv = tl.load(state_ptr + offsets, cache_modifier=".cg")
-    score = tl.load(state_ptr + offsets + HALF, cache_modifier=".cg")
-    tl.store(out_ptr + pid, tl.sum(tl.sum(kv + score, axis=1), axis=0))
+    tl.store(out_ptr + pid, _tile_sum(state_ptr, rows, tile, TILE))
 
 
 @triton.jit

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
-from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS
+from .config import HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, MAX_CHUNK_TOKENS
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -291,7 +291,7 @@ def handoff_chunk(num_tokens: int, device: torch.device) -> int:
     if not isinstance(waves, int) or waves < 1:
         raise ValueError(f"TUNING.c128_handoff_waves: expected None or an integer >= 1, got {waves!r}")
     slots = waves * HANDOFF_CTAS_PER_SM * _multiprocessor_count(device)
-    return max(1, min(MAX_CHUNK_TOKENS, -(-8 * num_tokens // slots)))
+    return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
 
 
 @dataclass
@@ -595,7 +595,7 @@ def save_and_compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
-                          c128_path, early_metadata=True)
+                          c128_path, early_metadata=TUNING.pdl)  # without PDL there is no wait to read ahead of
     save = _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug)
     if save is not None:  # None only for T = 0, where the plan launches nothing either
         save()

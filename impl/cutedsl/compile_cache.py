@@ -189,17 +189,24 @@ def compile_c128_store(config: StoreConfig, *, keep_ptx: bool = False):
     return cached(("c128_store", config, keep_ptx), build)
 
 
+def fused_c128_inputs(config: ClusterConfig) -> tuple:
+    """The nine tensor arguments every single-launch C128 kernel starts with (cluster, handoff,
+    stream): state cache, token_to_req, positions, slots, block table, weight, cos/sin,
+    k_cache, kv slots."""
+    T = cute.sym_int()
+    return (fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T), fake_per_token(Int64, T),
+            fake_per_token(Int64, T), fake_block_table(), fake_weight(config.entry.weight_dtype), fake_cos_sin(),
+            fake_k_cache(config.entry), fake_per_token(Int64, T))
+
+
 def compile_c128_cluster(config: ClusterConfig, *, keep_ptx: bool = False):
     """C128 single-launch kernel on 8-CTA clusters."""
 
     def build():
         from .fused_c128_cluster import C128ClusterKernel
 
-        T = cute.sym_int()
         return cute.compile(
-            C128ClusterKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
-            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
-            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
+            C128ClusterKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
         )
 
@@ -212,11 +219,8 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
     def build():
         from .fused_c128_handoff import C128HandoffKernel
 
-        T = cute.sym_int()
         return cute.compile(
-            C128HandoffKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
-            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
-            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
+            C128HandoffKernel(config), *fused_c128_inputs(config),
             fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
             options=_options(keep_ptx),
         )
@@ -230,11 +234,8 @@ def compile_c128_stream(config: StreamConfig, *, keep_ptx: bool = False):
     def build():
         from .fused_c128_stream import C128StreamKernel
 
-        T = cute.sym_int()
         return cute.compile(
-            C128StreamKernel(config), fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
-            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
-            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), fake_per_token(Int64, T),
+            C128StreamKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), Int32(1), Int32(1), fake_stream(), options=_options(keep_ptx),
         )
 

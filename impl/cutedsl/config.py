@@ -242,6 +242,7 @@ class StreamConfig(ClusterConfig):
 
 
 HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm), also the host's grid sizing
+HANDOFF_CTAS_PER_TOKEN = HEAD_DIM // 64  # its 64-channel tiles (HandoffConfig requires pool.tile 64)
 MAX_CHUNK_TOKENS = 32  # tokens a chunked CTA (handoff, stream) takes at most: one ballot, a token per lane
 
 

@@ -57,7 +57,6 @@ from .fused_c128_cluster import C128ClusterKernel
 from .memory import GMEM, element_address, load_pair_from_l2, store_fragment, store_scalar
 
 
-CTAS_PER_SM = HANDOFF_CTAS_PER_SM  # .minnctapersm 4: caps registers at 64, so that 4 CTAs (32 warps) share an SM
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
 
 
@@ -86,9 +85,10 @@ class C128HandoffKernel(C128ClusterKernel):
         stream: cuda.CUstream,
     ):
         chunks = (mPos.shape[0] + chunk - 1) // chunk
+        # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
                     fp8_inv, chunk).launch(grid=(self.cluster * chunks, 1, 1), block=(self.threads, 1, 1), stream=stream,
-                                           use_pdl=self.pdl, min_blocks_per_mp=CTAS_PER_SM,
+                                           use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
                                            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel

@@ -45,11 +45,9 @@ _C128 = {
     "cluster16-late": ("fused_cluster", {"c128_cluster_tile": 32, "c128_cluster_kv_after_max": True}),
     "block8-late": ("split_block8", {"c128_split_kv_after_max": True}),
     "block8": ("split_block8", {}),
-    "handoff-w4": ("fused_handoff", {"c128_handoff_waves": 4}),  # named "handoff" in the 6c370ba log (then the default)
+    # handoff-w4 is named "handoff" in the 6c370ba log (then the default)
+    **{f"handoff-w{w}": ("fused_handoff", {"c128_handoff_waves": w}) for w in (1, 2, 4, 16, 64)},
     "handoff-chunk1": ("fused_handoff", {"c128_handoff_waves": None}),
-    "handoff-w16": ("fused_handoff", {"c128_handoff_waves": 16}),
-    "handoff-w64": ("fused_handoff", {"c128_handoff_waves": 64}),
-    **{f"handoff-w{w}": ("fused_handoff", {"c128_handoff_waves": w}) for w in (1, 2)},
     "block8-smemkv": ("split_block8", {"c128_split_kv_in_smem": True}),
     "block8-w16": ("split_block8", {"c128_split_warps": 16}),
     "block8-t32": ("split_block8", {"c128_split_tile": 32}),

@@ -80,7 +80,8 @@ stream16 = Variant("stream16", "fused_stream", {"c128_stream_tile": 32})  # pers
 cluster_early = Variant("cluster_early", "fused_cluster", {"c128_cluster_kv_after_max": False})  # kv with the scores
 split_block8 = Variant("split_block8", "split_block8")
 # Block8 whenever the block size allows, generic otherwise, kv loads after the window max
-block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0})
+block8_late = Variant("block8_late", "auto", {"c128_split_kv_after_max": True, "c128_fused_max_tokens": 0,
+                                               "c128_chunked_handoff": False})
 split_generic = Variant("split_generic", "split_generic")
 handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; the last one finishes the token
 handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", {"pdl": False})
