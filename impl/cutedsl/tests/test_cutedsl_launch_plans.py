@@ -121,3 +121,6 @@ def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(lau
     assert launches == []
     api.compress_norm_rope_store(*args, **kwargs, workspace=workspace)
     assert not configs[-1].early_metadata
+    monkeypatch.setattr(api.TUNING, "pdl", False)  # no wait to read ahead of: an ordinary compress plan
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace)
+    assert not configs[-1].early_metadata and not configs[-1].pdl
