@@ -60,6 +60,7 @@ import torch
 
 from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
 from .config import HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, MAX_CHUNK_TOKENS
+from .indexer_config import INDEXER_LAYOUTS
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -397,8 +398,10 @@ def _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size
         kv_score.data_ptr() % 16 == 0 and (call.num_tokens <= 1 or kv_score.stride(0) % 4 == 0)
         and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
     )
+    head_dim = call.config.state_width // call.config.overlap  # 512, or the indexer's 128 (SPEC §12)
     kernel = compile_cache.compile_save(
-        config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta, TUNING.pdl)
+        config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta, TUNING.pdl,
+                          head_dim)
     )
     positions, slot_mapping = _unit_stride_1d(positions), _unit_stride_1d(slot_mapping)
     return lambda: kernel(kv_score, ape, positions, slot_mapping, state_cache)
@@ -522,15 +525,27 @@ def compress_norm_rope_store(
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
     c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_handoff" | "fused_stream" | "split_block8" | "split_generic"
+    hadamard: bool = False,  # indexer layouts: the Hadamard rotation before quantization (SPEC §12)
 ) -> None:
     """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token.
 
     The first call with a given argument layout validates, dispatches and compiles; later
     calls with the same layout reuse that :class:`LaunchPlan` (``debug=True`` always
-    validates, and checks values).
+    validates, and checks values). The indexer layouts (``"indexer_fp8"``,
+    ``"indexer_mxfp4"``, head width 128, SPEC §12) run :mod:`.indexer_launch`'s kernels
+    (``workspace`` and ``c128_path`` do not apply there).
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
+    if layout in INDEXER_LAYOUTS or hadamard is not False:  # SPEC §12 (a misplaced hadamard is rejected there)
+        from . import indexer_launch
+
+        if c128_path not in C128_PATHS:  # unused by the indexer kernels, but a typo is still an error
+            raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
+        return indexer_launch.compress_norm_rope_store(
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+            fp8_scale=fp8_scale, hadamard=hadamard, debug=debug)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
                           c128_path, early_metadata=False)
     plan.run(*tensors, workspace)
@@ -580,6 +595,7 @@ def save_and_compress_norm_rope_store(
     debug: bool = False,
     workspace: torch.Tensor | None = None,
     c128_path: str = "auto",
+    hadamard: bool = False,  # indexer layouts (SPEC §12)
 ) -> None:
     """SPEC §4 then §5-§7: ``save_partial_states(kv_score, ape, positions, slot_mapping,
     state_cache, block_size)`` and ``compress_norm_rope_store(...)`` with the same state cache,
@@ -594,6 +610,15 @@ def save_and_compress_norm_rope_store(
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
+    if layout in INDEXER_LAYOUTS or hadamard is not False:  # SPEC §12: validated, then the save, then the compress
+        from . import indexer_launch
+
+        plan = indexer_launch.indexer_plan(tensors, (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
+                                                     hadamard), debug)
+        save = _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug)
+        if save is not None:
+            save()
+        return plan.run(*tensors)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
                           c128_path, early_metadata=TUNING.pdl)  # without PDL there is no wait to read ahead of
     save = _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug)

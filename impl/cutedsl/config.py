@@ -285,6 +285,7 @@ class SaveConfig:
     vector_inputs: bool  # kv_score and ape rows 16-byte aligned: 128-bit loads
     tokens_per_cta: int = 1
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
+    head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
 
     def __post_init__(self):
         if self.compress_ratio not in (4, 128):
@@ -293,12 +294,21 @@ class SaveConfig:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
+        if self.head_dim not in (HEAD_DIM, 128):
+            _fail("head_dim", f"{HEAD_DIM} or 128", self.head_dim)
 
     @property
     def state_width(self) -> int:
-        return 1024 if self.compress_ratio == 4 else 512
+        """SW = coff * head width: 1024 / 512 (C4 / C128), indexer 256 / 128."""
+        return (2 if self.compress_ratio == 4 else 1) * self.head_dim
+
+    @property
+    def group_threads(self) -> int:
+        """Threads per token: one per 16-byte chunk of a half-row, at most 128."""
+        return min(128, self.state_width // 4)
 
     @property
     def tag(self) -> str:
         v = "v4" if self.vector_inputs else "v1"
-        return f"save_r{self.compress_ratio}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+        head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
+        return f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"

@@ -40,6 +40,7 @@ EXP2S_C = tuple(float(c) for c in EXP2S_COEFFS)  # C0..C6
 INV_HEAD_DIM = 2.0**-9  # 1/512, exact
 EXP2S_MAGIC = 12582912.0  # 1.5 * 2^23: adding it rounds |x| < 2^22 to an integer, ties to even
 FP8_MAX = 448.0
+E2M1_MAX = 6.0  # largest E2M1 magnitude
 
 
 # ---- separately rounded binary32 operations ------------------------------------------
@@ -193,6 +194,47 @@ def pow2_neg_k(scale_byte):
     return ((Uint32(254) - scale_byte) << Uint32(23)).bitcast(Float32)
 
 
+def e2m1_scale_byte(amax):
+    """MXFP4 (SPEC §12) block byte ``127 + k``, ``k`` the smallest integer with
+    ``max(amax, 6 * 2^-126) <= 6 * 2^k``.
+
+    ``a = 1.m * 2^(E-127)`` is normal; ``6 * 2^k = 1.5 * 2^(k+2)`` holds it iff ``k + 2 >
+    E - 127`` or (``k + 2 == E - 127`` and ``1.m <= 1.5``, mantissa field ``<= 0x400000``),
+    so ``127 + k = E - 2``, plus one when the mantissa exceeds 0.5. Exact integer work; the
+    floor keeps ``k >= -126`` and binary32's range ``k <= 126``, so ``2^-k`` is normal.
+    """
+    a = fmax(amax, Float32(E2M1_MAX * 2.0**-126))
+    bits = a.bitcast(Uint32)
+    byte = (bits >> Uint32(23)) - Uint32(2)
+    bump = Uint32(cutlass.select_((bits & Uint32(0x7FFFFF)) > Uint32(0x400000), Uint32(1), Uint32(0)))
+    return byte + bump
+
+
+# (threshold, inclusive): |v| reaches the next E2M1 code above the threshold, or at it when
+# the tie goes up to the even code; grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 = codes 0..7
+_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_code(v):
+    """SPEC §12 ``e2m1(v)``, a 4-bit code in a ``Uint32``: round ``|v|`` to the nearest of
+    ``0, 0.5, 1, 1.5, 2, 3, 4, 6``, ties to the even code, saturating at 6, then the sign bit
+    (``-0 -> 0x8``).
+
+    The magnitude code is the number of midpoints ``|v|`` passes: exact comparisons with
+    binary32 constants, ``>=`` where the tie rounds up to an even code (0.75 -> 1, 1.75 -> 2,
+    3.5 -> 4), ``>`` where it rounds down (0.25 -> 0, 1.25 -> 1, 2.5 -> 2, 5 -> 4); anything
+    above 5 is 6. Integer arithmetic rather than ``cvt.rn.satfinite.e2m1x2.f32``, which
+    sm_90 does not have.
+    """
+    bits = v.bitcast(Uint32)
+    magnitude = (bits & Uint32(0x7FFFFFFF)).bitcast(Float32)
+    code = (bits >> Uint32(31)) << Uint32(3)
+    for threshold, inclusive in _E2M1_STEPS:
+        passed = magnitude >= Float32(threshold) if inclusive else magnitude > Float32(threshold)
+        code = code + Uint32(cutlass.select_(passed, Uint32(1), Uint32(0)))
+    return code
+
+
 def abs_max_fragment(frag: cute.Tensor, n: int):
     """``max |v|`` over the first ``n`` elements of a register fragment."""
     return tree_max([cute.math.absf(frag[i]) for i in range(n)])
@@ -203,5 +245,5 @@ __all__ = [
     "fadd", "fsub", "fmul", "fdiv", "fsqrt", "fmax",
     "exp2s", "softmax_weight", "tree_sum", "tree_max", "butterfly_sum", "butterfly_max",
     "bf16_round", "bf16_round_fragment", "to_bf16_fragment", "to_e4m3_fragment",
-    "ue8m0_scale_byte", "pow2_neg_k", "abs_max_fragment",
+    "ue8m0_scale_byte", "pow2_neg_k", "e2m1_scale_byte", "e2m1_code", "abs_max_fragment",
 ]

@@ -80,6 +80,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
             yield cfg.tag, "save", cfg, vector
+    yield from indexer_variant_configs()
     # programmatic dependent launch: every kernel kind once (griddepcontrol at the top)
     pdl_pool = C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True, pdl=True)
     for kind, cfg, streams in (
@@ -102,9 +103,35 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         yield cfg.tag, kind, cfg, streams
 
 
+def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
+    """The indexer compressor (SPEC §12): both layouts with and without the rotation, C4 and
+    C128, lookup runs of 1, 2 and 4 (C4) and 1, 4, 8 and 16 rows (C128), both weight dtypes, ``B``
+    of 1, a few and many, every mapping width, PDL; and the save kernel at the indexer's
+    state widths."""
+    from .config import SaveConfig
+    from .indexer_config import IndexerConfig
+
+    for ratio, bs, layout, hadamard, pages, weight, warps, pdl in (
+        (4, 4, "indexer_fp8", False, 64, "bfloat16", 4, True),  # the production configuration
+        (4, 16, "indexer_fp8", True, 1, "float32", 8, False),
+        (4, 3, "indexer_mxfp4", False, 7, "bfloat16", 2, False),
+        (4, 2, "indexer_mxfp4", True, 64, "bfloat16", 1, True),
+        (128, 8, "indexer_fp8", False, 64, "bfloat16", 16, True),
+        (128, 5, "indexer_mxfp4", True, 2, "float32", 16, False),
+        (128, 4, "indexer_fp8", True, 3, "bfloat16", 8, False),
+        (128, 16, "indexer_mxfp4", False, 1, "bfloat16", 8, True),
+    ):
+        cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
+        yield cfg.tag, "indexer", cfg, True
+    for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
+        cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)
+        yield cfg.tag, "save", cfg, vector
+
+
 def compile_variant(kind: str, config, *, keep_ptx: bool = True):
     """The compiled TVM-FFI function of one variant (cached)."""
     from . import compile_cache
+    from .indexer_launch import compile_indexer
 
     compile_fn = {
         "c4": compile_cache.compile_c4,
@@ -114,6 +141,7 @@ def compile_variant(kind: str, config, *, keep_ptx: bool = True):
         "c128_stream": compile_cache.compile_c128_stream,
         "c128_handoff": compile_cache.compile_c128_handoff,
         "save": compile_cache.compile_save,
+        "indexer": compile_indexer,
     }[kind]
     return compile_fn(config, keep_ptx=keep_ptx)
 

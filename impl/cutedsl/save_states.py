@@ -1,6 +1,7 @@
 """save_partial_states (SPEC §4): write this step's projections into the paged state cache.
 
-One 128-thread group per token; thread ``t`` moves the 4-float chunks ``t, t+128, ...`` of
+One group of ``G = min(128, SW/4)`` threads per token (128; the indexer's 64 for C4 and 32
+for C128); thread ``t`` moves the 4-float chunks ``t, t+G, ...`` of
 the kv half (copied) and of the score half (``add(score, ape[p mod r])``, one ``add.rn``
 per element, so the stored score is exactly SPEC's). Tokens with ``slot_mapping < 0`` write
 nothing. Loads are 128-bit when the front end found ``kv_score``'s and ``ape``'s rows
@@ -22,9 +23,8 @@ from .memory import element_address, load_fragment, store_fragment
 
 
 class SavePartialStatesKernel:
-    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
+    """Grid ``ceil(T / tokens_per_cta)``, ``group_threads * tokens_per_cta`` threads."""
 
-    group_threads = 128
     vec = 4
 
     def __init__(self, config: SaveConfig):
@@ -34,8 +34,9 @@ class SavePartialStatesKernel:
         self.block_size = config.block_size
         self.state_width = config.state_width
         self.tokens_per_cta = config.tokens_per_cta
+        self.group_threads = config.group_threads
         self.threads = self.group_threads * self.tokens_per_cta
-        self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4) or 1 (C128)
+        self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4) or 1 (C128, and the indexer's)
         self.input_align = 16 if config.vector_inputs else 4
 
     @cute.jit

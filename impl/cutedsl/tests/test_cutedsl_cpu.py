@@ -46,7 +46,7 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_stream", "save"}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_stream", "save", "indexer"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
         for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_", "c128stream_"):
             assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)

@@ -1,0 +1,238 @@
+"""The indexer compressor's ``compress_norm_rope_store`` kernels (SPEC §12, head width 128).
+
+**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA. Lane ``l``
+owns channels ``4l..4l+3`` and holds all 8 window rows of them in registers: row ``i``
+(position ``p-7+i``, half ``h = i // 4``) reads ``kv[h*128 + 4l ..]`` and
+``score[256 + h*128 + 4l ..]`` of its 512-float state row, two 128-bit loads, so a warp
+reads each half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4
+positions from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table
+read; at ``p = 3`` rows 0..3 are invalid (not loaded; score ``-inf`` and kv ``+0``, so
+``e = u = +0`` in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
+row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
+no barrier: a warp whose token is inactive (or past ``T``) does nothing.
+
+**C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
+window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
+in registers, the window max through shared memory (exact, any order), then ``e``, ``u`` and
+their ``R``-leaf trees per warp; warp 0 trees the per-warp partials in warp order (SPEC's
+128-leaf tree: the warps hold consecutive aligned row ranges) and divides. Runs of
+``gcd(bs, R)`` rows share a lookup. The CTA's activity test is uniform, so its barriers are
+reached by all threads or none.
+
+Both finish in one warp with :class:`.indexer_entry.IndexerEntryWriter` (norm, RoPE, the
+optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .dependent_launch import wait_for_prerequisite_grids
+from .entry import token_activity
+from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
+from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
+from .indexer_entry import VEC, IndexerEntryWriter
+from .memory import element_address, load_into, load_scalar
+from .pooling_c4 import pool_channel
+from .pooling_c128 import load_smem, store_smem
+
+
+class IndexerKernel(IndexerEntryWriter):
+    """Launch shape and arguments shared by the two kernels."""
+
+    def __init__(self, config: IndexerConfig):
+        self.config = config
+        self.pdl = config.pdl
+        self.ratio = config.ratio
+        self.block_size = config.block_size
+        self.rows_per_lookup = config.rows_per_lookup
+        self.warps = config.warps
+        self.threads = 32 * config.warps
+        self.state_width = config.state_width
+
+    def num_ctas(self, num_tokens):
+        raise NotImplementedError
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (C4: 512 floats a row, C128: 256)
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [128]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
+            grid=(self.num_ctas(mPos.shape[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+        )
+
+
+class IndexerC4Kernel(IndexerKernel):
+    """Grid ``ceil(T / warps)``, one warp per token."""
+
+    def num_ctas(self, num_tokens):
+        return (num_tokens + self.warps - 1) // self.warps
+
+    @cute.jit
+    def pool_window(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 4 == 3)
+        lane: Int32,  # 0..31
+        x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
+    ):
+        bs, run = self.block_size, self.rows_per_lookup
+        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        for i in cutlass.range_constexpr(8):
+            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
+            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        for half in cutlass.range_constexpr(2):
+            kv_byte = (half * INDEXER_HEAD_DIM + lane * VEC) * 4
+            score_byte = kv_byte + self.state_width * 4
+            for r in cutlass.range_constexpr(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                    column = pos // bs
+                    block = load_scalar(mBlockTable, req, column)
+                    row_address = element_address(mState, block, pos - column * bs, 0)
+                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
+                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
+                    for i in cutlass.range_constexpr(run):
+                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
+        for c in cutlass.range_constexpr(VEC):
+            x[c] = pool_channel(kv, sc, c, 8)
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        cta, _, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tok = cta * self.warps + warp
+        if tok < mPos.shape[0]:
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
+            req = mTokenReq[tok]
+            if active:
+                x = cute.make_rmem_tensor((VEC,), Float32)
+                self.pool_window(mState, mBlockTable, req, position, lane, x)
+                self.write_indexer_entry(x, lane, mWeight, mCosSin, mCache, position, kv_slot, eps)
+
+
+class IndexerC128Kernel(IndexerKernel):
+    """Grid ``T``, one CTA of ``warps`` warps per token."""
+
+    def num_ctas(self, num_tokens):
+        return num_tokens
+
+    def allocate_smem(self, smem):
+        """Per-warp partials ``[warps, 128]`` fp32: the row maxima, tree(u) and tree(e)."""
+        layout = cute.make_layout((self.warps, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))
+        return [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+
+    @cute.jit
+    def pool_rows(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 256]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 128 == 127)
+        lane: Int32,  # 0..31
+        warp: Int32,  # 0..warps-1
+        sMax: cute.Tensor,  # fp32 smem [warps, 128]
+        sNum: cute.Tensor,  # fp32 smem [warps, 128]
+        sDen: cute.Tensor,  # fp32 smem [warps, 128]
+        x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
+    ):
+        R, run, bs = self.config.rows_per_warp, self.rows_per_lookup, self.block_size
+        window_start = (position // 128) * 128  # p - 127 for a boundary token
+        first_row = warp * R
+        kv_byte = lane * (VEC * 4)
+        score_byte = kv_byte + self.state_width * 4
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        rows = []
+        for r in cutlass.range_constexpr(R // run):
+            pos = window_start + first_row + r * run
+            column = pos // bs
+            block = load_scalar(mBlockTable, req, column)
+            row_address = element_address(mState, block, pos - column * bs, 0)
+            for i in cutlass.range_constexpr(run):
+                rows.append(row_address + row_stride_bytes * i)
+        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+        for i in cutlass.range_constexpr(R):  # scores first: the max can start earlier
+            load_into(sc[i], rows[i] + score_byte, 16)
+        for i in cutlass.range_constexpr(R):
+            load_into(kv[i], rows[i] + kv_byte, 16)
+
+        # the window max per channel (exact, any order)
+        lane_max = cute.make_rmem_tensor((VEC,), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            lane_max[c] = tree_max([sc[i][c] for i in range(R)])
+        store_smem(sMax, warp, lane * VEC, lane_max)
+        cute.arch.sync_threads()
+        row_max = load_smem(sMax, 0, lane * VEC, VEC)
+        for w in cutlass.range_constexpr(1, self.warps):
+            other = load_smem(sMax, w, lane * VEC, VEC)
+            for c in cutlass.range_constexpr(VEC):
+                row_max[c] = cute.arch.fmax(row_max[c], other[c])
+
+        # e, u and this warp's R-leaf trees (consecutive rows), then the tree over the warps
+        den = cute.make_rmem_tensor((VEC,), Float32)
+        num = cute.make_rmem_tensor((VEC,), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            e = [softmax_weight(sc[i][c], row_max[c]) for i in range(R)]
+            den[c] = tree_sum(e)
+            num[c] = tree_sum([fmul(kv[i][c], e[i]) for i in range(R)])
+        store_smem(sNum, warp, lane * VEC, num)
+        store_smem(sDen, warp, lane * VEC, den)
+        cute.arch.sync_threads()
+        if warp == 0:
+            nums = [load_smem(sNum, w, lane * VEC, VEC) for w in range(self.warps)]
+            dens = [load_smem(sDen, w, lane * VEC, VEC) for w in range(self.warps)]
+            for c in cutlass.range_constexpr(VEC):
+                x[c] = fdiv(tree_sum([nums[w][c] for w in range(self.warps)]),
+                            tree_sum([dens[w][c] for w in range(self.warps)]))
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32):
+        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        tok, _, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        sMax, sNum, sDen = self.allocate_smem(SmemAllocator())
+        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
+        req = mTokenReq[tok]
+        if active:
+            x = cute.make_rmem_tensor((VEC,), Float32)
+            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, x)
+            if warp == 0:
+                self.write_indexer_entry(x, lane, mWeight, mCosSin, mCache, position, kv_slot, eps)
+
+
+def indexer_kernel(config: IndexerConfig) -> IndexerKernel:
+    """The kernel object of a configuration (C4 or C128)."""
+    return IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config)
