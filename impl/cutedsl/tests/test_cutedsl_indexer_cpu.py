@@ -1,0 +1,148 @@
+"""CPU checks of the indexer compressor's CuTe DSL kernels (SPEC §12; no GPU needed).
+
+- every indexer variant compiles for sm_90a, passes SPEC §2's PTX rules and uses no local
+  memory;
+- the PTX has the structure the kernels are built on: exactly the streamed state rows as
+  128-bit loads, one ``sqrt.rn``, the division per channel, the lane butterflies of the sum
+  of squares, the amax (32 or 8 lanes) and the Hadamard spans 64..4, E4M3 conversions only
+  for ``indexer_fp8`` (E2M1 codes are integer work), two stores per lane;
+- configurations reject bad values; the save kernel's widths follow the head width;
+- the public wrappers reject bad indexer arguments with ``ValueError`` before anything is
+  compiled or launched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+from dsv4_compressor.impl import ptx_rules  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, compile_cache, config, indexer_launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl.indexer_config import IndexerConfig  # noqa: E402
+from dsv4_compressor.impl.cutedsl.ptx import compile_variant, indexer_variant_configs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def indexer_ptx():
+    """``[(config, ptx, report)]`` of every indexer kernel variant."""
+    out = []
+    for name, kind, cfg, streams in indexer_variant_configs():
+        if kind != "indexer":
+            continue
+        ptx = compile_variant(kind, cfg).__ptx__
+        out.append((cfg, ptx, ptx_rules.check_ptx("cutedsl", name, ptx, require_target="sm_90a",
+                                                  require_vector_loads=streams)))
+    return out
+
+
+def _body(ptx: str) -> str:
+    return "\n".join(line.split("//")[0] for line in ptx.split(".entry", 1)[1].splitlines())
+
+
+def test_variants_cover_both_layouts_rotations_and_ratios(indexer_ptx):
+    covered = {(c.ratio, c.layout, c.hadamard) for c, _, _ in indexer_ptx}
+    assert covered == {(r, layout, h) for r in (4, 128) for layout in ("indexer_fp8", "indexer_mxfp4") for h in (False, True)}
+    assert {c.rows_per_lookup for c, _, _ in indexer_ptx if c.ratio == 4} == {1, 2, 4}
+    assert {c.weight_dtype for c, _, _ in indexer_ptx} == {"float32", "bfloat16"}
+    assert any(c.pdl for c, _, _ in indexer_ptx) and not all(c.pdl for c, _, _ in indexer_ptx)
+
+
+def test_indexer_variants_pass_the_ptx_rules(indexer_ptx):
+    failures = {r.variant: r.violations for _, _, r in indexer_ptx if not r.ok}
+    assert not failures, failures
+    assert all(r.counts["local memory"] == 0 for _, _, r in indexer_ptx), [r.variant for _, _, r in indexer_ptx]
+
+
+def test_state_rows_stream_as_128_bit_loads(indexer_ptx):
+    """A lane reads its 4 kv and 4 score channels of each of its rows with one 16-byte load each:
+    8 rows for C4, ``128 / warps`` for C128; nothing else is a 16-byte load."""
+    for cfg, _, report in indexer_ptx:
+        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp, cfg.tag
+
+
+def test_exact_finishing_arithmetic(indexer_ptx):
+    for cfg, ptx, report in indexer_ptx:
+        body = _body(ptx)
+        assert report.counts["sqrt.rn.f32"] == 1, cfg.tag  # rr
+        assert report.counts["div.rn.f32"] == 4 + 1, cfg.tag  # x of the lane's 4 channels, and 1 / sqrt
+        if cfg.layout == "indexer_fp8":
+            assert report.counts["cvt.e4m3"] >= 1, cfg.tag
+        else:
+            assert report.counts["cvt.e4m3"] == 0, cfg.tag
+        assert "e2m1" not in body, cfg.tag  # integer E2M1 codes (no cvt.*.e2m1x2 on sm_90)
+        assert report.counts["cvt.bf16"] >= 1, cfg.tag  # q = bf16(z)
+
+
+def test_lane_butterflies(indexer_ptx):
+    """xor shuffles: 5 for the sum of squares (offsets 1..16), 5 (FP8, one 128-channel block)
+    or 3 (MXFP4, 8 lanes per block) for the amax, and with the rotation 5 spans x 4 registers."""
+    for cfg, ptx, _ in indexer_ptx:
+        body = _body(ptx)
+        offsets = [int(m) for m in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", body)]
+        amax = [1, 2, 4, 8, 16] if cfg.layout == "indexer_fp8" else [1, 2, 4]
+        rotation = [16, 8, 4, 2, 1] * 4 if cfg.hadamard else []
+        assert sorted(offsets) == sorted([1, 2, 4, 8, 16] + amax + rotation), cfg.tag
+
+
+def test_two_stores_per_lane(indexer_ptx):
+    """The lane's data bytes (4 E4M3 bytes, or 2 bytes of E2M1 pairs) and one scale store
+    (FP8: lane 0's 4-byte fp32; MXFP4: lanes 0, 8, 16, 24 one byte each)."""
+    for cfg, ptx, report in indexer_ptx:
+        body = _body(ptx)
+        assert report.counts["st.global"] == 2, cfg.tag
+        if cfg.layout == "indexer_fp8":
+            assert re.search(r"st\.global\.b32\b", body), cfg.tag
+        else:
+            assert re.search(r"st\.global\.b16\b", body) and re.search(r"st\.global\.b8\b", body), cfg.tag
+
+
+def test_only_c128_synchronizes_the_cta(indexer_ptx):
+    for cfg, _, report in indexer_ptx:
+        assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 2), cfg.tag
+
+
+# ---- configurations ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(ratio=8), "compress_ratio"),
+    (dict(block_size=0), "block_size"),
+    (dict(layout="flashmla_fp8"), "layout"),
+    (dict(hadamard=1), "hadamard"),
+    (dict(entries_per_page=0), "entries_per_page"),
+    (dict(weight_dtype="float16"), "rms_norm_weight dtype"),
+    (dict(warps=3), "warps"),
+    (dict(ratio=128, warps=2), "warps"),
+    (dict(ratio=4, warps=16), "warps"),
+    (dict(pdl=None), "pdl"),
+])
+def test_indexer_config_rejects_bad_values(kwargs, needle):
+    base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
+                weight_dtype="bfloat16", warps=4, pdl=False)
+    with pytest.raises(ValueError, match=needle):
+        IndexerConfig(**{**base, **kwargs})
+
+
+def test_indexer_config_shapes():
+    c4 = IndexerConfig(4, 16, "indexer_fp8", True, 64, "bfloat16")
+    assert (c4.state_width, c4.entry_bytes, c4.data_record_bytes, c4.rows_per_warp, c4.rows_per_lookup) == (256, 132, 128, 8, 4)
+    c128 = IndexerConfig(128, 5, "indexer_mxfp4", False, 2, "float32", 16)
+    assert (c128.state_width, c128.entry_bytes, c128.data_record_bytes, c128.rows_per_warp, c128.rows_per_lookup) == (128, 68, 64, 8, 1)
+    assert IndexerConfig(128, 12, "indexer_fp8", False, 1, "float32", 8).rows_per_lookup == 4
+    assert IndexerConfig(4, 6, "indexer_fp8", False, 1, "float32").rows_per_lookup == 2
+    assert c4.tag != IndexerConfig(4, 16, "indexer_fp8", False, 64, "bfloat16").tag
+
+
+def test_save_config_follows_the_head_width():
+    widths = {(r, h): config.SaveConfig(r, 8, True, head_dim=h) for r in (4, 128) for h in (512, 128)}
+    assert {k: (c.state_width, c.group_threads) for k, c in widths.items()} == {
+        (4, 512): (1024, 128), (128, 512): (512, 128), (4, 128): (256, 64), (128, 128): (128, 32)}
+    assert widths[(4, 512)].tag == config.SaveConfig(4, 8, True).tag  # the 512-wide tags are unchanged
+    with pytest.raises(ValueError, match="head_dim"):
+        config.SaveConfig(4, 8, True, head_dim=256)
