@@ -1,0 +1,327 @@
+"""GPU checks of the indexer compressor's CuTe DSL kernels (SPEC §12): byte-identical to the spec.
+
+Every case builds a vLLM-style batch with :mod:`dsv4_compressor.spec.batch` (shuffled block
+tables, scattered padding tokens, non-boundary and dropped tokens, the ``p = 3`` window
+with invalid rows, padded state strides, canary-filled caches with padded pages) at head
+width 128, runs the spec on NumPy copies and the kernels on CUDA copies of the same bytes,
+and compares the whole memory span of every buffer, so a stray write shows as a changed
+canary and an inactive token's write as a changed entry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+torch = pytest.importorskip("torch")
+
+from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.spec import batch as B  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+HEAD = 128
+NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+               np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.bfloat16}
+
+
+# ---- NumPy <-> CUDA with identical strides and padding --------------------------------------
+def span(a: np.ndarray) -> np.ndarray:
+    """The bytes from ``a``'s first to its last element (padding between them included)."""
+    extent = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + a.itemsize
+    return np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(a.__array_interface__["data"][0]))
+
+
+def to_cuda(a: np.ndarray) -> torch.Tensor:
+    """A CUDA tensor with ``a``'s shape and strides over a copy of its whole span."""
+    raw = torch.from_numpy(span(a).copy()).cuda()
+    return torch.as_strided(raw.view(NP_TO_TORCH[a.dtype]), a.shape, tuple(s // a.itemsize for s in a.strides))
+
+
+def storage_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of ``t``'s storage (created by :func:`to_cuda`: exactly its span)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu().numpy()
+
+
+def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.shape == expected.shape, (name, got.shape, expected.shape)
+    diff = np.flatnonzero(got != expected)
+    assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at byte {diff[0]}: got {got[diff[0]]}, expected {expected[diff[0]]}"
+
+
+# ---- cases --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    ratio: int
+    block_size: int
+    entries: int  # B
+    layout: str = "indexer_fp8"
+    hadamard: bool = False
+    bf16_weight: bool = True
+    values: str = "normal"
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}{'-hadamard' if self.hadamard else ''}-"
+                f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}")
+
+
+def _values(case: Case, state: np.ndarray, weight: np.ndarray, rng) -> np.ndarray:
+    """Edge-case value profiles (in place on the state; returns the weight)."""
+    half = state.shape[-1] // 2
+    if case.values == "spread":  # most exp2s arguments below -126 (+0) or subnormal results
+        state[..., half:] *= F32(30.0)
+    elif case.values == "signed_zeros":  # +0/-0 everywhere: every value and code is a signed zero
+        state[...] = np.where(rng.random(state.shape) < 0.5, F32(-0.0), F32(0.0))
+        state[::2, :, :half] = F32(-0.0)
+    elif case.values == "tiny_weight":  # amax below the FP8 floor, MXFP4 blocks at and below 6*2^-126, zeros
+        assert weight.dtype == np.float32
+        weight = weight.copy()
+        for block, factor in ((0, 1e-9), (1, 1e-39), (2, 0.0), (3, 3e-38)):
+            weight[32 * block:32 * (block + 1)] *= F32(factor)
+    elif case.values == "huge":  # large scale bytes; one block far above the others
+        assert weight.dtype == np.float32
+        weight = weight.copy()
+        weight[:32] *= F32(1e30)
+        weight[96:] *= F32(1e-20)
+    return weight
+
+
+def _requests(ratio: int, rng) -> list[B.Request]:
+    if ratio == 4:
+        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
+                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
+                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
+    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
+            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
+            + [B.Request(100, 300), B.Request(0, 128)])
+
+
+def build(case: Case):
+    rng = np.random.default_rng(case.seed)
+    batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
+                          entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
+                          drop_entry_fraction=0.15)
+    state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1,
+                                 head_dim=HEAD)
+    weight = _values(case, state, B.random_norm_weight(rng, bf16=case.bf16_weight, head_dim=HEAD), rng)
+    k_cache = B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
+    cos_sin = B.rope_cos_sin_cache(int(batch.positions.max()) + 1)
+    return batch, state, weight, cos_sin, k_cache
+
+
+def fresh_k_cache(case: Case, batch) -> np.ndarray:
+    return B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
+
+
+def spec_run(case: Case, batch, state, weight, cos_sin) -> np.ndarray:
+    """The spec's k_cache bytes (whole span) after compress_norm_rope_store."""
+    k = fresh_k_cache(case, batch)
+    spec.compress_norm_rope_store(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping,
+                                  batch.block_table, batch.block_size, weight, 1e-6, cos_sin, k, batch.kv_slot_mapping,
+                                  compress_ratio=batch.compress_ratio, layout=case.layout, hadamard=case.hadamard,
+                                  debug=True)
+    return span(k).copy()
+
+
+def cuda_args(batch, state, weight, cos_sin, k_cache):
+    return dict(
+        state_cache=to_cuda(state),
+        token_to_req_indices=to_cuda(batch.token_to_req_indices),
+        positions=to_cuda(batch.positions),
+        slot_mapping=to_cuda(batch.slot_mapping),
+        block_table=to_cuda(batch.block_table),
+        block_size=batch.block_size,
+        rms_norm_weight=to_cuda(weight),
+        rms_norm_eps=1e-6,
+        cos_sin_cache=to_cuda(cos_sin),
+        k_cache=to_cuda(k_cache),
+        kv_slot_mapping=to_cuda(batch.kv_slot_mapping),
+    )
+
+
+C4_CASES = [
+    Case(4, 16, 64),  # production: bs 16
+    Case(4, 16, 64, hadamard=True),
+    Case(4, 16, 64, layout="indexer_mxfp4"),
+    Case(4, 16, 7, layout="indexer_mxfp4", hadamard=True),
+    Case(4, 4, 1, bf16_weight=False, values="spread"),
+    Case(4, 3, 2, hadamard=True, values="spread", seed=1),
+    Case(4, 1, 64, layout="indexer_mxfp4", values="signed_zeros"),
+    Case(4, 2, 64, hadamard=True, values="signed_zeros"),
+    Case(4, 6, 3, bf16_weight=False, values="tiny_weight"),
+    Case(4, 5, 64, layout="indexer_mxfp4", hadamard=True, bf16_weight=False, values="tiny_weight"),
+    Case(4, 8, 2, layout="indexer_mxfp4", bf16_weight=False, values="huge"),
+    Case(4, 12, 64, hadamard=True, bf16_weight=False, values="huge"),
+]
+C128_CASES = [
+    Case(128, 8, 64),  # production: bs 8
+    Case(128, 8, 2, layout="indexer_mxfp4", hadamard=True),
+    Case(128, 5, 3, hadamard=True, bf16_weight=False, values="spread"),
+    Case(128, 16, 1, layout="indexer_mxfp4", values="signed_zeros"),
+    Case(128, 12, 64, layout="indexer_mxfp4", bf16_weight=False, values="tiny_weight"),
+    Case(128, 4, 2, hadamard=True, bf16_weight=False, values="huge"),
+]
+
+
+def _run_and_compare(case: Case, **kwargs):
+    from dsv4_compressor.impl import cutedsl
+
+    batch, state, weight, cos_sin, k_cache = build(case)
+    assert batch.num_active > 0 and (~batch.active).any()
+    expected = spec_run(case, batch, state, weight, cos_sin)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    state_before = storage_bytes(args["state_cache"]).copy()
+    cutedsl.compress_norm_rope_store(**args, compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard,
+                                     **kwargs)
+    torch.cuda.synchronize()
+    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)
+    assert_same_bytes(f"{case.name} state_cache", storage_bytes(args["state_cache"]), state_before)
+    return args
+
+
+@pytest.mark.parametrize("case", C4_CASES + C128_CASES, ids=lambda c: c.name)
+def test_indexer_matches_spec(case):
+    _run_and_compare(case)
+
+
+@pytest.mark.parametrize("overrides, case", [
+    (dict(c4_warps=1), C4_CASES[1]),
+    (dict(c4_warps=2), C4_CASES[3]),
+    (dict(c4_warps=8), C4_CASES[5]),  # a partial last CTA
+    (dict(c128_warps=8), C128_CASES[0]),
+    (dict(c128_warps=8), C128_CASES[2]),
+    (dict(pdl=False), C4_CASES[0]),
+    (dict(pdl=False), C128_CASES[1]),
+], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else v.name)
+def test_indexer_mapping_knobs_keep_the_bytes(monkeypatch, overrides, case):
+    from dsv4_compressor.impl.cutedsl import indexer_launch
+
+    for knob, value in overrides.items():
+        monkeypatch.setattr(indexer_launch.INDEXER_TUNING, knob, value)
+    _run_and_compare(case)
+
+
+def test_indexer_bad_arguments_write_nothing():
+    """Bad calls raise ValueError naming the argument, and no byte of any buffer changes."""
+    from dsv4_compressor.impl import cutedsl
+
+    case = C4_CASES[0]
+    batch, state, weight, cos_sin, k_cache = build(case)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    before = {k: storage_bytes(v).copy() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    bad_calls = [
+        (dict(layout="flashmla_fp8"), {}, "layout"),  # a 512-wide layout on the 128-wide state
+        (dict(layout="indexer_mxfp4"), {}, "k_cache"),  # 132-byte entries given for a 68-byte layout
+        (dict(hadamard=1), {}, "hadamard"),
+        (dict(fp8_scale=1.0), {}, "fp8_scale"),
+        (dict(c128_path="cluster"), {}, "c128_path"),
+        ({}, dict(rms_norm_weight=args["rms_norm_weight"][:64]), "rms_norm_weight"),
+        ({}, dict(positions=args["positions"].int()), "positions"),
+        ({}, dict(kv_slot_mapping=args["kv_slot_mapping"][:-1]), "kv_slot_mapping"),
+        ({}, dict(rms_norm_eps=0.0), "rms_norm_eps"),
+    ]
+    for kwargs, changed, needle in bad_calls:
+        call = {**args, **changed}
+        keywords = {"compress_ratio": 4, "layout": case.layout, **kwargs}
+        with pytest.raises(ValueError, match=needle):
+            cutedsl.compress_norm_rope_store(**call, **keywords)
+    with pytest.raises(ValueError, match="hadamard"):
+        cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard="yes")
+    torch.cuda.synchronize()
+    for key, value in before.items():
+        assert_same_bytes(f"bad calls: {key}", storage_bytes(args[key]), value)
+
+
+# ---- save_partial_states at the indexer's state widths ------------------------------------------------
+@pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 16, False), (128, 8, False), (4, 3, True), (128, 5, True)])
+def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned):
+    from dsv4_compressor.impl import cutedsl
+
+    rng = np.random.default_rng(7)
+    batch = B.build_batch(_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
+                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
+    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
+                                 head_dim=HEAD)
+    kv = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
+    if misaligned:  # rows of kv_score not 16-byte aligned: the scalar-load variant
+        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
+        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
+    ape = B.random_ape(ratio, rng, head_dim=HEAD)
+    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
+    span(spec_state)[...] = span(state)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
+    state_t = to_cuda(state)
+    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
+                                state_t, block_size)
+    torch.cuda.synchronize()
+    assert_same_bytes("state_cache", storage_bytes(state_t), span(spec_state).copy())
+
+
+@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
+def test_indexer_save_and_compress_in_one_graph(case):
+    """``save_and_compress_norm_rope_store`` captured in a CUDA graph and replayed, PDL on:
+    the compress kernel pools the rows the save kernel has just written (spec's bytes)."""
+    from dsv4_compressor.impl import cutedsl
+
+    batch, state, weight, cos_sin, k_cache = build(case)
+    rng = np.random.default_rng(11)
+    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng, head_dim=HEAD), B.random_ape(case.ratio, rng, head_dim=HEAD)
+    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
+    assert not np.array_equal(span(saved), span(state))
+    expected = spec_run(case, batch, saved, weight, cos_sin)
+
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    state_clean, k_clean = storage_bytes(args["state_cache"]).copy(), storage_bytes(args["k_cache"]).copy()
+    kv_t, ape_t = to_cuda(kv), to_cuda(ape)
+    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
+    cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)  # compiles both before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)
+    for replay in range(2):
+        for key, clean in (("state_cache", state_clean), ("k_cache", k_clean)):
+            raw = torch.empty(0, dtype=torch.uint8, device="cuda").set_(args[key].untyped_storage())
+            raw.copy_(torch.from_numpy(clean).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bytes(f"replay {replay}: k_cache", storage_bytes(args["k_cache"]), expected)
+
+
+@pytest.mark.parametrize("case", [C4_CASES[2], C128_CASES[0]], ids=lambda c: c.name)
+def test_indexer_graph_replay_with_new_metadata(case):
+    """Capture once, then change the metadata in place and replay: the spec's bytes."""
+    from dsv4_compressor.impl import cutedsl
+
+    batch, state, weight, cos_sin, k_cache = build(case)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    k_clean = args["k_cache"].clone()
+    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
+    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutedsl.compress_norm_rope_store(**args, **kwargs)
+
+    rng = np.random.default_rng(123)
+    moved, moved_state = B.relocate_state_blocks(batch, state, rng)
+    kv_slots = moved.kv_slot_mapping.copy()
+    used = kv_slots >= 0
+    kv_slots[used] = rng.permutation(batch.num_pages * case.entries)[: used.sum()]
+    moved = replace(moved, kv_slot_mapping=kv_slots)
+    for key, value in (("state_cache", moved_state), ("slot_mapping", moved.slot_mapping),
+                       ("block_table", moved.block_table), ("kv_slot_mapping", moved.kv_slot_mapping)):
+        args[key].copy_(to_cuda(value))
+    args["k_cache"].copy_(k_clean)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bytes("graph replay vs spec", storage_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
