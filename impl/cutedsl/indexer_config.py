@@ -35,7 +35,7 @@ class IndexerConfig:
     hadamard: bool  # the optional Hadamard rotation before quantization
     entries_per_page: int  # B = k_cache.shape[1]
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
-    warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (4, 8, 16, 32)
+    warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
 
     def __post_init__(self):
@@ -50,7 +50,7 @@ class IndexerConfig:
             _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
         if self.weight_dtype not in WEIGHT_DTYPES:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
-        _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (4, 8, 16, 32))
+        _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
 
     @property

@@ -14,8 +14,9 @@ no barrier: a warp whose token is inactive (or past ``T``) does nothing.
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
 in registers, the window max through shared memory (exact, any order), then ``e``, ``u`` and
-their ``R``-leaf trees per warp; warp 0 trees the per-warp partials in warp order (SPEC's
-128-leaf tree: the warps hold consecutive aligned row ranges) and divides. Runs of
+their ``R``-leaf trees per warp; threads 0..255 tree the per-warp partials of one channel of
+``tree(u)`` or ``tree(e)`` each, in warp order (SPEC's 128-leaf tree: the warps hold
+consecutive aligned row ranges), and warp 0 divides. Runs of
 ``gcd(bs, R)`` rows share a lookup. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
@@ -147,9 +148,13 @@ class IndexerC128Kernel(IndexerKernel):
         return num_tokens
 
     def allocate_smem(self, smem):
-        """Per-warp partials ``[warps, 128]`` fp32: the row maxima, tree(u) and tree(e)."""
+        """Per-warp partials ``[warps, 128]`` fp32 (the row maxima, tree(u), tree(e)) and the
+        window sums ``[2, 128]`` (tree(u), tree(e))."""
         layout = cute.make_layout((self.warps, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))
-        return [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+        partials = [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
+        sums = smem.allocate_tensor(Float32, cute.make_layout((2, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1)),
+                                    byte_alignment=16)
+        return (*partials, sums)
 
     @cute.jit
     def pool_rows(
@@ -163,6 +168,7 @@ class IndexerC128Kernel(IndexerKernel):
         sMax: cute.Tensor,  # fp32 smem [warps, 128]
         sNum: cute.Tensor,  # fp32 smem [warps, 128]
         sDen: cute.Tensor,  # fp32 smem [warps, 128]
+        sSum: cute.Tensor,  # fp32 smem [2, 128]
         x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
     ):
         R, run, bs = self.config.rows_per_warp, self.rows_per_lookup, self.block_size
@@ -193,7 +199,7 @@ class IndexerC128Kernel(IndexerKernel):
         store_smem(sMax, warp, lane * VEC, lane_max)
         cute.arch.sync_threads()
         row_max = load_smem(sMax, 0, lane * VEC, VEC)
-        for w in cutlass.range_constexpr(1, self.warps):
+        for w in cutlass.range(1, self.warps):  # a loop, not unrolled: 4 registers in flight, not 4 * warps
             other = load_smem(sMax, w, lane * VEC, VEC)
             for c in cutlass.range_constexpr(VEC):
                 row_max[c] = cute.arch.fmax(row_max[c], other[c])
@@ -202,18 +208,26 @@ class IndexerC128Kernel(IndexerKernel):
         den = cute.make_rmem_tensor((VEC,), Float32)
         num = cute.make_rmem_tensor((VEC,), Float32)
         for c in cutlass.range_constexpr(VEC):
-            e = [softmax_weight(sc[i][c], row_max[c]) for i in range(R)]
-            den[c] = tree_sum(e)
-            num[c] = tree_sum([fmul(kv[i][c], e[i]) for i in range(R)])
+            for i in cutlass.range_constexpr(R):  # e in place of the scores
+                sc[i][c] = softmax_weight(sc[i][c], row_max[c])
+            den[c] = tree_sum([sc[i][c] for i in range(R)])
+            num[c] = tree_sum([fmul(kv[i][c], sc[i][c]) for i in range(R)])
         store_smem(sNum, warp, lane * VEC, num)
         store_smem(sDen, warp, lane * VEC, den)
         cute.arch.sync_threads()
+        # the trees over the warps: thread t < 128 sums channel t of tree(u), 128 <= t < 256
+        # channel t - 128 of tree(e) (one leaf per warp in a register, not 4 * 2 * warps)
+        tidx = warp * 32 + lane
+        if tidx < INDEXER_HEAD_DIM:
+            sSum[0, tidx] = tree_sum([sNum[w, tidx] for w in range(self.warps)])
+        elif tidx < 2 * INDEXER_HEAD_DIM:
+            sSum[1, tidx - INDEXER_HEAD_DIM] = tree_sum([sDen[w, tidx - INDEXER_HEAD_DIM] for w in range(self.warps)])
+        cute.arch.sync_threads()
         if warp == 0:
-            nums = [load_smem(sNum, w, lane * VEC, VEC) for w in range(self.warps)]
-            dens = [load_smem(sDen, w, lane * VEC, VEC) for w in range(self.warps)]
+            num = load_smem(sSum, 0, lane * VEC, VEC)
+            den = load_smem(sSum, 1, lane * VEC, VEC)
             for c in cutlass.range_constexpr(VEC):
-                x[c] = fdiv(tree_sum([nums[w][c] for w in range(self.warps)]),
-                            tree_sum([dens[w][c] for w in range(self.warps)]))
+                x[c] = fdiv(num[c], den[c])
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -223,12 +237,12 @@ class IndexerC128Kernel(IndexerKernel):
         tok, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sMax, sNum, sDen = self.allocate_smem(SmemAllocator())
+        sMax, sNum, sDen, sSum = self.allocate_smem(SmemAllocator())
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
         req = mTokenReq[tok]
         if active:
             x = cute.make_rmem_tensor((VEC,), Float32)
-            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, x)
+            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
                 self.write_indexer_entry(x, lane, mWeight, mCosSin, mCache, position, kv_slot, eps)
 

@@ -105,8 +105,10 @@ def test_two_stores_per_lane(indexer_ptx):
 
 
 def test_only_c128_synchronizes_the_cta(indexer_ptx):
+    """C4 tokens live in one warp; a C128 CTA meets after the row maxima, the per-warp
+    partials and the trees over the warps."""
     for cfg, _, report in indexer_ptx:
-        assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 2), cfg.tag
+        assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 3), cfg.tag
 
 
 # ---- configurations ------------------------------------------------------------------------------
@@ -118,7 +120,7 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(entries_per_page=0), "entries_per_page"),
     (dict(weight_dtype="float16"), "rms_norm_weight dtype"),
     (dict(warps=3), "warps"),
-    (dict(ratio=128, warps=2), "warps"),
+    (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
 ])
