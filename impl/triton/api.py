@@ -56,11 +56,13 @@ def save_partial_states(
         return
     row_width = call.config.state_row_width
     block = min(knobs.block, call.config.state_width)  # a chunk is all kv or all score
+    # a block capped at the indexer's SW keeps 4 floats (one 128-bit access) per thread
+    num_warps = knobs.num_warps if block == knobs.block else max(1, min(knobs.num_warps, block // 128))
     save_partial_states_kernel[(call.num_tokens, row_width // block)](
         kv_score, kv_score.stride(0), ape, ape.stride(0), positions, slot_mapping,
         state_cache, state_cache.stride(0) // 4, state_cache.stride(1) // 4, call.block_size,
         RATIO=call.config.ratio, STATE_WIDTH=call.config.state_width, BLOCK=block,
-        num_warps=knobs.num_warps, enable_fp_fusion=False,
+        num_warps=num_warps, enable_fp_fusion=False,
     )
 
 
