@@ -61,6 +61,7 @@ import torch
 from ..frontend import describe_torch, layout_key, validate_compress_norm_rope_store, validate_save_partial_states
 from .config import HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, MAX_CHUNK_TOKENS
 from .indexer_config import INDEXER_LAYOUTS
+from ...spec.constants import HEAD_DIMS
 from ...spec.validation import check_compress
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -389,7 +390,8 @@ def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, blo
 
 def _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug: bool):
     """Validate a ``save_partial_states`` call and return its launch (None: nothing to do)."""
-    call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug)
+    call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
+                                        head_dims=HEAD_DIMS)  # 512, and the indexer's 128 (SPEC §12)
     _require_cuda("state_cache", state_cache)
     if call.num_tokens == 0:
         return None
@@ -398,10 +400,9 @@ def _save_launch(kv_score, ape, positions, slot_mapping, state_cache, block_size
         kv_score.data_ptr() % 16 == 0 and (call.num_tokens <= 1 or kv_score.stride(0) % 4 == 0)
         and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
     )
-    head_dim = call.config.state_width // call.config.overlap  # 512, or the indexer's 128 (SPEC §12)
     kernel = compile_cache.compile_save(
         config.SaveConfig(call.config.ratio, call.block_size, vector_inputs, TUNING.save_tokens_per_cta, TUNING.pdl,
-                          head_dim)
+                          call.config.head_dim)
     )
     positions, slot_mapping = _unit_stride_1d(positions), _unit_stride_1d(slot_mapping)
     return lambda: kernel(kv_score, ape, positions, slot_mapping, state_cache)
@@ -464,7 +465,7 @@ def _build_plan(state_cache, token_to_req_indices, positions, slot_mapping, bloc
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, debug=debug,
+        fp8_scale=fp8_scale, debug=debug, head_dims=HEAD_DIMS,  # a 128-wide state then names its layouts
     )
     num_tokens, block_size = call.pooling.num_tokens, call.pooling.block_size
     ratio = call.pooling.config.ratio
@@ -649,7 +650,7 @@ def compress(
         describe_torch("state_cache", state_cache), describe_torch("token_to_req_indices", token_to_req_indices),
         describe_torch("positions", positions), describe_torch("slot_mapping", slot_mapping),
         describe_torch("block_table", block_table), block_size, describe_torch("kv_slot_mapping", kv_slot_mapping),
-        compress_ratio,
+        compress_ratio, head_dims=(HEAD_DIM,),
     )
     num_tokens, block_size = call.num_tokens, call.block_size
     ratio = call.config.ratio

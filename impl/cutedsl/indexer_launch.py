@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...spec.constants import HEAD_DIMS
 from ..frontend import layout_key, validate_compress_norm_rope_store
 from .indexer_config import INDEXER_HEAD_DIM, INDEXER_LAYOUTS, IndexerConfig
 
@@ -98,7 +99,7 @@ def _build_plan(tensors: tuple, scalars: tuple, debug: bool) -> IndexerPlan:
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, hadamard=hadamard, debug=debug,
+        fp8_scale=fp8_scale, hadamard=hadamard, debug=debug, head_dims=HEAD_DIMS,  # so a mismatch names the layout
     )
     if call.store.layout not in INDEXER_LAYOUTS:
         raise ValueError(f"hadamard: expected False for layout {layout!r} (only {' and '.join(INDEXER_LAYOUTS)} "

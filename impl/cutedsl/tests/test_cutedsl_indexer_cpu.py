@@ -148,3 +148,100 @@ def test_save_config_follows_the_head_width():
     assert widths[(4, 512)].tag == config.SaveConfig(4, 8, True).tag  # the 512-wide tags are unchanged
     with pytest.raises(ValueError, match="head_dim"):
         config.SaveConfig(4, 8, True, head_dim=256)
+
+
+# ---- the public wrappers: ValueError before anything is compiled or launched ------------------------------
+def _indexer_call(compress_ratio=4, block_size=16, layout="indexer_fp8", entries=4):
+    from dsv4_compressor.spec import batch as B
+
+    rng = np.random.default_rng(0)
+    b = B.build_batch([B.Request(context_len=2 * compress_ratio - 3, num_tokens=4)], compress_ratio=compress_ratio,
+                      block_size=block_size, entries_per_page=entries, rng=rng)
+    state = B.random_state_cache(b.num_state_blocks, block_size, compress_ratio, rng, head_dim=128)
+    k = B.canary_k_cache(layout, b.num_pages, entries)
+    return dict(
+        state_cache=torch.from_numpy(np.ascontiguousarray(state)),
+        token_to_req_indices=torch.from_numpy(b.token_to_req_indices),
+        positions=torch.from_numpy(b.positions),
+        slot_mapping=torch.from_numpy(b.slot_mapping),
+        block_table=torch.from_numpy(b.block_table),
+        block_size=block_size,
+        rms_norm_weight=torch.ones(128, dtype=torch.bfloat16),
+        rms_norm_eps=1e-6,
+        cos_sin_cache=torch.from_numpy(B.rope_cos_sin_cache(1024)),
+        k_cache=torch.from_numpy(np.ascontiguousarray(k)),
+        kv_slot_mapping=torch.from_numpy(b.kv_slot_mapping),
+    )
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fail the test if anything reaches the compiler."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before rejecting the call")
+    monkeypatch.setattr(indexer_launch, "compile_indexer", refuse)
+    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
+                 "compile_c128_handoff", "compile_save"):
+        monkeypatch.setattr(compile_cache, name, refuse)
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize("change, keywords, needle", [
+    ({}, dict(layout="flashmla_fp8"), "layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"),
+    ({}, dict(layout="indexer_mxfp4"), "k_cache"),  # a 132-byte cache for 68-byte entries
+    ({}, dict(hadamard=1), "hadamard"),
+    ({}, dict(fp8_scale=1.0), "fp8_scale"),
+    ({}, dict(c128_path="cluster"), "c128_path"),
+    (dict(rms_norm_weight=lambda a: torch.ones(512, dtype=torch.bfloat16)), {}, "rms_norm_weight"),
+    (dict(positions=lambda a: a["positions"].int()), {}, "positions: expected dtype int64"),
+    (dict(kv_slot_mapping=lambda a: a["kv_slot_mapping"][:2]), {}, "kv_slot_mapping: expected length T"),
+    (dict(k_cache=lambda a: a["k_cache"][:, :, :128]), {}, "k_cache"),
+    (dict(block_size=lambda a: 3), {}, "state_cache: expected shape\\[1\\] = 3"),
+])
+def test_indexer_call_rejects_bad_arguments(no_compile, ratio, change, keywords, needle):
+    args = _indexer_call(ratio, 16 if ratio == 4 else 8)
+    for key, fn in change.items():
+        args[key] = fn(args)
+    with pytest.raises(ValueError, match=needle):
+        api.compress_norm_rope_store(**args, **{"compress_ratio": ratio, "layout": "indexer_fp8", **keywords})
+
+
+def test_hadamard_needs_an_indexer_layout(no_compile):
+    """``hadamard=True`` on the 512-wide head is rejected by name, also on the combined call."""
+    from dsv4_compressor.spec import batch as B
+
+    rng = np.random.default_rng(0)
+    b = B.build_batch([B.Request(context_len=5, num_tokens=4)], compress_ratio=4, block_size=4, entries_per_page=4, rng=rng)
+    args = _indexer_call()
+    args.update(state_cache=torch.from_numpy(np.ascontiguousarray(B.random_state_cache(b.num_state_blocks, 4, 4, rng))),
+                block_size=4, rms_norm_weight=torch.ones(512, dtype=torch.bfloat16),
+                k_cache=torch.from_numpy(np.ascontiguousarray(B.canary_k_cache("flashmla_fp8", b.num_pages, 4))),
+                **{k: torch.from_numpy(getattr(b, k)) for k in ("token_to_req_indices", "positions", "slot_mapping",
+                                                                  "block_table", "kv_slot_mapping")})
+    with pytest.raises(ValueError, match="hadamard"):
+        api.compress_norm_rope_store(**args, compress_ratio=4, hadamard=True)
+    kv_score, ape = torch.zeros(4, 2048), torch.zeros(4, 1024)
+    with pytest.raises(ValueError, match="hadamard"):
+        api.save_and_compress_norm_rope_store(kv_score, ape, **args, compress_ratio=4, hadamard=True)
+
+
+def test_indexer_cpu_tensors_are_rejected_after_validation(no_compile):
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of \\('cuda',\\)"):
+        api.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
+    args = _indexer_call(layout="indexer_mxfp4")
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of \\('cuda',\\)"):
+        api.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_mxfp4", hadamard=True)
+    kv_score, ape = torch.zeros(4, 512), torch.zeros(4, 256)  # the indexer's C4 widths pass validation
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):
+        api.save_partial_states(kv_score, ape, args["positions"], args["slot_mapping"], args["state_cache"], 16)
+    with pytest.raises(ValueError, match="ape"):
+        api.save_partial_states(kv_score, ape[:, :128], args["positions"], args["slot_mapping"], args["state_cache"], 16)
+
+
+def test_compress_x_stays_512_wide(no_compile):
+    """``compress`` (the fp32 x, for tests) has no indexer kernel: a 128-wide state is rejected."""
+    args = _indexer_call()
+    pooling = {k: args[k] for k in ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table",
+                                    "block_size", "kv_slot_mapping")}
+    with pytest.raises(ValueError, match="state_cache"):
+        api.compress(**pooling, compress_ratio=4)
