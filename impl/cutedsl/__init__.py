@@ -10,6 +10,10 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
   with PDL the compress kernel reads its metadata while the save kernel runs)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
 
+The indexer compressor (SPEC §12, head width 128): ``layout="indexer_fp8"`` or
+``"indexer_mxfp4"`` (optionally ``hadamard=True``) runs its own kernels (C4: a warp per
+token; C128: a CTA per token); ``save_partial_states`` takes its state widths.
+
 Every kernel follows SPEC §2 bit for bit (separately rounded ``.rn`` operations, the
 ``exp2s`` polynomial, pairwise trees in index order, the amax-floor UE8M0 rule), so the
 bytes written equal the NumPy specification's. Module map:
@@ -24,7 +28,10 @@ bytes written equal the NumPy specification's. Module map:
 - :mod:`.fused_c128_handoff` C128 single-launch kernel without clusters (the last CTA finishes)
 - :mod:`.fused_c128_stream` C128 single-launch kernel on persistent, pipelined clusters
 - :mod:`.dependent_launch` programmatic dependent launch (every kernel waits before its first access)
-- :mod:`.save_states` save_partial_states
+- :mod:`.save_states` save_partial_states (both head widths)
+- :mod:`.indexer_config`, :mod:`.indexer_entry`, :mod:`.indexer_kernel`, :mod:`.indexer_launch`
+  the indexer compressor: configuration, the warp's finishing stage (norm, RoPE, Hadamard,
+  FP8 / MXFP4 stores), the C4 and C128 kernels, compile and launch with a plan cache
 - :mod:`.config` static configurations (compile-cache keys, sweepable knobs)
 - :mod:`.compile_cache` tensor-free compile functions and the in-process cache
 - :mod:`.api` validation, dispatch and launch
