@@ -286,7 +286,7 @@ def _paged_cache(k_cache: ArrayInfo, layout: str) -> int:
     entry = PAGED_LAYOUTS[layout].entry_bytes
     _dtype(k_cache, "uint8")
     _rank(k_cache, 3, f"[num_pages, B, {entry}]")
-    _dim(k_cache, 2, entry, f"bytes per {layout} entry")
+    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout == "flashmla_fp8" else f"bytes per {layout} entry")
     entries = k_cache.shape[1]
     if entries < 1:
         _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
