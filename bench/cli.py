@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tag", default="", help="added to the output file names")
     parser.add_argument("--head", type=int, choices=(512, 128), default=512,
-                        help="512: the KV compressor's sweeps; 128: the lightning indexer's (SPEC §12, default impl triton)")
+                        help="512: the KV compressor's sweeps; 128: the lightning indexer's (SPEC §12, default impls triton, cutedsl)")
     parser.add_argument("--layout", choices=("indexer_fp8", "indexer_mxfp4"), action="append",
                         help="with --head 128: the indexer layout(s) (default: both)")
     parser.add_argument("--hadamard", action="store_true", help="with --head 128: apply the Hadamard rotation")
@@ -73,7 +73,7 @@ def run(args) -> int:
     from .timing import copy_bandwidth_gbs
 
     S.TRIALS = args.trials
-    default_names = ["triton"] if args.head == 128 else ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8",
+    default_names = ["triton", "cutedsl"] if args.head == 128 else ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8",
                                                           "cutedsl-cluster16", "cutedsl-stream16"]
     names = args.impl or default_names
     impls = []

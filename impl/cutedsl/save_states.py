@@ -36,7 +36,7 @@ class SavePartialStatesKernel:
         self.tokens_per_cta = config.tokens_per_cta
         self.group_threads = config.group_threads
         self.threads = self.group_threads * self.tokens_per_cta
-        self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4) or 1 (C128, and the indexer's)
+        self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4), else 1
         self.input_align = 16 if config.vector_inputs else 4
 
     @cute.jit
