@@ -112,8 +112,8 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     from .indexer_config import IndexerConfig
 
     for ratio, bs, layout, hadamard, pages, weight, warps, pdl in (
-        (4, 4, "indexer_fp8", False, 64, "bfloat16", 4, True),  # the production configuration
-        (4, 16, "indexer_fp8", True, 1, "float32", 8, False),
+        (4, 16, "indexer_fp8", False, 64, "bfloat16", 4, True),  # the production configuration
+        (4, 8, "indexer_fp8", True, 1, "float32", 8, False),
         (4, 3, "indexer_mxfp4", False, 7, "bfloat16", 2, False),
         (4, 2, "indexer_mxfp4", True, 64, "bfloat16", 1, True),
         (128, 8, "indexer_fp8", False, 64, "bfloat16", 16, True),
