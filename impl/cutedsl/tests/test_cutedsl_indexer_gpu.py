@@ -66,11 +66,12 @@ class Case:
     bf16_weight: bool = True
     values: str = "normal"
     seed: int = 0
+    slots_for_all: bool = False  # non-boundary tokens carry their group's kv slot too (they still write nothing)
 
     @property
     def name(self) -> str:
         return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}{'-hadamard' if self.hadamard else ''}-"
-                f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}")
+                f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-slots' if self.slots_for_all else ''}")
 
 
 def _values(case: Case, state: np.ndarray, weight: np.ndarray, rng) -> np.ndarray:
@@ -108,7 +109,7 @@ def build(case: Case):
     rng = np.random.default_rng(case.seed)
     batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
                           entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
-                          drop_entry_fraction=0.15)
+                          drop_entry_fraction=0.15, slot_for_non_boundary=case.slots_for_all)
     state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1,
                                  head_dim=HEAD)
     weight = _values(case, state, B.random_norm_weight(rng, bf16=case.bf16_weight, head_dim=HEAD), rng)
@@ -160,6 +161,7 @@ C4_CASES = [
     Case(4, 5, 64, layout="indexer_mxfp4", hadamard=True, bf16_weight=False, values="tiny_weight"),
     Case(4, 8, 2, layout="indexer_mxfp4", bf16_weight=False, values="huge"),
     Case(4, 12, 64, hadamard=True, bf16_weight=False, values="huge"),
+    Case(4, 16, 4, layout="indexer_mxfp4", slots_for_all=True, seed=2),
 ]
 C128_CASES = [
     Case(128, 8, 64),  # production: bs 8
@@ -168,6 +170,7 @@ C128_CASES = [
     Case(128, 16, 1, layout="indexer_mxfp4", values="signed_zeros"),
     Case(128, 12, 64, layout="indexer_mxfp4", bf16_weight=False, values="tiny_weight"),
     Case(128, 4, 2, hadamard=True, bf16_weight=False, values="huge"),
+    Case(128, 8, 3, slots_for_all=True, seed=2),
 ]
 
 
@@ -238,6 +241,20 @@ def test_indexer_bad_arguments_write_nothing():
     torch.cuda.synchronize()
     for key, value in before.items():
         assert_same_bytes(f"bad calls: {key}", storage_bytes(args[key]), value)
+
+
+def test_indexer_empty_call_writes_nothing():
+    from dsv4_compressor.impl import cutedsl
+
+    case = C4_CASES[0]
+    batch, state, weight, cos_sin, k_cache = build(case)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    for key in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping"):
+        args[key] = args[key][:0]
+    before = storage_bytes(args["k_cache"]).copy()
+    cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout=case.layout)
+    torch.cuda.synchronize()
+    assert_same_bytes("T = 0", storage_bytes(args["k_cache"]), before)
 
 
 # ---- save_partial_states at the indexer's state widths ------------------------------------------------
