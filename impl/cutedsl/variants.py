@@ -101,3 +101,42 @@ VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4
                                  stream16, split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
                                  split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
                                  early_metadata, split_block8_early)}
+
+
+@dataclass(frozen=True)
+class IndexerVariant:
+    """The two operations with :data:`.indexer_launch.INDEXER_TUNING` overrides (the indexer
+    compressor's mapping knobs, SPEC §12), for timing them against each other::
+
+        python -m dsv4_compressor bench --head 128 --impl dsv4_compressor.impl.cutedsl.variants:indexer_c4_w1
+    """
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+    SUPPORTED_DEVICES = api.SUPPORTED_DEVICES
+
+    def compress_norm_rope_store(self, *args, **kwargs) -> None:
+        from . import indexer_launch
+
+        tuning = indexer_launch.INDEXER_TUNING
+        unknown = sorted(set(self.overrides) - set(tuning.__dict__))
+        if unknown:
+            raise ValueError(f"indexer overrides: expected fields of IndexerTuning ({sorted(tuning.__dict__)}), got {unknown}")
+        saved = {key: getattr(tuning, key) for key in self.overrides}
+        try:
+            for key, value in self.overrides.items():
+                setattr(tuning, key, value)
+            api.compress_norm_rope_store(*args, **kwargs)
+        finally:
+            for key, value in saved.items():
+                setattr(tuning, key, value)
+
+    def save_partial_states(self, *args, **kwargs) -> None:
+        api.save_partial_states(*args, **kwargs)
+
+
+indexer_c4_w1 = IndexerVariant("indexer_c4_w1", {"c4_warps": 1})  # one token (warp) per CTA
+indexer_c4_w2 = IndexerVariant("indexer_c4_w2", {"c4_warps": 2})
+indexer_c4_w8 = IndexerVariant("indexer_c4_w8", {"c4_warps": 8})
+indexer_c128_w8 = IndexerVariant("indexer_c128_w8", {"c128_warps": 8})  # 16 rows per warp
+indexer_nopdl = IndexerVariant("indexer_nopdl", {"pdl": False})

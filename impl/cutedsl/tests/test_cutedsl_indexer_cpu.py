@@ -245,3 +245,16 @@ def test_compress_x_stays_512_wide(no_compile):
                                     "block_size", "kv_slot_mapping")}
     with pytest.raises(ValueError, match="state_cache"):
         api.compress(**pooling, compress_ratio=4)
+
+
+def test_indexer_variants_restore_the_tuning(no_compile):
+    from dsv4_compressor.impl.cutedsl import variants
+
+    before = dict(indexer_launch.INDEXER_TUNING.__dict__)
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):  # validated, then refused on CPU
+        variants.indexer_c4_w1.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
+    assert indexer_launch.INDEXER_TUNING.__dict__ == before
+    with pytest.raises(ValueError, match="c4_warp"):
+        variants.IndexerVariant("bad", {"c4_warp": 2}).compress_norm_rope_store(**_indexer_call(), compress_ratio=4,
+                                                                                 layout="indexer_fp8")
+    assert indexer_launch.INDEXER_TUNING.__dict__ == before
