@@ -538,6 +538,7 @@ def compress_norm_rope_store(
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
+    hadamard = bool(hadamard) if isinstance(hadamard, np.bool_) else hadamard
     if layout in INDEXER_LAYOUTS or hadamard is not False:  # SPEC §12 (a misplaced hadamard is rejected there)
         from . import indexer_launch
 
@@ -611,6 +612,7 @@ def save_and_compress_norm_rope_store(
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
+    hadamard = bool(hadamard) if isinstance(hadamard, np.bool_) else hadamard
     if layout in INDEXER_LAYOUTS or hadamard is not False:  # SPEC §12: validated, then the save, then the compress
         from . import indexer_launch
 

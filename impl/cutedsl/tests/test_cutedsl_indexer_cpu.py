@@ -258,3 +258,12 @@ def test_indexer_variants_restore_the_tuning(no_compile):
         variants.IndexerVariant("bad", {"c4_warp": 2}).compress_norm_rope_store(**_indexer_call(), compress_ratio=4,
                                                                                  layout="indexer_fp8")
     assert indexer_launch.INDEXER_TUNING.__dict__ == before
+
+
+def test_numpy_bools_take_the_same_path(no_compile):
+    """``hadamard=np.False_`` is ``False`` (the 512-wide path), ``np.True_`` needs an indexer layout."""
+    args = _indexer_call()
+    with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):
+        api.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard=np.True_)
+    with pytest.raises(ValueError, match="layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"):
+        api.compress_norm_rope_store(**args, compress_ratio=4, hadamard=np.False_)  # flashmla_fp8 on a 128-wide state
