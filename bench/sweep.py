@@ -36,12 +36,25 @@ def _module(name: str, module_name: str):
     return load
 
 
+def _triton_indexer(block_c: int, num_warps: int):
+    """The Triton indexer kernel with other knobs than its default (a row of the ``--head 128`` sweep)."""
+    def load():
+        module = importlib.import_module("dsv4_compressor.impl.triton")
+        config = module.FusedConfig(block_c=block_c, num_warps=num_warps)
+        return BenchImpl(f"triton-indexer_bc{block_c}_w{num_warps}",
+                         functools.partial(module.compress_norm_rope_store, config=config), module.save_partial_states,
+                         indexer_compress_only=True)
+    return load
+
+
 # name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
 # dsv4_compressor.impl.cutedsl.variants, which needs torch only) is a separate row
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
     **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
+    # the indexer kernel's knobs (C4: the default is block_c 128 with 2 warps)
+    **{f"triton-indexer_bc{c}_w{w}": _triton_indexer(c, w) for c, w in ((128, 4), (64, 4), (128, 1))},
 }
 
 

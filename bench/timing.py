@@ -102,9 +102,12 @@ class BenchImpl:
     compress: Callable | None
     save: Callable | None
     c128_compress_only: bool = False  # a named variant: it differs from its implementation only on C128 compress
+    indexer_compress_only: bool = False  # a named variant: it differs only on the indexer's compress (SPEC §12)
 
     def runs(self, case) -> bool:
         """Whether this row belongs in ``case`` (a variant elsewhere would time the same kernel again)."""
+        if self.indexer_compress_only:
+            return case.head_dim == 128 and case.operation == "compress"
         return not self.c128_compress_only or (case.compress_ratio == 128 and case.operation == "compress")
 
     def caller(self, prepared: Prepared) -> Callable[[InputSet], None]:

@@ -37,3 +37,13 @@ def test_cli_accepts_the_indexer_options():
     cli.add_arguments(parser)
     args = parser.parse_args(["--head", "128", "--layout", "indexer_mxfp4", "--hadamard", "--sizes", "1", "16384"])
     assert (args.head, args.layout, args.hadamard, args.sizes) == (128, ["indexer_mxfp4"], True, [1, 16384])
+
+
+def test_indexer_knob_rows_run_only_on_indexer_compress_cases():
+    from dsv4_compressor.bench.cases import c4_decode_sweep, save_sweep
+    from dsv4_compressor.bench.sweep import load_bench_impl
+
+    impl = load_bench_impl("triton-indexer_bc128_w4")
+    assert impl.runs(indexer_decode_sweep((1,))[0]) and impl.runs(indexer_mixed_steps()[0])
+    assert not any(impl.runs(c) for c in c4_decode_sweep((1,)) + save_sweep((1,)) + indexer_save_sweep((1,)))
+    assert load_bench_impl("triton").runs(indexer_decode_sweep((1,))[0])

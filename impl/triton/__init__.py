@@ -2,14 +2,17 @@
 
 - :func:`save_partial_states`: SPEC §4, one launch.
 - :func:`compress_norm_rope_store`: SPEC §5-§7 fused into one launch (pool, RMSNorm, RoPE,
-  quantize, store) for C4 and C128, every state block size and all three cache layouts.
+  quantize, store) for C4 and C128, every state block size and all three cache layouts; for a
+  128-wide state, the lightning indexer's compressor (SPEC §12: ``indexer_fp8`` /
+  ``indexer_mxfp4``, ``hadamard=True`` for the rotation).
 - :data:`SUPPORTED_DEVICES`: ``("cpu",)`` when ``TRITON_INTERPRET=1`` was set at import, else
   ``("cuda",)``.
 - :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
 
 Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.pooling` (one channel tile
-of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.fused` and
-:mod:`.save_states` (the kernels), :mod:`.api` (validation and launch), :mod:`.ptx` (PTX of every
+of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.indexer_postprocess`
+(the same for the indexer, with the rotation and the FP8 / MXFP4 entries), :mod:`.fused`,
+:mod:`.indexer` and :mod:`.save_states` (the kernels), :mod:`.api` (validation and launch), :mod:`.ptx` (PTX of every
 variant for the SPEC §2 instruction rules).
 """
 

@@ -33,6 +33,7 @@ def _brute_force_e2m1(values: np.ndarray) -> np.ndarray:
     return code.astype(np.uint8) | sign
 
 
+@pytest.mark.slow
 def test_e2m1_every_binary32_in_a_range_matches_brute_force():
     """Every binary32 with magnitude in [2^-3, 8) (both signs, 2 x 3 * 2^24 values) in chunks."""
     first, last = int(np.array(0.125, F32).view(np.uint32)), int(np.array(8.0, F32).view(np.uint32))
