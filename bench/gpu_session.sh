@@ -110,7 +110,7 @@ for s in "$@"; do
     tests-indexer-cutedsl)
       step tests-indexer-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_indexer_gpu.py ;;
     bench-indexer-cutedsl)
-      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl dsv4_compressor.impl.cutedsl.variants:indexer_c4_w1 --impl dsv4_compressor.impl.cutedsl.variants:indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
+      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w1 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..impl.cutedsl.variants import VARIANTS
+from ..impl.cutedsl.variants import INDEXER_VARIANTS, VARIANTS
 from .cases import Case
 from .timing import BenchImpl, Prepared, capture_graph, prepare, summarize, time_eager, time_graph
 
@@ -47,6 +47,15 @@ def _triton_indexer(block_c: int, num_warps: int):
     return load
 
 
+def _cutedsl_indexer(name: str):
+    """A CuTe DSL indexer variant (other mapping knobs; a row of the ``--head 128`` sweep's compress cases)."""
+    def load():
+        variant = INDEXER_VARIANTS[name]
+        return BenchImpl(f"cutedsl-{name}", variant.compress_norm_rope_store, variant.save_partial_states,
+                         indexer_compress_only=True)
+    return load
+
+
 # name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
 # dsv4_compressor.impl.cutedsl.variants, which needs torch only) is a separate row
 REGISTRY = {
@@ -55,6 +64,7 @@ REGISTRY = {
     **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
     # the indexer kernel's knobs (C4: the default is block_c 128 with 2 warps)
     **{f"triton-indexer_bc{c}_w{w}": _triton_indexer(c, w) for c, w in ((128, 4), (64, 4), (128, 1))},
+    **{f"cutedsl-{name}": _cutedsl_indexer(name) for name in INDEXER_VARIANTS},  # the CuTe DSL indexer's knobs
 }
 
 

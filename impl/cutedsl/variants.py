@@ -108,7 +108,7 @@ class IndexerVariant:
     """The two operations with :data:`.indexer_launch.INDEXER_TUNING` overrides (the indexer
     compressor's mapping knobs, SPEC §12), for timing them against each other::
 
-        python -m dsv4_compressor bench --head 128 --impl dsv4_compressor.impl.cutedsl.variants:indexer_c4_w1
+        python -m dsv4_compressor bench --head 128 --impl cutedsl --impl cutedsl-indexer_c4_w1
     """
 
     name: str
@@ -140,3 +140,4 @@ indexer_c4_w2 = IndexerVariant("indexer_c4_w2", {"c4_warps": 2})
 indexer_c4_w8 = IndexerVariant("indexer_c4_w8", {"c4_warps": 8})
 indexer_c128_w8 = IndexerVariant("indexer_c128_w8", {"c128_warps": 8})  # 16 rows per warp
 indexer_nopdl = IndexerVariant("indexer_nopdl", {"pdl": False})
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}

@@ -267,3 +267,15 @@ def test_numpy_bools_take_the_same_path(no_compile):
         api.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard=np.True_)
     with pytest.raises(ValueError, match="layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"):
         api.compress_norm_rope_store(**args, compress_ratio=4, hadamard=np.False_)  # flashmla_fp8 on a 128-wide state
+
+
+def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
+    from dsv4_compressor.bench.cases import c4_decode_sweep, indexer_decode_sweep, indexer_save_sweep, save_sweep
+    from dsv4_compressor.bench.sweep import load_bench_impl
+    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
+
+    assert {"indexer_c4_w1", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
+    for name in INDEXER_VARIANTS:
+        impl = load_bench_impl(f"cutedsl-{name}")
+        assert impl.runs(indexer_decode_sweep((1,))[0]), name
+        assert not any(impl.runs(c) for c in c4_decode_sweep((1,)) + save_sweep((1,)) + indexer_save_sweep((1,))), name
