@@ -137,25 +137,33 @@ class IndexerEntryWriter:
         if lane % MXFP4_BLOCK_LANES == 0:
             store_scalar(Uint8, scales + Int64(lane // MXFP4_BLOCK_LANES), scale_byte.to(Uint8))
 
+    def load_entry_inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
+        """The lane's 4 norm weights and its 2 RoPE pairs' ``(cos, sin)`` (fp32 fragments), loaded
+        before the pooling so that their latency hides behind the state rows'.
+
+        ``mWeight``: fp32 or bf16 ``[128]``; ``mCosSin``: fp32 ``[max_pos, 64]``, row ``(p // r) * r``.
+        Lanes 0..15 (no RoPE) read pair 0's, unused."""
+        ratio = self.config.ratio
+        w = load_weight(mWeight, lane * VEC, VEC)
+        first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
+        cos, sin = load_cos_sin(mCosSin, (position // ratio) * ratio, first_pair, VEC // 2)
+        return w, cos, sin
+
     @cute.jit
     def write_indexer_entry(
         self,
         x: cute.Tensor,  # fp32 (4,): channels 4*lane..4*lane+3 of the compressed vector
         lane: Int32,  # lane index, 0..31
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        w: cute.Tensor,  # fp32 (4,): norm weights of those channels
+        cos: cute.Tensor,  # fp32 (2,): cos of the lane's RoPE pairs (lanes 16..31)
+        sin: cute.Tensor,  # fp32 (2,): sin of them
         mCache: cute.Tensor,  # uint8 [num_pages, B, E]
-        position: Int64,  # the token's position p
         slot: Int64,  # kv_slot_mapping[t] >= 0
         eps: Float32,  # rms_norm_eps as binary32
     ):
         """SPEC §12: norm, RoPE, optional Hadamard rotation, quantization and the store of one
         entry, by the 32 lanes of one warp (see the module docstring)."""
         config = self.config
-        # issued first, so their latency hides behind the reduction
-        w = load_weight(mWeight, lane * VEC, VEC)
-        first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-        cos, sin = load_cos_sin(mCosSin, (position // config.ratio) * config.ratio, first_pair, VEC // 2)
         ss = butterfly_sum(sum_of_squares(x, VEC), 1, 16)
         y = normalize(x, indexer_rms_scale(ss, eps), w, VEC)
         z = select_fragment(lane >= ROPE_FIRST_LANE, rotate_pairs(y, VEC, cos, sin), y, VEC)

@@ -106,20 +106,28 @@ class IndexerC4Kernel(IndexerKernel):
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
         window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
         row_stride_bytes = Int64(mState.stride[1]) * 4
+        # every block-table read first (one round trip, not one per half): the first half's
+        # positions are clamped to 0 at p = 3, whose rows 0..3 (positions -4..-1) are then not loaded
+        runs = []  # (first window row, position, row address) per lookup
         for half in cutlass.range_constexpr(2):
-            kv_byte = (half * INDEXER_HEAD_DIM + lane * VEC) * 4
-            score_byte = kv_byte + self.state_width * 4
             for r in cutlass.range_constexpr(4 // run):
                 first_row = half * 4 + r * run
                 pos = window_start + first_row
-                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    column = pos // bs
-                    block = load_scalar(mBlockTable, req, column)
-                    row_address = element_address(mState, block, pos - column * bs, 0)
-                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                column = looked_up // bs
+                block = load_scalar(mBlockTable, req, column)
+                runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
+        for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
+            for first_row, pos, row_address in runs:
+                rows = sc if kind == 0 else kv
+                byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
+                if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
-                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
+                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
+                else:
+                    if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                        for i in cutlass.range_constexpr(run):
+                            load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
         for c in cutlass.range_constexpr(VEC):
             x[c] = pool_channel(kv, sc, c, 8)
 
@@ -136,9 +144,10 @@ class IndexerC4Kernel(IndexerKernel):
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
             req = mTokenReq[tok]
             if active:
+                w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
                 self.pool_window(mState, mBlockTable, req, position, lane, x)
-                self.write_indexer_entry(x, lane, mWeight, mCosSin, mCache, position, kv_slot, eps)
+                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 class IndexerC128Kernel(IndexerKernel):
@@ -241,10 +250,11 @@ class IndexerC128Kernel(IndexerKernel):
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
         req = mTokenReq[tok]
         if active:
+            w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
-                self.write_indexer_entry(x, lane, mWeight, mCosSin, mCache, position, kv_slot, eps)
+                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 def indexer_kernel(config: IndexerConfig) -> IndexerKernel:
