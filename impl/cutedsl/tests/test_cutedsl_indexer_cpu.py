@@ -68,6 +68,16 @@ def test_state_rows_stream_as_128_bit_loads(indexer_ptx):
         assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp, cfg.tag
 
 
+def test_every_other_load_precedes_the_state_rows(indexer_ptx):
+    """Metadata, block-table entries, norm weights and cos/sin are all requested before the
+    first state row, so the rows wait for one block-table round trip and nothing else waits
+    for the rows but the arithmetic."""
+    for cfg, ptx, _ in indexer_ptx:
+        loads = re.findall(r"\bld\.global(?:\.\w+)*", _body(ptx))
+        first_row = next(i for i, op in enumerate(loads) if ".v4" in op)
+        assert all(".v4" in op for op in loads[first_row:]), (cfg.tag, loads[first_row:])
+
+
 def test_exact_finishing_arithmetic(indexer_ptx):
     for cfg, ptx, report in indexer_ptx:
         body = _body(ptx)
