@@ -12,14 +12,16 @@ Mapping: lane ``l`` holds channels ``4l..4l+3`` (consecutive aligned 4-channel c
   ``sub(z[i], z[i+S])`` as ``add(z[i], -z[i+S])``, which rounds identically); spans 2 and 1
   pair registers of one lane; then ``mul`` by ``0x3DB504F3``;
 - ``q = bf16(z)``; ``indexer_fp8``: the amax over all 32 lanes (butterfly 1..16), the §2
-  exponent (amax floor, 448), ``e4m3(mul(q, 2^-k))`` (exact scaling, RNE ``cvt``); the lane
+  exponent (amax floor, 448), ``e4m3(mul(q, 2^-k))`` (the scaling is exact except far below
+  E4M3's resolution, where any rounding gives the same signed zero; RNE ``cvt``); the lane
   stores its 4 bytes (the warp writes the 128-byte data record in one coalesced request)
   and lane 0 the fp32 scale ``2^k``; ``indexer_mxfp4``: the amax over the block's 8 lanes
   (butterfly 1..4), :func:`.exact_math.e2m1_scale_byte`, ``e2m1(mul(q, 2^-k))`` by exact
   comparisons (:func:`.exact_math.e2m1_code`); the lane stores its two bytes of code pairs
   and lanes 0, 8, 16, 24 the block's scale byte.
 
-Every lane of the warp must call :meth:`IndexerEntryWriter.write_indexer_entry` (shuffles), with the same token.
+Every lane of the warp must call :meth:`IndexerEntryWriter.write_indexer_entry` (shuffles),
+with the same token.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ owns channels ``4l..4l+3`` and holds all 8 window rows of them in registers: row
 ``score[256 + h*128 + 4l ..]`` of its 512-float state row, two 128-bit loads, so a warp
 reads each half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4
 positions from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table
-read; at ``p = 3`` rows 0..3 are invalid (not loaded; score ``-inf`` and kv ``+0``, so
-``e = u = +0`` in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
+read; all of those reads, the norm weights and the cos/sin row are issued before any state
+row, so the rows wait for one table round trip. At ``p = 3`` rows 0..3 are invalid (their
+lookup reads column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0``
+in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
 row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
 no barrier: a warp whose token is inactive (or past ``T``) does nothing.
 
@@ -16,8 +18,8 @@ window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels:
 in registers, the window max through shared memory (exact, any order), then ``e``, ``u`` and
 their ``R``-leaf trees per warp; threads 0..255 tree the per-warp partials of one channel of
 ``tree(u)`` or ``tree(e)`` each, in warp order (SPEC's 128-leaf tree: the warps hold
-consecutive aligned row ranges), and warp 0 divides. Runs of
-``gcd(bs, R)`` rows share a lookup. The CTA's activity test is uniform, so its barriers are
+consecutive aligned row ranges), and warp 0 divides. Runs of ``gcd(bs, R)`` rows share a
+lookup, all issued before the rows. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
 Both finish in one warp with :class:`.indexer_entry.IndexerEntryWriter` (norm, RoPE, the
