@@ -9,4 +9,4 @@ Sub-packages (each a top-level folder of the repository):
 - ``dsv4_compressor.docs``        the specification explained to implementers, with figures
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,4 +1,4 @@
-"""The project's pytest plugin (``-p dsv4_compressor.pytest_plugin`` in pyproject.toml).
+"""The project's pytest plugin, loaded by the package's ``conftest.py``.
 
 - Without a CUDA GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is
   set here, before anything imports Triton.
@@ -31,6 +31,17 @@ except ImportError:  # hypothesis is a test extra
     pass
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+MARKERS = (
+    "gpu: needs a CUDA GPU (skipped cleanly without one)",
+    "slow: long CPU test (exhaustive samples)",
+)
+
+
+def pytest_configure(config):
+    for marker in MARKERS:  # also when no pyproject.toml is read (an installed package)
+        config.addinivalue_line("markers", marker)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,8 @@
 Every kernel reads T windows of 128 state rows (kv ``[0:512]`` and score ``[512:1024]``,
 fp32) and stores one float per CTA (the sum of what it read, so no load is dropped); none
 does any of SPEC's arithmetic. Their CUDA-graph time is what no conforming kernel with the
-same access pattern can beat, which makes them the yardstick for the design choices of
-issue 6 (:mod:`.probe` ``floors`` runs them):
+same access pattern can beat, which makes them the yardstick for the C128 kernels' design
+choices (:mod:`.probe` ``floors`` runs them):
 
 Contiguous windows (window ``t`` is rows ``128t .. 128t+127`` of a ``[128 T, 1024]`` buffer):
 

@@ -57,8 +57,10 @@ def run(args) -> int:
                     print(f"       {violation}")
                 failures += not report.ok
         except ImportError as error:
-            print(f"FAIL {backend:8s} cannot import the backend ({error}); install the '{backend}' extra")
+            print(f"FAIL {backend:8s} cannot import the backend ({error}); install the '{backend}' extra: "
+                  f"pip install 'dsv4-compressor[{backend}]'", flush=True)
             failures += 1
+            continue
         print(f"     {backend}: compiled and checked in {time.perf_counter() - start:.1f}s", flush=True)
-    print(f"{'PASSED' if not failures else 'FAILED'}: {total} variants, {failures} failure(s)")
+    print(f"{'PASSED' if not failures else 'FAILED'}: {total} variants checked, {failures} failure(s)")
     return 1 if failures else 0

@@ -59,6 +59,9 @@ def describe_numpy(name: str, array, *, uint8_as: str = "uint8") -> ArrayInfo:
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{name}: expected a numpy.ndarray, got {type(array).__name__}")
     dtype = _NUMPY_DTYPE_NAMES.get(array.dtype, str(array.dtype))
+    if array.dtype not in _NUMPY_DTYPE_NAMES and dtype in _NUMPY_DTYPE_NAMES.values():
+        # a foreign dtype that bears one of our names: ml_dtypes' "bfloat16" is not a uint16 container
+        dtype = f"{array.dtype.type.__module__}.{dtype} (the spec takes bf16 as uint16 bit patterns)"
     if dtype == "uint8":
         dtype = uint8_as
     itemsize = array.dtype.itemsize

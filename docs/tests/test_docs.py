@@ -425,3 +425,44 @@ def test_indexer_numbers():
         assert e2m1_to_f32(e2m1_bits(np.array([float(value)], F32)))[0] == rounded
     assert e2m1_bits(np.array([-0.0], F32))[0] == 0x8 and "`0x8`" in text
     assert "0x3DB504F3" in text
+
+
+# ---- the project speaks of itself alone ---------------------------------------------------------
+_REPOSITORY = DOCS.parent
+_PROCESS_WORDS = {
+    "a numbered work item": re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE),
+    "a work session": re.compile(r"(?<!\w)sessions?\b", re.IGNORECASE),
+    "steering": re.compile(r"\bsteering\b", re.IGNORECASE),
+    "a path outside the repository": re.compile(r"(?<![\w.])(shared|/work|/tmp)/"),
+    "a table known by a letter": re.compile(r"(?<!block )\b[Tt]ables?\s+[A-Z](?:\s*(?:,|and)\s*[A-Z])*\b(?![\w-])"),
+    "a heading numbered by a letter": re.compile(r"^#+\s+[A-Z](?:,\s*[A-Z])*\.\s", re.MULTILINE),
+}
+
+
+def _user_facing_pages() -> list[Path]:
+    """docs/*.md (SPEC.md is a verbatim copy of the normative text and is left out), plus the
+    README and bench/RESULTS.md where they exist (a source checkout; an install ships docs/ only)."""
+    pages = [p for p in sorted(DOCS.glob("*.md")) if p.name != "SPEC.md"]
+    pages += [p for p in (_REPOSITORY / "README.md", _REPOSITORY / "bench" / "RESULTS.md") if p.is_file()]
+    return pages
+
+
+def test_user_facing_text_has_no_process_words_or_outside_paths():
+    found = []
+    for page in _user_facing_pages():
+        text = page.read_text(encoding="utf-8")
+        for what, pattern in _PROCESS_WORDS.items():
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{page.name}:{line}: {what}: {match.group(0)!r}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("text, caught", [
+    ("see issue 6's targets", True), ("the fourth session", True), ("copied from the steering repo", True),
+    ("see shared/CUTEDSL.md", True), ("table Q and tables D, E", True), ("### B, C. Stream kernel", True),
+    ("bench/gpu_session.sh runs it", False), ("shared memory", False), ("the block table T rows", False),
+    ("a table of results", False), ("issued loads", False),
+])
+def test_the_process_word_patterns(text, caught):
+    assert any(p.search(text) for p in _PROCESS_WORDS.values()) == caught

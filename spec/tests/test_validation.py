@@ -34,6 +34,7 @@ def _numpy_call():
     (7, float("nan"), "rms_norm_eps"),
     (7, 1e-50, "rms_norm_eps"),  # rounds to 0 in binary32
     (6, np.ones(512, np.float64), "rms_norm_weight"),
+    (6, np.ones(512, np.dtype([("bfloat16", np.uint16)])), "rms_norm_weight"),  # a structured dtype
 ])
 def test_numpy_specific_errors(index, value, argument):
     args, k_cache = _numpy_call()
@@ -52,3 +53,14 @@ def test_fp8_per_tensor_needs_a_positive_scale():
     for scale, message in ((None, "fp8_scale"), (0.0, "fp8_scale"), (float("inf"), "fp8_scale")):
         with pytest.raises(ValueError, match=message):
             spec.compress_norm_rope_store(*args, compress_ratio=4, layout="fp8_per_tensor", fp8_scale=scale)
+
+
+def test_a_foreign_bfloat16_dtype_is_named_not_taken_for_the_uint16_container():
+    """ml_dtypes' bfloat16 is called "bfloat16" but is not the spec's uint16 bit-pattern container."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    args, k_cache = _numpy_call()
+    before = k_cache.copy()
+    args[6] = np.ones(512, dtype=ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match=r"rms_norm_weight: expected dtype bfloat16 or float32, got ml_dtypes\.bfloat16"):
+        spec.compress_norm_rope_store(*args, compress_ratio=4)
+    assert np.array_equal(k_cache, before)

@@ -1,0 +1,1 @@
+"""Runnable examples for the docs (docs/engine.md)."""

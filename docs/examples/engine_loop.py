@@ -1,0 +1,234 @@
+"""A small engine loop around the kernels, checked against the spec after every step.
+
+What an engine does with the compressor, in miniature (docs/engine.md walks through it):
+
+1. allocate the state cache (fp32 rows, in blocks of ``bs`` rows) and the compressed cache
+   (FlashMLA fp8 pages of ``B`` entries) once;
+2. each step, schedule tokens (prefill chunks, then one decode token per request), grow each
+   request's block lists, and build the step's metadata: ``positions``,
+   ``token_to_req_indices``, the state ``slot_mapping``, the ``block_table`` and the
+   compressed-cache ``kv_slot_mapping`` (a slot only for the token that closes a window),
+   padded to a fixed number of tokens as for a captured CUDA graph;
+3. call ``save_partial_states`` and then ``compress_norm_rope_store``.
+
+Here every step also runs the NumPy spec on mirrors of both caches and compares every byte.
+
+Run: ``python -m dsv4_compressor.docs.examples.engine_loop [--backend triton|cutedsl]
+[--ratio 4|128] [--steps N]``. Without a CUDA GPU the Triton kernels run under Triton's
+interpreter (``TRITON_INTERPRET=1`` is set here before Triton is imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dsv4_compressor import spec
+from dsv4_compressor.spec.batch import random_norm_weight, rope_cos_sin_cache
+from dsv4_compressor.spec.constants import ENTRY_BYTES, ratio_config
+
+PADDING_SLOT = -1  # slot_mapping / kv_slot_mapping of a token that writes nothing
+
+
+@dataclass
+class Request:
+    """One sequence: its prompt, how many tokens it decodes, and the blocks it owns."""
+
+    prompt_len: int
+    decode_len: int
+    computed: int = 0  # positions 0 .. computed-1 are saved
+    state_blocks: list[int] = field(default_factory=list)  # state block of rows [i*bs, (i+1)*bs)
+    pages: list[int] = field(default_factory=list)  # compressed-cache page of entries [i*B, (i+1)*B)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.decode_len
+
+
+class BlockPool:
+    """A free list of block numbers, handed out in a shuffled order (as after a while of serving)."""
+
+    def __init__(self, num_blocks: int, rng: np.random.Generator):
+        self.free = [int(b) for b in rng.permutation(num_blocks)]
+
+    def take(self) -> int:
+        if not self.free:
+            raise RuntimeError("out of blocks: raise --state-blocks / --pages")
+        return self.free.pop()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    compress_ratio: int = 4  # r: C4 or C128
+    block_size: int = 4  # bs: state rows per block
+    entries_per_page: int = 16  # B: compressed entries per page
+    chunk: int = 24  # prefill tokens per request per step
+    padded_tokens: int = 64  # every step is padded to this many tokens (a CUDA graph's size)
+    state_blocks: int = 512
+    pages: int = 64
+
+
+def schedule(requests: list[Request], config: EngineConfig) -> list[tuple[int, int, int]]:
+    """This step's tokens as ``(request index, first position, count)``: a prefill chunk or one decode token."""
+    plan = []
+    for index, request in enumerate(requests):
+        if request.computed >= request.total_len:
+            continue
+        if request.computed < request.prompt_len:
+            count = min(config.chunk, request.prompt_len - request.computed)
+        else:
+            count = 1
+        plan.append((index, request.computed, count))
+    return plan
+
+
+def build_step(requests, plan, config: EngineConfig, state_pool: BlockPool, page_pool: BlockPool) -> dict[str, np.ndarray]:
+    """The step's metadata as NumPy arrays (vLLM's names and dtypes), blocks allocated on demand."""
+    r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page
+    positions, owners, slots, kv_slots = [], [], [], []
+    for index, first, count in plan:
+        request = requests[index]
+        for p in range(first, first + count):
+            while len(request.state_blocks) <= p // bs:
+                request.state_blocks.append(state_pool.take())
+            slot = request.state_blocks[p // bs] * bs + p % bs  # the state row this token saves
+            kv_slot = PADDING_SLOT
+            if (p + 1) % r == 0:  # p closes window e = p // r: the one token that writes entry e
+                entry = p // r
+                while len(request.pages) <= entry // B:
+                    request.pages.append(page_pool.take())
+                kv_slot = request.pages[entry // B] * B + entry % B
+            positions.append(p)
+            owners.append(index)
+            slots.append(slot)
+            kv_slots.append(kv_slot)
+        request.computed = first + count
+    num_padding = config.padded_tokens - len(positions)
+    if num_padding < 0:
+        raise RuntimeError("more tokens than padded_tokens: raise --padded-tokens")
+    positions += [0] * num_padding  # padding tokens: any position, slot -1, no entry
+    owners += [0] * num_padding
+    slots += [PADDING_SLOT] * num_padding
+    kv_slots += [PADDING_SLOT] * num_padding
+    max_blocks = max(len(request.state_blocks) for request in requests)
+    block_table = np.zeros((len(requests), max_blocks), dtype=np.int32)  # unused entries: 0, never read
+    for index, request in enumerate(requests):
+        block_table[index, :len(request.state_blocks)] = request.state_blocks
+    return dict(
+        positions=np.array(positions, dtype=np.int64),
+        token_to_req_indices=np.array(owners, dtype=np.int32),
+        slot_mapping=np.array(slots, dtype=np.int64),
+        block_table=block_table,
+        kv_slot_mapping=np.array(kv_slots, dtype=np.int64),
+    )
+
+
+def load_backend(name: str):
+    """``dsv4_compressor.impl.triton`` or ``.cutedsl``, and the torch device their tensors live on."""
+    import torch
+
+    if name == "triton" and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of Triton
+    if name == "triton":
+        from dsv4_compressor.impl import triton as backend
+    else:
+        from dsv4_compressor.impl import cutedsl as backend
+    device = backend.SUPPORTED_DEVICES[0]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"the {name} kernels need a CUDA GPU (none found); try --backend triton")
+    return backend, device
+
+
+def run(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, seed: int = 0, log=print) -> int:
+    """Run the loop; returns the number of compressed entries written (all checked against the spec)."""
+    import torch
+
+    backend, device = load_backend(backend_name)
+    rng = np.random.default_rng(seed)
+    r = config.compress_ratio
+    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    bs, B = config.block_size, config.entries_per_page
+
+    # 1. buffers, allocated once: NumPy mirrors for the spec, torch tensors for the kernels
+    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.float32)
+    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
+    state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 [blocks, bs, 2*SW]
+    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
+    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
+    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
+    ape = torch.from_numpy(ape_np).to(device)
+    weight = torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device)
+    cos_sin = torch.from_numpy(cos_sin_np).to(device)
+    eps = 1e-6
+
+    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
+    written = 0
+    for step in range(steps):
+        plan = schedule(requests, config)
+        if not plan:
+            break
+        # 2. this step's metadata
+        meta = build_step(requests, plan, config, state_pool, page_pool)
+        kv_score_np = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)  # the projection's output
+        t = {name: torch.from_numpy(array).to(device) for name, array in meta.items()}
+        kv_score = torch.from_numpy(kv_score_np).to(device)
+
+        # 3. the two calls, as an engine makes them
+        backend.save_partial_states(kv_score, ape, t["positions"], t["slot_mapping"], state_cache, bs)
+        backend.compress_norm_rope_store(
+            state_cache, t["token_to_req_indices"], t["positions"], t["slot_mapping"], t["block_table"], bs,
+            weight, eps, cos_sin, k_cache, t["kv_slot_mapping"], compress_ratio=r,
+        )
+
+        # the spec on the mirrors, then every byte compared
+        spec.save_partial_states(kv_score_np, ape_np, meta["positions"], meta["slot_mapping"], state_np, bs)
+        spec.compress_norm_rope_store(
+            state_np, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"], bs,
+            weight_np, eps, cos_sin_np, k_cache_np, meta["kv_slot_mapping"], compress_ratio=r,
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
+            got = mine.cpu().numpy().view(np.uint8)
+            differ = np.flatnonzero(got != expected.view(np.uint8))
+            if differ.size:
+                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        entries = int((meta["kv_slot_mapping"] >= 0).sum())
+        written += entries
+        tokens = sum(count for _, _, count in plan)
+        log(f"step {step}: {tokens:3d} tokens (+{config.padded_tokens - tokens} padding), "
+            f"{entries} {'entry' if entries == 1 else 'entries'} written, state and compressed cache identical to the spec")
+    return written
+
+
+def default_requests(compress_ratio: int) -> list[Request]:
+    if compress_ratio == 4:
+        return [Request(prompt_len=37, decode_len=6), Request(prompt_len=5, decode_len=9), Request(prompt_len=16, decode_len=3)]
+    return [Request(prompt_len=200, decode_len=2), Request(prompt_len=126, decode_len=4)]
+
+
+def default_config(compress_ratio: int) -> EngineConfig:
+    if compress_ratio == 4:
+        return EngineConfig()
+    return EngineConfig(compress_ratio=128, block_size=8, chunk=128, padded_tokens=256, state_blocks=128, pages=8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("triton", "cutedsl"), default="triton")
+    parser.add_argument("--ratio", type=int, choices=(4, 128), default=4)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    written = run(default_config(args.ratio), default_requests(args.ratio), args.backend, args.steps, args.seed)
+    print(f"{written} compressed entries written, every byte as the spec says")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

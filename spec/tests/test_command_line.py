@@ -1,0 +1,66 @@
+"""``python -m dsv4_compressor``: version, errors without tracebacks, closed pipes, --impl from the cwd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dsv4_compressor
+from dsv4_compressor.__main__ import _missing_module_message, main
+
+
+def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run([sys.executable, "-m", "dsv4_compressor", *args], capture_output=True, text=True,
+                          env=env, timeout=300, **kwargs)
+
+
+def test_version_is_the_package_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dsv4-compressor {dsv4_compressor.__version__}"
+
+
+def test_an_unknown_implementation_is_one_line_and_exit_status_2(capsys):
+    pytest.importorskip("torch")
+    assert main(["conformance", "--impl", "no_such_module_here:impl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no_such_module_here" in err and "Traceback" not in err
+
+
+def test_a_missing_optional_package_names_its_extra():
+    error = ModuleNotFoundError("No module named 'torch'", name="torch")
+    assert "pip install 'dsv4-compressor[torch]'" in _missing_module_message("conformance", error)
+    error = ModuleNotFoundError("No module named 'cutlass.cute'", name="cutlass.cute")
+    assert "[cutedsl]" in _missing_module_message("ptx-check", error)
+
+
+def test_demo_into_a_closed_pipe_ends_without_a_traceback():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    process = subprocess.Popen([sys.executable, "-m", "dsv4_compressor", "demo"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    process.stdout.read(40)  # like `| head -c 40`
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) in (0, 1)  # 0 only if everything fitted in the pipe before it closed
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
+def test_a_bad_subcommand_is_argparse_usage_not_a_traceback():
+    result = _run("frobnicate")
+    assert result.returncode == 2 and "invalid choice" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_impl_module_is_found_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    """The installed script starts without the current directory on sys.path."""
+    pytest.importorskip("torch")
+    (tmp_path / "my_local_kernels.py").write_text(
+        "from dsv4_compressor.conformance.implementations import SpecImplementation\nimpl = SpecImplementation()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert main(["conformance", "--impl", "my_local_kernels:impl", "--scenarios", "c4_first_window", "--no-errors"]) == 0
+    assert "PASS" in capsys.readouterr().out
