@@ -9,8 +9,11 @@ torch tensors with vLLM's names and dtypes::
                              cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
                              layout="flashmla_fp8", fp8_scale=None)
 
-and optionally ``SUPPORTED_DEVICES`` (default ``("cuda",)``). Both operations write in
-place and must raise ``ValueError`` (having written nothing) on the inputs of SPEC §9.
+and optionally ``CAPABILITIES``, a :class:`~.capabilities.Capabilities` declaring the
+devices, layouts, ratios, block sizes and strides it handles (scenarios outside it are
+reported *unsupported*), or the older ``SUPPORTED_DEVICES`` (default ``("cuda",)``). Both
+operations write in place and must raise ``ValueError`` (having written nothing) on the
+inputs of SPEC §9.
 
 Names the suite understands: the built-ins ``spec``, ``torch``, ``triton``, ``cutedsl``;
 ``module:attribute`` (attribute may be a factory called with no arguments); or a name
@@ -20,12 +23,13 @@ registered by another package under the entry-point group ``dsv4_compressor.impl
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any, Protocol
 
 from ..spec import compress_norm_rope_store as spec_compress_norm_rope_store
 from ..spec import save_partial_states as spec_save_partial_states
+from .capabilities import Capabilities
 
 ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
 BUILTIN = {
@@ -48,6 +52,7 @@ class SpecImplementation:
     """The NumPy specification behind the protocol (CPU tensors; same §9 checks as the kernels)."""
 
     SUPPORTED_DEVICES = ("cpu",)
+    CAPABILITIES = Capabilities(devices=("cpu",))
     name = "spec"
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
@@ -74,11 +79,22 @@ class SpecImplementation:
         )
 
 
+# The project's kernels handle every valid call of the 512-wide compressor (general paths
+# behind the fast ones); their devices come from their own SUPPORTED_DEVICES.
+BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
+
+
 @dataclass
 class LoadedImplementation:
     name: str
     target: Any  # has the two operations
     devices: tuple[str, ...]
+    capabilities: Capabilities | None = None  # None: every valid call on ``devices``
+    reference: str = ""  # how to load it again (a worker process does)
+
+    def __post_init__(self):
+        if self.capabilities is None:
+            self.capabilities = Capabilities(devices=self.devices)
 
     def device(self) -> str | None:
         """The first supported device present here, or ``None``."""
@@ -107,6 +123,8 @@ def load_implementation(name: str) -> LoadedImplementation:
     """Find an implementation by built-in name, ``module:attribute`` or entry point."""
     if name in BUILTIN:
         reference = BUILTIN[name]
+    elif name.endswith(".py") or "/" in name:
+        raise ValueError(f"--impl: expected a built-in name, module:attribute or an entry-point name, got the path {name!r}")
     elif ":" in name or "." in name:
         reference = name
     else:
@@ -115,9 +133,19 @@ def load_implementation(name: str) -> LoadedImplementation:
             known = sorted(set(BUILTIN) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
             raise ValueError(f"--impl: expected one of {known} or module:attribute, got {name!r}")
         reference = found[0].value
-    target = _resolve(reference)
+    try:
+        target = _resolve(reference)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--impl {name}: cannot load {reference!r}: {type(error).__name__}: {error}") from None
     missing = [op for op in ("save_partial_states", "compress_norm_rope_store") if not callable(getattr(target, op, None))]
     if missing:
         raise ValueError(f"--impl {name}: expected an object with save_partial_states and compress_norm_rope_store, missing {missing}")
-    devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
-    return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target, devices=devices)
+    declared = getattr(target, "CAPABILITIES", None)
+    if declared is not None and not isinstance(declared, Capabilities):
+        raise ValueError(f"--impl {name}: expected CAPABILITIES to be a dsv4_compressor.conformance.Capabilities, "
+                         f"got {type(declared).__name__}")
+    if declared is None:  # the older declaration: devices only
+        devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
+        declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)
+    return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target,
+                                devices=declared.devices, capabilities=declared, reference=name)

@@ -19,6 +19,7 @@ from ..spec.formats import bf16_to_f32, e4m3_to_f32, E4M3_MAGNITUDES
 from ..spec.pooling import pool
 from ..spec.postprocess import norm_weight_f32, quantize_nope, rms_norm
 from .buffers import Buffer
+from .capabilities import Features
 from .implementations import LoadedImplementation
 from .locate import Place, active_slot_map, locate_k_cache, locate_state
 from .scenarios import Scenario, StepInputs
@@ -40,14 +41,19 @@ class Verdict:
     implementation: str
     tokens: int
     active: int
-    status: str  # "pass", "fail", "error", "skip"
+    status: str  # "pass", "fail", "error", "unsupported" (declared, not called), "skip" (no device)
     first_difference: str = ""
     region: str | None = None
     counts: dict = field(default_factory=dict)  # deviations by kind (tolerant mode)
 
     @property
     def passed(self) -> bool:
-        return self.status in ("pass", "skip")
+        """Nothing wrong was seen (a scenario that was not checked did not fail either)."""
+        return self.status in ("pass", "unsupported", "skip")
+
+    @property
+    def checked(self) -> bool:
+        return self.status in ("pass", "fail", "error")
 
 
 def run_spec(inputs: StepInputs) -> Expected:
@@ -64,13 +70,54 @@ def run_spec(inputs: StepInputs) -> Expected:
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
 
-def to_torch(array: np.ndarray, device: str):
-    """A torch copy of a NumPy array on ``device`` (uint16 bf16 patterns become bfloat16)."""
+def to_torch(array: np.ndarray, device: str, strided: bool = False):
+    """A torch copy of a NumPy array on ``device`` (uint16 bf16 patterns become bfloat16).
+
+    ``strided``: the copy is a view into a wider allocation — rows padded by 3 elements and
+    the base moved by 1 element (so neither the base nor the row stride is 16-byte aligned),
+    with a unit last stride as SPEC §9 requires.
+    """
     import torch
 
     if array.dtype == np.uint16:
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(np.ascontiguousarray(array).copy()).to(device)
+        tensor = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
+    if not strided or tensor.dim() == 0:
+        return tensor.to(device)
+    shape = tuple(tensor.shape)
+    padded = shape[:-1] + (shape[-1] + 3,) if tensor.dim() > 1 else shape
+    wide = torch.full((1 + int(np.prod(padded)) + 5,), 0, dtype=tensor.dtype)
+    if tensor.dtype.is_floating_point:
+        wide.fill_(float("nan"))
+    else:
+        wide.fill_(-7)
+    strides = [1] * len(shape)
+    for axis in range(len(shape) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * padded[axis + 1]
+    view = torch.as_strided(wide, shape, tuple(strides), 1)
+    view.copy_(tensor)
+    return view.to(device) if device == "cpu" else _strided_on(view, wide, device)
+
+
+def _strided_on(view, wide, device: str):
+    """The same strided view, on another device."""
+    import torch
+
+    moved = wide.to(device)
+    return torch.as_strided(moved, view.shape, view.stride(), view.storage_offset())
+
+
+def features(inputs: StepInputs) -> Features:
+    """What a step asks of an implementation (checked against its capabilities)."""
+    b = inputs.batch
+    state = inputs.state_cache
+    return Features(
+        head_width=int(inputs.rms_norm_weight.shape[0]), compress_ratio=b.compress_ratio, layout=inputs.layout,
+        block_size=b.block_size, entries_per_page=b.entries_per_page,
+        state_strides=(state.strides[0] // 4, state.strides[1] // 4), strided_inputs=inputs.strided_inputs,
+        max_position=int(b.positions.max(initial=0)),
+    )
 
 
 def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
@@ -78,10 +125,11 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
     import torch
 
     b = inputs.batch
-    t = {name: to_torch(getattr(b, name), device) for name in
+    strided = inputs.strided_inputs
+    t = {name: to_torch(getattr(b, name), device, strided) for name in
          ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
     state_owner, state = inputs.state_cache.torch_copy(device)
-    impl.target.save_partial_states(to_torch(inputs.kv_score, device), to_torch(inputs.ape, device),
+    impl.target.save_partial_states(to_torch(inputs.kv_score, device, strided), to_torch(inputs.ape, device, strided),
                                     t["positions"], t["slot_mapping"], state, b.block_size)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -90,7 +138,7 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
     k_owner, k_cache = inputs.k_cache.torch_copy(device)
     impl.target.compress_norm_rope_store(
         state, t["token_to_req_indices"], t["positions"], t["slot_mapping"], t["block_table"], b.block_size,
-        to_torch(inputs.rms_norm_weight, device), inputs.rms_norm_eps, to_torch(inputs.cos_sin_cache, device),
+        to_torch(inputs.rms_norm_weight, device, strided), inputs.rms_norm_eps, to_torch(inputs.cos_sin_cache, device, strided),
         k_cache, t["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
     )
     if device == "cuda":
@@ -250,28 +298,47 @@ def counts_pass(counts: dict[str, int]) -> bool:
 
 
 # ---- one scenario --------------------------------------------------------------------------
-_EXPECTED_CACHE: dict[str, tuple[StepInputs, Expected]] = {}
+_CACHE: dict[str, list] = {}  # scenario name -> [inputs, expected or None]; the last two kept
+
+
+def scenario_inputs(scenario: Scenario) -> StepInputs:
+    """The scenario's inputs (built once; the last two scenarios are kept)."""
+    if scenario.name not in _CACHE:
+        while len(_CACHE) >= 2:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[scenario.name] = [scenario.build(), None]
+    return _CACHE[scenario.name][0]
 
 
 def spec_result(scenario: Scenario) -> tuple[StepInputs, Expected]:
-    """Inputs and the spec's bytes for a scenario (the last two scenarios are kept)."""
-    if scenario.name not in _EXPECTED_CACHE:
-        while len(_EXPECTED_CACHE) >= 2:
-            _EXPECTED_CACHE.pop(next(iter(_EXPECTED_CACHE)))
-        inputs = scenario.build()
-        _EXPECTED_CACHE[scenario.name] = (inputs, run_spec(inputs))
-    return _EXPECTED_CACHE[scenario.name]
+    """Inputs and the spec's bytes for a scenario."""
+    inputs = scenario_inputs(scenario)
+    entry = _CACHE[scenario.name]
+    if entry[1] is None:
+        entry[1] = run_spec(inputs)
+    return inputs, entry[1]
 
 
 def run_scenario(impl: LoadedImplementation, scenario: Scenario, *, tolerant: bool = False, device: str | None = None) -> Verdict:
-    """Judge ``impl`` on ``scenario``: exact (every byte) or tolerant (SPEC §10)."""
+    """Judge ``impl`` on ``scenario``: exact (every byte) or tolerant (SPEC §10), or report it
+    unsupported (outside the implementation's declared capabilities: not called)."""
     device = device or impl.device()
-    inputs, expected = spec_result(scenario)
+    inputs = scenario_inputs(scenario)
     verdict = Verdict(scenario.name, impl.name, inputs.batch.num_tokens, inputs.batch.num_active, "pass")
     if device is None:
         verdict.status = "skip"
         verdict.first_difference = f"needs one of {impl.devices}; none found here"
         return verdict
+    if scenario.device and scenario.device != device:
+        verdict.status = "skip"
+        verdict.first_difference = f"runs on {scenario.device} only"
+        return verdict
+    reason = impl.capabilities.unsupported(features(inputs))
+    if reason:
+        verdict.status = "unsupported"
+        verdict.first_difference = f"declared unsupported: {reason}"
+        return verdict
+    inputs, expected = spec_result(scenario)
     try:
         state_bytes, k_bytes = run_implementation(impl, inputs, expected, device)
     except Exception as error:  # an implementation may fail in any way; report it

@@ -36,6 +36,7 @@ class StepInputs:
     k_cache: Buffer  # canary-filled compressed cache of the layout
     layout: str
     fp8_scale: float | None = None
+    strided_inputs: bool = False  # hand the implementation strided views (see runner.to_torch)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class StepRecipe:
     slot_for_non_boundary: bool = False
     values: str = "normal"  # a key of VALUE_PROFILES
     rms_norm_eps: float = 1e-6
+    strided_inputs: bool = False  # every input array a strided view into a wider allocation
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Scenario:
     recipe: StepRecipe
     seed: int = 0
     tags: tuple[str, ...] = field(default_factory=tuple)
+    device: str | None = None  # "cuda": a GPU-only scenario (memory beyond a CPU run's budget)
+    sections: tuple[str, ...] = ("§4", "§5", "§6", "§7")  # the SPEC sections it exercises
 
     def build(self) -> StepInputs:
         return build_step(self.recipe, np.random.default_rng(self.seed))
@@ -172,6 +176,7 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         k_cache=Buffer.of(k_cache, "float8_e4m3fn" if recipe.layout == "fp8_per_tensor" else None),
         layout=recipe.layout,
         fp8_scale=recipe.fp8_scale,
+        strided_inputs=recipe.strided_inputs,
     )
 
 
@@ -296,14 +301,18 @@ CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _medium() + _large())
 
 
 def scenarios(names: list[str] | None = None, size: str | None = None) -> list[Scenario]:
-    """Catalogue entries by name (glob patterns allowed) and/or size class."""
+    """Catalogue entries by name (glob patterns allowed) and/or size class (cumulative:
+    ``medium`` includes ``small``, ``large`` both)."""
     import fnmatch
 
-    chosen = [sc for sc in CATALOGUE if size in (None, "all") or sc.size == size]
+    rank = {"small": 0, "medium": 1, "large": 2}
+    if size not in (None, "all") and size not in rank:
+        raise ValueError(f"size: expected one of small, medium, large, all, got {size!r}")
+    chosen = [sc for sc in CATALOGUE if size in (None, "all") or rank[sc.size] <= rank[size]]
     if names:
         unknown = [n for n in names if not any(fnmatch.fnmatch(sc.name, n) for sc in CATALOGUE)]
         if unknown:
-            raise ValueError(f"scenarios: unknown names {unknown}; known: {[sc.name for sc in CATALOGUE]}")
+            raise ValueError(f"--scenarios: no scenario matches {unknown} (python -m dsv4_compressor conformance --impl spec --list shows the catalogue)")
         chosen = [sc for sc in chosen if any(fnmatch.fnmatch(sc.name, n) for n in names)]
     return chosen
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 
 from ..impl.frontend import validate_compress_norm_rope_store, validate_save_partial_states
+from .capabilities import Capabilities
 
 F32 = torch.float32
 MUTATIONS = (
@@ -93,6 +94,7 @@ class TorchReference:
     """SPEC.md in torch; ``mutations`` (names from :data:`MUTATIONS`) make it deviate on purpose."""
 
     SUPPORTED_DEVICES = ("cpu", "cuda")
+    CAPABILITIES = Capabilities(devices=("cpu", "cuda"))
 
     def __init__(self, mutations: tuple[str, ...] = ()):
         unknown = set(mutations) - set(MUTATIONS)

@@ -110,8 +110,8 @@ def test_cli_skips_a_gpu_implementation_cleanly_without_a_gpu():
         pytest.skip("a GPU is present")
     pytest.importorskip("cutlass")
     result = _cli("--impl", "cutedsl")  # SUPPORTED_DEVICES = ("cuda",)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SKIPPED" in result.stdout and "no CUDA GPU" in result.stdout
+    assert result.returncode == 3, result.stdout + result.stderr  # nothing checked is not a pass
+    assert "SKIPPED" in result.stdout and "no CUDA GPU" in result.stdout and "NOTHING CHECKED" in result.stdout
     gpu_only = LoadedImplementation("gpu-only", TorchReference(), ("cuda",))
     verdict = run_scenario(gpu_only, SMALL[0])
     assert verdict.status == "skip" and "cuda" in verdict.first_difference
