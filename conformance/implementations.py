@@ -35,6 +35,7 @@ ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
 BUILTIN = {
     "spec": "dsv4_compressor.conformance.implementations:SpecImplementation",
     "torch": "dsv4_compressor.conformance.torch_reference:TorchReference",
+    "fast-math": "dsv4_compressor.conformance.fast_math:FastMathReference",
     "triton": "dsv4_compressor.impl.triton",
     "cutedsl": "dsv4_compressor.impl.cutedsl",
 }

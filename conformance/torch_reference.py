@@ -130,6 +130,18 @@ class TorchReference:
         result = times_pow2(p, j)
         return torch.where(x < -126.0, torch.zeros_like(result), result)
 
+    def _rsqrt(self, v: torch.Tensor) -> torch.Tensor:
+        """rr = div(1, sqrt(v)), two correctly rounded operations."""
+        return div(torch.ones_like(v), sqrt(v))
+
+    def _normalize(self, x: torch.Tensor, rr: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """y = mul(mul(x, rr), w) for x [n, 512], rr [n], w [512]."""
+        return (x * rr[:, None]) * w[None, :]
+
+    def _rotate(self, a, b, co, si):
+        """RoPE pairs: (sub(mul(a, co), mul(b, si)), add(mul(a, si), mul(b, co)))."""
+        return a * co - b * si, a * si + b * co
+
     @staticmethod
     def _bf16(x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16).to(F32)
@@ -207,17 +219,15 @@ class TorchReference:
         x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
-        rr = div(torch.ones_like(ss), sqrt(ss * (1.0 / 512.0) + eps))
-        w = rms_norm_weight.to(F32)
-        y = (x * rr[:, None]) * w[None, :]
+        rr = self._rsqrt(ss * (1.0 / 512.0) + eps)
+        y = self._normalize(x, rr, rms_norm_weight.to(F32))
         # RoPE
         cp = p if "rope_at_token_position" in self.mutations else (p // r) * r
         cs = cos_sin_cache[cp]
         ry = self._bf16(y) if "rope_rounded_to_bf16_first" in self.mutations else y
         a, b = ry[:, 448::2], ry[:, 449::2]
         co, si = cs[:, :32], cs[:, 32:]
-        o0 = a * co - b * si
-        o1 = a * si + b * co
+        o0, o1 = self._rotate(a, b, co, si)
         rope = torch.stack([o0, o1], dim=2).reshape(-1, 64).to(torch.bfloat16)
         slots = kv_slot_mapping[tokens]
         entries = k_cache.shape[1]

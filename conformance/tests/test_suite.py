@@ -57,10 +57,10 @@ def test_each_mutant_fails_with_a_precise_message(mutation):
         assert "token" in message and ("channel" in message or "block" in message or verdict.region == "pad")
 
 
-def test_scale_floor_shows_as_scale_byte_deviations_in_the_tolerant_verdict():
+def test_scale_floor_is_named_as_the_known_deviation_in_the_tolerant_verdict():
     verdict = run_scenario(_mutant("scale_floor"), scenarios(["tiny_amax"])[0], tolerant=True)
     assert verdict.status == "fail"
-    assert verdict.counts.get("scale mismatch", 0) > 0, verdict.counts
+    assert verdict.counts.get("scale floor (SPEC §11)", 0) > 0, verdict.counts
 
 
 @pytest.mark.parametrize("mutation, scenario_name", [("approximate_exp2", "medium_c4_decode_2048"),
