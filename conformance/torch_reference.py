@@ -39,6 +39,22 @@ MUTATIONS = (
     "rope_rounded_to_bf16_first",  # rotate bf16(y) instead of the fp32 y (DeepSeek reference)
     "pad_byte_ff",  # write 0xFF as the scale record's pad byte
     "sequential_sum",  # left-to-right sums instead of the pairwise trees
+    # one-ulp arithmetic slips
+    "interleaved_tree",  # pairwise trees pairing even and odd elements instead of halves
+    "fma_exp2",  # the exp2s polynomial with fused multiply-adds (one rounding per step)
+    "fma_rope",  # RoPE with a fused multiply-add: a·co - bf(b·si) rounded once
+    "weight_first",  # y = x·(rr·w) instead of (x·rr)·w
+    "rsqrt_rounded_once",  # rr = 1/sqrt(v) rounded once instead of div(1, sqrt(v))
+    "eps_before_mean",  # ms = (ss + eps)·2^-9 instead of ss·2^-9 + eps
+    "exp2_cutoff_inclusive",  # exp2s(-126) = +0 (the cut-off taken as x <= -126)
+    "exp2_no_cutoff",  # no cut-off: 2^j subnormal below -126
+    # activity, slots and addressing
+    "active_without_state_slot",  # a boundary token with a cache slot is active even without a state slot
+    "padding_is_minus_one",  # only slot -1 means padding (other negative slots index from the end)
+    "power_of_two_block_size",  # state block index and row by shift and mask (block size rounded down to 2^k)
+    "ape_by_slot",  # the save adds ape[slot mod r] instead of ape[p mod r]
+    "assume_contiguous_inputs",  # reads every input array as if it were contiguous
+    "position_low_16_bits",  # the RoPE row from a 16-bit position
 )
 
 
@@ -107,6 +123,9 @@ class TorchReference:
     def _sum(self, v: torch.Tensor, dim: int) -> torch.Tensor:
         """SPEC tree: add(tree(first half), tree(second half)), recursively."""
         n = v.shape[dim]
+        if "interleaved_tree" in self.mutations and n > 1:
+            even, odd = v.narrow(dim, 0, n).unfold(dim, 2, 2).unbind(-1)
+            return self._sum(even, dim) + self._sum(odd, dim)
         if "sequential_sum" in self.mutations:
             acc = v.select(dim, 0)
             for i in range(1, n):
@@ -126,21 +145,62 @@ class TorchReference:
         f = x.clamp(min=-126.0) - j
         p = c.coeffs[6].expand_as(f)
         for k in range(5, -1, -1):
-            p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
+            if "fma_exp2" in self.mutations:
+                p = (p.double() * f.double() + c.coeffs[k].double()).float()
+            else:
+                p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
+        if "exp2_no_cutoff" in self.mutations:
+            j = torch.round(x)
+            p2 = self._exp2_poly(x - j, c)
+            return (p2.double() * torch.exp2(j.double())).float()
         result = times_pow2(p, j)
+        if "exp2_cutoff_inclusive" in self.mutations:
+            return torch.where(x <= -126.0, torch.zeros_like(result), result)
         return torch.where(x < -126.0, torch.zeros_like(result), result)
+
+    @staticmethod
+    def _exp2_poly(f: torch.Tensor, c: _Constants) -> torch.Tensor:
+        p = c.coeffs[6].expand_as(f)
+        for k in range(5, -1, -1):
+            p = p * f + c.coeffs[k]
+        return p
 
     def _rsqrt(self, v: torch.Tensor) -> torch.Tensor:
         """rr = div(1, sqrt(v)), two correctly rounded operations."""
+        if "rsqrt_rounded_once" in self.mutations:
+            return (1.0 / torch.sqrt(v.double())).float()
         return div(torch.ones_like(v), sqrt(v))
 
     def _normalize(self, x: torch.Tensor, rr: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """y = mul(mul(x, rr), w) for x [n, 512], rr [n], w [512]."""
+        if "weight_first" in self.mutations:
+            return x * (rr[:, None] * w[None, :])
         return (x * rr[:, None]) * w[None, :]
 
     def _rotate(self, a, b, co, si):
         """RoPE pairs: (sub(mul(a, co), mul(b, si)), add(mul(a, si), mul(b, co)))."""
+        if "fma_rope" in self.mutations:
+            return ((a.double() * co.double() - (b * si).double()).float(),
+                    (a.double() * si.double() + (b * co).double()).float())
         return a * co - b * si, a * si + b * co
+
+    def _padding(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which slots mean "none" (SPEC §3/§9: any negative slot)."""
+        return slots == -1 if "padding_is_minus_one" in self.mutations else slots < 0
+
+    def _block_and_row(self, pos: torch.Tensor, block_size: int):
+        """(block column, row) of a position or slot."""
+        if "power_of_two_block_size" in self.mutations:
+            shift = block_size.bit_length() - 1
+            return pos >> shift, pos & ((1 << shift) - 1)
+        return pos // block_size, pos % block_size
+
+    def _inputs(self, *tensors):
+        """The input arrays as this implementation reads them."""
+        if "assume_contiguous_inputs" not in self.mutations:
+            return tensors
+        return tuple(torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(), t.storage_offset())
+                     for t in tensors)
 
     @staticmethod
     def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -157,14 +217,16 @@ class TorchReference:
     # ---- SPEC §4 -----------------------------------------------------------------------
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
         validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        kv_score, ape, positions, slot_mapping = self._inputs(kv_score, ape, positions, slot_mapping)
         width = ape.shape[1]
         ratio = ape.shape[0]
-        saved = torch.nonzero(slot_mapping >= 0).flatten()
+        saved = torch.nonzero(~self._padding(slot_mapping)).flatten()
         slots = slot_mapping[saved]
-        blocks, offsets = slots // block_size, slots % block_size
+        blocks, offsets = self._block_and_row(slots, block_size)
         rows = kv_score[saved]
+        row_of_ape = slots if "ape_by_slot" in self.mutations else positions[saved]
         state_cache[blocks, offsets, :width] = rows[:, :width]
-        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[positions[saved] % ratio]
+        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[row_of_ape % ratio]
 
     # ---- SPEC §5 -----------------------------------------------------------------------
     def _pool(self, state_cache, block_table, requests, positions, ratio, block_size, c):
@@ -174,8 +236,9 @@ class TorchReference:
         pos = positions[:, None] - window + 1 + i[None, :]
         valid = pos >= 0
         safe = pos.clamp(min=0)
-        blocks = block_table[requests[:, None].long(), safe // block_size].long()
-        rows = state_cache[blocks, safe % block_size]  # [n, W, 2*SW]
+        column, row_in_block = self._block_and_row(safe, block_size)
+        blocks = block_table[requests[:, None].long(), column].long()
+        rows = state_cache[blocks, row_in_block]  # [n, W, 2*SW]
         kv_parts, score_parts = [], []
         for row in range(window):
             h = row // ratio
@@ -206,12 +269,16 @@ class TorchReference:
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
             fp8_scale=fp8_scale)
         device = state_cache.device
+        (token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
+         kv_slot_mapping) = self._inputs(token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                                         cos_sin_cache, kv_slot_mapping)
         c = _constants(device)
         r = compress_ratio
         boundary = (positions + 1) % r == 0
         if "write_non_boundary" in self.mutations:
             boundary = torch.ones_like(boundary)
-        active = (slot_mapping >= 0) & boundary & (kv_slot_mapping >= 0)
+        saved = torch.ones_like(boundary) if "active_without_state_slot" in self.mutations else ~self._padding(slot_mapping)
+        active = saved & boundary & ~self._padding(kv_slot_mapping)
         tokens = torch.nonzero(active).flatten()
         if tokens.numel() == 0:
             return
@@ -219,10 +286,15 @@ class TorchReference:
         x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
-        rr = self._rsqrt(ss * (1.0 / 512.0) + eps)
+        if "eps_before_mean" in self.mutations:
+            rr = self._rsqrt((ss + eps) * (1.0 / 512.0))
+        else:
+            rr = self._rsqrt(ss * (1.0 / 512.0) + eps)
         y = self._normalize(x, rr, rms_norm_weight.to(F32))
         # RoPE
         cp = p if "rope_at_token_position" in self.mutations else (p // r) * r
+        if "position_low_16_bits" in self.mutations:
+            cp = cp & 0xFFFF
         cs = cos_sin_cache[cp]
         ry = self._bf16(y) if "rope_rounded_to_bf16_first" in self.mutations else y
         a, b = ry[:, 448::2], ry[:, 449::2]
