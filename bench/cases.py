@@ -7,6 +7,9 @@
   prefill of a few thousand tokens; and a C128 serving decode step (512 requests at random
   positions, so only the few at a window boundary are active).
 - The save-partial-states pass over T tokens.
+- The lightning indexer's compressor (SPEC §12, head width 128): the C4 decode sweep with state
+  block size 16 and 64 entries per page, a mixed step, and the save pass, for ``indexer_fp8``
+  and ``indexer_mxfp4`` (optionally with the Hadamard rotation).
 
 Metadata comes from NumPy builders; the large buffers are filled on the GPU.
 """
@@ -18,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..spec import batch as B
-from ..spec.constants import ENTRY_BYTES, HEAD_DIM, ROPE_DIM, ratio_config
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, ratio_config
 
 C128_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16374)
 C4_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-CACHE_BYTES_PER_ENTRY = {"flashmla_fp8": ENTRY_BYTES, "bf16": 2 * HEAD_DIM, "fp8_per_tensor": HEAD_DIM}
+CACHE_BYTES_PER_ENTRY = {"flashmla_fp8": ENTRY_BYTES, "bf16": 2 * HEAD_DIM, "fp8_per_tensor": HEAD_DIM,
+                         **{name: PAGED_LAYOUTS[name].entry_bytes for name in INDEXER_LAYOUTS}}
+INDEXER_BLOCK_SIZE = B.INDEXER_STATE_BLOCK_SIZE[4]  # production C4 indexer state blocks: 16 rows
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,12 @@ class Case:
     token_num: int  # the x axis
     kind: str  # "decode" (every token active), "decode_step" (serving decode), "mixed" or "save"
     layout: str = "flashmla_fp8"
+    head_dim: int = HEAD_DIM  # 512, or 128 for the indexer (SPEC §12)
+    hadamard: bool = False  # indexer layouts only
+
+    @property
+    def config(self):
+        return ratio_config(self.compress_ratio, self.head_dim)
 
     def batch(self, rng: np.random.Generator) -> B.Batch:
         r = self.compress_ratio
@@ -54,17 +65,17 @@ class Case:
 
     def bytes_moved(self, batch: B.Batch) -> int:
         """Bytes that must move through HBM: every input read once, every output written once."""
-        config = ratio_config(self.compress_ratio)
+        config = self.config
         tokens = batch.num_tokens
         if self.operation == "save":
             saved = int(np.count_nonzero(batch.slot_mapping >= 0))
             row = config.state_row_width * 4
             return saved * 2 * row + tokens * 16 + config.ratio * config.state_width * 4
         active = batch.num_active
-        window_bytes = config.window * 2 * HEAD_DIM * 4  # kv and score halves of every window row
+        window_bytes = config.window * 2 * self.head_dim * 4  # kv and score halves of every window row
         metadata = tokens * (4 + 8 + 8 + 8)  # token_to_req, positions, slots, kv slots
         per_entry = window_bytes + CACHE_BYTES_PER_ENTRY[self.layout] + ROPE_DIM * 4  # + the cos/sin row
-        return active * per_entry + metadata + HEAD_DIM * 4
+        return active * per_entry + metadata + self.head_dim * 4
 
 
 def c128_decode_sweep(sizes=C128_SWEEP, layout="flashmla_fp8") -> list[Case]:
@@ -86,3 +97,20 @@ def mixed_steps() -> list[Case]:
 def save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:
     return ([Case("c128_save", "save", 128, 8, 2, n, "save") for n in sizes]
             + [Case("c4_save", "save", 4, 4, 64, n, "save") for n in sizes])
+
+
+def indexer_decode_sweep(sizes=C4_SWEEP, layout="indexer_fp8", hadamard=False) -> list[Case]:
+    """The indexer's C4 decode sweep: every token closes a window; per active token 8 KiB of state
+    (8 rows x 128 kv + 128 score floats) in, one entry out."""
+    name = f"indexer_c4_decode_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}"
+    return [Case(name, "compress", 4, INDEXER_BLOCK_SIZE, 64, n, "decode", layout, INDEXER_HEAD_DIM, hadamard) for n in sizes]
+
+
+def indexer_mixed_steps(layouts=INDEXER_LAYOUTS, hadamard=False) -> list[Case]:
+    """512 decode tokens at random positions plus a 4096-token prefill chunk, per layout."""
+    return [Case(f"indexer_c4_mixed_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}", "compress", 4,
+                 INDEXER_BLOCK_SIZE, 64, 4096 + 512, "mixed", layout, INDEXER_HEAD_DIM, hadamard) for layout in layouts]
+
+
+def indexer_save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:
+    return [Case("indexer_c4_save", "save", 4, INDEXER_BLOCK_SIZE, 64, n, "save", "indexer_fp8", INDEXER_HEAD_DIM) for n in sizes]

@@ -1,7 +1,9 @@
 """``python -m dsv4_compressor bench [--ratio 128|4] [--impl ...] [--mode eager|graph]``.
 
 Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the mixed step and the
-save pass) for every available implementation, prints Markdown tables (token_num | µs per
+save pass) for every available implementation; ``--head 128`` runs the indexer's compressor
+instead (SPEC §12: the C4 decode sweep for each ``--layout``, default both, ``--hadamard``
+for the rotation; with ``--extra`` its mixed steps and save pass), prints Markdown tables (token_num | µs per
 implementation | speedup vs the baseline | GB/s | % of the copy bandwidth measured in the
 same run), and writes CSV, JSON and a PNG plot. Needs a CUDA GPU.
 """
@@ -28,6 +30,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="bench/out", help="folder for CSV, JSON and PNG")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tag", default="", help="added to the output file names")
+    parser.add_argument("--head", type=int, choices=(512, 128), default=512,
+                        help="512: the KV compressor's sweeps; 128: the lightning indexer's (SPEC §12, default impl triton)")
+    parser.add_argument("--layout", choices=("indexer_fp8", "indexer_mxfp4"), action="append",
+                        help="with --head 128: the indexer layout(s) (default: both)")
+    parser.add_argument("--hadamard", action="store_true", help="with --head 128: apply the Hadamard rotation")
 
 
 def _versions() -> dict:
@@ -58,13 +65,17 @@ def run(args) -> int:
         print("bench: no CUDA GPU found; the benchmarks time kernels on a GPU and cannot run here.", file=sys.stderr)
         return 2
     from . import sweep as S
-    from .cases import c4_decode_sweep, c128_decode_sweep, mixed_steps, save_sweep
+    from .cases import (
+        c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps,
+        save_sweep,
+    )
     from .report import markdown_tables, plot, write_files
     from .timing import copy_bandwidth_gbs
 
     S.TRIALS = args.trials
-    names = args.impl or ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16",
-                          "cutedsl-stream16"]
+    default_names = ["triton"] if args.head == 128 else ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8",
+                                                          "cutedsl-cluster16", "cutedsl-stream16"]
+    names = args.impl or default_names
     impls = []
     for name in names:
         try:
@@ -77,10 +88,17 @@ def run(args) -> int:
     modes = args.mode or ["eager", "graph"]
     ratios = args.ratio or [128, 4]
     cases = []
-    for r in ratios:
+    if args.head == 128:
+        ratios = [4]
+        layouts = args.layout or ["indexer_fp8", "indexer_mxfp4"]
+        for layout in layouts:
+            cases += indexer_decode_sweep(*([tuple(args.sizes)] if args.sizes else []), layout=layout, hadamard=args.hadamard)
+        if args.extra:
+            cases += indexer_mixed_steps(tuple(layouts), hadamard=args.hadamard) + indexer_save_sweep()
+    for r in ratios if args.head == 512 else []:
         sweep = c128_decode_sweep if r == 128 else c4_decode_sweep
         cases += sweep(tuple(args.sizes)) if args.sizes else sweep()
-    if args.extra:
+    if args.extra and args.head == 512:
         cases += mixed_steps() + save_sweep()
     copy_gbs = copy_bandwidth_gbs()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -89,7 +107,8 @@ def run(args) -> int:
     rows = S.run_sweep(cases, impls, modes, copy_gbs)
     print(markdown_tables(rows, args.baseline, copy_gbs))
     out = Path(args.out)
-    stem = "bench-" + "-".join(f"c{r}" for r in ratios) + (f"-{args.tag}" if args.tag else "")
+    stem = ("bench-" + ("indexer-" if args.head == 128 else "") + "-".join(f"c{r}" for r in ratios)
+            + (f"-{args.tag}" if args.tag else ""))
     files = write_files(rows, out, meta, stem)
     figure = plot(rows, out / f"{stem}.png", copy_gbs)
     print("\nwrote " + ", ".join(str(p) for p in files + ([figure] if figure else [])))

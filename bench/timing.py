@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..spec import batch as B
-from ..spec.constants import ENTRY_BYTES, HEAD_DIM, ratio_config
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS
 from .cases import Case
 
 
@@ -49,6 +49,11 @@ def _device_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def _k_cache(layout: str, num_pages: int, entries: int) -> torch.Tensor:
+    if layout in INDEXER_LAYOUTS:  # uint8 [pages, B, E], page stride B*E rounded up to 16
+        entry = PAGED_LAYOUTS[layout].entry_bytes
+        page_stride = -(-entries * entry // 16) * 16
+        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
+        return torch.as_strided(flat, (num_pages, entries, entry), (page_stride, entry, 1))
     if layout == "flashmla_fp8":
         page_stride = -(-entries * ENTRY_BYTES // 576) * 576  # the engines' round_up(B*584, 576)
         flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
@@ -62,7 +67,7 @@ def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:
     rng = np.random.default_rng(seed)
     sets = []
     bytes_moved = num_active = 0
-    width = ratio_config(case.compress_ratio).state_row_width
+    width = case.config.state_row_width
     for _ in range(num_sets):
         batch = case.batch(rng)
         bytes_moved, num_active = case.bytes_moved(batch), batch.num_active
@@ -74,13 +79,15 @@ def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:
             ape = torch.randn((case.compress_ratio, width // 2), device="cuda")
             sets.append(InputSet((kv_score, ape, meta["positions"], meta["slot_mapping"], state, case.block_size), {}))
             continue
-        weight = _device_tensor(B.random_norm_weight(rng, bf16=False))
+        weight = _device_tensor(B.random_norm_weight(rng, bf16=False, head_dim=case.head_dim))
         cos_sin = _device_tensor(B.rope_cos_sin_cache(int(batch.positions.max()) + 1))
         k_cache = _k_cache(case.layout, max(batch.num_pages, 1), case.entries_per_page)
         args = (state, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"],
                 case.block_size, weight, 1e-6, cos_sin, k_cache, meta["kv_slot_mapping"])
         kwargs = {"compress_ratio": case.compress_ratio, "layout": case.layout,
                   "fp8_scale": 0.05 if case.layout == "fp8_per_tensor" else None}
+        if case.hadamard:
+            kwargs["hadamard"] = True
         workspace = torch.empty((batch.num_tokens, HEAD_DIM), dtype=torch.float32, device="cuda")
         sets.append(InputSet(args, kwargs, workspace))
     torch.cuda.synchronize()

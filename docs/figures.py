@@ -13,6 +13,7 @@ Figures:
 - ``c4_window.svg``     C4's overlapped windows, the halves, the first window's invalid rows
 - ``c128_window.svg``   C128's 128 rows through the block table, and the Block8 reduction
 - ``flashmla_page.svg`` a ``flashmla_fp8`` page byte by byte (B = 4)
+- ``indexer_pages.svg`` the indexer's ``indexer_fp8`` and ``indexer_mxfp4`` pages (B = 4, SPEC §12)
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ try:  # the SPEC constants, when the package is importable (it always is via ``-
         NUM_QUANT_BLOCKS,
         QUANT_BLOCK,
         SCALE_RECORD_BYTES,
+        INDEXER_FP8,
+        INDEXER_MXFP4,
     )
+    INDEXER_RECORDS = {layout.name: (layout.data_bytes, layout.scale_bytes) for layout in (INDEXER_FP8, INDEXER_MXFP4)}
 except ImportError:  # pragma: no cover - run as a plain script
     HEAD_DIM, NOPE_DIM, QUANT_BLOCK, NUM_QUANT_BLOCKS = 512, 448, 64, 7
     DATA_RECORD_BYTES, SCALE_RECORD_BYTES, ENTRY_BYTES = 576, 8, 584
+    INDEXER_RECORDS = {"indexer_fp8": (128, 4), "indexer_mxfp4": (64, 4)}
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "figures"
 
@@ -561,12 +566,87 @@ def flashmla_page(entries: int = 4) -> str:
     return svg.render()
 
 
+def _indexer_page(svg: Svg, layout: str, y: float, entries: int, zoom: int) -> None:
+    """One indexer page bar at height ``y`` with its data record ``zoom`` and scale records drawn large."""
+    data, scale = INDEXER_RECORDS[layout]
+    page_bytes = entries * (data + scale)
+    stride = -(-page_bytes // 16) * 16 + 16  # >= B·E, a multiple of 16 (here with 16 bytes of padding)
+    x0, width = 60, 880
+    k = width / stride
+    fp8 = layout == "indexer_fp8"
+    svg.text(x0, y - 84, f"{layout} (E = {data + scale}): B data records of {data} bytes, then B scale records of {scale} bytes;"
+             f" stride0 ≥ B·{data + scale} = {page_bytes}, a multiple of 16", size=13, weight="bold")
+    # zoom of one data record and its scale record (above the bar)
+    zy = y - 66
+    zw = width * 0.72
+    groups = 1 if fp8 else 4
+    for g in range(groups):
+        gx = x0 + g * zw / groups
+        svg.rect(gx, zy, zw / groups, 30, fill=NOPE_LIGHT)
+        label = ("128 E4M3 bytes: channels 0..127, one block" if fp8
+                 else f"ch {32 * g}..{32 * g + 31} → bytes {16 * g}..{16 * g + 15}")
+        svg.text(gx + zw / groups / 2, zy + 19, label, size=10.5, anchor="middle")
+    svg.rect(x0, zy, zw, 30, fill="none", stroke=INK, sw=1.6)
+    sx = x0 + zw + 20
+    sw = width - zw - 20
+    if fp8:
+        svg.rect(sx, zy, sw, 30, fill=SCALE_LIGHT)
+        svg.text(sx + sw / 2, zy + 19, "binary32 2^k, little-endian", size=10.5, anchor="middle")
+    else:
+        for g in range(4):
+            svg.rect(sx + g * sw / 4, zy, sw / 4, 30, fill=SCALE_LIGHT)
+            svg.text(sx + (g + 0.5) * sw / 4, zy + 19, f"g{g}", size=10.5, anchor="middle")
+    svg.rect(sx, zy, sw, 30, fill="none", stroke=INK, sw=1.6)
+    # the page bar
+    for o in range(entries):
+        x = x0 + o * data * k
+        svg.rect(x, y, data * k, 30, fill=NOPE if o == zoom else NOPE_LIGHT, stroke=INK, sw=1.2)
+        svg.text(x + data * k / 2, y + 19, f"data o = {o}", size=11, anchor="middle")
+    scale_start = entries * data
+    for o in range(entries):
+        x = x0 + (scale_start + o * scale) * k
+        svg.rect(x, y, scale * k, 30, fill=SCALE if o == zoom else SCALE_LIGHT, stroke=INK, sw=1.2)
+    svg.hatched(x0 + page_bytes * k, y, (stride - page_bytes) * k, 30)
+    svg.rect(x0, y, width, 30, fill="none", stroke=INK, sw=1.6)
+    svg.path(f"M{_n(x0 + zoom * data * k)},{_n(y)} L{_n(x0)},{_n(zy + 30)} L{_n(x0 + zw)},{_n(zy + 30)} "
+             f"L{_n(x0 + (zoom + 1) * data * k)},{_n(y)} z", fill=NOPE, stroke="none", sw=0, opacity=0.15)
+    zs = x0 + (scale_start + zoom * scale) * k
+    svg.path(f"M{_n(zs)},{_n(y)} L{_n(sx)},{_n(zy + 30)} L{_n(sx + sw)},{_n(zy + 30)} L{_n(zs + scale * k)},{_n(y)} z",
+             fill=SCALE, stroke="none", sw=0, opacity=0.25)
+    for tick, anchor in ((0, "middle"), (zoom * data, "middle"), (scale_start, "end"), (page_bytes, "start")):
+        svg.line(x0 + tick * k, y + 30, x0 + tick * k, y + 36, stroke=INK)
+        label = {scale_start: f"{tick} = B·{data}", page_bytes: f"{tick} = B·{data + scale}"}.get(tick, str(tick))
+        svg.text(x0 + tick * k + (-2 if anchor == "end" else 2 if anchor == "start" and tick else 0), y + 48, label,
+                 size=10.5, anchor=anchor)
+    svg.line(x0 + stride * k, y + 30, x0 + stride * k, y + 52, stroke=INK)
+    svg.text(x0 + stride * k, y + 63, f"stride0 = {stride}", size=10.5, anchor="end")
+    svg.text(x0 - 6, y + 19, "page", size=11, anchor="end", weight="bold")
+
+
+def indexer_pages(entries: int = 4) -> str:
+    svg = Svg(1000, 480, f"indexer_fp8 and indexer_mxfp4 page layouts, B = {entries}")
+    svg.text(500, 30, f"The indexer's cache pages (head width 128, SPEC §12), B = {entries}; entry o = 1 drawn large",
+             size=16.5, anchor="middle", weight="bold")
+    _indexer_page(svg, "indexer_fp8", 160, entries, 1)
+    _indexer_page(svg, "indexer_mxfp4", 320, entries, 1)
+    fy = 405
+    for index, line in enumerate([
+        "slot s: page = s // B, o = s % B; data record at page·stride0 + o·D, scale record at page·stride0 + B·D + o·4",
+        "mxfp4 data byte j = code[2j] | code[2j+1] << 4 (E2M1 codes: sign bit 3, grid 0, .5, 1, 1.5, 2, 3, 4, 6)",
+    ]):
+        svg.text(60, fy + 19 * index, line, size=11.5, mono=True)
+    svg.legend(60, fy + 55, [(NOPE_LIGHT, "data: E4M3 / packed E2M1 codes"), (SCALE_LIGHT, "scale: fp32 2^k / UE8M0 bytes"),
+                             ("hatch", "page padding, never written")], cols=3, col_width=290, size=11)
+    return svg.render()
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "pipeline.svg": pipeline,
     "state_cache.svg": state_cache,
     "c4_window.svg": c4_window,
     "c128_window.svg": c128_window,
     "flashmla_page.svg": flashmla_page,
+    "indexer_pages.svg": indexer_pages,
 }
 
 

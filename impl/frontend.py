@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..spec.constants import HEAD_DIM
 from ..spec.pooling import active_tokens
 from ..spec.validation import (
     ArrayInfo,
@@ -66,12 +67,14 @@ _VALIDATED_MAX = 512  # layouts remembered per operation
 _VALIDATED_SAVES: dict[tuple, SaveCall] = {}
 
 
-def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False) -> SaveCall:
+def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False,
+                                 head_dims: tuple[int, ...] = (HEAD_DIM,)) -> SaveCall:
     """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks).
 
+    ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer).
     Cached by argument layout, like :func:`validate_compress_norm_rope_store`.
     """
-    key = (*map(layout_key, (kv_score, ape, positions, slot_mapping, state_cache)), block_size, type(block_size))
+    key = (*map(layout_key, (kv_score, ape, positions, slot_mapping, state_cache)), block_size, type(block_size), head_dims)
     try:
         cached = None if debug else _VALIDATED_SAVES.get(key)
     except TypeError:
@@ -85,6 +88,7 @@ def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_c
         describe_torch("slot_mapping", slot_mapping),
         describe_torch("state_cache", state_cache),
         block_size,
+        head_dims=head_dims,
     )
     if debug:
         check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
@@ -109,8 +113,12 @@ _VALIDATED: dict[tuple, "CompressStoreCall"] = {}
 def validate_compress_norm_rope_store(
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
     rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
+    hadamard=False, head_dims: tuple[int, ...] = (HEAD_DIM,),
 ) -> CompressStoreCall:
     """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks).
+
+    ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer,
+    whose layouts take ``hadamard``).
 
     The checks depend only on each tensor's dtype, shape, strides, device and base alignment
     and on the scalars, so a call whose key was validated before skips them: an engine calls
@@ -119,7 +127,7 @@ def validate_compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     key = (*map(layout_key, tensors), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-           type(block_size), type(compress_ratio), type(rms_norm_eps), type(fp8_scale))
+           type(block_size), type(compress_ratio), type(rms_norm_eps), type(fp8_scale), hadamard, type(hadamard), head_dims)
     try:
         cached = None if debug else _VALIDATED.get(key)
     except TypeError:  # an unhashable scalar: validate (and reject) it the long way
@@ -129,7 +137,7 @@ def validate_compress_norm_rope_store(
     call = _validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, debug=debug)
+        fp8_scale=fp8_scale, debug=debug, hadamard=hadamard, head_dims=head_dims)
     if key is not None:
         if len(_VALIDATED) >= _VALIDATED_MAX:
             _VALIDATED.clear()
@@ -140,6 +148,7 @@ def validate_compress_norm_rope_store(
 def _validate_compress_norm_rope_store(
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
     rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
+    hadamard=False, head_dims: tuple[int, ...] = (HEAD_DIM,),
 ) -> CompressStoreCall:
     pooling = check_compress(
         describe_torch("state_cache", state_cache),
@@ -150,6 +159,7 @@ def _validate_compress_norm_rope_store(
         block_size,
         describe_torch("kv_slot_mapping", kv_slot_mapping),
         compress_ratio,
+        head_dims=head_dims,
     )
     store = check_store(
         describe_torch("rms_norm_weight", rms_norm_weight),
@@ -159,6 +169,8 @@ def _validate_compress_norm_rope_store(
         layout,
         fp8_scale,
         describe_torch("state_cache", state_cache),
+        head_dim=pooling.config.head_dim,
+        hadamard=hadamard,
     )
     if debug:
         positions_h, slots_h, kv_slots_h = (t.cpu().numpy() for t in (positions, slot_mapping, kv_slot_mapping))
@@ -172,10 +184,11 @@ def _validate_compress_norm_rope_store(
 
 
 def flashmla_page_view(k_cache: torch.Tensor) -> torch.Tensor:
-    """A ``uint8 [num_pages, page_stride]`` view of a flashmla_fp8 cache's pages (same memory).
+    """A ``uint8 [num_pages, page_stride]`` view of a paged cache's pages (same memory):
+    ``flashmla_fp8`` (E = 584) or the indexer layouts (E = 132, 68).
 
-    Kernels address ``page * page_stride + byte``; only bytes below ``B*584`` are written.
-    The last page's view is cut at ``B*584`` so the view never reaches past the buffer.
+    Kernels address ``page * page_stride + byte``; only bytes below ``B*E`` are written.
+    The last page's view is cut at ``B*E`` so the view never reaches past the buffer.
     """
     num_pages, entries, entry_bytes = k_cache.shape
     page_stride = k_cache.stride(0) if num_pages > 1 else entries * entry_bytes

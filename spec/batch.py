@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .constants import ENTRY_BYTES, HEAD_DIM, ROPE_DIM, ratio_config
+from .constants import HEAD_DIM, PAGED_LAYOUTS, ROPE_DIM, ratio_config
 from .pooling import active_tokens, is_boundary
 
 CANARY_BYTE = 0xA5  # fills untouched memory so that any stray write shows
+INDEXER_STATE_BLOCK_SIZE = {4: 16, 128: 8}  # production state block sizes of the indexer (C4: 16 rows)
 
 
 @dataclass(frozen=True)
@@ -207,13 +208,15 @@ def padded_view(shape: tuple[int, ...], dtype, pad: tuple[int, ...], fill, align
 def random_state_cache(
     num_blocks: int, block_size: int, compress_ratio: int, rng: np.random.Generator, *,
     row_pad: int = 0, block_pad_rows: int = 0, kv_scale: float = 1.0, score_scale: float = 2.0,
+    head_dim: int = HEAD_DIM,
 ) -> np.ndarray:
     """A float32 state cache ``[num_blocks, bs, 2*SW]`` of random rows (kv then score).
 
     ``row_pad`` extra floats per row (a multiple of 4) and ``block_pad_rows`` extra rows per
     block make the strides padded, as in an engine that allocates larger rows or blocks.
+    ``head_dim`` 128 builds the indexer's state (SW = 256 for C4, 128 for C128).
     """
-    width = ratio_config(compress_ratio).state_row_width
+    width = ratio_config(compress_ratio, head_dim).state_row_width
     cache = padded_view((num_blocks, block_size, width), np.float32, (0, block_pad_rows, row_pad), np.float32(np.nan))
     half = width // 2
     cache[:, :, :half] = rng.standard_normal((num_blocks, block_size, half), dtype=np.float32) * np.float32(kv_scale)
@@ -221,15 +224,15 @@ def random_state_cache(
     return cache
 
 
-def random_kv_score(num_tokens: int, compress_ratio: int, rng: np.random.Generator) -> np.ndarray:
+def random_kv_score(num_tokens: int, compress_ratio: int, rng: np.random.Generator, *, head_dim: int = HEAD_DIM) -> np.ndarray:
     """This step's projections ``[T, 2*SW]`` (kv then score)."""
-    width = ratio_config(compress_ratio).state_row_width
+    width = ratio_config(compress_ratio, head_dim).state_row_width
     return rng.standard_normal((num_tokens, width)).astype(np.float32)
 
 
-def random_ape(compress_ratio: int, rng: np.random.Generator) -> np.ndarray:
+def random_ape(compress_ratio: int, rng: np.random.Generator, *, head_dim: int = HEAD_DIM) -> np.ndarray:
     """The absolute position embedding ``[r, SW]`` added to the scores."""
-    config = ratio_config(compress_ratio)
+    config = ratio_config(compress_ratio, head_dim)
     return (rng.standard_normal((config.ratio, config.state_width)) * 0.5).astype(np.float32)
 
 
@@ -245,9 +248,9 @@ def rope_cos_sin_cache(max_pos: int, base: float = 10000.0) -> np.ndarray:
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
 
 
-def random_norm_weight(rng: np.random.Generator, *, bf16: bool) -> np.ndarray:
-    """An RMSNorm weight near 1: float32, or uint16 bf16 bit patterns when ``bf16``."""
-    weight = (1.0 + 0.25 * rng.standard_normal(HEAD_DIM)).astype(np.float32)
+def random_norm_weight(rng: np.random.Generator, *, bf16: bool, head_dim: int = HEAD_DIM) -> np.ndarray:
+    """An RMSNorm weight ``[H]`` near 1: float32, or uint16 bf16 bit patterns when ``bf16``."""
+    weight = (1.0 + 0.25 * rng.standard_normal(head_dim)).astype(np.float32)
     if bf16:
         return (weight.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
     return weight
@@ -259,19 +262,23 @@ def canary_k_cache(layout: str, num_pages: int, entries_per_page: int, *, page_p
     ``flashmla_fp8``: uint8 ``[num_pages, B, 584]`` whose page stride is ``B*584`` rounded up
     to 576 (the engines' rule) plus ``page_pad_bytes`` (a multiple of 16).
     ``bf16``: uint16 ``[num_pages, B, 512]``; ``fp8_per_tensor``: uint8 ``[num_pages, B, 512]``.
+    ``indexer_fp8`` / ``indexer_mxfp4``: uint8 ``[num_pages, B, E]`` (E = 132 / 68) whose page
+    stride is ``B*E`` rounded up to 16, plus ``page_pad_bytes``.
     """
-    if layout == "flashmla_fp8":
-        page_bytes = entries_per_page * ENTRY_BYTES
-        page_stride = -(-page_bytes // 576) * 576 + page_pad_bytes
+    if layout in PAGED_LAYOUTS:
+        entry = PAGED_LAYOUTS[layout].entry_bytes
+        page_bytes = entries_per_page * entry
+        granule = 576 if layout == "flashmla_fp8" else 16
+        page_stride = -(-page_bytes // granule) * granule + page_pad_bytes
         flat = padded_view((num_pages, page_stride), np.uint8, (0, 0), CANARY_BYTE)
         return np.lib.stride_tricks.as_strided(
-            flat, shape=(num_pages, entries_per_page, ENTRY_BYTES), strides=(page_stride, ENTRY_BYTES, 1), writeable=True
+            flat, shape=(num_pages, entries_per_page, entry), strides=(page_stride, entry, 1), writeable=True
         )
     if layout == "bf16":
         return padded_view((num_pages, entries_per_page, HEAD_DIM), np.uint16, (0, 0, 0), CANARY_BYTE * 0x0101)
     if layout == "fp8_per_tensor":
         return padded_view((num_pages, entries_per_page, HEAD_DIM), np.uint8, (0, 0, 0), CANARY_BYTE)
-    raise ValueError(f"layout: expected 'flashmla_fp8', 'bf16' or 'fp8_per_tensor', got {layout!r}")
+    raise ValueError(f"layout: expected 'flashmla_fp8', 'bf16', 'fp8_per_tensor', 'indexer_fp8' or 'indexer_mxfp4', got {layout!r}")
 
 
 def relocate_state_blocks(batch: Batch, state_cache: np.ndarray, rng: np.random.Generator) -> tuple[Batch, np.ndarray]:

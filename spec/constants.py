@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 HEAD_DIM = 512  # H: width of a compressed entry
+INDEXER_HEAD_DIM = 128  # H_I: the lightning indexer's head width (SPEC §12)
+HEAD_DIMS = (HEAD_DIM, INDEXER_HEAD_DIM)
 ROPE_DIM = 64  # R: channels 448..511 are rotated
 NOPE_DIM = 448  # N: channels 0..447 are quantized to E4M3
 QUANT_BLOCK = 64  # G: one UE8M0 scale per 64 NoPE channels
@@ -23,6 +25,33 @@ SCALE_RECORD_BYTES = 8  # 7 UE8M0 bytes + one pad byte 0
 ENTRY_BYTES = DATA_RECORD_BYTES + SCALE_RECORD_BYTES  # 584
 
 
+# SPEC §12: the indexer's entry (head width 128, RoPE on channels 64..127).
+INDEXER_ROPE_START = INDEXER_HEAD_DIM - ROPE_DIM  # 64
+INDEXER_FP8_DATA_BYTES = INDEXER_HEAD_DIM  # 128 E4M3 bytes
+INDEXER_FP8_SCALE_BYTES = 4  # one binary32 scale 2^k, little-endian
+INDEXER_MXFP4_BLOCK = 32  # channels per UE8M0 scale
+INDEXER_MXFP4_BLOCKS = INDEXER_HEAD_DIM // INDEXER_MXFP4_BLOCK  # 4
+INDEXER_MXFP4_DATA_BYTES = INDEXER_HEAD_DIM // 2  # 64: two E2M1 codes per byte
+INDEXER_MXFP4_SCALE_BYTES = INDEXER_MXFP4_BLOCKS  # 4 UE8M0 bytes
+E2M1_MAX = 6.0  # largest finite E2M1 magnitude
+HADAMARD_SPANS = (64, 32, 16, 8, 4, 2, 1)  # the seven butterfly stages, in order
+
+
+@dataclass(frozen=True)
+class EntryLayout:
+    """A paged layout of per-page data records then scale records (``flashmla_fp8`` and SPEC §12)."""
+
+    name: str
+    head_dim: int  # the head width whose entries it stores
+    data_bytes: int  # bytes of one data record
+    scale_bytes: int  # bytes of one scale record
+
+    @property
+    def entry_bytes(self) -> int:
+        """E: ``k_cache.shape[2]`` and the entry stride."""
+        return self.data_bytes + self.scale_bytes
+
+
 def f32_from_bits(bits: int) -> np.float32:
     """The binary32 number with the given 32-bit pattern."""
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
@@ -30,6 +59,7 @@ def f32_from_bits(bits: int) -> np.float32:
 
 LOG2E = f32_from_bits(0x3FB8AA3B)  # L = log2(e) rounded to binary32
 AMAX_FLOOR = f32_from_bits(0x38D1B717)  # AMIN = 1e-4 rounded to binary32
+HADAMARD_SCALE = f32_from_bits(0x3DB504F3)  # h = 128^-1/2 rounded to binary32
 EXP2S_COEFFS = tuple(
     f32_from_bits(b)
     for b in (0x3F800000, 0x3F317218, 0x3E75FDED, 0x3D63576A, 0x3C1D96DE, 0x3AAFA2B5, 0x3920E999)
@@ -46,6 +76,7 @@ class RatioConfig:
     overlap: int  # coff: 2 for C4 (overlapped windows), 1 for C128
     state_width: int  # SW = coff * H: kv (and score) channels saved per token
     window: int  # W = coff * r: rows pooled per entry
+    head_dim: int = HEAD_DIM  # H: 512, or 128 for the indexer (SPEC §12)
 
     @property
     def state_row_width(self) -> int:
@@ -53,14 +84,24 @@ class RatioConfig:
         return 2 * self.state_width
 
 
-def ratio_config(compress_ratio: int) -> RatioConfig:
-    """SPEC §1: coff, SW and W for ratio 4 (C4) or 128 (C128)."""
+def ratio_config(compress_ratio: int, head_dim: int = HEAD_DIM) -> RatioConfig:
+    """SPEC §1/§12: coff, SW and W for ratio 4 (C4) or 128 (C128) and head width 512 or 128."""
     if compress_ratio not in SUPPORTED_RATIOS:
         raise ValueError(f"compress_ratio: expected one of {SUPPORTED_RATIOS}, got {compress_ratio!r}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
     overlap = 2 if compress_ratio == 4 else 1
     return RatioConfig(
         ratio=compress_ratio,
         overlap=overlap,
-        state_width=overlap * HEAD_DIM,
+        state_width=overlap * head_dim,
         window=overlap * compress_ratio,
+        head_dim=head_dim,
     )
+
+
+FLASHMLA_FP8 = EntryLayout("flashmla_fp8", HEAD_DIM, DATA_RECORD_BYTES, SCALE_RECORD_BYTES)
+INDEXER_FP8 = EntryLayout("indexer_fp8", INDEXER_HEAD_DIM, INDEXER_FP8_DATA_BYTES, INDEXER_FP8_SCALE_BYTES)  # E = 132
+INDEXER_MXFP4 = EntryLayout("indexer_mxfp4", INDEXER_HEAD_DIM, INDEXER_MXFP4_DATA_BYTES, INDEXER_MXFP4_SCALE_BYTES)  # E = 68
+PAGED_LAYOUTS = {layout.name: layout for layout in (FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4)}
+INDEXER_LAYOUTS = (INDEXER_FP8.name, INDEXER_MXFP4.name)

@@ -4,6 +4,9 @@ It builds a vLLM-style step (decode requests, a chunked prefill, padding), runs 
 spec (save, then compress-norm-rope-store into a FlashMLA cache) and prints one stored entry
 region by region: E4M3 bytes with their dequantized values beside a float64 ideal computed
 here from the plain formulas, the UE8M0 scale bytes, and the bf16 RoPE values.
+
+``--layout indexer_fp8`` or ``indexer_mxfp4`` (optionally ``--hadamard``) runs the indexer's
+compressor (SPEC §12, head width 128) instead and explains one indexer entry.
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import batch as B
-from .constants import DATA_RECORD_BYTES, NOPE_DIM, QUANT_BLOCK, ratio_config
-from .formats import bf16_to_f32, e4m3_to_f32
-from .layouts import flashmla_page_bytes
+from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
+from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
+from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store
 from .state import save_partial_states
 
@@ -24,6 +27,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ratio", type=int, choices=(4, 128), default=4, help="compress ratio (C4 or C128)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=4, help="NoPE channels shown per quantization block")
+    parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"), default="flashmla_fp8",
+                        help="the 512-wide FlashMLA entry, or an indexer entry (head width 128, SPEC §12)")
+    parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
 
 
 def _float64_entry(state, b, weight, eps, cos_sin, t):
@@ -49,7 +55,93 @@ def _float64_entry(state, b, weight, eps, cos_sin, t):
     return y, rope
 
 
+def _float64_indexer_entry(state, b, weight, eps, cos_sin, t, hadamard):
+    """The indexer's z (SPEC §12) in float64 from the formulas: pooling, RMSNorm over 128, RoPE
+    on 64..127 and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
+    config = ratio_config(b.compress_ratio, INDEXER_HEAD_DIM)
+    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
+    kv, score = [], []
+    for i in range(config.window):
+        pos = p - config.window + 1 + i
+        if pos >= 0:
+            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
+            h = i // config.ratio
+            kv.append(row[h * 128:(h + 1) * 128])
+            score.append(row[config.state_width + h * 128: config.state_width + (h + 1) * 128])
+    kv, score = np.array(kv), np.array(score)
+    w = np.exp(score - score.max(axis=0))
+    x = (kv * w).sum(axis=0) / w.sum(axis=0)
+    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
+    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+    z = y.copy()
+    z[64::2] = y[64::2] * cs[:32] - y[65::2] * cs[32:]
+    z[65::2] = y[64::2] * cs[32:] + y[65::2] * cs[:32]
+    if hadamard:
+        matrix = np.ones((1, 1))
+        while matrix.shape[0] < 128:
+            matrix = np.block([[matrix, matrix], [matrix, -matrix]])
+        z = matrix @ z / np.sqrt(128.0)
+    return z
+
+
+def run_indexer(args) -> int:
+    """The indexer compressor (SPEC §12) on a small mixed batch; one entry explained."""
+    rng = np.random.default_rng(args.seed)
+    r, layout = args.ratio, args.layout
+    config = ratio_config(r, INDEXER_HEAD_DIM)
+    bs, entries = B.INDEXER_STATE_BLOCK_SIZE[r], 8
+    requests = B.decode_requests(3, r, rng, max_entries=4) + [B.chunked_prefill(r + 1, 2 * r + 3)]
+    b = B.build_batch(requests, compress_ratio=r, block_size=bs, entries_per_page=entries, rng=rng, num_padding=2)
+    state = B.random_state_cache(b.num_state_blocks, bs, r, rng, head_dim=INDEXER_HEAD_DIM)
+    weight = B.random_norm_weight(rng, bf16=False, head_dim=INDEXER_HEAD_DIM)
+    cos_sin = B.rope_cos_sin_cache(int(b.positions.max()) + 1)
+    k_cache = B.canary_k_cache(layout, b.num_pages, entries)
+    eps = 1e-6
+    entry = PAGED_LAYOUTS[layout]
+    print(f"DeepSeek V4 indexer compressor, NumPy spec: C{r} (W = {config.window} rows), head width 128, state rows of"
+          f" {config.state_row_width} floats in blocks of {bs}; layout {layout} ({entry.entry_bytes} bytes per entry,"
+          f" {entries} entries per page){', Hadamard rotation' if args.hadamard else ''}")
+    save_partial_states(B.random_kv_score(b.num_tokens, r, rng, head_dim=INDEXER_HEAD_DIM),
+                        B.random_ape(r, rng, head_dim=INDEXER_HEAD_DIM), b.positions, b.slot_mapping, state, bs)
+    compress_norm_rope_store(state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, bs, weight, eps,
+                             cos_sin, k_cache, b.kv_slot_mapping, compress_ratio=r, layout=layout,
+                             hadamard=args.hadamard, debug=True)
+    t = int(np.flatnonzero(b.active)[-1])
+    slot = int(b.kv_slot_mapping[t])
+    page, o = divmod(slot, entries)
+    pages = page_bytes(k_cache, entry.entry_bytes)
+    data = pages[page, o * entry.data_bytes:(o + 1) * entry.data_bytes]
+    scale_at = entries * entry.data_bytes + o * entry.scale_bytes
+    scale_record = pages[page, scale_at:scale_at + entry.scale_bytes]
+    z = _float64_indexer_entry(state, b, weight, eps, cos_sin, t, args.hadamard)
+    p = int(b.positions[t])
+    print(f"\n{b.num_active} of {b.num_tokens} tokens are active. Entry of token {t}: position {p} closes group {p // r};"
+          f" cache slot {slot} = page {page}, entry {o}: data record at page byte {o * entry.data_bytes},"
+          f" scale record at page byte {scale_at}")
+    print(f"Scale record: {' '.join(f'{v:02x}' for v in scale_record)}", end="  ")
+    if layout == "indexer_fp8":
+        scale = float(scale_record.view("<f4")[0])
+        print(f"(binary32 {scale:g}, little-endian)")
+        values = e4m3_to_f32(data).astype(np.float64) * scale
+        codes = data
+    else:
+        print("(UE8M0 bytes 127+k of the four 32-channel blocks)")
+        codes = np.stack([data & 0xF, data >> 4], axis=1).reshape(INDEXER_HEAD_DIM)
+        values = e2m1_to_f32(codes).astype(np.float64) * np.repeat(np.exp2(scale_record.astype(np.float64) - 127), 32)
+    print("  ch   code  dequantized    float64 ideal    difference")
+    for c in [c for g in range(0, 128, 32) for c in range(g, g + args.channels)]:
+        print(f"  {c:3d}  0x{int(codes[c]):02x}  {values[c]:13.6g}  {z[c]:15.8g}  {values[c] - z[c]:+11.3g}")
+    changed = int(np.count_nonzero(page_bytes(k_cache, entry.entry_bytes) != B.CANARY_BYTE))
+    print(f"\n{b.num_active} entries written ({b.num_active * entry.entry_bytes} bytes); {changed} cache bytes differ from"
+          f" the canary 0x{B.CANARY_BYTE:02x} (a written byte may equal it).")
+    return 0
+
+
 def run(args) -> int:
+    if args.layout != "flashmla_fp8":
+        return run_indexer(args)
+    if args.hadamard:
+        raise SystemExit("--hadamard: only with --layout indexer_fp8 or indexer_mxfp4")
     rng = np.random.default_rng(args.seed)
     r = args.ratio
     config = ratio_config(r)

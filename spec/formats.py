@@ -1,4 +1,4 @@
-"""SPEC §2: the number formats of the cache, bf16, E4M3 and the UE8M0 block exponent.
+"""SPEC §2/§12: the number formats of the cache: bf16, E4M3, E2M1 and the UE8M0 block exponents.
 
 bf16 values travel as ``uint16`` arrays of bf16 bit patterns and E4M3 values as ``uint8``
 arrays of E4M3FN bytes, so NumPy alone can represent every stored byte.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import AMAX_FLOOR, FP8_MAX
+from .constants import AMAX_FLOOR, E2M1_MAX, FP8_MAX
 
 F32 = np.float32
 
@@ -95,3 +95,48 @@ def ue8m0_exponent(amax: np.ndarray) -> np.ndarray:
 def ue8m0_scale_byte(k: np.ndarray) -> np.ndarray:
     """The stored UE8M0 byte ``127 + k``."""
     return (np.asarray(k, dtype=np.int64) + 127).astype(np.uint8)
+
+
+# ---- E2M1 (SPEC §12, MXFP4) -------------------------------------------------------------
+E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)  # indexed by the 3-bit code
+
+
+def e2m1_bits(v: np.ndarray) -> np.ndarray:
+    """SPEC §12 ``e2m1(v)``: the 4-bit E2M1 code (in a ``uint8``) of binary32 ``v``.
+
+    Round to the nearest grid magnitude ``0, 0.5, 1, 1.5, 2, 3, 4, 6``, ties to the even code
+    (mantissa bit 0), magnitudes beyond 6 saturate to 6 (code 7), and the sign bit is kept,
+    so ``-0`` gives ``0x8``.
+    """
+    v = np.asarray(v, dtype=F32)
+    magnitude = np.minimum(np.abs(v), F32(E2M1_MAX))
+    table = E2M1_MAGNITUDES
+    upper = np.clip(np.searchsorted(table, magnitude, side="left"), 1, len(table) - 1)
+    lower = upper - 1
+    to_lower = magnitude - table[lower]  # exact: |v| <= 6 and the grid has one mantissa bit
+    to_upper = table[upper] - magnitude
+    code = np.where(to_lower < to_upper, lower, upper)
+    tie = to_lower == to_upper
+    code = np.where(tie, np.where(lower % 2 == 0, lower, upper), code)
+    sign = (v.view(np.uint32) >> np.uint32(28)).astype(np.uint8) & np.uint8(0x8)
+    return code.astype(np.uint8) | sign
+
+
+def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:
+    """The binary32 value of 4-bit E2M1 codes (the low nibble of each ``uint8``)."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    magnitude = E2M1_MAGNITUDES[codes & 0x7]
+    return np.where(codes & 0x8, -magnitude, magnitude).astype(F32)
+
+
+def mxfp4_exponent(amax: np.ndarray) -> np.ndarray:
+    """SPEC §12: the smallest integer ``k`` with ``max(amax, 6 * 2^-126) <= 6 * 2^k``.
+
+    With ``a = m * 2^e``, ``1/2 <= m < 1`` (``frexp``, exact) and ``6 = 0.75 * 2^3``:
+    ``6 * 2^(e-3) = 0.75 * 2^e`` holds ``a`` iff ``m <= 0.75``, and ``6 * 2^(e-4) = 0.375 * 2^e``
+    never does; so ``k = e - 3``, plus one when ``m > 0.75``. The result lies in ``[-126, 126]``.
+    """
+    floor = F32(E2M1_MAX) * np.ldexp(F32(1.0), -126).astype(F32)
+    a = np.maximum(np.asarray(amax, dtype=F32), floor)
+    mantissa, exponent = np.frexp(a)
+    return (exponent.astype(np.int64) - 3) + (mantissa > 0.75)

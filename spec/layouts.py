@@ -1,4 +1,7 @@
-"""SPEC §7: the three compressed-cache layouts and the store of one entry per active token.
+"""SPEC §7/§12: the compressed-cache layouts and the store of one entry per active token.
+
+Three layouts for the 512-wide head (``flashmla_fp8``, ``bf16``, ``fp8_per_tensor``) and two
+for the indexer's 128-wide head (``indexer_fp8``, ``indexer_mxfp4``).
 
 Each ``store_*`` function writes only the bytes SPEC §7 names for the given slots; every
 other byte of ``k_cache`` keeps its value.
@@ -9,8 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from .arithmetic import div, mul
-from .constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES
+from .constants import (
+    DATA_RECORD_BYTES, ENTRY_BYTES, INDEXER_FP8, INDEXER_MXFP4, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES, EntryLayout,
+)
 from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits
+from .indexer import IndexerFp8, IndexerMxfp4
 from .postprocess import QuantizedNope
 
 F32 = np.float32
@@ -27,10 +33,27 @@ def flashmla_page_bytes(k_cache: np.ndarray) -> np.ndarray:
     A page holds ``B`` data records of 576 bytes, then ``B`` scale records of 8 bytes; the
     rest of the page stride is never touched.
     """
+    return page_bytes(k_cache, ENTRY_BYTES)
+
+
+def page_bytes(k_cache: np.ndarray, entry_bytes: int) -> np.ndarray:
+    """A ``uint8 [num_pages, B*E]`` view of the pages of a paged layout with ``E``-byte entries."""
     num_pages, entries = k_cache.shape[0], k_cache.shape[1]
     return np.lib.stride_tricks.as_strided(
-        k_cache, shape=(num_pages, entries * ENTRY_BYTES), strides=(k_cache.strides[0], 1), writeable=True
+        k_cache, shape=(num_pages, entries * entry_bytes), strides=(k_cache.strides[0], 1), writeable=True
     )
+
+
+def store_records(k_cache: np.ndarray, layout: EntryLayout, slots: np.ndarray, data: np.ndarray, scales: np.ndarray) -> None:
+    """Write data record ``o`` at page byte ``o * data_bytes`` and scale record ``o`` at
+    ``B * data_bytes + o * scale_bytes`` (``data``/``scales``: uint8 ``[n, record bytes]``)."""
+    entries = k_cache.shape[1]
+    pages = page_bytes(k_cache, layout.entry_bytes)
+    page, offset = page_and_offset(slots, entries)
+    data_columns = (offset * layout.data_bytes)[:, None] + np.arange(layout.data_bytes)
+    scale_columns = (entries * layout.data_bytes + offset * layout.scale_bytes)[:, None] + np.arange(layout.scale_bytes)
+    pages[page[:, None], data_columns] = data
+    pages[page[:, None], scale_columns] = scales
 
 
 def data_record_offset(offsets: np.ndarray) -> np.ndarray:
@@ -83,3 +106,16 @@ def store_fp8_per_tensor(k_cache: np.ndarray, slots: np.ndarray, y: np.ndarray, 
     z = np.concatenate([bf16(y[:, :NOPE_DIM]), bf16_to_f32(rope_bits)], axis=1)
     page, offset = page_and_offset(slots, k_cache.shape[1])
     k_cache[page, offset] = e4m3_bits(mul(z, inv))
+
+
+def store_indexer_fp8(k_cache: np.ndarray, slots: np.ndarray, entries: IndexerFp8) -> None:
+    """``indexer_fp8`` (E = 132): 128 E4M3 bytes at ``page*stride0 + o*128``, the binary32
+    scale ``2^k`` little-endian at ``page*stride0 + B*128 + o*4``."""
+    scale_bytes = entries.scale.astype("<f4").view(np.uint8).reshape(-1, INDEXER_FP8.scale_bytes)
+    store_records(k_cache, INDEXER_FP8, slots, entries.codes, scale_bytes)
+
+
+def store_indexer_mxfp4(k_cache: np.ndarray, slots: np.ndarray, entries: IndexerMxfp4) -> None:
+    """``indexer_mxfp4`` (E = 68): 64 packed E2M1 bytes at ``page*stride0 + o*64``, the four
+    UE8M0 bytes at ``page*stride0 + B*64 + o*4``."""
+    store_records(k_cache, INDEXER_MXFP4, slots, entries.packed, entries.scale_bytes)

@@ -1,4 +1,8 @@
-"""SPEC §8: the public operations, composed from §4-§7 after the §9 checks.
+"""SPEC §8: the public operations, composed from §4-§7 (and §12) after the §9 checks.
+
+The head width follows from the state cache's width and the ratio: 512 (layouts
+``flashmla_fp8``, ``bf16``, ``fp8_per_tensor``) or the indexer's 128 (``indexer_fp8``,
+``indexer_mxfp4``, optionally with the Hadamard rotation).
 
 Arrays in, buffers written in place. Argument names and dtypes follow vLLM's DeepSeek V4
 compressor; bf16 data travels as ``uint16`` bit patterns and E4M3 data as ``uint8`` bytes.
@@ -8,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import HEAD_DIM
-from .layouts import store_bf16, store_flashmla_fp8, store_fp8_per_tensor
+from .indexer import quantize_fp8, quantize_mxfp4, quantized_values
+from .layouts import store_bf16, store_flashmla_fp8, store_fp8_per_tensor, store_indexer_fp8, store_indexer_mxfp4
 from .pooling import active_tokens, pool
 from .postprocess import norm_weight_f32, quantize_nope, rms_norm, rope_bf16_bits, rope_row
 from .validation import check_compress, check_contract, check_store, describe_numpy
@@ -44,12 +48,12 @@ def compress(
     compress_ratio: int,  # 4 (C4, overlapped) or 128 (C128)
     debug: bool = False,
 ) -> np.ndarray:
-    """SPEC §5: the compressed vector ``x`` (float32 ``[T, 512]``); rows of inactive tokens are NaN."""
+    """SPEC §5: the compressed vector ``x`` (float32 ``[T, H]``, H = 512 or 128); rows of inactive tokens are NaN."""
     call = _validated_pooling_call(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping, compress_ratio)
     active = active_tokens(positions, slot_mapping, kv_slot_mapping, call.config.ratio)
     if debug:
         check_contract(call.config, active, token_to_req_indices, positions, slot_mapping, block_table, state_cache.shape[0], call.block_size, kv_slot_mapping)
-    x = np.full((call.num_tokens, HEAD_DIM), np.nan, dtype=F32)
+    x = np.full((call.num_tokens, call.config.head_dim), np.nan, dtype=F32)
     tokens = np.flatnonzero(active)
     x[tokens] = pool(state_cache, block_table, token_to_req_indices[tokens], positions[tokens], call.config, call.block_size)
     return x
@@ -62,18 +66,20 @@ def compress_norm_rope_store(
     slot_mapping: np.ndarray,  # int64 [T]
     block_table: np.ndarray,  # int32 [num_reqs, max_blocks]
     block_size: int,  # bs
-    rms_norm_weight: np.ndarray,  # float32 [512] or uint16 [512] (bf16 bit patterns)
+    rms_norm_weight: np.ndarray,  # float32 [H] or uint16 [H] (bf16 bit patterns); H = 512 or 128
     rms_norm_eps: float,  # rounded to binary32
     cos_sin_cache: np.ndarray,  # float32 [max_pos, 64]: cos[0:32] then sin[0:32]
-    k_cache: np.ndarray,  # flashmla_fp8: uint8 [num_pages, B, 584]; bf16: uint16 [num_pages, B, 512]; fp8_per_tensor: uint8 [num_pages, B, 512]
+    k_cache: np.ndarray,  # flashmla_fp8: uint8 [num_pages, B, 584]; bf16: uint16 [num_pages, B, 512]; fp8_per_tensor: uint8 [num_pages, B, 512]; indexer_fp8: uint8 [num_pages, B, 132]; indexer_mxfp4: uint8 [num_pages, B, 68]
     kv_slot_mapping: np.ndarray,  # int64 [T]
     *,
     compress_ratio: int,
     layout: str = "flashmla_fp8",
     fp8_scale: float | None = None,
+    hadamard: bool = False,  # SPEC §12's rotation; indexer layouts only
     debug: bool = False,
 ) -> None:
-    """SPEC §5-§7: pool, normalize, rotate, quantize and store one entry per active token."""
+    """SPEC §5-§7 (§12 for the 128-wide head): pool, normalize, rotate, quantize and store one
+    entry per active token."""
     call = _validated_pooling_call(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping, compress_ratio)
     store = check_store(
         describe_numpy("rms_norm_weight", rms_norm_weight),
@@ -83,6 +89,8 @@ def compress_norm_rope_store(
         layout,
         fp8_scale,
         describe_numpy("state_cache", state_cache),
+        head_dim=call.config.head_dim,
+        hadamard=hadamard,
     )
     active = active_tokens(positions, slot_mapping, kv_slot_mapping, call.config.ratio)
     if debug:
@@ -97,8 +105,15 @@ def compress_norm_rope_store(
     weight = norm_weight_f32(rms_norm_weight)
     x = pool(state_cache, block_table, token_to_req_indices[tokens], positions[tokens], call.config, call.block_size)
     y = rms_norm(x, weight, store.eps)
-    rope_bits = rope_bf16_bits(y, cos_sin_cache[rope_row(positions[tokens], call.config.ratio)])
+    cos_sin = cos_sin_cache[rope_row(positions[tokens], call.config.ratio)]
     slots = kv_slot_mapping[tokens]
+    if store.layout == "indexer_fp8":
+        store_indexer_fp8(k_cache, slots, quantize_fp8(quantized_values(y, cos_sin, store.hadamard)))
+        return
+    if store.layout == "indexer_mxfp4":
+        store_indexer_mxfp4(k_cache, slots, quantize_mxfp4(quantized_values(y, cos_sin, store.hadamard)))
+        return
+    rope_bits = rope_bf16_bits(y, cos_sin)
     if store.layout == "flashmla_fp8":
         store_flashmla_fp8(k_cache, slots, quantize_nope(y), rope_bits)
     elif store.layout == "bf16":

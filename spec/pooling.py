@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arithmetic import div, exp2s, mul, sub, tree
-from .constants import HEAD_DIM, LOG2E, RatioConfig
+from .constants import LOG2E, RatioConfig
 
 F32 = np.float32
 TOKENS_PER_CHUNK = 32  # bounds the gathered window rows to ~32 * 128 * 4 KiB at C128
@@ -41,15 +41,17 @@ def gather_window(
     """The window of each token: ``kv[t, i, c]``, ``score[t, i, c]`` (fp32) and ``valid[t, i]``.
 
     Row ``i`` reads state row ``S_i = state_cache[block_table[q, pos_i // bs], pos_i mod bs]``
-    and its half ``h = i // r`` (C4: rows 0..3 take channels 0..511 of kv and score, rows
-    4..7 channels 512..1023; C128 has one half). Invalid rows read nothing (zeros here).
+    and its half ``h = i // r`` (C4: rows 0..3 take channels 0..H-1 of kv and score, rows
+    4..7 channels H..2H-1; C128 has one half; H = ``config.head_dim``, 512 or 128). Invalid
+    rows read nothing (zeros here).
     """
     pos, valid = window_positions(positions, config)
     safe_pos = np.where(valid, pos, 0)
     blocks = block_table[requests[:, None], safe_pos // block_size]
     rows = state_cache[blocks, safe_pos % block_size]  # [t, W, 2*SW]
     half = np.arange(config.window) // config.ratio  # h for each window row
-    channel = half[:, None] * HEAD_DIM + np.arange(HEAD_DIM)[None, :]  # [W, H]
+    head = config.head_dim
+    channel = half[:, None] * head + np.arange(head)[None, :]  # [W, H]
     kv = np.take_along_axis(rows, channel[None, :, :], axis=2)
     score = np.take_along_axis(rows, (config.state_width + channel)[None, :, :], axis=2)
     kv = np.where(valid[:, :, None], kv, F32(0.0))
@@ -76,8 +78,8 @@ def pool(
     state_cache: np.ndarray, block_table: np.ndarray, requests: np.ndarray, positions: np.ndarray,
     config: RatioConfig, block_size: int,
 ) -> np.ndarray:
-    """``x`` (fp32 ``[n, 512]``) for the given (active) tokens, a few tokens at a time."""
-    out = np.empty((positions.shape[0], HEAD_DIM), dtype=F32)
+    """``x`` (fp32 ``[n, H]``) for the given (active) tokens, a few tokens at a time."""
+    out = np.empty((positions.shape[0], config.head_dim), dtype=F32)
     for start in range(0, positions.shape[0], TOKENS_PER_CHUNK):
         chunk = slice(start, start + TOKENS_PER_CHUNK)
         kv, score, valid = gather_window(state_cache, block_table, requests[chunk], positions[chunk], config, block_size)

@@ -1,4 +1,7 @@
-"""SPEC §6: RMSNorm of the compressed vector, NoPE quantization and RoPE of the last 64."""
+"""SPEC §6: RMSNorm of the compressed vector, NoPE quantization and RoPE of the last 64.
+
+RMSNorm and RoPE serve both head widths (512, and 128 for the indexer of SPEC §12).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits, ue8m0_exponent, ue
 
 F32 = np.float32
 INV_HEAD_DIM = F32(2.0**-9)  # 1/512, exact
+INV_HEAD_DIMS = {512: INV_HEAD_DIM, 128: F32(2.0**-7)}  # 1/H, exact
 
 
 def norm_weight_f32(weight: np.ndarray) -> np.ndarray:
@@ -20,13 +24,14 @@ def norm_weight_f32(weight: np.ndarray) -> np.ndarray:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
-    """``y[d] = mul(mul(x[d], rr), w[d])`` with ``rr = div(1, sqrt(add(mul(ss, 2^-9), eps)))``.
+    """``y[d] = mul(mul(x[d], rr), w[d])`` with ``rr = div(1, sqrt(add(mul(ss, 1/H), eps)))``.
 
-    ``ss = tree(mul(x[d], x[d]))`` over the 512 channels in channel order. ``weight`` is the
-    binary32 value of the (bf16 or fp32) norm weight.
+    ``ss = tree(mul(x[d], x[d]))`` over the H channels (512, or 128 for the indexer) in channel
+    order; ``1/H`` is ``2^-9`` or ``2^-7``. ``weight`` is the binary32 value of the (bf16 or
+    fp32) norm weight.
     """
     ss = tree(mul(x, x), axis=-1)
-    ms = mul(ss, INV_HEAD_DIM)
+    ms = mul(ss, INV_HEAD_DIMS[x.shape[-1]])
     rr = div(F32(1.0), sqrt(add(ms, F32(eps))))
     return mul(mul(x, rr[..., None]), weight)
 
@@ -60,15 +65,17 @@ def rope_row(positions: np.ndarray, compress_ratio: int) -> np.ndarray:
     return (positions // compress_ratio) * compress_ratio
 
 
-def apply_rope(y: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
-    """Rotate the pairs ``(a, b) = (y[448 + 2j], y[449 + 2j])`` of the unrounded ``y``.
+def apply_rope(y: np.ndarray, cos_sin: np.ndarray, start: int = NOPE_DIM) -> np.ndarray:
+    """Rotate the pairs ``(a, b) = (y[start + 2j], y[start + 1 + 2j])`` of the unrounded ``y``.
+
+    ``start`` is 448 for the 512-wide head and 64 for the indexer's (SPEC §12).
 
     ``o0 = sub(mul(a, co), mul(b, si))``, ``o1 = add(mul(a, si), mul(b, co))`` with
     ``co = cos_sin[j]`` and ``si = cos_sin[32 + j]``; returns the 64 rotated fp32 values in
     channel order (interleaved pairs).
     """
     half = ROPE_DIM // 2
-    a, b = y[..., NOPE_DIM::2], y[..., NOPE_DIM + 1::2]
+    a, b = y[..., start:start + ROPE_DIM:2], y[..., start + 1:start + ROPE_DIM:2]
     co, si = cos_sin[..., :half], cos_sin[..., half:]
     o0 = sub(mul(a, co), mul(b, si))
     o1 = add(mul(a, si), mul(b, co))

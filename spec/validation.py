@@ -18,12 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import ENTRY_BYTES, HEAD_DIM, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS, ratio_config
+from .constants import (
+    HEAD_DIM, HEAD_DIMS, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS,
+    ratio_config,
+)
 
-LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")
+LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")  # the 512-wide head's layouts (SPEC §7)
+LAYOUTS_BY_HEAD = {HEAD_DIM: LAYOUTS, INDEXER_HEAD_DIM: INDEXER_LAYOUTS}  # SPEC §7 and §12
+ALL_LAYOUTS = LAYOUTS + INDEXER_LAYOUTS
 STATE_ALIGN_BYTES = 16
 STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes)
-PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8
+PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8 and the indexer layouts
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,18 @@ def _state_cache(info: ArrayInfo, config: RatioConfig, block_size: int) -> None:
     _aligned(info, STATE_ALIGN_BYTES)
 
 
+def _config_from_width(info: ArrayInfo, axis: int, compress_ratio: int, factor: int, what: str, head_dims) -> RatioConfig:
+    """The ratio configuration whose ``factor * SW`` is ``info.shape[axis]``: the head width
+    (512, or 128 for the indexer) follows from a state width and the ratio (SPEC §12)."""
+    configs = [ratio_config(compress_ratio, head) for head in head_dims]
+    for config in configs:
+        if info.shape[axis] == factor * config.state_width:
+            return config
+    expected = " or ".join(f"{factor * c.state_width} (head width {c.head_dim})" for c in configs)
+    _fail(info.name, f"shape[{axis}] = {what} = {expected} for compress_ratio {compress_ratio} (overlap {configs[0].overlap})",
+          f"shape {list(info.shape)}")
+
+
 # ---- per-operation checks --------------------------------------------------------------
 @dataclass(frozen=True)
 class SaveCall:
@@ -162,15 +179,15 @@ class SaveCall:
 
 def check_save_partial_states(
     kv_score: ArrayInfo, ape: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
-    state_cache: ArrayInfo, block_size,
+    state_cache: ArrayInfo, block_size, *, head_dims: tuple[int, ...] = HEAD_DIMS,
 ) -> SaveCall:
-    """SPEC §4/§9 checks of ``save_partial_states``; the ratio is ``ape.shape[0]``."""
+    """SPEC §4/§9 checks of ``save_partial_states``; the ratio is ``ape.shape[0]`` and the head
+    width follows from ``ape.shape[1] = SW`` (one of ``head_dims``, the widths the caller supports)."""
     _dtype(ape, "float32")
     _rank(ape, 2, "[compress_ratio, SW]")
     if ape.shape[0] not in SUPPORTED_RATIOS:
         _fail(ape.name, f"shape[0] = compress_ratio in {SUPPORTED_RATIOS}", f"shape {list(ape.shape)}")
-    config = ratio_config(ape.shape[0])
-    _dim(ape, 1, config.state_width, f"SW for compress_ratio {config.ratio} (overlap {config.overlap})")
+    config = _config_from_width(ape, 1, ape.shape[0], 1, "SW", head_dims)
     _unit_last_stride(ape)
     block_size = _int_arg("block_size", block_size, 1)
     _dtype(positions, "int64")
@@ -200,12 +217,16 @@ class CompressCall:
 
 def check_compress(
     state_cache: ArrayInfo, token_to_req_indices: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
-    block_table: ArrayInfo, block_size, kv_slot_mapping: ArrayInfo, compress_ratio,
+    block_table: ArrayInfo, block_size, kv_slot_mapping: ArrayInfo, compress_ratio, *,
+    head_dims: tuple[int, ...] = HEAD_DIMS,
 ) -> CompressCall:
-    """SPEC §3/§9 checks of the pooling inputs."""
+    """SPEC §3/§9 checks of the pooling inputs; the head width follows from
+    ``state_cache.shape[2] = 2*SW`` (one of ``head_dims``, the widths the caller supports)."""
     if isinstance(compress_ratio, bool) or compress_ratio not in SUPPORTED_RATIOS:
         _fail("compress_ratio", f"one of {SUPPORTED_RATIOS}", repr(compress_ratio))
-    config = ratio_config(int(compress_ratio))
+    _dtype(state_cache, "float32")
+    _rank(state_cache, 3, "[num_state_blocks, block_size, 2*SW]")
+    config = _config_from_width(state_cache, 2, int(compress_ratio), 2, "2*SW", head_dims)
     block_size = _int_arg("block_size", block_size, 1)
     _dtype(positions, "int64")
     _rank(positions, 1, "[T]")
@@ -228,9 +249,11 @@ class StoreCall:
 
     layout: str
     entries_per_page: int  # B
-    page_stride: int  # in elements of k_cache (bytes for flashmla_fp8)
+    page_stride: int  # in elements of k_cache (bytes for flashmla_fp8 and the indexer layouts)
     eps: np.float32
     fp8_scale: np.float32 | None
+    head_dim: int = HEAD_DIM  # 512, or 128 for the indexer layouts
+    hadamard: bool = False  # SPEC §12's rotation (indexer layouts only)
 
 
 def _real(name: str, value) -> float:
@@ -239,16 +262,56 @@ def _real(name: str, value) -> float:
     return float(value)
 
 
+def _layout(layout, head_dim: int) -> None:
+    """``layout`` is a known layout and matches the head width (SPEC §9, §12)."""
+    if not isinstance(layout, str) or layout not in ALL_LAYOUTS:
+        _fail("layout", "one of " + ", ".join(repr(x) for x in ALL_LAYOUTS), repr(layout))
+    if layout not in LAYOUTS_BY_HEAD[head_dim]:
+        expected = ", ".join(repr(x) for x in LAYOUTS_BY_HEAD[head_dim])
+        _fail("layout", f"one of {expected} for head width {head_dim} (from the state width)", repr(layout))
+
+
+def _hadamard(hadamard, layout: str) -> bool:
+    """``hadamard`` is a bool, and True only for the indexer layouts (SPEC §12)."""
+    if not isinstance(hadamard, (bool, np.bool_)):
+        _fail("hadamard", "True or False", repr(hadamard))
+    if hadamard and layout not in INDEXER_LAYOUTS:
+        _fail("hadamard", f"False for layout {layout!r} (the rotation belongs to the indexer layouts "
+              + ", ".join(repr(x) for x in INDEXER_LAYOUTS) + ")", repr(hadamard))
+    return bool(hadamard)
+
+
+def _paged_cache(k_cache: ArrayInfo, layout: str) -> int:
+    """SPEC §7/§12 checks of a paged ``k_cache`` (data records then scale records); returns B."""
+    entry = PAGED_LAYOUTS[layout].entry_bytes
+    _dtype(k_cache, "uint8")
+    _rank(k_cache, 3, f"[num_pages, B, {entry}]")
+    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout == "flashmla_fp8" else f"bytes per {layout} entry")
+    entries = k_cache.shape[1]
+    if entries < 1:
+        _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
+    if k_cache.strides[2] != 1 or (entries > 1 and k_cache.strides[1] != entry):
+        _fail(k_cache.name, f"strides (page_stride, {entry}, 1): a page is B*{entry} contiguous bytes", f"strides {list(k_cache.strides)}")
+    page_stride = k_cache.strides[0]
+    if k_cache.shape[0] > 1 and (page_stride % PAGE_STRIDE_MULTIPLE or page_stride < entries * entry):
+        _fail(k_cache.name, f"a page stride (strides[0]) >= B*{entry} = {entries * entry} bytes and a multiple of {PAGE_STRIDE_MULTIPLE}", f"{page_stride}")
+    _aligned(k_cache, PAGE_STRIDE_MULTIPLE)
+    return entries
+
+
 def check_store(
     rms_norm_weight: ArrayInfo, rms_norm_eps, cos_sin_cache: ArrayInfo, k_cache: ArrayInfo,
-    layout, fp8_scale, reference: ArrayInfo,
+    layout, fp8_scale, reference: ArrayInfo, *, head_dim: int = HEAD_DIM, hadamard=False,
 ) -> StoreCall:
-    """SPEC §6/§7/§9 checks of the post-processing inputs and the destination cache."""
-    if layout not in LAYOUTS:
-        _fail("layout", "one of " + ", ".join(repr(x) for x in LAYOUTS), repr(layout))
+    """SPEC §6/§7/§9/§12 checks of the post-processing inputs and the destination cache.
+
+    ``head_dim`` is the head width the pooling checks found (512, or 128 for the indexer).
+    """
+    _layout(layout, head_dim)
+    hadamard = _hadamard(hadamard, layout)
     _dtype(rms_norm_weight, "bfloat16", "float32")
-    _rank(rms_norm_weight, 1, f"[{HEAD_DIM}]")
-    _dim(rms_norm_weight, 0, HEAD_DIM, "head width H")
+    _rank(rms_norm_weight, 1, f"[{head_dim}]")
+    _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")
     _unit_last_stride(rms_norm_weight)
     eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
     if not (math.isfinite(eps) and eps > 0):
@@ -257,19 +320,9 @@ def check_store(
     _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
     _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
     _unit_last_stride(cos_sin_cache)
-    if layout == "flashmla_fp8":
-        _dtype(k_cache, "uint8")
-        _rank(k_cache, 3, f"[num_pages, B, {ENTRY_BYTES}]")
-        _dim(k_cache, 2, ENTRY_BYTES, "bytes per FlashMLA entry")
-        entries = k_cache.shape[1]
-        if entries < 1:
-            _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
-        if k_cache.strides[2] != 1 or (entries > 1 and k_cache.strides[1] != ENTRY_BYTES):
-            _fail(k_cache.name, f"strides (page_stride, {ENTRY_BYTES}, 1): a page is B*{ENTRY_BYTES} contiguous bytes", f"strides {list(k_cache.strides)}")
+    if layout in PAGED_LAYOUTS:
+        entries = _paged_cache(k_cache, layout)
         page_stride = k_cache.strides[0]
-        if k_cache.shape[0] > 1 and (page_stride % PAGE_STRIDE_MULTIPLE or page_stride < entries * ENTRY_BYTES):
-            _fail(k_cache.name, f"a page stride (strides[0]) >= B*{ENTRY_BYTES} = {entries * ENTRY_BYTES} bytes and a multiple of {PAGE_STRIDE_MULTIPLE}", f"{page_stride}")
-        _aligned(k_cache, PAGE_STRIDE_MULTIPLE)
     else:
         _dtype(k_cache, "bfloat16" if layout == "bf16" else "float8_e4m3fn")
         _rank(k_cache, 3, f"[num_pages, B, {HEAD_DIM}]")
@@ -290,7 +343,8 @@ def check_store(
     elif fp8_scale is not None:
         _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
     _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
-    return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale)
+    return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale,
+                     head_dim=head_dim, hadamard=hadamard)
 
 
 # ---- debug: values against buffers -------------------------------------------------------

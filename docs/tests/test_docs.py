@@ -343,6 +343,9 @@ def _error_messages() -> list[str]:
         ("save", dict(kv_score=save["kv_score"][:, :1024])),
         ("store", dict(compress_ratio=64)),
         ("store", dict(layout="fp8")),
+        ("store", dict(layout="indexer_fp8")),
+        ("store", dict(hadamard=1)),
+        ("store", dict(hadamard=True)),
         ("store", dict(rms_norm_weight=np.ones(512, np.float16))),
         ("store", dict(rms_norm_weight=np.ones(448, F32))),
         ("store", dict(rms_norm_eps=1e-50)),
@@ -404,3 +407,21 @@ def test_tiny_but_positive_eps_is_accepted():
     _, _, store = _valid()
     spec.compress_norm_rope_store(**{**store, "rms_norm_eps": 1e-45})
     assert F32(1e-50) == 0 and F32(1e-45) > 0
+
+
+# ---- indexer.md -----------------------------------------------------------------------------------
+def test_indexer_numbers():
+    from dsv4_compressor.spec.constants import INDEXER_FP8, INDEXER_MXFP4
+    from dsv4_compressor.spec.formats import e2m1_bits, e2m1_to_f32, mxfp4_exponent
+
+    text = (DOCS / "indexer.md").read_text(encoding="utf-8")
+    assert "`E = 132`" in text and "`E = 68`" in text
+    assert (INDEXER_FP8.entry_bytes, INDEXER_MXFP4.entry_bytes) == (132, 68)
+    assert ue8m0_exponent(np.array([448.0, 449.0, 0.0], F32)).tolist() == [0, 1, -22]
+    assert mxfp4_exponent(np.array([6.0, np.nextafter(F32(6), F32(7)), 3.0, 0.0], F32)).tolist() == [0, 1, -1, -126]
+    ties = {"0.25": 0, "0.75": 1, "1.25": 1, "1.75": 2, "2.5": 2, "3.5": 4, "5": 4}
+    for value, rounded in ties.items():
+        assert f"{value} → {rounded}" in text
+        assert e2m1_to_f32(e2m1_bits(np.array([float(value)], F32)))[0] == rounded
+    assert e2m1_bits(np.array([-0.0], F32))[0] == 0x8 and "`0x8`" in text
+    assert "0x3DB504F3" in text

@@ -66,6 +66,14 @@ DEFAULT_FUSED = {
 }
 DEFAULT_SAVE = SaveConfig()
 
+DEFAULT_INDEXER = {
+    # [8, 128] in one step, 2 warps: two row levels in registers, one across the warps
+    4: FusedConfig(block_c=128, num_warps=2),
+    # [128, 32] x 4 steps in a runtime loop
+    128: FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
+}
+INDEXER_HEAD_DIM = 128
+
 
 def fused_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig:
     return DEFAULT_FUSED[compress_ratio] if config is None else config
@@ -73,3 +81,13 @@ def fused_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig
 
 def save_config(config: SaveConfig | None) -> SaveConfig:
     return DEFAULT_SAVE if config is None else config
+
+
+def indexer_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig:
+    """Knobs of the indexer kernel (SPEC §12): a :class:`FusedConfig` whose ``block_c`` divides 128."""
+    if config is None:
+        return DEFAULT_INDEXER[compress_ratio]
+    if config.block_c > INDEXER_HEAD_DIM or config.tile_stages != 1:
+        raise ValueError(f"config: expected block_c <= {INDEXER_HEAD_DIM} and tile_stages 1 for the indexer's head, "
+                         f"got block_c {config.block_c}, tile_stages {config.tile_stages}")
+    return config

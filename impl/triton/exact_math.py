@@ -146,3 +146,41 @@ def tree_sum_of_squares(v, N: tl.constexpr, LOG2_N: tl.constexpr):
     for level in tl.static_range(LOG2_N):
         v = tl.sum(tl.reshape(v, (N >> (level + 1), 2)), axis=1)
     return tl.reshape(v, ())
+
+
+E2M1_MAX_BITS = tl.constexpr(0x40C00000)  # 6.0
+F32_ONE_BITS = tl.constexpr(0x3F800000)
+MXFP4_FLOOR_BITS = tl.constexpr(0x01C00000)  # 6 * 2^-126 = 1.5 * 2^-124
+
+
+@triton.jit
+def e2m1_code(x):
+    """SPEC §12 ``e2m1(x)``: the 4-bit E2M1 code (in a uint32) of fp32 ``x``.
+
+    Saturate the magnitude to 6 first, then round to nearest-even: for ``|x| >= 1`` round the
+    fp32 mantissa at bit 22 and rebias (``bits >> 22`` of 1.0 is 254, code 2); below 1 the
+    codes 0, 1, 2 are ``rint(|x| * 2)`` through a 2^23 shifter (an exact doubling, an RNE add).
+    Ties land on the even code either way. The sign is kept, so ``-0 -> 0x8``.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    sign = (bits >> 28) & 0x8
+    magnitude = tl.minimum(bits & F32_SIGN_MASK, E2M1_MAX_BITS)
+    normal = ((magnitude + 0x1FFFFF + ((magnitude >> 22) & 1)) >> 22) - 252
+    small_shifted = magnitude.to(tl.float32, bitcast=True) * 2.0 + 8388608.0
+    small = small_shifted.to(tl.uint32, bitcast=True) - TWO_POW_23_BITS
+    return tl.where(magnitude >= F32_ONE_BITS, normal, small) | sign
+
+
+@triton.jit
+def mxfp4_scale(amax_bits):
+    """SPEC §12's MXFP4 block exponent from the int32 bit patterns of (non-negative) block amaxes.
+
+    For ``a = max(amax, 6 * 2^-126)`` with biased exponent ``E`` and mantissa bits ``m``,
+    ``k = E - 129 + (m > 0x400000)`` is the smallest integer with ``a <= 6 * 2^k``
+    (6 = 1.5 * 2^2, and 1.5 has mantissa bits 0x400000). Returns ``(scale_byte, inv_scale)``:
+    the stored byte ``127 + k`` (int32, in [1, 253]) and ``2^-k`` (fp32, always normal).
+    """
+    a = tl.maximum(amax_bits, MXFP4_FLOOR_BITS)
+    scale_byte = (a >> 23) - 2 + ((a & 0x7FFFFF) > 0x400000).to(tl.int32)
+    inv_scale = ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)
+    return scale_byte, inv_scale

@@ -2,7 +2,8 @@
 
 :func:`ptx_variants` yields ``(variant_name, ptx_text, {"require_vector_loads": bool})`` for both
 ratios, all three layouts, both weight dtypes, representative state block sizes and the default
-and alternative knob settings, compiled with ``enable_fp_fusion=False`` exactly as the launches are.
+and alternative knob settings, and the indexer kernel (SPEC §12: both layouts, with and without
+the rotation), compiled with ``enable_fp_fusion=False`` exactly as the launches are.
 Feed them to :func:`dsv4_compressor.impl.ptx_rules.check_ptx`.
 
 ``TRITON_INTERPRET=1`` makes ``@triton.jit`` return interpreter objects that cannot be compiled.
@@ -34,7 +35,7 @@ class Variant:
     """One static configuration of a kernel."""
 
     name: str
-    kernel: str  # "fused" or "save"
+    kernel: str  # "fused", "indexer" or "save"
     constexprs: dict
     signature_types: dict  # non-constexpr argument -> Triton type string
     num_warps: int
@@ -53,6 +54,44 @@ def _fused_types(layout: str, weight_bf16: bool) -> dict:
         "cache_u8_ptr": cache_u8, "cache_i16_ptr": cache_i16, "cache_page_stride": "i32", "cache_entry_stride": "i32",
         "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64", "fp8_scale": "fp32",
     }
+
+
+_INDEXER_TYPES = {
+    "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
+    "token_to_req_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+    "block_table_ptr": "*i32", "block_table_stride": "i32", "eps": "fp32",
+    "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32", "cache_ptr": "*u8", "cache_page_stride": "i32",
+    "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64",
+}
+
+
+def indexer_variant(ratio: int, block_size: int, layout: str, hadamard: bool, weight_bf16: bool, config) -> Variant:
+    """The :class:`Variant` of the indexer kernel (SPEC §12) for one static configuration."""
+    from .indexer_postprocess import INDEXER_LAYOUT_CODES
+
+    window = 2 * ratio if ratio == 4 else ratio
+    plan = config.plan(window)
+    name = (f"indexer_c{ratio}_bs{block_size}_{layout}{'_hadamard' if hadamard else ''}_{'bf16w' if weight_bf16 else 'f32w'}"
+            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else '_loop'}")
+    constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=INDEXER_LAYOUT_CODES[layout], HADAMARD=hadamard,
+                      WEIGHT_BF16=weight_bf16, BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles,
+                      LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
+    types = {**_INDEXER_TYPES, "weight_ptr": "*i16" if weight_bf16 else "*fp32"}
+    return Variant(name, "indexer", constexprs, types, config.num_warps, True)
+
+
+def indexer_variants() -> list[Variant]:
+    """The indexer kernel's defaults for both layouts with and without the rotation, plus a knob sweep."""
+    from .config import DEFAULT_INDEXER, FusedConfig
+
+    out = []
+    for ratio, block_size in ((4, 16), (4, 4), (128, 8)):
+        for layout in ("indexer_fp8", "indexer_mxfp4"):
+            for hadamard in (False, True):
+                out.append(indexer_variant(ratio, block_size, layout, hadamard, block_size != 4, DEFAULT_INDEXER[ratio]))
+    for config in (FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=128, num_warps=4)):
+        out.append(indexer_variant(4, 16, "indexer_mxfp4", True, True, config))
+    return out
 
 
 _SAVE_TYPES = {
@@ -105,6 +144,13 @@ def variants() -> list[Variant]:
         out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}_contiguous_rows", "save",
                            dict(RATIO=ratio, STATE_WIDTH=1024 if ratio == 4 else 512, BLOCK=DEFAULT_SAVE.block),
                            _SAVE_TYPES, DEFAULT_SAVE.num_warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
+    out += indexer_variants()
+    for ratio, state_width in ((4, 256), (128, 128)):  # the indexer's state rows: the launch caps BLOCK at SW
+        block = min(DEFAULT_SAVE.block, state_width)
+        warps = max(1, min(DEFAULT_SAVE.num_warps, block // 128))
+        out.append(Variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", "save",
+                           dict(RATIO=ratio, STATE_WIDTH=state_width, BLOCK=block),
+                           _SAVE_TYPES, warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
     return out
 
 
@@ -115,6 +161,8 @@ def _compile(variant: Variant) -> str:
 
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
+    elif variant.kernel == "indexer":
+        from .indexer import indexer_compress_norm_rope_store_kernel as kernel
     else:
         from .save_states import save_partial_states_kernel as kernel
     if not isinstance(kernel, triton.runtime.JITFunction):

@@ -19,12 +19,16 @@ def test_every_variant_passes_the_ptx_rules():
             for weight in ("bf16w", "f32w"):
                 assert any(n.startswith(f"fused_{ratio}_") and f"_{layout}_{weight}_" in n for n in names), (ratio, layout, weight)
     assert any(n.startswith("save_c4") for n in names) and any(n.startswith("save_c128") for n in names)
+    for ratio in ("c4", "c128"):  # SPEC §12: both indexer layouts, with and without the rotation
+        for layout in ("indexer_fp8_", "indexer_mxfp4_", "indexer_fp8_hadamard_", "indexer_mxfp4_hadamard_"):
+            assert any(n.startswith(f"indexer_{ratio}_") and f"_{layout}" in n for n in names), (ratio, layout)
+        assert any(n.startswith(f"save_indexer_{ratio}_") for n in names)
 
     failures = []
     for name, ptx, options in results:
         report = check_ptx("triton", name, ptx, require_target=TARGET, **options)
         failures += [f"{name}: {v}" for v in report.violations]
-        if name.startswith("fused"):
+        if name.startswith(("fused", "indexer")):
             # the exact division of the pooling and the exact RMSNorm are really there
             if report.counts["div.rn.f32"] == 0 or report.counts["sqrt.rn.f32"] != 1:
                 failures.append(f"{name}: expected div.rn.f32 and one sqrt.rn.f32, got {dict(report.counts)}")

@@ -18,14 +18,16 @@ from dsv4_compressor.conformance.buffers import Buffer
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(ratio, block_size, seed, *, row_pad=0, block_pad_rows=0, num_padding=0, unsaved_fraction=0.0, requests=None):
+def _case(ratio, block_size, seed, *, row_pad=0, block_pad_rows=0, num_padding=0, unsaved_fraction=0.0, requests=None,
+          head_dim=512):
     rng = np.random.default_rng(seed)
     requests = requests or [Request(3, 9), Request(4 * ratio - 1, 1), Request(ratio + 2, 2)]
     b = spec_batch.build_batch(requests, compress_ratio=ratio, block_size=block_size, entries_per_page=2, rng=rng,
                                num_padding=num_padding, padding_at_end=False, unsaved_fraction=unsaved_fraction)
-    state = spec_batch.random_state_cache(b.num_state_blocks, block_size, ratio, rng, row_pad=row_pad, block_pad_rows=block_pad_rows)
-    kv_score = spec_batch.random_kv_score(b.num_tokens, ratio, rng)
-    ape = spec_batch.random_ape(ratio, rng)
+    state = spec_batch.random_state_cache(b.num_state_blocks, block_size, ratio, rng, row_pad=row_pad,
+                                          block_pad_rows=block_pad_rows, head_dim=head_dim)
+    kv_score = spec_batch.random_kv_score(b.num_tokens, ratio, rng, head_dim=head_dim)
+    ape = spec_batch.random_ape(ratio, rng, head_dim=head_dim)
     return b, state, kv_score, ape
 
 
@@ -45,6 +47,10 @@ CASES = {
     "c4_bs16_unsaved_tokens": dict(ratio=4, block_size=16, unsaved_fraction=0.3, num_padding=1),
     "c128_bs8": dict(ratio=128, block_size=8, row_pad=8, num_padding=2),
     "c128_bs4_block_padding": dict(ratio=128, block_size=4, block_pad_rows=3, num_padding=1),
+    # the indexer's state rows (SPEC §12): 512 floats for C4, 256 for C128
+    "indexer_c4_bs16": dict(ratio=4, block_size=16, row_pad=4, num_padding=2, head_dim=128),
+    "indexer_c4_bs5_block_padding": dict(ratio=4, block_size=5, block_pad_rows=1, unsaved_fraction=0.3, head_dim=128),
+    "indexer_c128_bs8": dict(ratio=128, block_size=8, row_pad=8, num_padding=2, head_dim=128),
 }
 
 

@@ -24,12 +24,13 @@ class Scenario:
 
     batch: spec_batch.Batch
     state_cache: np.ndarray
-    weight: np.ndarray  # float32 [512] or uint16 bf16 patterns
+    weight: np.ndarray  # float32 [H] or uint16 bf16 patterns (H = 512, or 128 for the indexer)
     cos_sin: np.ndarray
     k_cache: np.ndarray
     layout: str
     eps: float = 1e-6
     fp8_scale: float | None = None
+    hadamard: bool = False  # indexer layouts only
     notes: dict = field(default_factory=dict)
 
     @property
@@ -41,7 +42,8 @@ def build_scenario(
     requests: list[Request], *, ratio: int, block_size: int, entries_per_page: int, layout: str, seed: int,
     bf16_weight: bool = False, row_pad: int = 0, block_pad_rows: int = 0, page_pad_bytes: int = 0,
     num_padding: int = 0, padding_at_end: bool = True, drop_entry_fraction: float = 0.0, unsaved_fraction: float = 0.0,
-    fp8_scale: float | None = None, eps: float = 1e-6, cos_sin_row_pad: int = 0,
+    fp8_scale: float | None = None, eps: float = 1e-6, cos_sin_row_pad: int = 0, head_dim: int = 512,
+    hadamard: bool = False,
 ) -> Scenario:
     rng = np.random.default_rng(seed)
     batch = spec_batch.build_batch(
@@ -49,24 +51,26 @@ def build_scenario(
         num_padding=num_padding, padding_at_end=padding_at_end, drop_entry_fraction=drop_entry_fraction,
         unsaved_fraction=unsaved_fraction,
     )
-    state = spec_batch.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=row_pad, block_pad_rows=block_pad_rows)
+    state = spec_batch.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=row_pad,
+                                          block_pad_rows=block_pad_rows, head_dim=head_dim)
     max_pos = int(batch.positions.max()) + ratio + 1
     cos_sin_table = spec_batch.rope_cos_sin_cache(max_pos)
     cos_sin = spec_batch.padded_view(cos_sin_table.shape, np.float32, (0, cos_sin_row_pad), np.float32(np.nan))
     cos_sin[...] = cos_sin_table
-    weight = spec_batch.random_norm_weight(rng, bf16=bf16_weight)
+    weight = spec_batch.random_norm_weight(rng, bf16=bf16_weight, head_dim=head_dim)
     k_cache = spec_batch.canary_k_cache(layout, batch.num_pages, entries_per_page, page_pad_bytes=page_pad_bytes)
     if layout == "fp8_per_tensor" and fp8_scale is None:
         fp8_scale = 0.0123
     return Scenario(batch=batch, state_cache=state, weight=weight, cos_sin=cos_sin, k_cache=k_cache, layout=layout,
-                    eps=eps, fp8_scale=fp8_scale)
+                    eps=eps, fp8_scale=fp8_scale, hadamard=hadamard)
 
 
 def torch_arguments(scenario: Scenario, device: str) -> tuple[dict, dict]:
     """The Triton call's positional arguments (by name) as torch tensors on ``device``, and the whole
     allocations (uint8 tensors) behind ``state_cache`` and ``k_cache``."""
     b = scenario.batch
-    cache_dtype = {"flashmla_fp8": "uint8", "bf16": "bfloat16", "fp8_per_tensor": "float8_e4m3fn"}[scenario.layout]
+    cache_dtype = {"flashmla_fp8": "uint8", "bf16": "bfloat16", "fp8_per_tensor": "float8_e4m3fn", "indexer_fp8": "uint8",
+                   "indexer_mxfp4": "uint8"}[scenario.layout]
     state_raw, state = Buffer.of(scenario.state_cache).torch_copy(device)
     cache_raw, cache = Buffer.of(scenario.k_cache, cache_dtype).torch_copy(device)
     _, cos_sin = Buffer.of(scenario.cos_sin).torch_copy(device)
@@ -97,12 +101,12 @@ def run_spec_and_triton(scenario: Scenario, device: str, *, config=None, debug: 
     spec.compress_norm_rope_store(
         spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         scenario.weight, scenario.eps, scenario.cos_sin, spec_cache, b.kv_slot_mapping,
-        compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
+        compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale, hadamard=scenario.hadamard,
     )
     args, raw = torch_arguments(scenario, device)
     triton_impl.compress_norm_rope_store(
         *args.values(), compress_ratio=b.compress_ratio, layout=scenario.layout, fp8_scale=scenario.fp8_scale,
-        config=config, debug=debug,
+        hadamard=scenario.hadamard, config=config, debug=debug,
     )
     return {
         "k_cache": (cache_owner, raw["k_cache"].cpu().numpy()),
