@@ -61,6 +61,15 @@ class Reference:
     rope_bound: np.ndarray  # float64 [n, 64]
 
 
+def _ieee_sum(v: np.ndarray) -> np.ndarray:
+    """Sum over axis 1 by elementwise adds, so the sign of a zero sum is IEEE's (-0 only when
+    every term is -0); NumPy's reductions may start from +0."""
+    acc = v[:, 0].copy()
+    for i in range(1, v.shape[1]):
+        acc += v[:, i]
+    return acc
+
+
 def _pool_bounds(kv: np.ndarray, score: np.ndarray, valid: np.ndarray, c: ToleranceConstants):
     """Float64 pooled x [n, H] and its bound, from fp32 windows kv/score [n, W, H]."""
     kv = kv.astype(np.float64)
@@ -71,7 +80,7 @@ def _pool_bounds(kv: np.ndarray, score: np.ndarray, valid: np.ndarray, c: Tolera
     e = np.where(t >= -126.0, np.exp2(np.maximum(t, -200.0)), 0.0)
     ambiguous = np.abs(t + 126.0) <= c.cutoff_margin * 126.0
     den = e.sum(axis=1)
-    x = (e * kv).sum(axis=1) / den
+    x = _ieee_sum(e * kv) / den
     eps_e = c.approx + c.arg * np.abs(np.where(np.isfinite(t), t, 0.0))
     window = kv.shape[1]
     spread = (e * eps_e * np.abs(kv - x[:, None, :])).sum(axis=1)
