@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.constants import HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ratio_config
+from ..spec.constants import QUANT_BLOCK, ratio_config
 from ..spec.formats import bf16_bits, bf16_to_f32, e4m3_bits
 from ..spec.pooling import window_positions
 
@@ -99,7 +99,9 @@ def reference(state: np.ndarray, block_table: np.ndarray, requests: np.ndarray, 
     ``state`` fp32 [blocks, bs, 2*SW] (after the save), ``weight`` fp32 [H], ``cos_sin_cache``
     fp32 [max_pos, 64].
     """
-    config = ratio_config(compress_ratio)
+    head = weight.shape[0]
+    rope_start = head - 64
+    config = ratio_config(compress_ratio, head)
     w = weight.astype(np.float64)
     out = [[], [], [], []]
     for start in range(0, len(positions), chunk):
@@ -109,24 +111,24 @@ def reference(state: np.ndarray, block_table: np.ndarray, requests: np.ndarray, 
         safe = np.where(valid, pos, 0)
         rows = state[block_table[q[:, None], safe // block_size], safe % block_size]  # [n, W, 2*SW]
         half = np.arange(config.window) // config.ratio
-        channel = half[:, None] * HEAD_DIM + np.arange(HEAD_DIM)[None, :]
+        channel = half[:, None] * head + np.arange(head)[None, :]
         kv = np.take_along_axis(rows, channel[None], axis=2)
         score = np.take_along_axis(rows, (config.state_width + channel)[None], axis=2)
         kv = np.where(valid[:, :, None], kv, F32(0.0))
         x, bx = _pool_bounds(kv, score, valid, c)
         # RMSNorm: relative
         ss = (x * x).sum(axis=1)
-        v = ss / HEAD_DIM + float(F32(eps))
+        v = ss / head + float(F32(eps))
         rr = 1.0 / np.sqrt(v)
-        rel_v = ((2.0 * np.abs(x) * bx).sum(axis=1) + c.norm_sum * HEAD_DIM * U * ss) / (HEAD_DIM * v) + U
+        rel_v = ((2.0 * np.abs(x) * bx).sum(axis=1) + c.norm_sum * head * U * ss) / (head * v) + U
         rel_rr = c.safety * (rel_v / 2.0 + c.approx + 2 * U)
         y = x * rr[:, None] * w[None, :]
         by = np.abs(w)[None, :] * rr[:, None] * bx + np.abs(y) * (rel_rr[:, None] + c.safety * 2 * U)
         # RoPE at the group's first position
         cs = cos_sin_cache[(p // compress_ratio) * compress_ratio].astype(np.float64)
         co, si = cs[:, :32], cs[:, 32:]
-        a, b = y[:, NOPE_DIM::2], y[:, NOPE_DIM + 1::2]
-        ba, bb = by[:, NOPE_DIM::2], by[:, NOPE_DIM + 1::2]
+        a, b = y[:, rope_start::2], y[:, rope_start + 1::2]
+        ba, bb = by[:, rope_start::2], by[:, rope_start + 1::2]
         o0 = a * co - b * si
         o1 = a * si + b * co
         b0 = np.abs(co) * ba + np.abs(si) * bb + c.safety * c.rope * U * (np.abs(a * co) + np.abs(b * si))
@@ -193,3 +195,34 @@ def block_amax_range(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.
     most = np.maximum(np.abs(lo), np.abs(hi))
     n = low.shape[0]
     return (least.reshape(n, -1, QUANT_BLOCK).max(axis=2), most.reshape(n, -1, QUANT_BLOCK).max(axis=2))
+
+
+# ---- SPEC §12: the indexer's values -------------------------------------------------------
+HADAMARD_H = float(np.array(0x3DB504F3, dtype=np.uint32).view(F32))
+
+
+def indexer_values(ref: Reference, hadamard: bool, c: ToleranceConstants = CONSTANTS) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 ``z`` [n, 128] (y[0:64] then the RoPE pairs, rotated when ``hadamard``) and its bound.
+
+    The rotation's output ``i`` is ``h·Σ ±z_j``: its bound is ``h·(Σ bound(z_j) + 8u·Σ |z_j|)``
+    (seven stages of sums and the final product, in any order) times ``SAFETY``.
+    """
+    z = np.concatenate([ref.y[:, :64], ref.rope], axis=1)
+    bz = np.concatenate([ref.y_bound[:, :64], ref.rope_bound], axis=1)
+    if not hadamard:
+        return z, bz
+    n = z.shape[0]
+    out = z.copy()
+    for span in (64, 32, 16, 8, 4, 2, 1):  # exact in float64 up to its own rounding, far below the bound
+        pairs = out.reshape(n, 128 // (2 * span), 2, span)
+        out = np.stack([pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]], axis=2).reshape(n, 128)
+    total = bz.sum(axis=1, keepdims=True) + 8 * U * np.abs(z).sum(axis=1, keepdims=True)
+    return out * HADAMARD_H, np.broadcast_to(c.safety * total * HADAMARD_H, out.shape) + U * np.abs(out * HADAMARD_H)
+
+
+def e2m1_at(bf16_patterns: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """SPEC §12 ``e2m1(mul(q, 2^-k))`` for bf16 ``q``."""
+    from ..spec.formats import e2m1_bits
+
+    q = bf16_to_f32(bf16_patterns).astype(np.float64)
+    return e2m1_bits(_f32(q * np.ldexp(1.0, -k)))

@@ -25,6 +25,7 @@ class ErrorCase:
     operation: str  # "save" or "store"
     argument: str  # the argument the error message must name
     breaks: Callable  # (call: dict, ctx: dict) -> None, edits the call's arguments
+    indexer: bool = False  # needs an implementation of SPEC §12 (head width 128)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class ErrorVerdict:
 
     @property
     def passed(self) -> bool:
-        return self.status in ("pass", "skip")
+        return self.status in ("pass", "skip", "unsupported")
 
 
 def _valid_call(device: str, layout: str = "flashmla_fp8"):
@@ -130,6 +131,13 @@ def _fp8_layout(fp8_scale):
     return breaks
 
 
+def _indexer_cache_for_512(call, ctx):
+    torch = ctx["torch"]
+    owner = torch.zeros(3 * 2 * 68 + 64, dtype=torch.uint8, device=ctx["device"])
+    call["k_cache"] = torch.as_strided(owner, (3, 2, 68), (2 * 68 + 8, 68, 1))
+    call["layout"] = "indexer_mxfp4"
+
+
 def _bf16_k_cache_float32(call, ctx):
     _with_layout("bf16", None, ctx, call)
     call["k_cache"] = call["k_cache"].float()
@@ -203,6 +211,9 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("bf16 k_cache of dtype float32", "store", "k_cache", _bf16_k_cache_float32),
     ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8),
     ErrorCase("block_size 0", "save", "block_size", _set("block_size", lambda c, x: 0)),
+    ErrorCase("hadamard for flashmla_fp8", "store", "hadamard", _set("hadamard", lambda c, x: True), indexer=True),
+    ErrorCase("indexer_mxfp4 k_cache of 68 bytes per entry with a 512-wide state", "store", "layout",
+              _indexer_cache_for_512, indexer=True),
 )
 
 
@@ -238,8 +249,8 @@ def run_error_case(impl: LoadedImplementation, case: ErrorCase, device: str | No
     buffers.update(state_owner=ctx["state_owner"], k_owner=ctx["k_owner"])
     before = {k: _storage_bytes(v) for k, v in buffers.items()}
     operation = impl.target.save_partial_states if case.operation == "save" else impl.target.compress_norm_rope_store
-    positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale")]
-    keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale") if k in call}
+    positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale", "hadamard")]
+    keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale", "hadamard") if k in call}
     try:
         operation(*(call[k] for k in positional), **keywords)
         if device == "cuda":
@@ -332,10 +343,14 @@ def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None 
     device = device or impl.device()
     if device is None:
         return [ErrorVerdict(c.name, impl.name, "skip", f"needs one of {impl.devices}") for c in cases]
-    if not impl.reference:
-        return [run_error_case(impl, c, device) for c in cases]
     verdicts, worker = [], None
     for case in cases:
+        if case.indexer and 128 not in impl.capabilities.head_widths:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: no SPEC §12 (head width 128)"))
+            continue
+        if not impl.reference:
+            verdicts.append(run_error_case(impl, case, device))
+            continue
         worker = worker or _Worker()
         answer = worker.ask(impl.reference, device, case)
         if answer is None:

@@ -31,7 +31,7 @@ class FastMathReference(TorchReference):
     """SPEC.md with approximate exp2/rsqrt, fused products and right-to-left sums."""
 
     SUPPORTED_DEVICES = ("cpu", "cuda")
-    CAPABILITIES = Capabilities(devices=("cpu", "cuda"))
+    CAPABILITIES = Capabilities(devices=("cpu", "cuda"), head_widths=(512, 128))
 
     def __init__(self):
         super().__init__()

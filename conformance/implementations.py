@@ -53,35 +53,36 @@ class SpecImplementation:
     """The NumPy specification behind the protocol (CPU tensors; same §9 checks as the kernels)."""
 
     SUPPORTED_DEVICES = ("cpu",)
-    CAPABILITIES = Capabilities(devices=("cpu",))
+    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128))
     name = "spec"
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
         from ..impl.frontend import numpy_view, validate_save_partial_states
 
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
         spec_save_partial_states(*(numpy_view(t) for t in (kv_score, ape, positions, slot_mapping, state_cache)), block_size)
 
     def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
                                  block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
-                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None):
+                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False):
         from ..impl.frontend import numpy_view, validate_compress_norm_rope_store
 
         validate_compress_norm_rope_store(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale,
+            fp8_scale=fp8_scale, hadamard=hadamard, head_dims=(512, 128),
         )
         spec_compress_norm_rope_store(
             numpy_view(state_cache), numpy_view(token_to_req_indices), numpy_view(positions), numpy_view(slot_mapping),
             numpy_view(block_table), block_size, numpy_view(rms_norm_weight), rms_norm_eps, numpy_view(cos_sin_cache),
             numpy_view(k_cache), numpy_view(kv_slot_mapping), compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale,
+            fp8_scale=fp8_scale, hadamard=hadamard,
         )
 
 
-# The project's kernels handle every valid call of the 512-wide compressor (general paths
-# behind the fast ones); their devices come from their own SUPPORTED_DEVICES.
+# The project's kernels handle every valid call (general paths behind the fast ones), the
+# indexer's head width where their compress call takes ``hadamard``; their devices come from
+# their own SUPPORTED_DEVICES.
 BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
 
 
@@ -94,8 +95,10 @@ class LoadedImplementation:
     reference: str = ""  # how to load it again (a worker process does)
 
     def __post_init__(self):
-        if self.capabilities is None:
-            self.capabilities = Capabilities(devices=self.devices)
+        if self.capabilities is None:  # the target's own declaration, on the devices given
+            declared = getattr(self.target, "CAPABILITIES", None)
+            declared = declared if isinstance(declared, Capabilities) else Capabilities()
+            self.capabilities = replace(declared, devices=self.devices)
 
     def device(self) -> str | None:
         """The first supported device present here, or ``None``."""
@@ -105,6 +108,15 @@ class LoadedImplementation:
             if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
                 return device
         return None
+
+
+def _takes_hadamard(target) -> bool:
+    import inspect
+
+    try:
+        return "hadamard" in inspect.signature(target.compress_norm_rope_store).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _resolve(reference: str) -> Any:
@@ -148,5 +160,7 @@ def load_implementation(name: str) -> LoadedImplementation:
     if declared is None:  # the older declaration: devices only
         devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
         declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)
+        if name in BUILTIN_CAPABILITIES and _takes_hadamard(target):  # the project's kernels with SPEC §12
+            declared = replace(declared, head_widths=(512, 128))
     return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target,
                                 devices=declared.devices, capabilities=declared, reference=name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import spec
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, QUANT_BLOCK
+from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, INDEXER_LAYOUTS, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
 from . import bounds
 from .buffers import Buffer
@@ -65,6 +65,7 @@ def run_spec(inputs: StepInputs) -> Expected:
         state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale, debug=True,
+        **({"hadamard": True} if inputs.hadamard else {}),
     )
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
@@ -115,7 +116,8 @@ def features(inputs: StepInputs) -> Features:
         head_width=int(inputs.rms_norm_weight.shape[0]), compress_ratio=b.compress_ratio, layout=inputs.layout,
         block_size=b.block_size, entries_per_page=b.entries_per_page,
         state_strides=(state.strides[0] // 4, state.strides[1] // 4), strided_inputs=inputs.strided_inputs,
-        max_position=int(b.positions.max(initial=0)),
+        hadamard=inputs.hadamard, max_position=int(b.positions.max(initial=0)),
+        large_offsets=max(inputs.state_cache.nbytes, inputs.k_cache.nbytes) > 2 ** 31,
     )
 
 
@@ -139,6 +141,7 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
         state, t["token_to_req_indices"], t["positions"], t["slot_mapping"], t["block_table"], b.block_size,
         to_torch(inputs.rms_norm_weight, device, strided), inputs.rms_norm_eps, to_torch(inputs.cos_sin_cache, device, strided),
         k_cache, t["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
+        **({"hadamard": True} if inputs.hadamard else {}),  # only the indexer's rotation takes the keyword
     )
     if device == "cuda":
         torch.cuda.synchronize()
@@ -234,6 +237,8 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
     weight = bf16_to_f32(weight) if weight.dtype == np.uint16 else weight.astype(F32)
     ref = bounds.reference(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens], b.compress_ratio,
                            b.block_size, weight, inputs.rms_norm_eps, inputs.cos_sin_cache)
+    if inputs.layout in INDEXER_LAYOUTS:
+        return _indexer_counts(inputs, expected, actual, slots, ref, bump, counts)
     got = _entry_bytes(inputs, actual, slots)
     addressed = np.zeros(expected.shape, dtype=bool)
     addressed[got["index"]] = True
@@ -280,6 +285,65 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
             bump(f"{name} beyond bound", np.count_nonzero(~accepted[:, part]))
     bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
     return counts
+
+
+def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, counts) -> dict[str, int]:
+    """SPEC §12's entries judged by the bounds (the scale at its written value)."""
+    from ..spec.formats import mxfp4_exponent
+
+    layout = PAGED_LAYOUTS[inputs.layout]
+    buffer = inputs.k_cache
+    entries = buffer.shape[1]
+    page_stride = buffer.strides[0] if buffer.shape[0] > 1 else entries * layout.entry_bytes
+    base = buffer.offset + (slots // entries) * page_stride
+    data_idx = (base + (slots % entries) * layout.data_bytes)[:, None] + np.arange(layout.data_bytes)
+    scale_idx = (base + entries * layout.data_bytes + (slots % entries) * layout.scale_bytes)[:, None] + np.arange(layout.scale_bytes)
+    addressed = np.zeros(expected.shape, dtype=bool)
+    addressed[data_idx] = True
+    addressed[scale_idx] = True
+    z, bz = bounds.indexer_values(ref, inputs.hadamard)
+    lo, hi = bounds.bf16_range(z, bz)
+    exact = bz == 0
+    if inputs.layout == "indexer_fp8":
+        written = actual[scale_idx].copy().view("<f4")[:, 0].astype(np.float64)
+        mantissa, exponent = np.frexp(written)
+        power_of_two = (mantissa == 0.5) & np.isfinite(written)
+        k_written = np.where(power_of_two, exponent - 1, 0).astype(np.int64)
+        least, most = _amax_range(lo, hi, 128)
+        ok = power_of_two[:, None] & (bounds.ue8m0_range(least) <= k_written[:, None]) & (k_written[:, None] <= bounds.ue8m0_range(most))
+        differs = actual[scale_idx] != expected[scale_idx]
+        bump("scale within bound", np.count_nonzero(ok[:, 0] & differs.any(axis=1)))
+        bump("scale beyond bound", np.count_nonzero(~ok[:, 0]))
+        k = np.repeat(k_written[:, None], 128, axis=1)
+        accepted = bounds.within(actual[data_idx], bounds.e4m3_at(lo, k), bounds.e4m3_at(hi, k), exact, 0x80)
+        bump("values within bound", np.count_nonzero(accepted & (actual[data_idx] != expected[data_idx])))
+        bump("values beyond bound", np.count_nonzero(~accepted))
+    else:
+        k_written = actual[scale_idx].astype(np.int64) - 127  # [n, 4]
+        least, most = _amax_range(lo, hi, 32)
+        ok = (mxfp4_exponent(bounds._f32(least)) <= k_written) & (k_written <= mxfp4_exponent(bounds._f32(most)))
+        bump("scale within bound", np.count_nonzero(ok & (actual[scale_idx] != expected[scale_idx])))
+        bump("scale beyond bound", np.count_nonzero(~ok))
+        k = np.repeat(k_written, 32, axis=1)
+        packed = actual[data_idx]
+        codes = np.stack([packed & 0xF, packed >> 4], axis=2).reshape(len(slots), 128)
+        spec_packed = expected[data_idx]
+        spec_codes = np.stack([spec_packed & 0xF, spec_packed >> 4], axis=2).reshape(len(slots), 128)
+        accepted = bounds.within(codes, bounds.e2m1_at(lo, k), bounds.e2m1_at(hi, k), exact, 0x8)
+        bump("values within bound", np.count_nonzero(accepted & (codes != spec_codes)))
+        bump("values beyond bound", np.count_nonzero(~accepted))
+    bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
+    return counts
+
+
+def _amax_range(lo: np.ndarray, hi: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of ``block`` channels, the least and greatest amax the bf16 intervals allow."""
+    low = bf16_to_f32(lo).astype(np.float64)
+    high = bf16_to_f32(hi).astype(np.float64)
+    least = np.where((low <= 0) & (high >= 0), 0.0, np.minimum(np.abs(low), np.abs(high)))
+    most = np.maximum(np.abs(low), np.abs(high))
+    n = lo.shape[0]
+    return least.reshape(n, -1, block).max(axis=2), most.reshape(n, -1, block).max(axis=2)
 
 
 def counts_pass(counts: dict[str, int]) -> bool:

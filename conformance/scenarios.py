@@ -37,6 +37,7 @@ class StepInputs:
     layout: str
     fp8_scale: float | None = None
     strided_inputs: bool = False  # hand the implementation strided views (see runner.to_torch)
+    hadamard: bool = False  # SPEC §12's rotation (indexer layouts)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class StepRecipe:
     edit: Callable | None = None  # (Batch, rng) -> Batch: metadata changes after the builder
     tune_to_ties: bool = False  # weights and cos/sin rows chosen so one-ulp slips show (ties.py)
     rope_rows: int = 0  # cos_sin_cache rows (default: the largest position + 8)
+    head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
+    hadamard: bool = False  # SPEC §12's rotation
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,33 @@ def _weight_span(state, kv_score, weight, rng):
     return state, kv_score, (magnitude * np.where(rng.random(weight.shape) < 0.5, -1.0, 1.0)).astype(F32)
 
 
+def _hadamard_cancel(state, kv_score, weight, rng):
+    """Indexer: channels 0 and 64 pooled from identical rows (x[0] = x[64] exactly) with weights
+    1e6 against ~1 elsewhere. At RoPE row 0 (cos 1, sin 0) z[64] = y[64], so the rotation's
+    first stage (span 64) cancels the large pair exactly in outputs 64..127; stages in another
+    order add the small values to the large ones first and lose their low bits."""
+    width = state.shape[-1]
+    head = weight.shape[0]
+    for base in range(0, width, head):  # every head-wide slice of kv and score
+        state[..., base + 64] = state[..., base]
+        kv_score[:, base + 64] = kv_score[:, base]
+    weight = weight.copy()
+    weight[0] = weight[64] = F32(1e6)
+    return state, kv_score, weight
+
+
+def _indexer_tiny(state, kv_score, weight, rng):
+    """Indexer weights ~1e-6 (amax below the 1e-4 floor) with blocks at 1e-38 and 1e-41 (below
+    MXFP4's 6·2^-126 floor, subnormal)."""
+    weight = weight * F32(1e-6)
+    weight[32:64] = weight[32:64] * F32(1e-32)
+    weight[96:128] = (weight[96:128].astype(np.float64) * 1e-35).astype(F32)
+    return state, kv_score, weight
+
+
 VALUE_PROFILES = {
+    "hadamard_cancel": _hadamard_cancel,
+    "indexer_tiny": _indexer_tiny,
     "cutoff_window": _cutoff_window,
     "weight_span": _weight_span,
     "normal": _normal,
@@ -202,14 +231,18 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
     )
     if recipe.edit is not None:
         batch = recipe.edit(batch, rng)
+    head = recipe.head_dim
     state = B.random_state_cache(batch.num_state_blocks, recipe.block_size, recipe.compress_ratio, rng,
-                                 row_pad=recipe.row_pad, block_pad_rows=recipe.block_pad_rows)
-    kv_score = B.random_kv_score(batch.num_tokens, recipe.compress_ratio, rng)
-    weight = (1.0 + 0.25 * rng.standard_normal(HEAD_DIM)).astype(F32)
+                                 row_pad=recipe.row_pad, block_pad_rows=recipe.block_pad_rows, head_dim=head)
+    kv_score = B.random_kv_score(batch.num_tokens, recipe.compress_ratio, rng, head_dim=head)
+    weight = (1.0 + 0.25 * rng.standard_normal(head)).astype(F32)
     state, kv_score, weight = VALUE_PROFILES[recipe.values](state, kv_score, weight, rng)
     if recipe.bf16_weight:
         weight = (weight.view(np.uint32) >> np.uint32(16)).astype(np.uint16)  # truncation: any bf16 will do
-    ape = B.random_ape(recipe.compress_ratio, rng)
+    ape = B.random_ape(recipe.compress_ratio, rng, head_dim=head)
+    if recipe.values == "hadamard_cancel":  # the same ape for the duplicated channels
+        for base in range(0, ape.shape[1], head):
+            ape[:, base + 64] = ape[:, base]
     if recipe.values == "cutoff_window":  # add(-a, a) = +0: this step's scores are exactly 0
         kv_score[:, kv_score.shape[1] // 2:] = -ape[batch.positions % recipe.compress_ratio]
     k_cache = _k_cache(recipe, batch)
@@ -226,11 +259,12 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         layout=recipe.layout,
         fp8_scale=recipe.fp8_scale,
         strided_inputs=recipe.strided_inputs,
+        hadamard=recipe.hadamard,
     )
     if recipe.tune_to_ties:
-        from .ties import tune_to_ties
+        from .ties import tune_indexer_ties, tune_to_ties
 
-        tune_to_ties(inputs)
+        (tune_indexer_ties if head != HEAD_DIM else tune_to_ties)(inputs)
     return inputs
 
 
@@ -436,6 +470,43 @@ def _small_v11(add) -> None:
         StepRecipe(_decode(4, 4), **C4, tune_to_ties=True), seed=31)
 
 
+def _indexer() -> list[Scenario]:
+    """SPEC §12: every layout x rotation x ratio, the floors, E2M1 ties, saturation, signed zeros."""
+    s = []
+
+    def add(name, description, recipe, seed=0):
+        s.append(Scenario(name, description, "small", recipe, seed, sections=("§4", "§5", "§12")))
+
+    for layout in ("indexer_fp8", "indexer_mxfp4"):
+        short = layout.removeprefix("indexer_")
+        for hadamard in (False, True):
+            rot = "_hadamard" if hadamard else ""
+            add(f"indexer_c4_{short}{rot}", f"indexer C4 decode and prefill into {layout}" + (" with the rotation" if hadamard else ""),
+                StepRecipe(_mixed(4, 5, (11,)), compress_ratio=4, block_size=16, entries_per_page=8, layout=layout,
+                           head_dim=128, hadamard=hadamard, num_padding=2), seed=40 + hadamard)
+            add(f"indexer_c128_{short}{rot}", f"indexer C128 decode into {layout}" + (" with the rotation" if hadamard else ""),
+                StepRecipe(_decode(3, 128, 4), compress_ratio=128, block_size=8, entries_per_page=3, layout=layout,
+                           head_dim=128, hadamard=hadamard), seed=42 + hadamard)
+        add(f"indexer_{short}_floors", f"{layout}: amax below the floors (1e-4; 6·2^-126), subnormal values",
+            StepRecipe(_decode(4, 4), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout, head_dim=128,
+                       values="indexer_tiny"), seed=44)
+        add(f"indexer_{short}_signed_zeros", f"{layout}: kv, scores and weights of +0 and -0",
+            StepRecipe(_c4_first_windows(), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout,
+                       head_dim=128, values="signed_zeros", hadamard=layout == "indexer_mxfp4"), seed=45)
+        add(f"indexer_{short}_ties", f"{layout}: values on E2M1 ties and grid points (5 and 6 included) and block "
+            "maxima that bf16 rounds onto 6·2^k / 448·2^k",
+            StepRecipe(_decode(2, 4), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout, head_dim=128,
+                       tune_to_ties=True), seed=46)
+        add(f"indexer_{short}_hadamard_cancel", f"{layout} with the rotation over a cancelling pair of large values: "
+            "the order of the stages shows", StepRecipe(_fixed((3, 1), (3, 1), (0, 4)), compress_ratio=4, block_size=16, entries_per_page=4,
+                                                       layout=layout, head_dim=128, hadamard=True, values="hadamard_cancel"),
+            seed=47)
+    add("indexer_c4_bs5_b3_strided", "indexer C4 with 5-row state blocks, 3 entries per page, strided inputs",
+        StepRecipe(_mixed(4, 3, (9,)), compress_ratio=4, block_size=5, entries_per_page=3, layout="indexer_mxfp4",
+                   head_dim=128, strided_inputs=True, page_pad_bytes=16), seed=48)
+    return s
+
+
 def _large() -> list[Scenario]:
     s = []
 
@@ -476,7 +547,7 @@ def _medium() -> list[Scenario]:
     ]
 
 
-CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _medium() + _large())
+CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _medium() + _large())
 
 
 def scenarios(names: list[str] | None = None, size: str | None = None) -> list[Scenario]:

@@ -13,6 +13,7 @@ most small scenarios. Here the spec's own intermediate values choose the inputs:
   fewer) or a changed ``a`` shows.
 
 Use with the ``bf16`` layout, which stores the bf16 values themselves.
+:func:`tune_indexer_ties` does the like for SPEC §12's E2M1 grid and block exponents.
 """
 
 from __future__ import annotations
@@ -85,3 +86,40 @@ def tune_to_ties(inputs) -> None:
         start = np.array([F32((float(m[0]) + float(q)) / float(a))], dtype=F32)
         found = _search(m, start, lambda cand: ((a * cand).astype(F32) - q).astype(F32), steps=16)
         table[row, j] = found[0]
+
+
+MXFP4_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 4.0, 5.0, 3.5)  # grid midpoints, then grid points
+
+
+def tune_indexer_ties(inputs) -> None:
+    """The indexer's weights chosen so that ``q = bf16(y)`` of channels 0..63 (unrotated) hits
+    E2M1 ties exactly (``mxfp4``) and each block's largest value is ``6·2^K`` or ``448·2^K``
+    times ``1 + 2^-10``: bf16 rounds it down onto the boundary, so an exponent taken from the
+    unrounded value is one larger. Channel ``d`` serves active token ``(d // 32) mod n``."""
+    b = inputs.batch
+    tokens = np.flatnonzero(b.active)
+    if tokens.size == 0:
+        return
+    _, state = inputs.state_cache.numpy_copy()
+    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size)
+    head = inputs.rms_norm_weight.shape[0]
+    x = pool(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens],
+             ratio_config(b.compress_ratio, head), b.block_size)
+    ss = tree(mul(x, x), axis=-1)
+    rr = div(F32(1.0), sqrt(add(mul(ss, F32(1.0 / head)), F32(inputs.rms_norm_eps))))
+    g = mul(x, rr[:, None])
+    w = inputs.rms_norm_weight.astype(F32).copy()
+    rng = np.random.default_rng(len(tokens))
+    fp8 = inputs.layout == "indexer_fp8"
+    for block in range(2):  # channels 0..63: z = y before any rotation
+        channels = np.arange(32 * block, 32 * block + 32)
+        gt = g[block % len(tokens), channels].astype(np.float64)
+        if np.any(gt == 0):
+            continue
+        top = 448.0 if fp8 else 6.0
+        k = int(np.ceil(np.log2(np.max(np.abs(gt * w[channels])) / top))) + 1
+        targets = np.array([MXFP4_TIES[i % len(MXFP4_TIES)] for i in range(32)]) * 2.0 ** k
+        targets *= np.where(rng.random(32) < 0.5, -1.0, 1.0)
+        targets[0] = top * 2.0 ** k * (1 + 2.0 ** -10)  # the block's amax, just above a boundary before bf16
+        w[channels] = (targets / gt).astype(F32)
+    inputs.rms_norm_weight = w

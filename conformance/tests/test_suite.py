@@ -207,6 +207,8 @@ KILLER_HINTS = {
     "exp2_no_cutoff": "c4_exp2_cutoff", "active_without_state_slot": "c128_activity_combinations",
     "padding_is_minus_one": "c4_negative_slots", "power_of_two_block_size": "c4_bs3_b5", "ape_by_slot": "c128_decode_boundary",
     "assume_contiguous_inputs": "c4_strided_inputs", "position_low_16_bits": "c4_positions_2e15_2e16",
+    "mxfp4_nibble_order": "indexer_c4_mxfp4", "indexer_scale_from_unrounded": "indexer_fp8_ties",
+    "hadamard_stages_reversed": "indexer_fp8_hadamard_cancel", "mxfp4_ties_away": "indexer_mxfp4_ties",
     **{m: name for m, (name, _) in EXPOSED_BY.items()},
 }
 
@@ -230,7 +232,8 @@ def test_the_fast_math_reference_passes_tolerant(scenario):
 
 SEMANTIC = ("scale_floor", "rope_at_token_position", "rope_rounded_to_bf16_first", "skip_invalid_rows", "write_non_boundary",
             "pad_byte_ff", "eps_before_mean", "active_without_state_slot", "padding_is_minus_one", "power_of_two_block_size",
-            "ape_by_slot", "assume_contiguous_inputs", "position_low_16_bits")
+            "ape_by_slot", "assume_contiguous_inputs", "position_low_16_bits", "mxfp4_nibble_order",
+            "indexer_scale_from_unrounded", "mxfp4_ties_away")
 
 
 @pytest.mark.parametrize("mutation", SEMANTIC)
