@@ -352,13 +352,14 @@ def counts_pass(counts: dict[str, int]) -> bool:
 
 
 # ---- one scenario --------------------------------------------------------------------------
-_CACHE: dict[str, list] = {}  # scenario name -> [inputs, expected or None]; the last two kept
+_CACHE: dict[str, list] = {}  # scenario name -> [inputs, expected or None]; the last one kept
 
 
 def scenario_inputs(scenario: Scenario) -> StepInputs:
-    """The scenario's inputs (built once; the last two scenarios are kept)."""
+    """The scenario's inputs (built once; the last scenario is kept: the CLI runs every
+    implementation on a scenario before the next)."""
     if scenario.name not in _CACHE:
-        while len(_CACHE) >= 2:
+        while _CACHE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[scenario.name] = [scenario.build(), None]
     return _CACHE[scenario.name][0]
@@ -377,16 +378,12 @@ def run_scenario(impl: LoadedImplementation, scenario: Scenario, *, tolerant: bo
     """Judge ``impl`` on ``scenario``: exact (every byte) or tolerant (SPEC §10), or report it
     unsupported (outside the implementation's declared capabilities: not called)."""
     device = device or impl.device()
+    if device is None:
+        return Verdict(scenario.name, impl.name, 0, 0, "skip", f"needs one of {impl.devices}; none found here")
+    if scenario.device and scenario.device != device:  # decided before building its (large) buffers
+        return Verdict(scenario.name, impl.name, 0, 0, "skip", f"runs on {scenario.device} only")
     inputs = scenario_inputs(scenario)
     verdict = Verdict(scenario.name, impl.name, inputs.batch.num_tokens, inputs.batch.num_active, "pass")
-    if device is None:
-        verdict.status = "skip"
-        verdict.first_difference = f"needs one of {impl.devices}; none found here"
-        return verdict
-    if scenario.device and scenario.device != device:
-        verdict.status = "skip"
-        verdict.first_difference = f"runs on {scenario.device} only"
-        return verdict
     reason = impl.capabilities.unsupported(features(inputs))
     if reason:
         verdict.status = "unsupported"

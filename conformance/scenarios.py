@@ -213,6 +213,21 @@ VALUE_PROFILES = {
 }
 
 
+def _cos_sin_cache(rows: int, chunk: int = 1 << 18) -> np.ndarray:
+    """The spec's RoPE table (``B.rope_cos_sin_cache``), built a chunk of rows at a time so
+    that 2^22 rows stay at their 1 GiB."""
+    if rows <= chunk:
+        return B.rope_cos_sin_cache(rows)
+    half = 32
+    freqs = 10000.0 ** (-np.arange(half, dtype=np.float64) / half)
+    table = np.empty((rows, 2 * half), dtype=F32)
+    for start in range(0, rows, chunk):
+        angles = np.arange(start, min(rows, start + chunk), dtype=np.float64)[:, None] * freqs[None, :]
+        table[start:start + len(angles), :half] = np.cos(angles)
+        table[start:start + len(angles), half:] = np.sin(angles)
+    return table
+
+
 def _k_cache(recipe: StepRecipe, batch: Batch) -> np.ndarray:
     if recipe.entry_pad and recipe.layout in ("bf16", "fp8_per_tensor"):
         dtype = np.uint16 if recipe.layout == "bf16" else np.uint8
@@ -254,7 +269,7 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         state_cache=Buffer.of(state),
         rms_norm_weight=weight,
         rms_norm_eps=recipe.rms_norm_eps,
-        cos_sin_cache=B.rope_cos_sin_cache(max(recipe.rope_rows, max_pos + 7)),
+        cos_sin_cache=_cos_sin_cache(max(recipe.rope_rows, max_pos + 7)),
         k_cache=Buffer.of(k_cache, "float8_e4m3fn" if recipe.layout == "fp8_per_tensor" else None),
         layout=recipe.layout,
         fp8_scale=recipe.fp8_scale,

@@ -61,6 +61,7 @@ MUTATIONS = (
     "hadamard_stages_reversed",  # the butterfly stages with spans 1, 2, ..., 64
     "mxfp4_ties_away",  # E2M1 ties rounded away from zero instead of to the even code
 )
+POOL_CHUNK = 256  # tokens pooled at a time (bounds the memory of the gathered windows)
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # SPEC §12, retyped
 HADAMARD_H = 0x3DB504F3  # 128^-1/2 rounded to binary32 (SPEC §12)
 
@@ -345,7 +346,9 @@ class TorchReference:
         if tokens.numel() == 0:
             return
         p = positions[tokens]
-        x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
+        requests = token_to_req_indices[tokens]
+        x = torch.cat([self._pool(state_cache, block_table, requests[i:i + POOL_CHUNK], p[i:i + POOL_CHUNK], r, block_size, c)
+                       for i in range(0, len(tokens), POOL_CHUNK)])
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
         head = x.shape[1]
