@@ -147,6 +147,8 @@ def run(args) -> int:
                 checked += result.status in ("pass", "fail", "error")
                 if not result.passed:
                     failed.setdefault(name, []).append(f"§9 {result.case}")
+                if result.status == "unsupported":
+                    unsupported.setdefault(name, []).append(f"§9 {result.case}")
                 results["errors"].append({"case": result.case, "impl": name, "status": result.status, "detail": result.detail})
     print()
     for name, names in unsupported.items():

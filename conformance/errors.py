@@ -26,6 +26,7 @@ class ErrorCase:
     argument: str  # the argument the error message must name
     breaks: Callable  # (call: dict, ctx: dict) -> None, edits the call's arguments
     indexer: bool = False  # needs an implementation of SPEC §12 (head width 128)
+    layout: str | None = None  # the (valid) layout the broken call is built on, when not flashmla_fp8
 
 
 @dataclass
@@ -184,12 +185,12 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("k_cache with a non-unit last stride", "store", "k_cache",
               _set("k_cache", lambda c, x: _flashmla_last_stride(x))),
     ErrorCase("layout of the indexer for head width 512", "store", "layout", _set("layout", lambda c, x: "indexer_fp8")),
-    ErrorCase("fp8_scale for the bf16 layout", "store", "fp8_scale", _bf16_with_scale),
-    ErrorCase("fp8_per_tensor without fp8_scale", "store", "fp8_scale", _fp8_layout(None)),
-    ErrorCase("fp8_scale 0", "store", "fp8_scale", _fp8_layout(0.0)),
-    ErrorCase("fp8_scale inf", "store", "fp8_scale", _fp8_layout(float("inf"))),
-    ErrorCase("fp8_scale nan", "store", "fp8_scale", _fp8_layout(float("nan"))),
-    ErrorCase("fp8_scale 1e-50 (0 in binary32)", "store", "fp8_scale", _fp8_layout(1e-50)),
+    ErrorCase("fp8_scale for the bf16 layout", "store", "fp8_scale", _bf16_with_scale, layout="bf16"),
+    ErrorCase("fp8_per_tensor without fp8_scale", "store", "fp8_scale", _fp8_layout(None), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale 0", "store", "fp8_scale", _fp8_layout(0.0), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale inf", "store", "fp8_scale", _fp8_layout(float("inf")), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale nan", "store", "fp8_scale", _fp8_layout(float("nan")), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale 1e-50 (0 in binary32)", "store", "fp8_scale", _fp8_layout(1e-50), layout="fp8_per_tensor"),
     ErrorCase("rms_norm_eps nan", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: float("nan"))),
     ErrorCase("rms_norm_eps inf", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: float("inf"))),
     ErrorCase("rms_norm_eps -1e-6", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: -1e-6)),
@@ -208,8 +209,8 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("cos_sin_cache with a non-unit last stride", "store", "cos_sin_cache", _set("cos_sin_cache", lambda c, x: _every_other(x, c["cos_sin_cache"]))),
     ErrorCase("ape float64", "save", "ape", _set("ape", lambda c, x: c["ape"].double())),
     ErrorCase("positions int32 for save", "save", "positions", _set("positions", lambda c, x: c["positions"].to(x["torch"].int32))),
-    ErrorCase("bf16 k_cache of dtype float32", "store", "k_cache", _bf16_k_cache_float32),
-    ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8),
+    ErrorCase("bf16 k_cache of dtype float32", "store", "k_cache", _bf16_k_cache_float32, layout="bf16"),
+    ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8, layout="fp8_per_tensor"),
     ErrorCase("block_size 0", "save", "block_size", _set("block_size", lambda c, x: 0)),
     ErrorCase("hadamard for flashmla_fp8", "store", "hadamard", _set("hadamard", lambda c, x: True), indexer=True),
     ErrorCase("indexer_mxfp4 k_cache of 68 bytes per entry with a 512-wide state", "store", "layout",
@@ -347,6 +348,10 @@ def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None 
     for case in cases:
         if case.indexer and 128 not in impl.capabilities.head_widths:
             verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: no SPEC §12 (head width 128)"))
+            continue
+        layouts = impl.capabilities.layouts
+        if case.layout and layouts is not None and case.layout not in layouts:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"declared: no layout {case.layout!r}"))
             continue
         if not impl.reference:
             verdicts.append(run_error_case(impl, case, device))

@@ -77,8 +77,8 @@ class ErrorCaseItem(pytest.Item):
         if key not in self.results:  # one worker process runs all cases of an implementation
             self.results[key] = {v.case: v for v in run_error_cases(self.impl, CASES)}
         verdict = self.results[key][self.case.name]
-        if verdict.status == "skip":
-            pytest.skip(verdict.detail)
+        if verdict.status in ("skip", "unsupported"):
+            pytest.skip(f"{verdict.status}: {verdict.detail}")
         if not verdict.passed:
             raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}")
 

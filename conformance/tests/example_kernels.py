@@ -48,7 +48,8 @@ class VllmLike(TorchReference):
                                 state_stride_multiple=16)
 
     def compress_norm_rope_store(self, *args, layout="flashmla_fp8", **kwargs):
-        assert layout == "flashmla_fp8", "called outside the declared capabilities"
+        if layout != "flashmla_fp8":
+            raise ValueError(f"layout: expected 'flashmla_fp8' (the only layout of this kernel), got {layout!r}")
         return super().compress_norm_rope_store(*args, layout=layout, **kwargs)
 
 
