@@ -74,7 +74,8 @@ def run(args) -> int:
 
     if args.list:
         for sc in CATALOGUE:
-            print(f"{sc.name:40s} {sc.size:6s} {sc.description}")
+            where = f"{sc.size} ({sc.device} only)" if sc.device else sc.size
+            print(f"{sc.name:40s} {where:18s} {sc.description}")
         return EXIT_PASSED
     if args.errors_only and args.no_errors:
         return _usage("--errors-only and --no-errors exclude each other")

@@ -4,7 +4,8 @@ It follows SPEC.md except where engines' kernels do not: ``exp2`` and ``rsqrt`` 
 relative error of up to ``2^-21`` (each result moved by a deterministic pseudo-random
 factor in ``[1 - 2^-21, 1 + 2^-21]``), products feed additions unrounded (FMA-style
 contraction: the RoPE rotation and the norm's ``x·rr·w`` are computed in float64 and rounded
-once), and sums run in another order (right to left). Its bytes differ from the spec's near
+once), and sums run in another order (right to left; the indexer's rotation stages with spans
+1, 2, ..., 64). Its bytes differ from the spec's near
 rounding ties; ``--tolerant`` must pass it on every scenario, so the tolerant verdict is no
 tighter than such arithmetic needs.
 """
@@ -52,6 +53,9 @@ class FastMathReference(TorchReference):
 
     def _normalize(self, x, rr, w):
         return (x.double() * rr.double()[:, None] * w.double()[None, :]).float()
+
+    def _hadamard_spans(self):
+        return (1, 2, 4, 8, 16, 32, 64)  # another order of the rotation's stages (SPEC §12)
 
     def _rotate(self, a, b, co, si):
         a, b, co, si = a.double(), b.double(), co.double(), si.double()

@@ -225,13 +225,15 @@ class TorchReference:
     # ---- SPEC §12 ----------------------------------------------------------------------
     def _hadamard(self, z: torch.Tensor) -> torch.Tensor:
         """Seven butterfly stages (spans 64, 32, ..., 1), each (a + b, a - b), then times h."""
-        spans = (1, 2, 4, 8, 16, 32, 64) if "hadamard_stages_reversed" in self.mutations else (64, 32, 16, 8, 4, 2, 1)
         n = z.shape[0]
-        for span in spans:
+        for span in self._hadamard_spans():
             pairs = z.reshape(n, 128 // (2 * span), 2, span)
             first, second = pairs[:, :, 0], pairs[:, :, 1]
             z = torch.stack([first + second, first - second], dim=2).reshape(n, 128)
         return z * _bits_to_f32(HADAMARD_H).to(z.device)
+
+    def _hadamard_spans(self) -> tuple[int, ...]:
+        return (1, 2, 4, 8, 16, 32, 64) if "hadamard_stages_reversed" in self.mutations else (64, 32, 16, 8, 4, 2, 1)
 
     def _e2m1(self, v: torch.Tensor) -> torch.Tensor:
         """E2M1 codes of binary32 v (|v| <= 6 after the scaling): nearest grid point, ties to the
