@@ -48,6 +48,7 @@ def pytest_configure(config):
 
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    config.pluginmanager.register(_ConformanceOutcomes(), "dsv4-conformance-outcomes")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -62,17 +63,19 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(skip_gpu)
 
 
-_CONFORMANCE_OUTCOMES: dict[str, str] = {}
+class _ConformanceOutcomes:
+    """Remembers the conformance tests' outcomes; a run in which all were skipped checked nothing."""
 
+    def __init__(self):
+        self.outcomes: dict[str, str] = {}
 
-def pytest_runtest_logreport(report):
-    if "dsv4[" in report.nodeid and (report.when == "call" or report.outcome != "passed"):
-        _CONFORMANCE_OUTCOMES[report.nodeid] = report.outcome
+    def pytest_runtest_logreport(self, report):
+        if "dsv4[" in report.nodeid and (report.when == "call" or report.outcome != "passed"):
+            self.outcomes[report.nodeid] = report.outcome
 
+    def pytest_sessionfinish(self, session, exitstatus):
+        from dsv4_compressor.conformance.pytest_items import nothing_checked
 
-def pytest_sessionfinish(session, exitstatus):
-    from dsv4_compressor.conformance.pytest_items import nothing_checked
-
-    if exitstatus == 0 and nothing_checked(session, _CONFORMANCE_OUTCOMES):
-        session.config.get_terminal_writer().line("dsv4 conformance: every test was skipped; nothing was checked", red=True)
-        session.exitstatus = 3
+        if exitstatus == 0 and nothing_checked(session, self.outcomes):
+            session.config.get_terminal_writer().line("dsv4 conformance: every test was skipped; nothing was checked", red=True)
+            session.exitstatus = 3
