@@ -2,18 +2,24 @@
 it writes what SPEC.md says.
 
 - :mod:`.implementations`  the protocol, the built-ins and how third-party kernels load
-- :mod:`.scenarios`        the named scenario catalogue (small and large) and random ones
+- :mod:`.capabilities`     what an implementation declares it handles (the unsupported verdict)
+- :mod:`.scenarios`        the named scenario catalogue (small, medium, large; SPEC §12 too)
+- :mod:`.ties`             inputs tuned onto rounding ties, so one-ulp slips change bytes
 - :mod:`.runner`           spec vs implementation, exact and tolerant (SPEC §10) verdicts
-- :mod:`.errors`           SPEC §9 error cases: ValueError naming the argument, nothing written
+- :mod:`.bounds`           the tolerant verdict's float64 evaluation and error bounds
+- :mod:`.errors`           SPEC §9 error cases, run in a worker process that survives crashes
 - :mod:`.torch_reference`  an independent torch implementation, with deliberate mutations
+- :mod:`.fast_math`        SPEC.md with fast-math arithmetic: what the tolerant verdict must pass
+- :mod:`.pytest_items`     the suite as pytest tests (``--dsv4-impl``)
 - :mod:`.cli`              ``python -m dsv4_compressor conformance``
 """
 
+from .capabilities import Capabilities
 from .implementations import ENTRY_POINT_GROUP, Implementation, LoadedImplementation, load_implementation
 from .runner import Verdict, run_scenario
 from .scenarios import CATALOGUE, Scenario, scenarios
 
 __all__ = [
-    "CATALOGUE", "ENTRY_POINT_GROUP", "Implementation", "LoadedImplementation", "Scenario", "Verdict",
+    "CATALOGUE", "Capabilities", "ENTRY_POINT_GROUP", "Implementation", "LoadedImplementation", "Scenario", "Verdict",
     "load_implementation", "run_scenario", "scenarios",
 ]

@@ -1,8 +1,10 @@
 """SPEC §9 error cases: each invalid call must raise ``ValueError`` naming the argument and
-write nothing (the state cache and the compressed cache keep every byte).
+write nothing (no byte of any buffer of the call changes, padding included).
 
 Each case starts from a valid small C4 step on the implementation's device and breaks one
-thing about one argument.
+thing about one argument. The message must *lead* with the argument's name
+(``"state_cache: expected ..."``) or the exception must carry it as an attribute. Cases run
+in a worker process that is replaced when a case crashes it (:func:`run_error_cases`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class ErrorCase:
     operation: str  # "save" or "store"
     argument: str  # the argument the error message must name
     breaks: Callable  # (call: dict, ctx: dict) -> None, edits the call's arguments
+    indexer: bool = False  # needs an implementation of SPEC §12 (head width 128)
+    layout: str | None = None  # the (valid) layout the broken call is built on, when not flashmla_fp8
 
 
 @dataclass
@@ -34,7 +38,7 @@ class ErrorVerdict:
 
     @property
     def passed(self) -> bool:
-        return self.status in ("pass", "skip")
+        return self.status in ("pass", "skip", "unsupported")
 
 
 def _valid_call(device: str, layout: str = "flashmla_fp8"):
@@ -63,7 +67,7 @@ def _strided_state(ctx, *, extra_offset=0, row_stride=None, last_stride=1):
     torch = ctx["torch"]
     shape = (4, 4, 2048)
     row = row_stride or 2048 * last_stride
-    size = extra_offset + shape[0] * shape[1] * row + 64
+    size = extra_offset + shape[0] * shape[1] * row + shape[2] * last_stride + 64
     owner = torch.zeros(size, dtype=torch.float32, device=ctx["device"])
     return torch.as_strided(owner, shape, (shape[1] * row, row, last_stride), extra_offset)
 
@@ -78,6 +82,71 @@ def _set(key, value_fn):
     def breaks(call, ctx):
         call[key] = value_fn(call, ctx)
     return breaks
+
+
+def _every_other(ctx, tensor):
+    """The same values as a view with last stride 2 (SPEC §9: unit last strides only)."""
+    torch = ctx["torch"]
+    wide = torch.zeros(tensor.shape[:-1] + (2 * tensor.shape[-1],), dtype=tensor.dtype, device=tensor.device)
+    view = wide[..., ::2]
+    view.copy_(tensor)
+    return view
+
+
+def _flashmla_entry_stride(ctx, entry_stride: int, pages: int = 3, entries: int = 2):
+    torch = ctx["torch"]
+    page_stride = 2 * 1168
+    owner = torch.zeros(pages * page_stride + 1024, dtype=torch.uint8, device=ctx["device"])
+    return torch.as_strided(owner, (pages, entries, 584), (page_stride, entry_stride, 1))
+
+
+def _flashmla_last_stride(ctx, pages: int = 3, entries: int = 2):
+    torch = ctx["torch"]
+    owner = torch.zeros(pages * entries * 584 * 2 + 64, dtype=torch.uint8, device=ctx["device"])
+    return torch.as_strided(owner, (pages, entries, 584), (entries * 584 * 2, 584 * 2, 2))
+
+
+def _overlapping_blocks(ctx):
+    """Block stride below block_size * row stride: blocks share rows."""
+    torch = ctx["torch"]
+    owner = torch.zeros(4 * 2 * 2048 + 4 * 2048 + 64, dtype=torch.float32, device=ctx["device"])
+    return torch.as_strided(owner, (4, 4, 2048), (2 * 2048, 2048, 1))
+
+
+def _with_layout(layout: str, fp8_scale, ctx, call):
+    """The store call rebuilt for another layout (a fresh compressed cache of that layout)."""
+    _, store, fresh = _valid_call(ctx["device"], layout)
+    ctx["k_owner"] = fresh["k_owner"]
+    call["k_cache"] = store["k_cache"]
+    call["layout"] = layout
+    call["fp8_scale"] = fp8_scale
+
+
+def _bf16_with_scale(call, ctx):
+    _with_layout("bf16", 0.5, ctx, call)
+
+
+def _fp8_layout(fp8_scale):
+    def breaks(call, ctx):
+        _with_layout("fp8_per_tensor", fp8_scale, ctx, call)
+    return breaks
+
+
+def _indexer_cache_for_512(call, ctx):
+    torch = ctx["torch"]
+    owner = torch.zeros(3 * 2 * 68 + 64, dtype=torch.uint8, device=ctx["device"])
+    call["k_cache"] = torch.as_strided(owner, (3, 2, 68), (2 * 68 + 8, 68, 1))
+    call["layout"] = "indexer_mxfp4"
+
+
+def _bf16_k_cache_float32(call, ctx):
+    _with_layout("bf16", None, ctx, call)
+    call["k_cache"] = call["k_cache"].float()
+
+
+def _fp8_k_cache_uint8(call, ctx):
+    _with_layout("fp8_per_tensor", 0.5, ctx, call)
+    call["k_cache"] = call["k_cache"].view(ctx["torch"].uint8)
 
 
 CASES: tuple[ErrorCase, ...] = (
@@ -110,32 +179,193 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("kv_score of the wrong length", "save", "kv_score", _set("kv_score", lambda c, x: c["kv_score"][:-1])),
     ErrorCase("C128 ape with C4 projections", "save", "kv_score", _set("ape", lambda c, x: x["torch"].zeros((128, 512), dtype=x["torch"].float32, device=x["device"]))),
     ErrorCase("state_cache float64 for save", "save", "state_cache", _set("state_cache", lambda c, x: c["state_cache"].double())),
+    # SPEC v1.1 §9 additions
+    ErrorCase("k_cache entry stride other than 584", "store", "k_cache",
+              _set("k_cache", lambda c, x: _flashmla_entry_stride(x, 592))),
+    ErrorCase("k_cache with a non-unit last stride", "store", "k_cache",
+              _set("k_cache", lambda c, x: _flashmla_last_stride(x))),
+    ErrorCase("layout of the indexer for head width 512", "store", "layout", _set("layout", lambda c, x: "indexer_fp8")),
+    ErrorCase("fp8_scale for the bf16 layout", "store", "fp8_scale", _bf16_with_scale, layout="bf16"),
+    ErrorCase("fp8_per_tensor without fp8_scale", "store", "fp8_scale", _fp8_layout(None), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale 0", "store", "fp8_scale", _fp8_layout(0.0), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale inf", "store", "fp8_scale", _fp8_layout(float("inf")), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale nan", "store", "fp8_scale", _fp8_layout(float("nan")), layout="fp8_per_tensor"),
+    ErrorCase("fp8_scale 1e-50 (0 in binary32)", "store", "fp8_scale", _fp8_layout(1e-50), layout="fp8_per_tensor"),
+    ErrorCase("rms_norm_eps nan", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: float("nan"))),
+    ErrorCase("rms_norm_eps inf", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: float("inf"))),
+    ErrorCase("rms_norm_eps -1e-6", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: -1e-6)),
+    ErrorCase("rms_norm_eps 1e-50 (0 in binary32)", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: 1e-50)),
+    ErrorCase("overlapping state rows", "store", "state_cache", _set("state_cache", lambda c, x: _strided_state(x, row_stride=1024))),
+    ErrorCase("overlapping state blocks", "store", "state_cache", _set("state_cache", lambda c, x: _overlapping_blocks(x))),
+    ErrorCase("overlapping state rows for save", "save", "state_cache", _set("state_cache", lambda c, x: _strided_state(x, row_stride=1024))),
+    ErrorCase("state row stride not a multiple of 4 for save", "save", "state_cache", _set("state_cache", lambda c, x: _strided_state(x, row_stride=2050))),
+    ErrorCase("slot_mapping shorter than positions", "store", "slot_mapping", _set("slot_mapping", lambda c, x: c["slot_mapping"][:-1])),
+    ErrorCase("token_to_req_indices shorter than positions", "store", "token_to_req_indices",
+              _set("token_to_req_indices", lambda c, x: c["token_to_req_indices"][:-1])),
+    ErrorCase("slot_mapping shorter than positions for save", "save", "slot_mapping", _set("slot_mapping", lambda c, x: c["slot_mapping"][:-1])),
+    ErrorCase("positions with a non-unit stride", "store", "positions", _set("positions", lambda c, x: _every_other(x, c["positions"]))),
+    ErrorCase("kv_score with a non-unit last stride", "save", "kv_score", _set("kv_score", lambda c, x: _every_other(x, c["kv_score"]))),
+    ErrorCase("block_table with a non-unit last stride", "store", "block_table", _set("block_table", lambda c, x: _every_other(x, c["block_table"]))),
+    ErrorCase("cos_sin_cache with a non-unit last stride", "store", "cos_sin_cache", _set("cos_sin_cache", lambda c, x: _every_other(x, c["cos_sin_cache"]))),
+    ErrorCase("ape float64", "save", "ape", _set("ape", lambda c, x: c["ape"].double())),
+    ErrorCase("positions int32 for save", "save", "positions", _set("positions", lambda c, x: c["positions"].to(x["torch"].int32))),
+    ErrorCase("bf16 k_cache of dtype float32", "store", "k_cache", _bf16_k_cache_float32, layout="bf16"),
+    ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8, layout="fp8_per_tensor"),
+    ErrorCase("block_size 0", "save", "block_size", _set("block_size", lambda c, x: 0)),
+    ErrorCase("hadamard for flashmla_fp8", "store", "hadamard", _set("hadamard", lambda c, x: True), indexer=True),
+    ErrorCase("indexer_mxfp4 k_cache of 68 bytes per entry with a 512-wide state", "store", "layout",
+              _indexer_cache_for_512, indexer=True),
 )
 
 
+def _storage_bytes(tensor):
+    """A host copy of every byte of the allocation behind ``tensor`` (its padding included)."""
+    import torch
+
+    whole = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+    return whole.cpu().clone()
+
+
+def names_argument(error: BaseException, argument: str) -> bool:
+    """The message leads with the argument's name (``"<name>: ..."``, ``"<name> ..."``), or the
+    exception carries it as an attribute (``argument``, ``arg``, ``name`` or ``param``). A
+    message that merely contains the name somewhere (a whole signature, say) does not count."""
+    for attribute in ("argument", "arg", "name", "param"):
+        if getattr(error, attribute, None) == argument:
+            return True
+    text = str(error).lstrip(" '\"`")
+    return text.startswith(argument) and (len(text) == len(argument) or not (text[len(argument)].isalnum() or text[len(argument)] == "_"))
+
+
 def run_error_case(impl: LoadedImplementation, case: ErrorCase, device: str | None = None) -> ErrorVerdict:
-    """Call with the broken argument; pass iff ValueError names the argument and nothing changed."""
+    """Call with the broken argument, in this process; pass iff a ValueError names the
+    argument and no byte of any buffer of the call changed."""
     device = device or impl.device()
     if device is None:
         return ErrorVerdict(case.name, impl.name, "skip", f"needs one of {impl.devices}")
     save, store, ctx = _valid_call(device)
     call = dict(save if case.operation == "save" else store)
     case.breaks(call, ctx)
-    before = (ctx["state_owner"].cpu().clone(), ctx["k_owner"].cpu().clone())
+    buffers = {k: v for k, v in call.items() if isinstance(v, ctx["torch"].Tensor)}
+    buffers.update(state_owner=ctx["state_owner"], k_owner=ctx["k_owner"])
+    before = {k: _storage_bytes(v) for k, v in buffers.items()}
     operation = impl.target.save_partial_states if case.operation == "save" else impl.target.compress_norm_rope_store
-    positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale")]
-    keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale") if k in call}
+    positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale", "hadamard")]
+    keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale", "hadamard") if k in call}
     try:
         operation(*(call[k] for k in positional), **keywords)
+        if device == "cuda":
+            ctx["torch"].cuda.synchronize()
     except ValueError as error:
         if device == "cuda":
             ctx["torch"].cuda.synchronize()
-        unchanged = bool((ctx["state_owner"].cpu() == before[0]).all() and (ctx["k_owner"].cpu() == before[1]).all())
-        if case.argument not in str(error):
-            return ErrorVerdict(case.name, impl.name, "fail", f"ValueError does not name {case.argument!r}: {error}")
-        if not unchanged:
-            return ErrorVerdict(case.name, impl.name, "fail", "raised ValueError but wrote to the caches first")
-        return ErrorVerdict(case.name, impl.name, "pass", str(error))
+        changed = [k for k, v in buffers.items() if not ctx["torch"].equal(_storage_bytes(v), before[k])]
+        message = " ".join(str(error).split())
+        if not names_argument(error, case.argument):
+            return ErrorVerdict(case.name, impl.name, "fail", f"ValueError does not lead with {case.argument!r}: {message[:160]}")
+        if changed:
+            return ErrorVerdict(case.name, impl.name, "fail", f"raised ValueError but wrote to {', '.join(sorted(changed))} first")
+        return ErrorVerdict(case.name, impl.name, "pass", message)
     except Exception as error:  # any other failure is the wrong contract
-        return ErrorVerdict(case.name, impl.name, "fail", f"expected ValueError, got {type(error).__name__}: {error}"[:300])
+        return ErrorVerdict(case.name, impl.name, "fail", " ".join(f"expected ValueError, got {type(error).__name__}: {error}".split())[:300])
     return ErrorVerdict(case.name, impl.name, "fail", "no error raised")
+
+
+# ---- crash-proof running: a worker process, restarted when a case kills it -----------------
+CASE_TIMEOUT_S = 300  # one case, compilation included
+
+
+def _worker_main() -> None:
+    """Worker loop: stdin gives ``reference device case-name`` lines, stdout answers JSON lines."""
+    import json
+    import sys
+
+    from .implementations import load_implementation
+
+    loaded = {}
+    by_name = {c.name: c for c in CASES}
+    for line in sys.stdin:
+        reference, device, name = json.loads(line)
+        if reference not in loaded:
+            loaded[reference] = load_implementation(reference)
+        try:
+            verdict = run_error_case(loaded[reference], by_name[name], device)
+        except Exception as error:  # the case could not be set up: the suite's fault, not the kernel's
+            verdict = ErrorVerdict(name, reference, "error", f"setting up the case failed: {type(error).__name__}: {error}"[:300])
+        sys.stdout.write(json.dumps([verdict.status, verdict.detail]) + "\n")
+        sys.stdout.flush()
+
+
+class _Worker:
+    def __init__(self):
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from dsv4_compressor.conformance.errors import _worker_main; _worker_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def ask(self, reference: str, device: str, case: ErrorCase) -> tuple[str, str] | None:
+        """The worker's (status, detail), or ``None`` when it died or hung on this case."""
+        import json
+        import select
+
+        try:
+            self.process.stdin.write(json.dumps([reference, device, case.name]) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            return None
+        ready, _, _ = select.select([self.process.stdout], [], [], CASE_TIMEOUT_S)
+        line = self.process.stdout.readline() if ready else ""
+        return tuple(json.loads(line)) if line else None
+
+    def end(self) -> str:
+        """Stop the worker; a short account of how it ended."""
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            _, err = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            err = ""
+        code = self.process.returncode
+        tail = " ".join((err or "").strip().splitlines()[-1:])[:160]
+        return f"exit status {code}" + (f" ({tail})" if tail else "")
+
+
+def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None = None) -> list[ErrorVerdict]:
+    """Every case against ``impl``, a crash in one hiding none of the others.
+
+    Loadable implementations (``impl.reference``) run in a worker process that is restarted
+    after any case it did not pass (a crash, a hang, or a failure that may have poisoned a
+    GPU context); others run in this process.
+    """
+    device = device or impl.device()
+    if device is None:
+        return [ErrorVerdict(c.name, impl.name, "skip", f"needs one of {impl.devices}") for c in cases]
+    verdicts, worker = [], None
+    for case in cases:
+        if case.indexer and 128 not in impl.capabilities.head_widths:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: no SPEC §12 (head width 128)"))
+            continue
+        layouts = impl.capabilities.layouts
+        if case.layout and layouts is not None and case.layout not in layouts:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"declared: no layout {case.layout!r}"))
+            continue
+        if not impl.reference:
+            verdicts.append(run_error_case(impl, case, device))
+            continue
+        worker = worker or _Worker()
+        answer = worker.ask(impl.reference, device, case)
+        if answer is None:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "fail", f"the call crashed or hung the process: {worker.end()}"))
+            worker = None
+            continue
+        verdicts.append(ErrorVerdict(case.name, impl.name, *answer))
+        if answer[0] != "pass":
+            worker.end()
+            worker = None
+    if worker:
+        worker.end()
+    return verdicts

@@ -9,8 +9,11 @@ torch tensors with vLLM's names and dtypes::
                              cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
                              layout="flashmla_fp8", fp8_scale=None)
 
-and optionally ``SUPPORTED_DEVICES`` (default ``("cuda",)``). Both operations write in
-place and must raise ``ValueError`` (having written nothing) on the inputs of SPEC §9.
+and optionally ``CAPABILITIES``, a :class:`~.capabilities.Capabilities` declaring the
+devices, layouts, ratios, block sizes and strides it handles (scenarios outside it are
+reported *unsupported*), or the older ``SUPPORTED_DEVICES`` (default ``("cuda",)``). Both
+operations write in place and must raise ``ValueError`` (having written nothing) on the
+inputs of SPEC §9.
 
 Names the suite understands: the built-ins ``spec``, ``torch``, ``triton``, ``cutedsl``;
 ``module:attribute`` (attribute may be a factory called with no arguments); or a name
@@ -20,17 +23,19 @@ registered by another package under the entry-point group ``dsv4_compressor.impl
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any, Protocol
 
 from ..spec import compress_norm_rope_store as spec_compress_norm_rope_store
 from ..spec import save_partial_states as spec_save_partial_states
+from .capabilities import Capabilities
 
 ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
 BUILTIN = {
     "spec": "dsv4_compressor.conformance.implementations:SpecImplementation",
     "torch": "dsv4_compressor.conformance.torch_reference:TorchReference",
+    "fast-math": "dsv4_compressor.conformance.fast_math:FastMathReference",
     "triton": "dsv4_compressor.impl.triton",
     "cutedsl": "dsv4_compressor.impl.cutedsl",
 }
@@ -48,30 +53,37 @@ class SpecImplementation:
     """The NumPy specification behind the protocol (CPU tensors; same §9 checks as the kernels)."""
 
     SUPPORTED_DEVICES = ("cpu",)
+    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128))
     name = "spec"
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
         from ..impl.frontend import numpy_view, validate_save_partial_states
 
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
         spec_save_partial_states(*(numpy_view(t) for t in (kv_score, ape, positions, slot_mapping, state_cache)), block_size)
 
     def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
                                  block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
-                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None):
+                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False):
         from ..impl.frontend import numpy_view, validate_compress_norm_rope_store
 
         validate_compress_norm_rope_store(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale,
+            fp8_scale=fp8_scale, hadamard=hadamard, head_dims=(512, 128),
         )
         spec_compress_norm_rope_store(
             numpy_view(state_cache), numpy_view(token_to_req_indices), numpy_view(positions), numpy_view(slot_mapping),
             numpy_view(block_table), block_size, numpy_view(rms_norm_weight), rms_norm_eps, numpy_view(cos_sin_cache),
             numpy_view(k_cache), numpy_view(kv_slot_mapping), compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale,
+            fp8_scale=fp8_scale, hadamard=hadamard,
         )
+
+
+# The project's kernels handle every valid call (general paths behind the fast ones), the
+# indexer's head width where their compress call takes ``hadamard``; their devices come from
+# their own SUPPORTED_DEVICES.
+BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
 
 
 @dataclass
@@ -79,6 +91,14 @@ class LoadedImplementation:
     name: str
     target: Any  # has the two operations
     devices: tuple[str, ...]
+    capabilities: Capabilities | None = None  # None: every valid call on ``devices``
+    reference: str = ""  # how to load it again (a worker process does)
+
+    def __post_init__(self):
+        if self.capabilities is None:  # the target's own declaration, on the devices given
+            declared = getattr(self.target, "CAPABILITIES", None)
+            declared = declared if isinstance(declared, Capabilities) else Capabilities()
+            self.capabilities = replace(declared, devices=self.devices)
 
     def device(self) -> str | None:
         """The first supported device present here, or ``None``."""
@@ -88,6 +108,15 @@ class LoadedImplementation:
             if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
                 return device
         return None
+
+
+def _takes_hadamard(target) -> bool:
+    import inspect
+
+    try:
+        return "hadamard" in inspect.signature(target.compress_norm_rope_store).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _resolve(reference: str) -> Any:
@@ -107,6 +136,8 @@ def load_implementation(name: str) -> LoadedImplementation:
     """Find an implementation by built-in name, ``module:attribute`` or entry point."""
     if name in BUILTIN:
         reference = BUILTIN[name]
+    elif name.endswith(".py") or "/" in name:
+        raise ValueError(f"--impl: expected a built-in name, module:attribute or an entry-point name, got the path {name!r}")
     elif ":" in name or "." in name:
         reference = name
     else:
@@ -115,9 +146,21 @@ def load_implementation(name: str) -> LoadedImplementation:
             known = sorted(set(BUILTIN) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
             raise ValueError(f"--impl: expected one of {known} or module:attribute, got {name!r}")
         reference = found[0].value
-    target = _resolve(reference)
+    try:
+        target = _resolve(reference)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--impl {name}: cannot load {reference!r}: {type(error).__name__}: {error}") from None
     missing = [op for op in ("save_partial_states", "compress_norm_rope_store") if not callable(getattr(target, op, None))]
     if missing:
         raise ValueError(f"--impl {name}: expected an object with save_partial_states and compress_norm_rope_store, missing {missing}")
-    devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
-    return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target, devices=devices)
+    declared = getattr(target, "CAPABILITIES", None)
+    if declared is not None and not isinstance(declared, Capabilities):
+        raise ValueError(f"--impl {name}: expected CAPABILITIES to be a dsv4_compressor.conformance.Capabilities, "
+                         f"got {type(declared).__name__}")
+    if declared is None:  # the older declaration: devices only
+        devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
+        declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)
+        if name in BUILTIN_CAPABILITIES and _takes_hadamard(target):  # the project's kernels with SPEC §12
+            declared = replace(declared, head_widths=(512, 128))
+    return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target,
+                                devices=declared.devices, capabilities=declared, reference=name)

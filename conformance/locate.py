@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS
+from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS, PAGED_LAYOUTS
 from .buffers import Buffer
 
 
@@ -68,6 +68,23 @@ def locate_k_cache(buffer: Buffer, layout: str, byte: int, active_slots: dict[in
             o, b = divmod(in_page - entries * DATA_RECORD_BYTES, ENTRY_BYTES - DATA_RECORD_BYTES)
             slot = page * entries + o
             region, channel = ("scale", b) if b < NUM_QUANT_BLOCKS else ("pad", None)
+        token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {o}")
+        return Place(region if token is not None else "untouched", token, slot, channel, detail)
+    if layout in PAGED_LAYOUTS:  # the indexer's pages (SPEC §12): B data records, then B scale records
+        entry = PAGED_LAYOUTS[layout]
+        page_stride = buffer.strides[0] if num_pages > 1 else entries * entry.entry_bytes
+        page, in_page = divmod(rel, page_stride)
+        if rel < 0 or page >= num_pages:
+            return Place("untouched", detail="outside the cache's pages")
+        if in_page >= entries * entry.entry_bytes:
+            return Place("untouched", detail=f"page {page} padding byte {in_page}")
+        if in_page < entries * entry.data_bytes:
+            o, b = divmod(in_page, entry.data_bytes)
+            region, channel = "data", (b if layout == "indexer_fp8" else 2 * b)
+        else:
+            o, b = divmod(in_page - entries * entry.data_bytes, entry.scale_bytes)
+            region, channel = "scale", (b if layout == "indexer_mxfp4" else None)
+        slot = page * entries + o
         token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {o}")
         return Place(region if token is not None else "untouched", token, slot, channel, detail)
     itemsize = buffer.dtype.itemsize

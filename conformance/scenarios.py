@@ -36,6 +36,8 @@ class StepInputs:
     k_cache: Buffer  # canary-filled compressed cache of the layout
     layout: str
     fp8_scale: float | None = None
+    strided_inputs: bool = False  # hand the implementation strided views (see runner.to_torch)
+    hadamard: bool = False  # SPEC §12's rotation (indexer layouts)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,13 @@ class StepRecipe:
     slot_for_non_boundary: bool = False
     values: str = "normal"  # a key of VALUE_PROFILES
     rms_norm_eps: float = 1e-6
+    strided_inputs: bool = False  # every input array a strided view into a wider allocation
+    entry_pad: int = 0  # elements appended to each bf16 / fp8_per_tensor cache entry
+    edit: Callable | None = None  # (Batch, rng) -> Batch: metadata changes after the builder
+    tune_to_ties: bool = False  # weights and cos/sin rows chosen so one-ulp slips show (ties.py)
+    rope_rows: int = 0  # cos_sin_cache rows (default: the largest position + 8)
+    head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
+    hadamard: bool = False  # SPEC §12's rotation
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class Scenario:
     recipe: StepRecipe
     seed: int = 0
     tags: tuple[str, ...] = field(default_factory=tuple)
+    device: str | None = None  # "cuda": a GPU-only scenario (memory beyond a CPU run's budget)
+    sections: tuple[str, ...] = ("§4", "§5", "§6", "§7")  # the SPEC sections it exercises
 
     def build(self) -> StepInputs:
         return build_step(self.recipe, np.random.default_rng(self.seed))
@@ -133,7 +144,65 @@ def _subnormal_kv(state, kv_score, weight, rng):
     return state, kv_score, weight
 
 
+def _cutoff_window(state, kv_score, weight, rng):
+    """Window rows whose exp2s argument is exactly -126 (kept), just above it (kept) or just
+    below (+0), with kv ~1e33 against ~1e-5 elsewhere: 2^-126·1e33 is as large as the rest,
+    so where the cut-off falls shows in the bytes. This step's rows get score +0 exactly
+    (build_step), so every window's maximum is 0."""
+    half = state.shape[-1] // 2
+    log2e = np.array(0x3FB8AA3B, dtype=np.uint32).view(F32)
+    at = F32(-126.0) / log2e
+    for _ in range(64):  # the binary32 s with mul(s, L) == -126 exactly
+        product = F32(at * log2e)
+        if product == F32(-126.0):
+            break
+        at = np.nextafter(at, F32(0.0) if product < -126 else F32(-np.inf), dtype=F32)
+    above, below = np.nextafter(at, F32(0.0), dtype=F32), np.nextafter(at, F32(-np.inf), dtype=F32)
+    choice = rng.integers(0, 5, size=state[..., half:].shape)
+    scores = np.select([choice == 0, choice == 1, choice == 2, choice == 3], [F32(0.0), at, above, below], F32(-1000.0))
+    state[..., half:] = scores.astype(F32)
+    kv = rng.standard_normal(state[..., :half].shape).astype(F32) * F32(1e-5)
+    big = rng.choice(np.array([-1e33, 1e33], dtype=F32), size=kv.shape)
+    state[..., :half] = np.where((choice >= 1) & (choice <= 3), big, kv).astype(F32)
+    kv_score[:, :kv_score.shape[1] // 2] *= F32(1e-5)
+    return state, kv_score, weight
+
+
+def _weight_span(state, kv_score, weight, rng):
+    """Norm weights from 1e-7 to 1e4 inside every block, either sign."""
+    magnitude = 10.0 ** rng.uniform(-7.0, 4.0, size=weight.shape)
+    return state, kv_score, (magnitude * np.where(rng.random(weight.shape) < 0.5, -1.0, 1.0)).astype(F32)
+
+
+def _hadamard_cancel(state, kv_score, weight, rng):
+    """Indexer: channels 0 and 64 pooled from identical rows (x[0] = x[64] exactly) with weights
+    1e6 against ~1 elsewhere. At RoPE row 0 (cos 1, sin 0) z[64] = y[64], so the rotation's
+    first stage (span 64) cancels the large pair exactly in outputs 64..127; stages in another
+    order add the small values to the large ones first and lose their low bits."""
+    width = state.shape[-1]
+    head = weight.shape[0]
+    for base in range(0, width, head):  # every head-wide slice of kv and score
+        state[..., base + 64] = state[..., base]
+        kv_score[:, base + 64] = kv_score[:, base]
+    weight = weight.copy()
+    weight[0] = weight[64] = F32(1e6)
+    return state, kv_score, weight
+
+
+def _indexer_tiny(state, kv_score, weight, rng):
+    """Indexer weights ~1e-6 (amax below the 1e-4 floor) with blocks at 1e-38 and 1e-41 (below
+    MXFP4's 6·2^-126 floor, subnormal)."""
+    weight = weight * F32(1e-6)
+    weight[32:64] = weight[32:64] * F32(1e-32)
+    weight[96:128] = (weight[96:128].astype(np.float64) * 1e-35).astype(F32)
+    return state, kv_score, weight
+
+
 VALUE_PROFILES = {
+    "hadamard_cancel": _hadamard_cancel,
+    "indexer_tiny": _indexer_tiny,
+    "cutoff_window": _cutoff_window,
+    "weight_span": _weight_span,
     "normal": _normal,
     "tiny_amax": _tiny_amax,
     "huge": _huge,
@@ -144,6 +213,29 @@ VALUE_PROFILES = {
 }
 
 
+def _cos_sin_cache(rows: int, chunk: int = 1 << 18) -> np.ndarray:
+    """The spec's RoPE table (``B.rope_cos_sin_cache``), built a chunk of rows at a time so
+    that 2^22 rows stay at their 1 GiB."""
+    if rows <= chunk:
+        return B.rope_cos_sin_cache(rows)
+    half = 32
+    freqs = 10000.0 ** (-np.arange(half, dtype=np.float64) / half)
+    table = np.empty((rows, 2 * half), dtype=F32)
+    for start in range(0, rows, chunk):
+        angles = np.arange(start, min(rows, start + chunk), dtype=np.float64)[:, None] * freqs[None, :]
+        table[start:start + len(angles), :half] = np.cos(angles)
+        table[start:start + len(angles), half:] = np.sin(angles)
+    return table
+
+
+def _k_cache(recipe: StepRecipe, batch: Batch) -> np.ndarray:
+    if recipe.entry_pad and recipe.layout in ("bf16", "fp8_per_tensor"):
+        dtype = np.uint16 if recipe.layout == "bf16" else np.uint8
+        return B.padded_view((batch.num_pages, recipe.entries_per_page, HEAD_DIM), dtype, (0, 0, recipe.entry_pad),
+                             B.CANARY_BYTE * (0x0101 if dtype == np.uint16 else 1))
+    return B.canary_k_cache(recipe.layout, batch.num_pages, recipe.entries_per_page, page_pad_bytes=recipe.page_pad_bytes)
+
+
 def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
     """Metadata from the batch builder, random buffers, then the value profile."""
     batch = B.build_batch(
@@ -152,27 +244,43 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         padding_at_end=recipe.padding_at_end, drop_entry_fraction=recipe.drop_entry_fraction,
         unsaved_fraction=recipe.unsaved_fraction, slot_for_non_boundary=recipe.slot_for_non_boundary,
     )
+    if recipe.edit is not None:
+        batch = recipe.edit(batch, rng)
+    head = recipe.head_dim
     state = B.random_state_cache(batch.num_state_blocks, recipe.block_size, recipe.compress_ratio, rng,
-                                 row_pad=recipe.row_pad, block_pad_rows=recipe.block_pad_rows)
-    kv_score = B.random_kv_score(batch.num_tokens, recipe.compress_ratio, rng)
-    weight = (1.0 + 0.25 * rng.standard_normal(HEAD_DIM)).astype(F32)
+                                 row_pad=recipe.row_pad, block_pad_rows=recipe.block_pad_rows, head_dim=head)
+    kv_score = B.random_kv_score(batch.num_tokens, recipe.compress_ratio, rng, head_dim=head)
+    weight = (1.0 + 0.25 * rng.standard_normal(head)).astype(F32)
     state, kv_score, weight = VALUE_PROFILES[recipe.values](state, kv_score, weight, rng)
     if recipe.bf16_weight:
         weight = (weight.view(np.uint32) >> np.uint32(16)).astype(np.uint16)  # truncation: any bf16 will do
-    k_cache = B.canary_k_cache(recipe.layout, batch.num_pages, recipe.entries_per_page, page_pad_bytes=recipe.page_pad_bytes)
+    ape = B.random_ape(recipe.compress_ratio, rng, head_dim=head)
+    if recipe.values == "hadamard_cancel":  # the same ape for the duplicated channels
+        for base in range(0, ape.shape[1], head):
+            ape[:, base + 64] = ape[:, base]
+    if recipe.values == "cutoff_window":  # add(-a, a) = +0: this step's scores are exactly 0
+        kv_score[:, kv_score.shape[1] // 2:] = -ape[batch.positions % recipe.compress_ratio]
+    k_cache = _k_cache(recipe, batch)
     max_pos = int(batch.positions.max()) + 1
-    return StepInputs(
+    inputs = StepInputs(
         batch=batch,
         kv_score=kv_score,
-        ape=B.random_ape(recipe.compress_ratio, rng),
+        ape=ape,
         state_cache=Buffer.of(state),
         rms_norm_weight=weight,
         rms_norm_eps=recipe.rms_norm_eps,
-        cos_sin_cache=B.rope_cos_sin_cache(max_pos + 7),
+        cos_sin_cache=_cos_sin_cache(max(recipe.rope_rows, max_pos + 7)),
         k_cache=Buffer.of(k_cache, "float8_e4m3fn" if recipe.layout == "fp8_per_tensor" else None),
         layout=recipe.layout,
         fp8_scale=recipe.fp8_scale,
+        strided_inputs=recipe.strided_inputs,
+        hadamard=recipe.hadamard,
     )
+    if recipe.tune_to_ties:
+        from .ties import tune_indexer_ties, tune_to_ties
+
+        (tune_indexer_ties if head != HEAD_DIM else tune_to_ties)(inputs)
+    return inputs
 
 
 # ---- request mixes --------------------------------------------------------------------
@@ -191,6 +299,61 @@ def _mixed(ratio: int, num_decode: int, prefill: tuple[int, ...], max_entries: i
 def _c4_first_windows():
     """Requests whose first window closes at p = 3 (4 invalid rows), beside later windows."""
     return lambda rng: [Request(0, 4), Request(3, 1), Request(2, 6), Request(11, 1)]
+
+
+# ---- batch edits (after the builder) ---------------------------------------------------
+def _with(batch: Batch, **changes) -> Batch:
+    return Batch(**{**batch.__dict__, **changes})
+
+
+def _activity_combinations(batch: Batch, rng) -> Batch:
+    """Every combination of SPEC §5's three conditions (state slot, boundary, cache slot):
+    boundary tokens with a cache slot but no state slot among them."""
+    slots, kv = batch.slot_mapping.copy(), batch.kv_slot_mapping.copy()
+    boundary = (batch.positions + 1) % batch.compress_ratio == 0
+    pattern = np.arange(len(slots)) % 4
+    slots[boundary & (pattern == 0)] = -1  # boundary, cache slot, no state slot
+    kv[boundary & (pattern == 1)] = -1  # boundary, state slot, no cache slot
+    both = boundary & (pattern == 2)
+    slots[both], kv[both] = -1, -1  # boundary, neither
+    slots[~boundary & (pattern == 3)] = -1  # non-boundary with a cache slot, no state slot
+    return _with(batch, slot_mapping=slots, kv_slot_mapping=kv)
+
+
+NEGATIVE_SLOTS = np.array([-2, -3, -7, -128, -1000, -(2 ** 31), -(2 ** 40), -(2 ** 62)], dtype=np.int64)
+
+
+def _negative_slots(batch: Batch, rng) -> Batch:
+    """Padding and missing slots other than -1 (SPEC §9: any negative slot means none)."""
+    slots, kv = batch.slot_mapping.copy(), batch.kv_slot_mapping.copy()
+    for array in (slots, kv):
+        where = np.flatnonzero(array == -1)
+        array[where] = NEGATIVE_SLOTS[np.arange(len(where)) % len(NEGATIVE_SLOTS)]
+    return _with(batch, slot_mapping=slots, kv_slot_mapping=kv)
+
+
+def _shared_state_blocks(batch: Batch, rng) -> Batch:
+    """Requests that share the state blocks of their common prefix (one table, several rows
+    naming the same blocks), as prefix caching does."""
+    table = batch.block_table.copy()
+    first = int(np.flatnonzero(batch.token_to_req_indices == 0)[0])
+    shared_columns = int(batch.positions[first]) // batch.block_size  # the columns before request 0's own
+    for q in range(1, table.shape[0]):
+        table[q, :shared_columns] = table[0, :shared_columns]
+    return _with(batch, block_table=table)
+
+
+def _beyond_2_31_bytes(state_row_bytes: int, entry_bytes: int):
+    """State blocks and cache pages moved past 2^31 bytes from the base (GPU memory)."""
+    def edit(batch: Batch, rng) -> Batch:
+        blocks = (2 ** 31) // (batch.block_size * state_row_bytes) + 1
+        pages = (2 ** 31) // (batch.entries_per_page * entry_bytes) + 1
+        table = np.where(batch.block_table >= 0, batch.block_table + blocks, -1).astype(np.int32)
+        slots = np.where(batch.slot_mapping >= 0, batch.slot_mapping + blocks * batch.block_size, batch.slot_mapping)
+        kv = np.where(batch.kv_slot_mapping >= 0, batch.kv_slot_mapping + pages * batch.entries_per_page, batch.kv_slot_mapping)
+        return _with(batch, block_table=table, slot_mapping=slots, kv_slot_mapping=kv,
+                     num_state_blocks=batch.num_state_blocks + blocks, num_pages=batch.num_pages + pages)
+    return edit
 
 
 C4 = dict(compress_ratio=4, block_size=4, entries_per_page=64)
@@ -256,6 +419,106 @@ def _small() -> list[Scenario]:
         StepRecipe(_fixed((2, 9), (13, 5)), **C4, slot_for_non_boundary=True))
     add("c128_non_boundary_slots", "C128 non-boundary tokens carrying a cache slot",
         StepRecipe(_fixed((120, 10)), **C128, slot_for_non_boundary=True))
+    _small_v11(add)
+    return s
+
+
+def _small_v11(add) -> None:
+    """Scenarios for what kernels get wrong: each names the cheapest wrong implementation it kills."""
+    add("c4_activity_combinations", "every combination of state slot, boundary and cache slot (SPEC §5); boundary "
+        "tokens with a cache slot but no state slot write nothing", StepRecipe(_fixed((0, 24), (5, 19), (40, 9)), **C4,
+        slot_for_non_boundary=True, edit=_activity_combinations), seed=5)
+    add("c128_activity_combinations", "C128: boundary tokens without a state slot, without a cache slot, neither",
+        StepRecipe(_decode(8, 128, 4), **C128, edit=_activity_combinations), seed=5)
+    add("c4_negative_slots", "padding and missing slots of -2, -7, -2^31, -2^62 ... (any negative slot means none)",
+        StepRecipe(_fixed((2, 14), (9, 7)), **C4, num_padding=5, padding_at_end=False, drop_entry_fraction=0.4,
+                   unsaved_fraction=0.2, edit=_negative_slots), seed=6)
+    add("c128_negative_slots", "C128 with negative slots other than -1",
+        StepRecipe(_decode(6, 128, 3), **C128, num_padding=3, drop_entry_fraction=0.4, edit=_negative_slots), seed=6)
+    add("c4_positions_2e15_2e16", "C4 positions beyond 2^15 and 2^16 (a 16-bit position, a 16-bit RoPE row)",
+        StepRecipe(_fixed((32767, 1), (65535, 1), (65539, 1), (131071, 1), (40000, 9)), **C4), seed=7)
+    add("c128_positions_2e16", "C128 positions beyond 2^16", StepRecipe(_fixed((65535, 1), (131071, 1), (98303, 1)), **C128))
+    add("c4_bs3_b5", "C4 with 3-row state blocks and 5 entries per page (neither a power of two)",
+        StepRecipe(_mixed(4, 5, (13,)), compress_ratio=4, block_size=3, entries_per_page=5), seed=8)
+    add("c4_bs6_b3_prefill", "C4 prefill with 6-row state blocks: state slots differ from positions in every residue mod 4",
+        StepRecipe(_fixed((1, 22), (14, 11)), compress_ratio=4, block_size=6, entries_per_page=3), seed=9)
+    add("c4_bs5_b12", "C4 with 5-row state blocks and 12 entries per page", StepRecipe(_decode(7, 4), compress_ratio=4,
+        block_size=5, entries_per_page=12), seed=10)
+    add("c128_bs5_b6", "C128 with 5-row state blocks and 6 entries per page", StepRecipe(_decode(3, 128, 8),
+        compress_ratio=128, block_size=5, entries_per_page=6), seed=11)
+    add("c128_bs12_b3", "C128 with 12-row state blocks and 3 entries per page", StepRecipe(_fixed((120, 10), (383, 1)),
+        compress_ratio=128, block_size=12, entries_per_page=3), seed=12)
+    add("c128_bs1_b1", "C128 with 1-row state blocks and 1 entry per page", StepRecipe(_decode(2, 128, 3),
+        compress_ratio=128, block_size=1, entries_per_page=1), seed=13)
+    add("c4_bs64_b6", "C4 with 64-row state blocks", StepRecipe(_fixed((60, 10), (3, 1)), compress_ratio=4, block_size=64,
+        entries_per_page=6), seed=14)
+    add("c4_strided_inputs", "every input array a strided view into a wider allocation (rows padded, base moved)",
+        StepRecipe(_mixed(4, 4, (9,)), **C4, strided_inputs=True, num_padding=2, padding_at_end=False), seed=15)
+    add("c128_strided_inputs_bf16", "C128 strided inputs into a bf16 cache with padded entries",
+        StepRecipe(_decode(3, 128, 3), **C128, layout="bf16", strided_inputs=True, entry_pad=8, bf16_weight=True), seed=16)
+    add("c4_strided_fp8_per_tensor", "strided inputs into an fp8_per_tensor cache with padded entries, scale 0.0371",
+        StepRecipe(_fixed((6, 7), (19, 1)), **C4, layout="fp8_per_tensor", fp8_scale=0.0371, strided_inputs=True,
+                   entry_pad=16), seed=17)
+    add("c128_fp8_scale_3_7", "C128 fp8_per_tensor with scale 3.7 (not a power of two)",
+        StepRecipe(_decode(2, 128), **C128, layout="fp8_per_tensor", fp8_scale=3.7), seed=18)
+    add("c4_fp8_scale_0_0093", "fp8_per_tensor with scale 0.0093: division and rounding, some saturation",
+        StepRecipe(_decode(5, 4), **C4, layout="fp8_per_tensor", fp8_scale=0.0093), seed=19)
+    add("c4_eps_1e-20", "rms_norm_eps = 1e-20", StepRecipe(_decode(4, 4), **C4, rms_norm_eps=1e-20), seed=20)
+    add("c4_eps_1", "rms_norm_eps = 1 (larger than the mean square)", StepRecipe(_decode(4, 4), **C4, rms_norm_eps=1.0), seed=21)
+    add("c128_eps_0_37", "C128 with rms_norm_eps = 0.37", StepRecipe(_decode(2, 128), **C128, rms_norm_eps=0.37), seed=22)
+    add("c4_weight_span", "norm weights from 1e-7 to 1e4 within every block, either sign",
+        StepRecipe(_decode(5, 4), **C4, values="weight_span"), seed=23)
+    add("c128_weight_span", "C128 norm weights from 1e-7 to 1e4", StepRecipe(_decode(2, 128), **C128, values="weight_span"), seed=24)
+    add("c4_exp2_cutoff", "exp2s arguments exactly -126 (kept), just above and just below (+0) with kv ~1e33",
+        StepRecipe(_fixed((0, 12), (9, 3), (30, 2)), **C4, values="cutoff_window", layout="bf16"), seed=25)
+    add("c128_exp2_cutoff", "C128 exp2s arguments at the -126 cut-off with large kv",
+        StepRecipe(_decode(2, 128), **C128, values="cutoff_window", layout="bf16"), seed=26)
+    add("c4_shared_state_blocks", "requests whose table rows share the state blocks of a common prefix",
+        StepRecipe(_fixed((39, 1), (39, 1), (39, 1), (38, 2)), **C4, edit=_shared_state_blocks), seed=27)
+    add("c4_ulp_ties", "weights and cos/sin rows chosen so every stored value sits on a bf16 tie: one-ulp slips "
+        "(FMA, summation order, weight first, rounding of rsqrt or exp2) show", StepRecipe(_decode(4, 4), **C4, layout="bf16",
+        tune_to_ties=True), seed=28)
+    add("c128_ulp_ties", "C128 on bf16 ties", StepRecipe(_decode(2, 128), **C128, layout="bf16", tune_to_ties=True), seed=29)
+    add("c4_prefill_ulp_ties", "C4 prefill on bf16 ties, first windows included",
+        StepRecipe(_fixed((0, 8), (13, 3)), **C4, layout="bf16", tune_to_ties=True), seed=30)
+    add("c4_ulp_ties_flashmla", "C4 on ties, flashmla_fp8 layout (the RoPE bytes are on bf16 ties)",
+        StepRecipe(_decode(4, 4), **C4, tune_to_ties=True), seed=31)
+
+
+def _indexer() -> list[Scenario]:
+    """SPEC §12: every layout x rotation x ratio, the floors, E2M1 ties, saturation, signed zeros."""
+    s = []
+
+    def add(name, description, recipe, seed=0):
+        s.append(Scenario(name, description, "small", recipe, seed, sections=("§4", "§5", "§12")))
+
+    for layout in ("indexer_fp8", "indexer_mxfp4"):
+        short = layout.removeprefix("indexer_")
+        for hadamard in (False, True):
+            rot = "_hadamard" if hadamard else ""
+            add(f"indexer_c4_{short}{rot}", f"indexer C4 decode and prefill into {layout}" + (" with the rotation" if hadamard else ""),
+                StepRecipe(_mixed(4, 5, (11,)), compress_ratio=4, block_size=16, entries_per_page=8, layout=layout,
+                           head_dim=128, hadamard=hadamard, num_padding=2), seed=40 + hadamard)
+            add(f"indexer_c128_{short}{rot}", f"indexer C128 decode into {layout}" + (" with the rotation" if hadamard else ""),
+                StepRecipe(_decode(3, 128, 4), compress_ratio=128, block_size=8, entries_per_page=3, layout=layout,
+                           head_dim=128, hadamard=hadamard), seed=42 + hadamard)
+        add(f"indexer_{short}_floors", f"{layout}: amax below the floors (1e-4; 6·2^-126), subnormal values",
+            StepRecipe(_decode(4, 4), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout, head_dim=128,
+                       values="indexer_tiny"), seed=44)
+        add(f"indexer_{short}_signed_zeros", f"{layout}: kv, scores and weights of +0 and -0",
+            StepRecipe(_c4_first_windows(), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout,
+                       head_dim=128, values="signed_zeros", hadamard=layout == "indexer_mxfp4"), seed=45)
+        add(f"indexer_{short}_ties", f"{layout}: values on E2M1 ties and grid points (5 and 6 included) and block "
+            "maxima that bf16 rounds onto 6·2^k / 448·2^k",
+            StepRecipe(_decode(2, 4), compress_ratio=4, block_size=16, entries_per_page=4, layout=layout, head_dim=128,
+                       tune_to_ties=True), seed=46)
+        add(f"indexer_{short}_hadamard_cancel", f"{layout} with the rotation over a cancelling pair of large values: "
+            "the order of the stages shows", StepRecipe(_fixed((3, 1), (3, 1), (0, 4)), compress_ratio=4, block_size=16, entries_per_page=4,
+                                                       layout=layout, head_dim=128, hadamard=True, values="hadamard_cancel"),
+            seed=47)
+    add("indexer_c4_bs5_b3_strided", "indexer C4 with 5-row state blocks, 3 entries per page, strided inputs",
+        StepRecipe(_mixed(4, 3, (9,)), compress_ratio=4, block_size=5, entries_per_page=3, layout="indexer_mxfp4",
+                   head_dim=128, strided_inputs=True, page_pad_bytes=16), seed=48)
     return s
 
 
@@ -279,6 +542,13 @@ def _large() -> list[Scenario]:
         StepRecipe(_decode(8192, 4, 256), **C4, layout="bf16", bf16_weight=True))
     add("large_c128_fp8_per_tensor", "C128 decode batch of 1024 into the fp8_per_tensor layout",
         StepRecipe(_decode(1024, 128, 32), **C128, layout="fp8_per_tensor", fp8_scale=0.05))
+    add("large_c4_positions_2e22", "C4 positions up to 2^22 - 1 (a cos_sin_cache of 2^22 rows, 1 GiB)",
+        StepRecipe(_fixed((2 ** 22 - 1, 1), (2 ** 21 + 3, 1), (3_000_003, 1)), **C4, rope_rows=2 ** 22))
+    s.append(Scenario("large_c4_offsets_beyond_2e31", "C4 state blocks and flashmla pages more than 2^31 bytes from "
+                      "the base (int32 offset arithmetic overflows)", "large",
+                      StepRecipe(_decode(64, 4, 8), **C4, edit=_beyond_2_31_bytes(2048 * 4, 584)), 32, device="cuda"))
+    s.append(Scenario("large_c128_offsets_beyond_2e31", "C128 state blocks and flashmla pages beyond 2^31 bytes", "large",
+                      StepRecipe(_decode(16, 128, 4), **C128, edit=_beyond_2_31_bytes(1024 * 4, 584)), 33, device="cuda"))
     return s
 
 
@@ -292,18 +562,22 @@ def _medium() -> list[Scenario]:
     ]
 
 
-CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _medium() + _large())
+CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _medium() + _large())
 
 
 def scenarios(names: list[str] | None = None, size: str | None = None) -> list[Scenario]:
-    """Catalogue entries by name (glob patterns allowed) and/or size class."""
+    """Catalogue entries by name (glob patterns allowed) and/or size class (cumulative:
+    ``medium`` includes ``small``, ``large`` both)."""
     import fnmatch
 
-    chosen = [sc for sc in CATALOGUE if size in (None, "all") or sc.size == size]
+    rank = {"small": 0, "medium": 1, "large": 2}
+    if size not in (None, "all") and size not in rank:
+        raise ValueError(f"size: expected one of small, medium, large, all, got {size!r}")
+    chosen = [sc for sc in CATALOGUE if size in (None, "all") or rank[sc.size] <= rank[size]]
     if names:
         unknown = [n for n in names if not any(fnmatch.fnmatch(sc.name, n) for sc in CATALOGUE)]
         if unknown:
-            raise ValueError(f"scenarios: unknown names {unknown}; known: {[sc.name for sc in CATALOGUE]}")
+            raise ValueError(f"--scenarios: no scenario matches {unknown} (python -m dsv4_compressor conformance --impl spec --list shows the catalogue)")
         chosen = [sc for sc in chosen if any(fnmatch.fnmatch(sc.name, n) for n in names)]
     return chosen
 

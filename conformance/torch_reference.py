@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 
 from ..impl.frontend import validate_compress_norm_rope_store, validate_save_partial_states
+from .capabilities import Capabilities
 
 F32 = torch.float32
 MUTATIONS = (
@@ -38,7 +39,31 @@ MUTATIONS = (
     "rope_rounded_to_bf16_first",  # rotate bf16(y) instead of the fp32 y (DeepSeek reference)
     "pad_byte_ff",  # write 0xFF as the scale record's pad byte
     "sequential_sum",  # left-to-right sums instead of the pairwise trees
+    # one-ulp arithmetic slips
+    "interleaved_tree",  # pairwise trees pairing even and odd elements instead of halves
+    "fma_exp2",  # the exp2s polynomial with fused multiply-adds (one rounding per step)
+    "fma_rope",  # RoPE with a fused multiply-add: a·co - bf(b·si) rounded once
+    "weight_first",  # y = x·(rr·w) instead of (x·rr)·w
+    "rsqrt_rounded_once",  # rr = 1/sqrt(v) rounded once instead of div(1, sqrt(v))
+    "eps_before_mean",  # ms = (ss + eps)·2^-9 instead of ss·2^-9 + eps
+    "exp2_cutoff_inclusive",  # exp2s(-126) = +0 (the cut-off taken as x <= -126)
+    "exp2_no_cutoff",  # no cut-off: 2^j subnormal below -126
+    # activity, slots and addressing
+    "active_without_state_slot",  # a boundary token with a cache slot is active even without a state slot
+    "padding_is_minus_one",  # only slot -1 means padding (other negative slots index from the end)
+    "power_of_two_block_size",  # state block index and row by shift and mask (block size rounded down to 2^k)
+    "ape_by_slot",  # the save adds ape[slot mod r] instead of ape[p mod r]
+    "assume_contiguous_inputs",  # reads every input array as if it were contiguous
+    "position_low_16_bits",  # the RoPE row from a 16-bit position
+    # the indexer compressor (SPEC §12)
+    "mxfp4_nibble_order",  # the even channel in the high nibble
+    "indexer_scale_from_unrounded",  # the block exponent from max |z| instead of max |bf16(z)|
+    "hadamard_stages_reversed",  # the butterfly stages with spans 1, 2, ..., 64
+    "mxfp4_ties_away",  # E2M1 ties rounded away from zero instead of to the even code
 )
+POOL_CHUNK = 256  # tokens pooled at a time (bounds the memory of the gathered windows)
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # SPEC §12, retyped
+HADAMARD_H = 0x3DB504F3  # 128^-1/2 rounded to binary32 (SPEC §12)
 
 
 def div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -93,6 +118,7 @@ class TorchReference:
     """SPEC.md in torch; ``mutations`` (names from :data:`MUTATIONS`) make it deviate on purpose."""
 
     SUPPORTED_DEVICES = ("cpu", "cuda")
+    CAPABILITIES = Capabilities(devices=("cpu", "cuda"), head_widths=(512, 128))
 
     def __init__(self, mutations: tuple[str, ...] = ()):
         unknown = set(mutations) - set(MUTATIONS)
@@ -105,6 +131,9 @@ class TorchReference:
     def _sum(self, v: torch.Tensor, dim: int) -> torch.Tensor:
         """SPEC tree: add(tree(first half), tree(second half)), recursively."""
         n = v.shape[dim]
+        if "interleaved_tree" in self.mutations and n > 1:
+            even, odd = v.narrow(dim, 0, n).unfold(dim, 2, 2).unbind(-1)
+            return self._sum(even, dim) + self._sum(odd, dim)
         if "sequential_sum" in self.mutations:
             acc = v.select(dim, 0)
             for i in range(1, n):
@@ -124,9 +153,62 @@ class TorchReference:
         f = x.clamp(min=-126.0) - j
         p = c.coeffs[6].expand_as(f)
         for k in range(5, -1, -1):
-            p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
+            if "fma_exp2" in self.mutations:
+                p = (p.double() * f.double() + c.coeffs[k].double()).float()
+            else:
+                p = p * f + c.coeffs[k]  # two ops: the product is rounded before the add
+        if "exp2_no_cutoff" in self.mutations:
+            j = torch.round(x)
+            p2 = self._exp2_poly(x - j, c)
+            return (p2.double() * torch.exp2(j.double())).float()
         result = times_pow2(p, j)
+        if "exp2_cutoff_inclusive" in self.mutations:
+            return torch.where(x <= -126.0, torch.zeros_like(result), result)
         return torch.where(x < -126.0, torch.zeros_like(result), result)
+
+    @staticmethod
+    def _exp2_poly(f: torch.Tensor, c: _Constants) -> torch.Tensor:
+        p = c.coeffs[6].expand_as(f)
+        for k in range(5, -1, -1):
+            p = p * f + c.coeffs[k]
+        return p
+
+    def _rsqrt(self, v: torch.Tensor) -> torch.Tensor:
+        """rr = div(1, sqrt(v)), two correctly rounded operations."""
+        if "rsqrt_rounded_once" in self.mutations:
+            return (1.0 / torch.sqrt(v.double())).float()
+        return div(torch.ones_like(v), sqrt(v))
+
+    def _normalize(self, x: torch.Tensor, rr: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """y = mul(mul(x, rr), w) for x [n, 512], rr [n], w [512]."""
+        if "weight_first" in self.mutations:
+            return x * (rr[:, None] * w[None, :])
+        return (x * rr[:, None]) * w[None, :]
+
+    def _rotate(self, a, b, co, si):
+        """RoPE pairs: (sub(mul(a, co), mul(b, si)), add(mul(a, si), mul(b, co)))."""
+        if "fma_rope" in self.mutations:
+            return ((a.double() * co.double() - (b * si).double()).float(),
+                    (a.double() * si.double() + (b * co).double()).float())
+        return a * co - b * si, a * si + b * co
+
+    def _padding(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which slots mean "none" (SPEC §3/§9: any negative slot)."""
+        return slots == -1 if "padding_is_minus_one" in self.mutations else slots < 0
+
+    def _block_and_row(self, pos: torch.Tensor, block_size: int):
+        """(block column, row) of a position or slot."""
+        if "power_of_two_block_size" in self.mutations:
+            shift = block_size.bit_length() - 1
+            return pos >> shift, pos & ((1 << shift) - 1)
+        return pos // block_size, pos % block_size
+
+    def _inputs(self, *tensors):
+        """The input arrays as this implementation reads them."""
+        if "assume_contiguous_inputs" not in self.mutations:
+            return tensors
+        return tuple(torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(), t.storage_offset())
+                     for t in tensors)
 
     @staticmethod
     def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -140,33 +222,93 @@ class TorchReference:
         a = torch.maximum(amax, c.amin).double()
         return torch.ceil(torch.log2(a / 448.0)).to(torch.int64)
 
+    # ---- SPEC §12 ----------------------------------------------------------------------
+    def _hadamard(self, z: torch.Tensor) -> torch.Tensor:
+        """Seven butterfly stages (spans 64, 32, ..., 1), each (a + b, a - b), then times h."""
+        n = z.shape[0]
+        for span in self._hadamard_spans():
+            pairs = z.reshape(n, 128 // (2 * span), 2, span)
+            first, second = pairs[:, :, 0], pairs[:, :, 1]
+            z = torch.stack([first + second, first - second], dim=2).reshape(n, 128)
+        return z * _bits_to_f32(HADAMARD_H).to(z.device)
+
+    def _hadamard_spans(self) -> tuple[int, ...]:
+        return (1, 2, 4, 8, 16, 32, 64) if "hadamard_stages_reversed" in self.mutations else (64, 32, 16, 8, 4, 2, 1)
+
+    def _e2m1(self, v: torch.Tensor) -> torch.Tensor:
+        """E2M1 codes of binary32 v (|v| <= 6 after the scaling): nearest grid point, ties to the
+        even code, sign bit kept."""
+        magnitude = v.abs().double().clamp(max=6.0)
+        code = torch.zeros_like(v, dtype=torch.int64)
+        for i in range(7):
+            middle = (E2M1_GRID[i] + E2M1_GRID[i + 1]) / 2
+            up_at_tie = "mxfp4_ties_away" in self.mutations or (i + 1) % 2 == 0
+            code += (magnitude > middle) | ((magnitude == middle) & up_at_tie)
+        negative = torch.signbit(v)
+        return (code | (negative.to(torch.int64) << 3)).to(torch.uint8)
+
+    def _store_indexer(self, q, z, slots, k_cache, layout, c) -> None:
+        """q = bf16(z) [n, 128] (z: the unrounded values) into the indexer's pages."""
+        device = q.device
+        entries = k_cache.shape[1]
+        entry = k_cache.shape[2]
+        page, offset = slots // entries, slots % entries
+        page_stride = k_cache.stride(0) if k_cache.shape[0] > 1 else entries * entry
+        pages = torch.as_strided(k_cache, (k_cache.shape[0], entries * entry), (page_stride, 1))
+        source = z if "indexer_scale_from_unrounded" in self.mutations else q
+        if layout == "indexer_fp8":
+            k = self._ue8m0(source.abs().amax(dim=1), c)
+            scaled = times_pow2(q, (-k)[:, None].expand_as(q)).clamp(-448.0, 448.0)
+            codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
+            pages[page[:, None], (offset * 128)[:, None] + torch.arange(128, device=device)] = codes
+            scale = ((k + 127) << 23).to(torch.int32).view(torch.uint8).reshape(-1, 4)  # binary32 2^k, little-endian
+            pages[page[:, None], (entries * 128 + offset * 4)[:, None] + torch.arange(4, device=device)] = scale
+            return
+        blocks = q.reshape(-1, 4, 32)
+        a = torch.maximum(source.reshape(-1, 4, 32).abs().amax(dim=2).double(), torch.tensor(6.0 * 2.0 ** -126, dtype=torch.float64))
+        k = torch.ceil(torch.log2(a / 6.0)).to(torch.int64)
+        k = torch.where(a > 6.0 * torch.exp2(k.double()), k + 1, k)  # exact comparisons fix log2's rounding
+        k = torch.where(a <= 6.0 * torch.exp2((k - 1).double()), k - 1, k)
+        v = times_pow2(blocks, (-k)[:, :, None].expand_as(blocks))
+        codes = self._e2m1(v).reshape(-1, 128).to(torch.int64)
+        low, high = codes[:, 0::2], codes[:, 1::2]
+        if "mxfp4_nibble_order" in self.mutations:
+            low, high = high, low
+        packed = (low | (high << 4)).to(torch.uint8)
+        pages[page[:, None], (offset * 64)[:, None] + torch.arange(64, device=device)] = packed
+        pages[page[:, None], (entries * 64 + offset * 4)[:, None] + torch.arange(4, device=device)] = (k + 127).to(torch.uint8)
+
     # ---- SPEC §4 -----------------------------------------------------------------------
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
+        kv_score, ape, positions, slot_mapping = self._inputs(kv_score, ape, positions, slot_mapping)
         width = ape.shape[1]
         ratio = ape.shape[0]
-        saved = torch.nonzero(slot_mapping >= 0).flatten()
+        saved = torch.nonzero(~self._padding(slot_mapping)).flatten()
         slots = slot_mapping[saved]
-        blocks, offsets = slots // block_size, slots % block_size
+        blocks, offsets = self._block_and_row(slots, block_size)
         rows = kv_score[saved]
+        row_of_ape = slots if "ape_by_slot" in self.mutations else positions[saved]
         state_cache[blocks, offsets, :width] = rows[:, :width]
-        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[positions[saved] % ratio]
+        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[row_of_ape % ratio]
 
     # ---- SPEC §5 -----------------------------------------------------------------------
     def _pool(self, state_cache, block_table, requests, positions, ratio, block_size, c):
         overlap = 2 if ratio == 4 else 1
-        window, width = overlap * ratio, overlap * 512
+        head = state_cache.shape[2] // (2 * overlap)
+        window, width = overlap * ratio, overlap * head
         i = torch.arange(window, device=positions.device)
         pos = positions[:, None] - window + 1 + i[None, :]
         valid = pos >= 0
         safe = pos.clamp(min=0)
-        blocks = block_table[requests[:, None].long(), safe // block_size].long()
-        rows = state_cache[blocks, safe % block_size]  # [n, W, 2*SW]
+        column, row_in_block = self._block_and_row(safe, block_size)
+        blocks = block_table[requests[:, None].long(), column].long()
+        rows = state_cache[blocks, row_in_block]  # [n, W, 2*SW]
         kv_parts, score_parts = [], []
         for row in range(window):
             h = row // ratio
-            kv_parts.append(rows[:, row, h * 512:(h + 1) * 512])
-            score_parts.append(rows[:, row, width + h * 512: width + (h + 1) * 512])
+            kv_parts.append(rows[:, row, h * head:(h + 1) * head])
+            score_parts.append(rows[:, row, width + h * head: width + (h + 1) * head])
         kv = torch.stack(kv_parts, dim=1)
         score = torch.stack(score_parts, dim=1)
         v3 = valid[:, :, None]
@@ -185,37 +327,53 @@ class TorchReference:
     def compress_norm_rope_store(
         self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
         rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *,
-        compress_ratio, layout="flashmla_fp8", fp8_scale=None,
+        compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False,
     ):
         validate_compress_norm_rope_store(  # SPEC §9 is shared; the arithmetic below is not
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale)
+            fp8_scale=fp8_scale, hadamard=hadamard, head_dims=(512, 128))
         device = state_cache.device
+        (token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
+         kv_slot_mapping) = self._inputs(token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                                         cos_sin_cache, kv_slot_mapping)
         c = _constants(device)
         r = compress_ratio
         boundary = (positions + 1) % r == 0
         if "write_non_boundary" in self.mutations:
             boundary = torch.ones_like(boundary)
-        active = (slot_mapping >= 0) & boundary & (kv_slot_mapping >= 0)
+        saved = torch.ones_like(boundary) if "active_without_state_slot" in self.mutations else ~self._padding(slot_mapping)
+        active = saved & boundary & ~self._padding(kv_slot_mapping)
         tokens = torch.nonzero(active).flatten()
         if tokens.numel() == 0:
             return
         p = positions[tokens]
-        x = self._pool(state_cache, block_table, token_to_req_indices[tokens], p, r, block_size, c)
+        requests = token_to_req_indices[tokens]
+        x = torch.cat([self._pool(state_cache, block_table, requests[i:i + POOL_CHUNK], p[i:i + POOL_CHUNK], r, block_size, c)
+                       for i in range(0, len(tokens), POOL_CHUNK)])
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
-        rr = div(torch.ones_like(ss), sqrt(ss * (1.0 / 512.0) + eps))
-        w = rms_norm_weight.to(F32)
-        y = (x * rr[:, None]) * w[None, :]
+        head = x.shape[1]
+        if "eps_before_mean" in self.mutations:
+            rr = self._rsqrt((ss + eps) * (1.0 / head))
+        else:
+            rr = self._rsqrt(ss * (1.0 / head) + eps)
+        y = self._normalize(x, rr, rms_norm_weight.to(F32))
         # RoPE
         cp = p if "rope_at_token_position" in self.mutations else (p // r) * r
+        if "position_low_16_bits" in self.mutations:
+            cp = cp & 0xFFFF
         cs = cos_sin_cache[cp]
         ry = self._bf16(y) if "rope_rounded_to_bf16_first" in self.mutations else y
-        a, b = ry[:, 448::2], ry[:, 449::2]
+        start = head - 64  # RoPE channels: 448..511, or 64..127 for the indexer
+        a, b = ry[:, start::2], ry[:, start + 1::2]
         co, si = cs[:, :32], cs[:, 32:]
-        o0 = a * co - b * si
-        o1 = a * si + b * co
+        o0, o1 = self._rotate(a, b, co, si)
+        if layout in ("indexer_fp8", "indexer_mxfp4"):
+            z = torch.cat([y[:, :start], torch.stack([o0, o1], dim=2).reshape(-1, 64)], dim=1)
+            self._store_indexer(self._bf16(self._hadamard(z)) if hadamard else self._bf16(z), z, kv_slot_mapping[tokens],
+                                k_cache, layout, c)
+            return
         rope = torch.stack([o0, o1], dim=2).reshape(-1, 64).to(torch.bfloat16)
         slots = kv_slot_mapping[tokens]
         entries = k_cache.shape[1]

@@ -1,0 +1,90 @@
+"""What an implementation declares it handles (SPEC §10's "unsupported" verdict).
+
+An implementation puts a :class:`Capabilities` next to its operations as ``CAPABILITIES``;
+scenarios outside it are reported *unsupported* and the implementation is not called. An
+implementation without a declaration is assumed to handle every valid call (its
+``SUPPORTED_DEVICES``, default ``("cuda",)``, still names its devices)::
+
+    CAPABILITIES = Capabilities(devices=("cuda",), layouts=("flashmla_fp8",),
+                                block_sizes={128: (8,)}, state_stride_multiple=16)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+LAYOUTS_BY_HEAD_WIDTH = {512: ("flashmla_fp8", "bf16", "fp8_per_tensor"), 128: ("indexer_fp8", "indexer_mxfp4")}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a scenario asks of an implementation (the facts a declaration is checked against)."""
+
+    head_width: int  # 512, or 128 for the indexer compressor (SPEC §12)
+    compress_ratio: int  # 4 or 128
+    layout: str
+    block_size: int  # state rows per block
+    entries_per_page: int  # k_cache.shape[1]
+    state_strides: tuple[int, int]  # state_cache.stride(0), .stride(1) in floats
+    strided_inputs: bool  # some input array is a non-contiguous view
+    hadamard: bool = False
+    max_position: int = 0
+    large_offsets: bool = False  # a cache offset beyond 2^31 bytes
+
+
+def _freeze(block_sizes) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    if block_sizes is None:
+        return None
+    items = block_sizes.items() if isinstance(block_sizes, Mapping) else block_sizes
+    return tuple(sorted((int(r), tuple(int(b) for b in sizes)) for r, sizes in items))
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A declaration of the calls an implementation handles; ``None`` means "any"."""
+
+    devices: tuple[str, ...] = ("cuda",)
+    head_widths: tuple[int, ...] = (512,)
+    ratios: tuple[int, ...] = (4, 128)
+    layouts: tuple[str, ...] | None = None  # None: every layout of the declared head widths
+    block_sizes: Mapping[int, tuple[int, ...]] | tuple | None = None  # per ratio, e.g. {128: (8,)}
+    entries_per_page: tuple[int, ...] | None = None
+    state_stride_multiple: int = 4  # floats; SPEC §3 allows any multiple of 4
+    strided_inputs: bool = True  # accepts non-contiguous views of the input arrays
+    hadamard: bool = True  # the §12 rotation (head width 128 only)
+    max_position: int | None = None  # the largest position handled
+    large_offsets: bool = True  # cache offsets beyond 2^31 bytes
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "block_sizes", _freeze(self.block_sizes))
+
+    def unsupported(self, f: Features) -> str | None:
+        """Why a scenario with features ``f`` lies outside this declaration, or ``None``."""
+        layouts = self.layouts
+        if layouts is None:
+            layouts = tuple(l for w in self.head_widths for l in LAYOUTS_BY_HEAD_WIDTH.get(w, ()))
+        block_sizes = dict(self.block_sizes or ())
+        checks = (
+            (f.head_width in self.head_widths, f"head width {f.head_width} (declared {self.head_widths})"),
+            (f.compress_ratio in self.ratios, f"compress_ratio {f.compress_ratio} (declared {self.ratios})"),
+            (f.layout in layouts, f"layout {f.layout!r} (declared {layouts})"),
+            (f.compress_ratio not in block_sizes or f.block_size in block_sizes[f.compress_ratio],
+             f"block_size {f.block_size} for ratio {f.compress_ratio} (declared {block_sizes.get(f.compress_ratio)})"),
+            (self.entries_per_page is None or f.entries_per_page in self.entries_per_page,
+             f"{f.entries_per_page} entries per page (declared {self.entries_per_page})"),
+            (all(s % self.state_stride_multiple == 0 for s in f.state_strides),
+             f"state strides {f.state_strides} floats (declared multiples of {self.state_stride_multiple})"),
+            (self.strided_inputs or not f.strided_inputs, "non-contiguous input views"),
+            (self.hadamard or not f.hadamard, "the Hadamard rotation"),
+            (self.max_position is None or f.max_position <= self.max_position,
+             f"position {f.max_position} (declared at most {self.max_position})"),
+            (self.large_offsets or not f.large_offsets, "cache offsets beyond 2^31 bytes"),
+        )
+        reasons = [text for ok, text in checks if not ok]
+        return "; ".join(reasons) if reasons else None
+
+
+ANY = Capabilities(devices=("cpu", "cuda"))

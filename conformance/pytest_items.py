@@ -1,0 +1,142 @@
+"""The conformance suite as pytest tests (one per scenario and per SPEC §9 error case).
+
+Enabled by the project's pytest plugin::
+
+    pytest -p dsv4_compressor.pytest_plugin --dsv4-impl my_engine.kernels:compressor \
+        [--dsv4-size small|medium|large|all] [--dsv4-tolerant] [--dsv4-xfail NAME,...]
+
+Each test is marked ``conformance`` and with the SPEC sections it checks (``spec_s5``,
+``spec_s9``, ...), so ``-m spec_s9`` selects the error cases. Scenarios the implementation
+declares unsupported, or that need a device it lacks, are skipped with the reason; a run in
+which every conformance test was skipped ends with a non-zero status (nothing was checked).
+``--dsv4-xfail`` names scenarios or error cases expected to fail (a known deviation).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MARKERS = {
+    "conformance": "a conformance test of --dsv4-impl (dsv4_compressor.conformance)",
+    **{f"spec_s{n}": f"checks SPEC §{n}" for n in (4, 5, 6, 7, 9, 10, 12)},
+}
+
+
+def add_options(parser) -> None:
+    group = parser.getgroup("dsv4", "DeepSeek V4 compressor conformance")
+    group.addoption("--dsv4-impl", action="append", default=[], metavar="NAME",
+                    help="implementation to check: spec, torch, triton, cutedsl, module:attribute (repeatable)")
+    group.addoption("--dsv4-size", default="small", choices=("small", "medium", "large", "all"),
+                    help="catalogue part (cumulative; default small)")
+    group.addoption("--dsv4-scenarios", default="", metavar="PATTERNS", help="comma-separated scenario names or globs")
+    group.addoption("--dsv4-tolerant", action="store_true", help="the SPEC §10 tolerant verdict")
+    group.addoption("--dsv4-xfail", default="", metavar="NAMES",
+                    help="comma-separated scenario or error-case names expected to fail")
+    group.addoption("--dsv4-no-errors", action="store_true", help="leave out the SPEC §9 error cases")
+
+
+def _sections_marker(section: str) -> str:
+    return "spec_s" + section.lstrip("§")
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, impl, scenario, tolerant: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.impl, self.scenario, self.tolerant = impl, scenario, tolerant
+
+    def runtest(self):
+        from .runner import run_scenario
+
+        verdict = run_scenario(self.impl, self.scenario, tolerant=self.tolerant)
+        self.user_properties.append(("status", verdict.status))
+        if verdict.status in ("skip", "unsupported"):
+            pytest.skip(f"{verdict.status}: {verdict.first_difference}")
+        if not verdict.passed:
+            counts = {k: v for k, v in verdict.counts.items() if k != "traceback"}
+            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.first_difference}" + (f"\n{counts}" if counts else "")
+                                     + (f"\n{verdict.counts['traceback']}" if "traceback" in verdict.counts else ""))
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return "dsv4-conformance", None, f"{self.impl.name}: {self.scenario.name} ({self.scenario.description})"
+
+
+class ErrorCaseItem(pytest.Item):
+    def __init__(self, *, impl, case, results: dict, **kwargs):
+        super().__init__(**kwargs)
+        self.impl, self.case, self.results = impl, case, results
+
+    def runtest(self):
+        from .errors import CASES, run_error_cases
+
+        key = self.impl.name
+        if key not in self.results:  # one worker process runs all cases of an implementation
+            self.results[key] = {v.case: v for v in run_error_cases(self.impl, CASES)}
+        verdict = self.results[key][self.case.name]
+        if verdict.status in ("skip", "unsupported"):
+            pytest.skip(f"{verdict.status}: {verdict.detail}")
+        if not verdict.passed:
+            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}")
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return "dsv4-conformance", None, f"{self.impl.name}: SPEC §9 {self.case.name}"
+
+
+class ConformanceFailure(Exception):
+    """A scenario or error case that the implementation failed (reported without a traceback)."""
+
+
+def make_items(session, config) -> list[pytest.Item]:
+    """The conformance tests for ``--dsv4-impl`` (none without it)."""
+    from .errors import CASES
+    from .implementations import load_implementation
+    from .scenarios import scenarios
+
+    names = config.getoption("--dsv4-impl")
+    if not names:
+        return []
+    xfail = {n.strip() for n in config.getoption("--dsv4-xfail").split(",") if n.strip()}
+    patterns = [p.strip() for p in config.getoption("--dsv4-scenarios").split(",") if p.strip()]
+    try:
+        chosen = scenarios(patterns or None, config.getoption("--dsv4-size") if not patterns else None)
+        loaded = [load_implementation(n) for n in names]
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    tolerant = config.getoption("--dsv4-tolerant")
+    items, results = [], {}
+    for impl in loaded:
+        for scenario in chosen:
+            item = ScenarioItem.from_parent(session, name=f"dsv4[{impl.name}]::{scenario.name}", impl=impl,
+                                            scenario=scenario, tolerant=tolerant)
+            for section in scenario.sections + (("§10",) if tolerant else ()):
+                item.add_marker(_sections_marker(section))
+            items.append(item)
+        if not config.getoption("--dsv4-no-errors") and not patterns:
+            for case in CASES:
+                item = ErrorCaseItem.from_parent(session, name=f"dsv4[{impl.name}]::errors::{case.name}", impl=impl,
+                                                 case=case, results=results)
+                item.add_marker("spec_s9")
+                items.append(item)
+    for item in items:
+        item.add_marker("conformance")
+        if item.name.rsplit("::", 1)[-1] in xfail:
+            item.add_marker(pytest.mark.xfail(reason="--dsv4-xfail: a known deviation", strict=False))
+    unknown = xfail - {item.name.rsplit("::", 1)[-1] for item in items}
+    if unknown:
+        raise pytest.UsageError(f"--dsv4-xfail: no scenario or error case named {sorted(unknown)}")
+    return items
+
+
+def nothing_checked(session, reports: dict) -> bool:
+    """Whether conformance tests ran and every one of them was skipped."""
+    outcomes = [outcome for name, outcome in reports.items() if "dsv4[" in name]
+    return bool(outcomes) and all(outcome == "skipped" for outcome in outcomes)
