@@ -7,6 +7,10 @@ implementation without a declaration is assumed to handle every valid call (its
 
     CAPABILITIES = Capabilities(devices=("cuda",), layouts=("flashmla_fp8",),
                                 block_sizes={128: (8,)}, state_stride_multiple=16)
+
+``arrays`` says what the operations take: ``"torch"`` tensors (the default) or ``"numpy"``
+arrays as the spec takes them (bf16 as ``uint16`` bit patterns, E4M3 as ``uint8``); a NumPy
+implementation runs on ``"cpu"`` and the suite never imports torch for it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+ARRAY_KINDS = ("torch", "numpy")
 LAYOUTS_BY_HEAD_WIDTH = {512: ("flashmla_fp8", "bf16", "fp8_per_tensor"), 128: ("indexer_fp8", "indexer_mxfp4")}
 
 
@@ -55,11 +60,18 @@ class Capabilities:
     hadamard: bool = True  # the §12 rotation (head width 128 only)
     max_position: int | None = None  # the largest position handled
     large_offsets: bool = True  # cache offsets beyond 2^31 bytes
+    arrays: str = "torch"  # what the operations take: "torch" tensors or "numpy" arrays (cpu only)
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "block_sizes", _freeze(self.block_sizes))
+        if self.arrays not in ARRAY_KINDS:
+            raise ValueError(f"Capabilities.arrays: expected one of {ARRAY_KINDS}, got {self.arrays!r}")
+        if self.arrays == "numpy" and self.devices == ("cuda",):  # the default devices: NumPy runs on the host
+            object.__setattr__(self, "devices", ("cpu",))
+        if self.arrays == "numpy" and set(self.devices) - {"cpu"}:
+            raise ValueError(f"Capabilities.devices: expected ('cpu',) for NumPy arrays, got {self.devices}")
 
     def unsupported(self, f: Features) -> str | None:
         """Why a scenario with features ``f`` lies outside this declaration, or ``None``."""

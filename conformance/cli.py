@@ -88,6 +88,8 @@ def run(args) -> int:
     runnable, skipped = [], []
     for name, impl in zip(args.impl, loaded):
         device = args.device or impl.device()
+        if impl.takes_numpy and device not in (None, "cpu"):
+            return _usage(f"--device: expected cpu for {name!r}, which takes NumPy arrays, got {device!r}")
         if device is None:
             print(f"SKIPPED: implementation {name!r} needs one of {impl.devices} and none is available here "
                   f"(no CUDA GPU found).")

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .implementations import LoadedImplementation
-from .runner import to_torch
+from .runner import to_numpy, to_torch
 from .scenarios import C4, StepRecipe, build_step, _decode
 
 
@@ -27,6 +27,7 @@ class ErrorCase:
     breaks: Callable  # (call: dict, ctx: dict) -> None, edits the call's arguments
     indexer: bool = False  # needs an implementation of SPEC §12 (head width 128)
     layout: str | None = None  # the (valid) layout the broken call is built on, when not flashmla_fp8
+    numpy: bool = True  # expressible with NumPy arrays (where E4M3 is held as uint8)
 
 
 @dataclass
@@ -41,41 +42,132 @@ class ErrorVerdict:
         return self.status in ("pass", "skip", "unsupported")
 
 
-def _valid_call(device: str, layout: str = "flashmla_fp8"):
-    import torch
+class TorchArrays:
+    """The few array operations the cases need, on torch tensors of one device."""
 
+    def __init__(self, device: str):
+        import torch
+
+        self.torch, self.device = torch, device
+        self.Array = torch.Tensor
+
+    def zeros(self, shape, dtype: str):
+        return self.torch.zeros(shape, dtype=getattr(self.torch, dtype), device=self.device)
+
+    def as_strided(self, owner, shape, strides, offset: int = 0):  # strides and offset in elements
+        return self.torch.as_strided(owner, shape, strides, offset)
+
+    def cast(self, tensor, dtype: str):
+        return tensor.to(getattr(self.torch, dtype))
+
+    def reinterpret(self, tensor, dtype: str):
+        return tensor.view(getattr(self.torch, dtype))
+
+    def every_other(self, tensor):
+        """The same values as a view with last stride 2."""
+        wide = self.torch.zeros(tensor.shape[:-1] + (2 * tensor.shape[-1],), dtype=tensor.dtype, device=tensor.device)
+        view = wide[..., ::2]
+        view.copy_(tensor)
+        return view
+
+    def storage_bytes(self, tensor):
+        """A host copy of every byte of the allocation behind ``tensor`` (its padding included)."""
+        whole = self.torch.empty(0, dtype=self.torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+        return whole.cpu().clone()
+
+    def equal(self, a, b) -> bool:
+        return self.torch.equal(a, b)
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+
+class NumpyArrays:
+    """The same operations on NumPy arrays (the host; bf16 as uint16 bit patterns)."""
+
+    Array = np.ndarray
+    device = "cpu"
+
+    def zeros(self, shape, dtype: str):
+        """Zeros in a fresh 64-byte-aligned allocation (as torch's), so alignment cases mean the same."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        raw = np.zeros(count * dtype.itemsize + 64, dtype=np.uint8)
+        start = -raw.__array_interface__["data"][0] % 64
+        return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def as_strided(self, owner, shape, strides, offset: int = 0):  # strides and offset in elements
+        size = owner.dtype.itemsize
+        return np.ndarray(shape, dtype=owner.dtype, buffer=owner, offset=offset * size, strides=tuple(s * size for s in strides))
+
+    def cast(self, array, dtype: str):
+        return array.astype(dtype)
+
+    def reinterpret(self, array, dtype: str):
+        return array.view(dtype)
+
+    def every_other(self, array):
+        wide = self.zeros(array.shape[:-1] + (2 * array.shape[-1],), array.dtype.name)
+        view = wide[..., ::2]
+        view[...] = array
+        return view
+
+    def storage_bytes(self, array):
+        owner = array
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        return owner.reshape(-1).view(np.uint8).copy()
+
+    def equal(self, a, b) -> bool:
+        return np.array_equal(a, b)
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _valid_call(device: str, layout: str = "flashmla_fp8", numpy: bool = False):
+    """A valid small C4 call's arguments: (save, store, ctx); NumPy arrays when ``numpy``."""
     rng = np.random.default_rng(7)
     inputs = build_step(StepRecipe(_decode(4, 4), **{**C4, "entries_per_page": 2}, layout=layout,
                                    fp8_scale=0.5 if layout == "fp8_per_tensor" else None), rng)
     b = inputs.batch
-    state_owner, state = inputs.state_cache.torch_copy(device)
-    k_owner, k_cache = inputs.k_cache.torch_copy(device)
-    meta = {n: to_torch(getattr(b, n), device) for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    save = dict(kv_score=to_torch(inputs.kv_score, device), ape=to_torch(inputs.ape, device), positions=meta["positions"],
+    if numpy:
+        arrays = NumpyArrays()
+        state_owner, state = inputs.state_cache.numpy_copy()
+        k_owner, k_cache = inputs.k_cache.numpy_copy()
+        convert = to_numpy
+    else:
+        arrays = TorchArrays(device)
+        state_owner, state = inputs.state_cache.torch_copy(device)
+        k_owner, k_cache = inputs.k_cache.torch_copy(device)
+        convert = lambda array: to_torch(array, device)  # noqa: E731
+    meta = {n: convert(getattr(b, n)) for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+    save = dict(kv_score=convert(inputs.kv_score), ape=convert(inputs.ape), positions=meta["positions"],
                 slot_mapping=meta["slot_mapping"], state_cache=state, block_size=b.block_size)
     store = dict(state_cache=state, token_to_req_indices=meta["token_to_req_indices"], positions=meta["positions"],
                  slot_mapping=meta["slot_mapping"], block_table=meta["block_table"], block_size=b.block_size,
-                 rms_norm_weight=to_torch(inputs.rms_norm_weight, device), rms_norm_eps=1e-6,
-                 cos_sin_cache=to_torch(inputs.cos_sin_cache, device), k_cache=k_cache,
+                 rms_norm_weight=convert(inputs.rms_norm_weight), rms_norm_eps=1e-6,
+                 cos_sin_cache=convert(inputs.cos_sin_cache), k_cache=k_cache,
                  kv_slot_mapping=meta["kv_slot_mapping"], compress_ratio=4, layout=layout, fp8_scale=inputs.fp8_scale)
-    ctx = {"state_owner": state_owner, "k_owner": k_owner, "device": device, "torch": torch}
+    ctx = {"state_owner": state_owner, "k_owner": k_owner, "device": device, "arrays": arrays, "numpy": numpy}
     return save, store, ctx
 
 
 def _strided_state(ctx, *, extra_offset=0, row_stride=None, last_stride=1):
     """A state cache of the same shape whose memory layout breaks one §3 rule."""
-    torch = ctx["torch"]
+    arrays = ctx["arrays"]
     shape = (4, 4, 2048)
     row = row_stride or 2048 * last_stride
     size = extra_offset + shape[0] * shape[1] * row + shape[2] * last_stride + 64
-    owner = torch.zeros(size, dtype=torch.float32, device=ctx["device"])
-    return torch.as_strided(owner, shape, (shape[1] * row, row, last_stride), extra_offset)
+    owner = arrays.zeros(size, "float32")
+    return arrays.as_strided(owner, shape, (shape[1] * row, row, last_stride), extra_offset)
 
 
 def _paged_k_cache(ctx, page_stride: int, pages: int = 3, entries: int = 2):
-    torch = ctx["torch"]
-    owner = torch.zeros(pages * page_stride + 1024, dtype=torch.uint8, device=ctx["device"])
-    return torch.as_strided(owner, (pages, entries, 584), (page_stride, 584, 1))
+    arrays = ctx["arrays"]
+    owner = arrays.zeros(pages * page_stride + 1024, "uint8")
+    return arrays.as_strided(owner, (pages, entries, 584), (page_stride, 584, 1))
 
 
 def _set(key, value_fn):
@@ -86,36 +178,37 @@ def _set(key, value_fn):
 
 def _every_other(ctx, tensor):
     """The same values as a view with last stride 2 (SPEC §9: unit last strides only)."""
-    torch = ctx["torch"]
-    wide = torch.zeros(tensor.shape[:-1] + (2 * tensor.shape[-1],), dtype=tensor.dtype, device=tensor.device)
-    view = wide[..., ::2]
-    view.copy_(tensor)
-    return view
+    return ctx["arrays"].every_other(tensor)
+
+
+def _cast(key: str, dtype: str):
+    """The argument converted to another dtype (a fresh contiguous array)."""
+    return _set(key, lambda c, x: x["arrays"].cast(c[key], dtype))
 
 
 def _flashmla_entry_stride(ctx, entry_stride: int, pages: int = 3, entries: int = 2):
-    torch = ctx["torch"]
+    arrays = ctx["arrays"]
     page_stride = 2 * 1168
-    owner = torch.zeros(pages * page_stride + 1024, dtype=torch.uint8, device=ctx["device"])
-    return torch.as_strided(owner, (pages, entries, 584), (page_stride, entry_stride, 1))
+    owner = arrays.zeros(pages * page_stride + 1024, "uint8")
+    return arrays.as_strided(owner, (pages, entries, 584), (page_stride, entry_stride, 1))
 
 
 def _flashmla_last_stride(ctx, pages: int = 3, entries: int = 2):
-    torch = ctx["torch"]
-    owner = torch.zeros(pages * entries * 584 * 2 + 64, dtype=torch.uint8, device=ctx["device"])
-    return torch.as_strided(owner, (pages, entries, 584), (entries * 584 * 2, 584 * 2, 2))
+    arrays = ctx["arrays"]
+    owner = arrays.zeros(pages * entries * 584 * 2 + 64, "uint8")
+    return arrays.as_strided(owner, (pages, entries, 584), (entries * 584 * 2, 584 * 2, 2))
 
 
 def _overlapping_blocks(ctx):
     """Block stride below block_size * row stride: blocks share rows."""
-    torch = ctx["torch"]
-    owner = torch.zeros(4 * 2 * 2048 + 4 * 2048 + 64, dtype=torch.float32, device=ctx["device"])
-    return torch.as_strided(owner, (4, 4, 2048), (2 * 2048, 2048, 1))
+    arrays = ctx["arrays"]
+    owner = arrays.zeros(4 * 2 * 2048 + 4 * 2048 + 64, "float32")
+    return arrays.as_strided(owner, (4, 4, 2048), (2 * 2048, 2048, 1))
 
 
 def _with_layout(layout: str, fp8_scale, ctx, call):
     """The store call rebuilt for another layout (a fresh compressed cache of that layout)."""
-    _, store, fresh = _valid_call(ctx["device"], layout)
+    _, store, fresh = _valid_call(ctx["device"], layout, ctx["numpy"])
     ctx["k_owner"] = fresh["k_owner"]
     call["k_cache"] = store["k_cache"]
     call["layout"] = layout
@@ -133,30 +226,30 @@ def _fp8_layout(fp8_scale):
 
 
 def _indexer_cache_for_512(call, ctx):
-    torch = ctx["torch"]
-    owner = torch.zeros(3 * 2 * 68 + 64, dtype=torch.uint8, device=ctx["device"])
-    call["k_cache"] = torch.as_strided(owner, (3, 2, 68), (2 * 68 + 8, 68, 1))
+    arrays = ctx["arrays"]
+    owner = arrays.zeros(3 * 2 * 68 + 64, "uint8")
+    call["k_cache"] = arrays.as_strided(owner, (3, 2, 68), (2 * 68 + 8, 68, 1))
     call["layout"] = "indexer_mxfp4"
 
 
 def _bf16_k_cache_float32(call, ctx):
     _with_layout("bf16", None, ctx, call)
-    call["k_cache"] = call["k_cache"].float()
+    call["k_cache"] = ctx["arrays"].cast(call["k_cache"], "float32")
 
 
 def _fp8_k_cache_uint8(call, ctx):
     _with_layout("fp8_per_tensor", 0.5, ctx, call)
-    call["k_cache"] = call["k_cache"].view(ctx["torch"].uint8)
+    call["k_cache"] = ctx["arrays"].reinterpret(call["k_cache"], "uint8")
 
 
 CASES: tuple[ErrorCase, ...] = (
-    ErrorCase("positions int32", "store", "positions", _set("positions", lambda c, x: c["positions"].to(x["torch"].int32))),
-    ErrorCase("slot_mapping int32", "save", "slot_mapping", _set("slot_mapping", lambda c, x: c["slot_mapping"].to(x["torch"].int32))),
-    ErrorCase("token_to_req_indices int64", "store", "token_to_req_indices", _set("token_to_req_indices", lambda c, x: c["token_to_req_indices"].long())),
-    ErrorCase("block_table int64", "store", "block_table", _set("block_table", lambda c, x: c["block_table"].long())),
+    ErrorCase("positions int32", "store", "positions", _cast("positions", "int32")),
+    ErrorCase("slot_mapping int32", "save", "slot_mapping", _cast("slot_mapping", "int32")),
+    ErrorCase("token_to_req_indices int64", "store", "token_to_req_indices", _cast("token_to_req_indices", "int64")),
+    ErrorCase("block_table int64", "store", "block_table", _cast("block_table", "int64")),
     ErrorCase("kv_slot_mapping shorter than positions", "store", "kv_slot_mapping", _set("kv_slot_mapping", lambda c, x: c["kv_slot_mapping"][:-1])),
     ErrorCase("block_table of rank 1", "store", "block_table", _set("block_table", lambda c, x: c["block_table"][0])),
-    ErrorCase("state_cache float64", "store", "state_cache", _set("state_cache", lambda c, x: c["state_cache"].double())),
+    ErrorCase("state_cache float64", "store", "state_cache", _cast("state_cache", "float64")),
     ErrorCase("state_cache of rank 2", "store", "state_cache", _set("state_cache", lambda c, x: c["state_cache"][0])),
     ErrorCase("C4 state with compress_ratio 128", "store", "state_cache", _set("compress_ratio", lambda c, x: 128)),
     ErrorCase("compress_ratio 64", "store", "compress_ratio", _set("compress_ratio", lambda c, x: 64)),
@@ -167,9 +260,9 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("page stride below B*584", "store", "k_cache", _set("k_cache", lambda c, x: _paged_k_cache(x, 2 * 584 - 16))),
     ErrorCase("page stride not a multiple of 16", "store", "k_cache", _set("k_cache", lambda c, x: _paged_k_cache(x, 2 * 584 + 8))),
     ErrorCase("k_cache of 576 bytes per entry", "store", "k_cache", _set("k_cache", lambda c, x: c["k_cache"][:, :, :576])),
-    ErrorCase("k_cache int8", "store", "k_cache", _set("k_cache", lambda c, x: c["k_cache"].view(x["torch"].int8))),
+    ErrorCase("k_cache int8", "store", "k_cache", _set("k_cache", lambda c, x: x["arrays"].reinterpret(c["k_cache"], "int8"))),
     ErrorCase("rms_norm_weight of 448", "store", "rms_norm_weight", _set("rms_norm_weight", lambda c, x: c["rms_norm_weight"][:448])),
-    ErrorCase("rms_norm_weight float16", "store", "rms_norm_weight", _set("rms_norm_weight", lambda c, x: c["rms_norm_weight"].half())),
+    ErrorCase("rms_norm_weight float16", "store", "rms_norm_weight", _cast("rms_norm_weight", "float16")),
     ErrorCase("rms_norm_eps 0", "store", "rms_norm_eps", _set("rms_norm_eps", lambda c, x: 0.0)),
     ErrorCase("cos_sin_cache of width 32", "store", "cos_sin_cache", _set("cos_sin_cache", lambda c, x: c["cos_sin_cache"][:, :32])),
     ErrorCase("unknown layout", "store", "layout", _set("layout", lambda c, x: "fp8")),
@@ -177,8 +270,8 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("ape of the wrong ratio", "save", "ape", _set("ape", lambda c, x: c["ape"][:2])),
     ErrorCase("kv_score of the wrong width", "save", "kv_score", _set("kv_score", lambda c, x: c["kv_score"][:, :1024])),
     ErrorCase("kv_score of the wrong length", "save", "kv_score", _set("kv_score", lambda c, x: c["kv_score"][:-1])),
-    ErrorCase("C128 ape with C4 projections", "save", "kv_score", _set("ape", lambda c, x: x["torch"].zeros((128, 512), dtype=x["torch"].float32, device=x["device"]))),
-    ErrorCase("state_cache float64 for save", "save", "state_cache", _set("state_cache", lambda c, x: c["state_cache"].double())),
+    ErrorCase("C128 ape with C4 projections", "save", "kv_score", _set("ape", lambda c, x: x["arrays"].zeros((128, 512), "float32"))),
+    ErrorCase("state_cache float64 for save", "save", "state_cache", _cast("state_cache", "float64")),
     # SPEC v1.1 §9 additions
     ErrorCase("k_cache entry stride other than 584", "store", "k_cache",
               _set("k_cache", lambda c, x: _flashmla_entry_stride(x, 592))),
@@ -207,23 +300,16 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("kv_score with a non-unit last stride", "save", "kv_score", _set("kv_score", lambda c, x: _every_other(x, c["kv_score"]))),
     ErrorCase("block_table with a non-unit last stride", "store", "block_table", _set("block_table", lambda c, x: _every_other(x, c["block_table"]))),
     ErrorCase("cos_sin_cache with a non-unit last stride", "store", "cos_sin_cache", _set("cos_sin_cache", lambda c, x: _every_other(x, c["cos_sin_cache"]))),
-    ErrorCase("ape float64", "save", "ape", _set("ape", lambda c, x: c["ape"].double())),
-    ErrorCase("positions int32 for save", "save", "positions", _set("positions", lambda c, x: c["positions"].to(x["torch"].int32))),
+    ErrorCase("ape float64", "save", "ape", _cast("ape", "float64")),
+    ErrorCase("positions int32 for save", "save", "positions", _cast("positions", "int32")),
     ErrorCase("bf16 k_cache of dtype float32", "store", "k_cache", _bf16_k_cache_float32, layout="bf16"),
-    ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8, layout="fp8_per_tensor"),
+    ErrorCase("fp8_per_tensor k_cache of dtype uint8", "store", "k_cache", _fp8_k_cache_uint8, layout="fp8_per_tensor",
+              numpy=False),
     ErrorCase("block_size 0", "save", "block_size", _set("block_size", lambda c, x: 0)),
     ErrorCase("hadamard for flashmla_fp8", "store", "hadamard", _set("hadamard", lambda c, x: True), indexer=True),
     ErrorCase("indexer_mxfp4 k_cache of 68 bytes per entry with a 512-wide state", "store", "layout",
               _indexer_cache_for_512, indexer=True),
 )
-
-
-def _storage_bytes(tensor):
-    """A host copy of every byte of the allocation behind ``tensor`` (its padding included)."""
-    import torch
-
-    whole = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
-    return whole.cpu().clone()
 
 
 def names_argument(error: BaseException, argument: str) -> bool:
@@ -243,23 +329,25 @@ def run_error_case(impl: LoadedImplementation, case: ErrorCase, device: str | No
     device = device or impl.device()
     if device is None:
         return ErrorVerdict(case.name, impl.name, "skip", f"needs one of {impl.devices}")
-    save, store, ctx = _valid_call(device)
+    numpy = impl.takes_numpy
+    if numpy and not case.numpy:
+        return ErrorVerdict(case.name, impl.name, "unsupported", "no NumPy form (NumPy holds E4M3 as uint8)")
+    save, store, ctx = _valid_call(device, numpy=numpy)
+    arrays = ctx["arrays"]
     call = dict(save if case.operation == "save" else store)
     case.breaks(call, ctx)
-    buffers = {k: v for k, v in call.items() if isinstance(v, ctx["torch"].Tensor)}
+    buffers = {k: v for k, v in call.items() if isinstance(v, arrays.Array)}
     buffers.update(state_owner=ctx["state_owner"], k_owner=ctx["k_owner"])
-    before = {k: _storage_bytes(v) for k, v in buffers.items()}
+    before = {k: arrays.storage_bytes(v) for k, v in buffers.items()}
     operation = impl.target.save_partial_states if case.operation == "save" else impl.target.compress_norm_rope_store
     positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale", "hadamard")]
     keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale", "hadamard") if k in call}
     try:
         operation(*(call[k] for k in positional), **keywords)
-        if device == "cuda":
-            ctx["torch"].cuda.synchronize()
+        arrays.synchronize()
     except ValueError as error:
-        if device == "cuda":
-            ctx["torch"].cuda.synchronize()
-        changed = [k for k, v in buffers.items() if not ctx["torch"].equal(_storage_bytes(v), before[k])]
+        arrays.synchronize()
+        changed = [k for k, v in buffers.items() if not arrays.equal(arrays.storage_bytes(v), before[k])]
         message = " ".join(str(error).split())
         if not names_argument(error, case.argument):
             return ErrorVerdict(case.name, impl.name, "fail", f"ValueError does not lead with {case.argument!r}: {message[:160]}")
@@ -352,6 +440,9 @@ def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None 
         layouts = impl.capabilities.layouts
         if case.layout and layouts is not None and case.layout not in layouts:
             verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"declared: no layout {case.layout!r}"))
+            continue
+        if impl.takes_numpy and not case.numpy:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "no NumPy form (NumPy holds E4M3 as uint8)"))
             continue
         if not impl.reference:
             verdicts.append(run_error_case(impl, case, device))

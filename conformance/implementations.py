@@ -1,7 +1,8 @@
 """The implementation protocol and how the suite finds implementations.
 
 An implementation is any object (a module will do) with SPEC §8's two operations taking
-torch tensors with vLLM's names and dtypes::
+torch tensors (or NumPy arrays, when it declares ``Capabilities(arrays="numpy")``) with
+vLLM's names and dtypes::
 
     save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
     compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping,
@@ -50,32 +51,21 @@ class Implementation(Protocol):
 
 
 class SpecImplementation:
-    """The NumPy specification behind the protocol (CPU tensors; same §9 checks as the kernels)."""
+    """The NumPy specification itself: it takes NumPy arrays (bf16 as uint16 bit patterns) and
+    makes SPEC §9's checks before writing anything; no torch involved."""
 
-    SUPPORTED_DEVICES = ("cpu",)
-    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128))
+    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128), arrays="numpy")
     name = "spec"
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
-        from ..impl.frontend import numpy_view, validate_save_partial_states
-
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
-        spec_save_partial_states(*(numpy_view(t) for t in (kv_score, ape, positions, slot_mapping, state_cache)), block_size)
+        spec_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
 
     def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
                                  block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
                                  *, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False):
-        from ..impl.frontend import numpy_view, validate_compress_norm_rope_store
-
-        validate_compress_norm_rope_store(
+        spec_compress_norm_rope_store(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale, hadamard=hadamard, head_dims=(512, 128),
-        )
-        spec_compress_norm_rope_store(
-            numpy_view(state_cache), numpy_view(token_to_req_indices), numpy_view(positions), numpy_view(slot_mapping),
-            numpy_view(block_table), block_size, numpy_view(rms_norm_weight), rms_norm_eps, numpy_view(cos_sin_cache),
-            numpy_view(k_cache), numpy_view(kv_slot_mapping), compress_ratio=compress_ratio, layout=layout,
             fp8_scale=fp8_scale, hadamard=hadamard,
         )
 
@@ -100,13 +90,21 @@ class LoadedImplementation:
             declared = declared if isinstance(declared, Capabilities) else Capabilities()
             self.capabilities = replace(declared, devices=self.devices)
 
-    def device(self) -> str | None:
-        """The first supported device present here, or ``None``."""
-        import torch
+    @property
+    def takes_numpy(self) -> bool:
+        """The operations take NumPy arrays (no torch needed), not torch tensors."""
+        return self.capabilities.arrays == "numpy"
 
+    def device(self) -> str | None:
+        """The first supported device present here, or ``None`` (torch is asked only about CUDA)."""
         for device in self.devices:
-            if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
+            if device == "cpu":
                 return device
+            if device == "cuda" and not self.takes_numpy:
+                import torch
+
+                if torch.cuda.is_available():
+                    return device
         return None
 
 

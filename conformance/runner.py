@@ -100,6 +100,23 @@ def to_torch(array: np.ndarray, device: str, strided: bool = False):
     return view.to(device) if device == "cpu" else _strided_on(view, wide, device)
 
 
+def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
+    """A NumPy copy of ``array``; ``strided``: a view laid out in memory as :func:`to_torch`'s
+    (rows padded by 3 elements, base moved by 1 element, padding NaN or -7)."""
+    if not strided or array.ndim == 0:
+        return np.array(array, copy=True, order="C")
+    shape = array.shape
+    padded = shape[:-1] + (shape[-1] + 3,) if array.ndim > 1 else shape
+    fill = np.uint16(0x7FC0) if array.dtype == np.uint16 else (np.nan if array.dtype.kind == "f" else -7)
+    wide = np.full(1 + int(np.prod(padded)) + 5, fill, dtype=array.dtype)
+    strides = [array.dtype.itemsize] * array.ndim
+    for axis in range(array.ndim - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * padded[axis + 1]
+    view = np.ndarray(shape, dtype=array.dtype, buffer=wide, offset=array.dtype.itemsize, strides=tuple(strides))
+    view[...] = array
+    return view
+
+
 def _strided_on(view, wide, device: str):
     """The same strided view, on another device."""
     import torch
@@ -121,8 +138,31 @@ def features(inputs: StepInputs) -> Features:
     )
 
 
+def run_numpy_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`run_implementation` for an implementation taking NumPy arrays (on the host)."""
+    b = inputs.batch
+    strided = inputs.strided_inputs
+    a = {name: to_numpy(getattr(b, name), strided) for name in
+         ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+    state_owner, state = inputs.state_cache.numpy_copy()
+    impl.target.save_partial_states(to_numpy(inputs.kv_score, strided), to_numpy(inputs.ape, strided),
+                                    a["positions"], a["slot_mapping"], state, b.block_size)
+    state_after_save = state_owner.copy()
+    state_owner[...] = expected.state_after_save  # judge the store alone
+    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    impl.target.compress_norm_rope_store(
+        state, a["token_to_req_indices"], a["positions"], a["slot_mapping"], a["block_table"], b.block_size,
+        to_numpy(inputs.rms_norm_weight, strided), inputs.rms_norm_eps, to_numpy(inputs.cos_sin_cache, strided),
+        k_cache, a["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
+        **({"hadamard": True} if inputs.hadamard else {}),
+    )
+    return state_after_save, k_owner.copy()
+
+
 def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
     """The implementation's state bytes after save and cache bytes after store."""
+    if impl.takes_numpy:
+        return run_numpy_implementation(impl, inputs, expected)
     import torch
 
     b = inputs.batch
@@ -380,7 +420,10 @@ def run_scenario(impl: LoadedImplementation, scenario: Scenario, *, tolerant: bo
     device = device or impl.device()
     if device is None:
         return Verdict(scenario.name, impl.name, 0, 0, "skip", f"needs one of {impl.devices}; none found here")
-    if scenario.device and scenario.device != device:  # decided before building its (large) buffers
+    if scenario.device and impl.takes_numpy:  # decided before building its (large) buffers
+        return Verdict(scenario.name, impl.name, 0, 0, "unsupported",
+                       f"declared unsupported: runs on {scenario.device} only (torch tensors); this implementation takes NumPy arrays")
+    if scenario.device and scenario.device != device:
         return Verdict(scenario.name, impl.name, 0, 0, "skip", f"runs on {scenario.device} only")
     inputs = scenario_inputs(scenario)
     verdict = Verdict(scenario.name, impl.name, inputs.batch.num_tokens, inputs.batch.num_active, "pass")
