@@ -1,8 +1,9 @@
 """SPEC §9 error cases: each invalid call must raise ``ValueError`` naming the argument and
 write nothing (no byte of any buffer of the call changes, padding included).
 
-Each case starts from a valid small C4 step on the implementation's device and breaks one
-thing about one argument. The message must *lead* with the argument's name
+Each case starts from a valid small C4 step on the implementation's device (torch tensors, or
+NumPy arrays for an implementation declaring ``arrays="numpy"``) and breaks one thing about
+one argument. The message must *lead* with the argument's name
 (``"state_cache: expected ..."``) or the exception must carry it as an attribute. Cases run
 in a worker process that is replaced when a case crashes it (:func:`run_error_cases`).
 """
