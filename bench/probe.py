@@ -132,7 +132,7 @@ def patch_out_exp2s() -> None:
 
 
 def time_variants(sizes, names) -> None:
-    from ..impl.cutedsl.tune import time_case
+    from .cutedsl_tune import time_case
     from ..impl.cutedsl.variants import VARIANTS
     from .cases import c128_decode_sweep
     from .timing import copy_bandwidth_gbs
