@@ -23,7 +23,16 @@ NAMESPACE = "dsv4_compressor"
 def register(prefix: str, module, *, compress_extras: bool) -> dict:
     """Define ``{prefix}_save_partial_states``, ``{prefix}_compress_norm_rope_store`` and, with
     ``compress_extras`` (the CuTe DSL implementation), ``{prefix}_save_and_compress_norm_rope_store``
-    and ``{prefix}_compress``, each calling ``module``'s operation of that name. Returns the ops."""
+    and ``{prefix}_compress``, each calling ``module``'s operation of that name. Returns the ops.
+
+    Registers once per process: a second import of the package under another name (a test
+    runner importing the repository root as a package) finds the ops already defined.
+    """
+    namespace = getattr(torch.ops, NAMESPACE)
+    names = ["save_partial_states", "compress_norm_rope_store"]
+    names += ["save_and_compress_norm_rope_store", "compress"] if compress_extras else []
+    if hasattr(namespace, f"{prefix}_save_partial_states"):
+        return {name: getattr(namespace, f"{prefix}_{name}") for name in names}
     ops = {}
 
     @torch.library.custom_op(f"{NAMESPACE}::{prefix}_save_partial_states", mutates_args=("state_cache",))

@@ -15,8 +15,8 @@ of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.
 instruction rules).
 """
 
-from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states
+from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states, warm_up
 from .config import FusedConfig, SaveConfig
 from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_*)
 
-__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "FusedConfig", "SaveConfig"]
+__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig"]

@@ -162,3 +162,40 @@ def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, b
         num_warps=knobs.num_warps, enable_fp_fusion=False,
     )
     return pooling.num_tokens, scalars, constants, weight_bf16
+
+
+def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,
+            weight_dtype: torch.dtype = torch.bfloat16, device="cuda", fp8_scale: float | None = None,
+            config: FusedConfig | None = None, save: bool = True, save_config: SaveConfig | None = None) -> None:
+    """Compile a layer's kernels before CUDA-graph capture: one launch of each on a small dummy
+    step whose only token is padding (nothing is written).
+
+    The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
+    (``k_cache.shape[1]``), ``weight_dtype``, ``device``, ``fp8_scale`` (``fp8_per_tensor``) and
+    the launch configurations. Triton also specializes on whether integer arguments (strides)
+    are multiples of 16 and on 16-byte pointer alignment; the dummy tensors are contiguous,
+    like a freshly allocated cache, so a layer whose caches have other strides compiles once
+    more at its first call. The token count is not compiled in (the grid is ``T`` programs).
+    """
+    from ...spec.constants import ENTRY_BYTES, HEAD_DIM, ratio_config
+
+    device = torch.device(device)
+    width = ratio_config(compress_ratio).state_row_width
+    state = torch.zeros((1, block_size, width), dtype=torch.float32, device=device)
+    if layout == "flashmla_fp8":
+        k_cache = torch.zeros((1, entries_per_page, ENTRY_BYTES), dtype=torch.uint8, device=device)
+    else:
+        dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
+        k_cache = torch.zeros((1, entries_per_page, HEAD_DIM), dtype=torch.uint8, device=device).view(dtype)
+    padding = torch.full((1,), -1, dtype=torch.int64, device=device)
+    positions = torch.zeros(1, dtype=torch.int64, device=device)
+    compress_norm_rope_store(
+        state, torch.zeros(1, dtype=torch.int32, device=device), positions, padding,
+        torch.zeros((1, 16), dtype=torch.int32, device=device), block_size,
+        torch.ones(HEAD_DIM, dtype=weight_dtype, device=device), 1e-6,
+        torch.zeros((1, 64), dtype=torch.float32, device=device), k_cache, padding, compress_ratio=compress_ratio,
+        layout=layout, fp8_scale=fp8_scale, config=config)
+    if save:
+        save_partial_states(torch.zeros((1, width), dtype=torch.float32, device=device),
+                            torch.zeros((compress_ratio, width // 2), dtype=torch.float32, device=device), positions,
+                            padding, state, block_size, config=save_config)

@@ -78,3 +78,14 @@ def test_op_rejects_bad_arguments_with_the_front_ends_message():
     with pytest.raises(ValueError, match="positions: expected dtype int64"):
         OPS.triton_compress_norm_rope_store(*args.values(), 4)
     assert torch.equal(raw["k_cache"], before)
+
+
+@pytest.mark.parametrize("ratio, layout", [(4, "flashmla_fp8"), (128, "fp8_per_tensor")])
+def test_warm_up_launches_a_padding_step(ratio, layout):
+    """warm_up compiles (on a GPU) by launching both kernels on a step whose only token is
+    padding; it must accept every layout and write nothing a later call depends on."""
+    from dsv4_compressor.impl import triton as triton_impl
+
+    triton_impl.warm_up(compress_ratio=ratio, block_size=4, layout=layout, entries_per_page=2, device=DEVICE,
+                        fp8_scale=0.5 if layout == "fp8_per_tensor" else None)
+    test_compiled_compress_norm_rope_store_writes_the_spec_bytes(ratio, layout)
