@@ -522,3 +522,61 @@ def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
     device = args["state_cache"].device
     entry = launch._COUNTERS[(device, launch._current_stream(device))]
     assert int(torch.count_nonzero(entry.tensor)) == 0
+
+
+# ---- host path: bound layers, warm-up, torch custom ops -----------------------------------------
+@pytest.mark.parametrize("case", [C4_CASES[0], C128_CASES[0][0], C128_CASES[2][0], C128_CASES[5][0]],
+                         ids=lambda c: c.name)
+def test_bound_layer_after_warm_up_matches_spec_and_compiles_nothing_more(case):
+    """A layer warmed up for its token count writes the spec's bytes through the bound call,
+    inside a CUDA graph captured right after the warm-up (no compile during capture)."""
+    from dsv4_compressor.impl import cutedsl
+    from dsv4_compressor.impl.cutedsl import compile_cache
+
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
+                         block_size=batch.block_size, compress_ratio=case.ratio, rms_norm_eps=1e-6,
+                         layout=case.layout, fp8_scale=fp8_scale)
+    layer.warm_up(token_counts=(batch.num_tokens,))
+    compiled = len(compile_cache._CACHE)
+    per_token = [args[n] for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table",
+                                   "kv_slot_mapping")]
+    workspace = torch.empty(batch.num_tokens, 512, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer.compress_norm_rope_store(*per_token, workspace=workspace)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(compile_cache._CACHE) == compiled
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+
+
+@pytest.mark.parametrize("case", [C4_CASES[0], C128_CASES[0][0], C128_CASES[3][0]], ids=lambda c: c.name)
+def test_compiled_custom_ops_match_spec(case):
+    """torch.compile(fullgraph=True) over save_partial_states and compress_norm_rope_store as
+    torch.ops.dsv4_compressor.cutedsl_* ops: the spec's bytes."""
+    import dsv4_compressor.impl.cutedsl  # noqa: F401  (registers the ops)
+
+    torch._dynamo.reset()
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    rng = np.random.default_rng(5)
+    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
+    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
+    expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    ops = torch.ops.dsv4_compressor
+
+    @torch.compile(fullgraph=True)
+    def step(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, batch.block_size)
+        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, batch.block_size, weight,
+                                             1e-6, cos_sin, k_cache, kv_slots, case.ratio, case.layout, fp8_scale)
+
+    step(to_cuda(kv), to_cuda(ape), *(args[n] for n in ("state_cache", "token_to_req_indices", "positions",
+                                                         "slot_mapping", "block_table", "rms_norm_weight",
+                                                         "cos_sin_cache", "k_cache", "kv_slot_mapping")))
+    torch.cuda.synchronize()
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
