@@ -10,4 +10,4 @@ from __future__ import annotations
 from .. import custom_ops
 from . import api
 
-OPS = custom_ops.register("triton", api, compress_extras=False)
+OPS = custom_ops.register("triton", api, cutedsl=False)
