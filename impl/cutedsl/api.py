@@ -119,13 +119,23 @@ def _compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, lay
         return launch.build_compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, True,
                                           workspace, c128_path, policy, pdl, early_metadata)
     state_cache, token_req, positions, slots, block_table, weight, cos_sin, k_cache, kv_slots = tensors
-    key = (layout_key(state_cache), token_key(token_req), token_key(positions), token_key(slots),
-           token_key(block_table), layout_key(weight), layout_key(cos_sin), layout_key(k_cache), token_key(kv_slots),
-           None if workspace is None else layout_key(workspace), block_size, rms_norm_eps, compress_ratio, layout,
-           fp8_scale, c128_path, pdl, policy, early_metadata,
-           type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(pdl))
+    try:  # SPEC §9 looks at dtypes, shapes, strides, devices and base alignments: one flat tuple of them
+        key = (state_cache.dtype, state_cache.shape, state_cache.stride(), state_cache.device, state_cache.data_ptr() & 15,
+               token_req.dtype, token_req.shape, token_req.stride(), token_req.device,
+               positions.dtype, positions.shape, positions.stride(), positions.device,
+               slots.dtype, slots.shape, slots.stride(), slots.device,
+               block_table.dtype, block_table.shape, block_table.stride(), block_table.device,
+               weight.dtype, weight.shape, weight.stride(), weight.device, weight.data_ptr() & 15,
+               cos_sin.dtype, cos_sin.shape, cos_sin.stride(), cos_sin.device, cos_sin.data_ptr() & 15,
+               k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device, k_cache.data_ptr() & 15,
+               kv_slots.dtype, kv_slots.shape, kv_slots.stride(), kv_slots.device,
+               None if workspace is None else layout_key(workspace), block_size, rms_norm_eps, compress_ratio, layout,
+               fp8_scale, c128_path, pdl, policy, early_metadata,
+               type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(pdl))
+    except AttributeError:  # not a tensor: validate (and reject) it the long way
+        key = None
     try:
-        plan = _PLANS.get(key)
+        plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: validate (and reject) it the long way
         key = plan = None
     if plan is None:
@@ -257,9 +267,16 @@ class BoundLayer:
 
     def _compress_plan(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, workspace,
                        debug, early_metadata) -> launch.LaunchPlan:
-        key = (token_key(token_to_req_indices), token_key(positions), token_key(slot_mapping), token_key(block_table),
-               token_key(kv_slot_mapping), None if workspace is None else layout_key(workspace), early_metadata)
-        plan = None if debug else self._plans.get(key)
+        try:  # the per-token arrays, the block table and the workspace: one flat tuple of their layouts
+            key = (token_to_req_indices.dtype, token_to_req_indices.shape, token_to_req_indices.stride(),
+                   token_to_req_indices.device, positions.dtype, positions.shape, positions.stride(), positions.device,
+                   slot_mapping.dtype, slot_mapping.shape, slot_mapping.stride(), slot_mapping.device,
+                   block_table.dtype, block_table.shape, block_table.stride(), block_table.device,
+                   kv_slot_mapping.dtype, kv_slot_mapping.shape, kv_slot_mapping.stride(), kv_slot_mapping.device,
+                   None if workspace is None else layout_key(workspace), early_metadata)
+        except AttributeError:  # not a tensor: validate (and reject) it the long way
+            key = None
+        plan = None if debug or key is None else self._plans.get(key)
         if plan is None:
             plan = launch.build_compress_plan(
                 self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping),

@@ -110,6 +110,10 @@ def test_bound_calls_check_the_per_token_arrays_before_any_launch(recorded, argu
         layer.compress_norm_rope_store(*bad)
     with pytest.raises(ValueError, match="workspace"):
         layer.compress_norm_rope_store(*per_token, workspace=torch.empty(1, 256))
+    with pytest.raises(ValueError, match="slot_mapping: expected a torch.Tensor, got list"):
+        layer.compress_norm_rope_store(per_token[0], per_token[1], per_token[2].tolist(), *per_token[3:])
+    with pytest.raises(ValueError, match="k_cache: expected a torch.Tensor, got NoneType"):
+        api.compress_norm_rope_store(*args[:9], None, args[10], **kwargs)
     assert launches == []
 
 
