@@ -7,7 +7,7 @@ memory is touched. Kernels are launched with ``enable_fp_fusion=False`` (SPEC §
 The first call with a given argument layout (dtypes, shapes, strides, devices, base
 alignment, scalars, config) validates and builds a *launch plan*: the grid, the stride
 arguments and the compile-time constants. Later calls with the same layout pay a key of
-tensor metadata, a dictionary lookup and Triton's launch.
+tensor metadata, a dictionary lookup and the compiled kernel's launch (:mod:`.launch`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import os
 
 import torch
 
-from ..frontend import (PlanCache, flashmla_page_view, layout_key, token_key, validate_compress_norm_rope_store,
+from ..frontend import (PlanCache, flashmla_page_view, layout_key, validate_compress_norm_rope_store,
                         validate_save_partial_states)
 from .config import FusedConfig, SaveConfig, fused_config, save_config
 from .fused import compress_norm_rope_store_kernel
+from .launch import Launcher
 from .postprocess import LAYOUT_CODES
 from .save_states import save_partial_states_kernel
 
@@ -50,25 +51,25 @@ def save_partial_states(
     config: SaveConfig | None = None,
 ) -> None:
     """SPEC §4: write each saved token's state row (kv copied, score + ape[p mod r])."""
-    key = None if debug else ("save", layout_key(kv_score), layout_key(ape), token_key(positions),
-                              token_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), config)
+    key = None if debug else ("save", layout_key(kv_score), layout_key(ape), layout_key(positions),
+                              layout_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), config)
     try:
         plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: validate (and reject) it the long way
         key = plan = None
     if plan is None:
         plan = _PLANS.put(key, _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config))
-    if plan is not None and plan[0][0]:
-        grid, strides, constants = plan
-        save_partial_states_kernel[grid](kv_score, strides[0], ape, strides[1], positions, slot_mapping, state_cache,
-                                         strides[2], strides[3], strides[4], **constants)
+    if plan is not None:
+        launch, strides = plan
+        launch(kv_score, strides[0], ape, strides[1], positions, slot_mapping, state_cache, strides[2], strides[3],
+               strides[4])
 
 
 _PLANS = PlanCache()
 
 
-def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config) -> tuple:
-    """(grid, stride arguments, keyword constants) of a validated ``save_partial_states`` call."""
+def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config) -> tuple | None:
+    """(launcher, stride arguments) of a validated ``save_partial_states`` call (None: no tokens)."""
     call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug)
     _check_device("state_cache", state_cache)
     knobs = save_config(config)
@@ -76,7 +77,9 @@ def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, 
     strides = (kv_score.stride(0), ape.stride(0), state_cache.stride(0) // 4, state_cache.stride(1) // 4, call.block_size)
     constants = dict(RATIO=call.config.ratio, STATE_WIDTH=call.config.state_width, BLOCK=knobs.block,
                      num_warps=knobs.num_warps, enable_fp_fusion=False)
-    return (call.num_tokens, row_width // knobs.block), strides, constants
+    if call.num_tokens == 0:
+        return None
+    return Launcher(save_partial_states_kernel, (call.num_tokens, row_width // knobs.block), constants), strides
 
 
 def _cache_views(k_cache: torch.Tensor, layout: str):
@@ -112,9 +115,9 @@ def compress_norm_rope_store(
 ) -> None:
     """SPEC §5-§7 in one launch: pool, RMSNorm, RoPE, quantize and store each active token's entry."""
     key = None if debug else (
-        layout_key(state_cache), token_key(token_to_req_indices), token_key(positions), token_key(slot_mapping),
-        token_key(block_table), layout_key(rms_norm_weight), layout_key(cos_sin_cache), layout_key(k_cache),
-        token_key(kv_slot_mapping), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, config,
+        layout_key(state_cache), layout_key(token_to_req_indices), layout_key(positions), layout_key(slot_mapping),
+        layout_key(block_table), layout_key(rms_norm_weight), layout_key(cos_sin_cache), layout_key(k_cache),
+        layout_key(kv_slot_mapping), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, config,
         type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale))
     try:
         plan = None if key is None else _PLANS.get(key)
@@ -124,23 +127,21 @@ def compress_norm_rope_store(
         plan = _PLANS.put(key, _compress_plan(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, config))
-    num_tokens, scalars, constants, weight_bf16 = plan
-    if num_tokens == 0:
+    if plan is None:  # no tokens
         return
+    launch, scalars, weight_bf16 = plan
     weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
     cache_u8, cache_i16 = _cache_views(k_cache, layout)[:2]
     state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entry_stride, entries, scale = scalars
-    compress_norm_rope_store_kernel[(num_tokens,)](
-        state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
-        weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride, entries,
-        kv_slot_mapping, scale, **constants,
-    )
+    launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
+           weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride, entries,
+           kv_slot_mapping, scale)
 
 
 def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
                    rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
-                   config) -> tuple:
-    """(T, scalar arguments, keyword constants, bf16 weight) of a validated call."""
+                   config) -> tuple | None:
+    """(launcher, scalar arguments, bf16 weight) of a validated call (None: no tokens)."""
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
@@ -161,7 +162,9 @@ def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, b
         TILE_STAGES=knobs.tile_stages, LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
         num_warps=knobs.num_warps, enable_fp_fusion=False,
     )
-    return pooling.num_tokens, scalars, constants, weight_bf16
+    if pooling.num_tokens == 0:
+        return None
+    return Launcher(compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16
 
 
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,

@@ -89,3 +89,18 @@ def test_warm_up_launches_a_padding_step(ratio, layout):
     triton_impl.warm_up(compress_ratio=ratio, block_size=4, layout=layout, entries_per_page=2, device=DEVICE,
                         fp8_scale=0.5 if layout == "fp8_per_tensor" else None)
     test_compiled_compress_norm_rope_store_writes_the_spec_bytes(ratio, layout)
+
+
+@pytest.mark.parametrize("ratio, layout", [(4, "flashmla_fp8"), (128, "bf16")])
+def test_repeated_calls_reuse_the_plan_and_write_the_spec_bytes(ratio, layout):
+    """The second call with a layout reuses its launch plan (on a GPU: the compiled kernel's own
+    launcher, without Triton's argument binding) on new tensors: still the spec's bytes."""
+    from dsv4_compressor.impl.triton import api
+    from triton_test_scenarios import run_spec_and_triton
+
+    scenario = _scenario(ratio, layout)
+    assert_identical(run_spec_and_triton(scenario, DEVICE))
+    plans = len(api._PLANS)
+    for _ in range(2):
+        assert_identical(run_spec_and_triton(scenario, DEVICE))
+    assert len(api._PLANS) == plans
