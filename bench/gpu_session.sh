@@ -42,6 +42,8 @@ for s in "$@"; do
       step conformance-cutedsl-small 110 $PY -m dsv4_compressor conformance --impl cutedsl --size small ;;
     conformance-both-big)
       step conformance-both-big 130 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
+    host-time)
+      step host-time 240 $PY -m dsv4_compressor.bench.host_time --ratio 4 128 --sizes 1 8 64 256 1024 ;;
     bench-main)
       step bench-main 280 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
     conformance-both)
