@@ -1,12 +1,13 @@
-"""Launch plans of the CuTe DSL kernels: one launcher per path, the plan cache, scratch and counters.
+"""Launch plans of the CuTe DSL kernels: how they are built and run, scratch buffers, counters.
 
 A *plan* holds everything a call decides before its launches: the compiled TVM-FFI
 callables, the path, the scalars and the grid. It depends only on what SPEC §9 validates
 (dtypes, shapes, strides, devices, base alignment, the scalars), on the C128 path, the
 workspace's layout, the :class:`.dispatch.Policy` and ``pdl``; the tensors themselves change
-every step. So a plan is built once per argument layout (validation, dispatch, compile-cache
-lookups) and later calls with the same layout pay a key (:func:`..frontend.layout_key`: plain tensor
-metadata), a dictionary lookup and the FFI launches.
+every step. So a plan is built once per argument layout and token count (validation,
+dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
+:class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
+pay that key, a dictionary lookup and the FFI launches.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..frontend import PlanCache, layout_key, token_key, validate_compress_norm_rope_store, validate_save_partial_states
+from ..frontend import validate_compress_norm_rope_store, validate_save_partial_states
 from . import dispatch
 from .config import ClusterConfig, EntryFormat, HandoffConfig, StreamConfig
 
