@@ -192,7 +192,8 @@ def _capture_id(device: torch.device) -> int | None:
 # ---- compress_norm_rope_store ---------------------------------------------------------------
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything a ``compress_norm_rope_store`` call decides before its launches."""
+    """Everything a ``compress_norm_rope_store`` call decides before its launches; ``run``
+    launches them (the subclasses below: one per kind of path)."""
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
     path: str  # "c4", "fused_cluster", "fused_handoff", "fused_stream", "split_block8" or "split_generic"
@@ -204,27 +205,57 @@ class LaunchPlan:
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        if self.num_tokens == 0:
-            return
+        """No tokens: nothing to launch."""
+
+
+@dataclass(frozen=True)
+class SingleLaunch(LaunchPlan):
+    """C4, ``fused_cluster`` and ``fused_stream``: one kernel on the call's tensors."""
+
+    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         if self.restride:
             token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
                 token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-        path = self.path
-        if path == "c4" or path == "fused_cluster" or path == "fused_stream":
-            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
-            return
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
+
+
+@dataclass(frozen=True)
+class HandoffLaunch(LaunchPlan):
+    """``fused_handoff``: one kernel, plus the x scratch and this stream's arrival counters."""
+
+    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        if self.restride:
+            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
+                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
         device = state_cache.device
-        if path == "fused_handoff":  # the x scratch and the arrival counters
-            self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
-                            handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
-            return
-        scratch = _scratch(workspace, self.num_tokens, device)
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
+                        handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+
+
+@dataclass(frozen=True)
+class SplitLaunch(LaunchPlan):
+    """``split_block8`` / ``split_generic``: the compress kernel into the x scratch, then the store kernel."""
+
+    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        if self.restride:
+            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
+                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+        scratch = _scratch(workspace, self.num_tokens, state_cache.device)
         pool, store = self.kernels
         pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
         store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
               self.fp8_inv)
+
+
+def _plan_class(path: str) -> type:
+    if path == "fused_handoff":
+        return HandoffLaunch
+    return SplitLaunch if path.startswith("split") else SingleLaunch
 
 
 def entry_format(layout: str, entries_per_page: int, weight_dtype: torch.dtype, align: int) -> EntryFormat:
@@ -297,7 +328,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
     compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, sms)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", call.pooling.config.ratio, num_tokens,
               block_size, layout, path, f" grid {grid}" if grid else "")
-    return LaunchPlan(compiled, path, eps, fp8_inv, num_tokens, restride, grid)
+    return _plan_class(path)(compiled, path, eps, fp8_inv, num_tokens, restride, grid)
 
 
 # ---- save_partial_states --------------------------------------------------------------------
