@@ -12,7 +12,9 @@ tensor metadata, a dictionary lookup and the compiled kernel's launch (:mod:`.la
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import torch
 
@@ -23,6 +25,9 @@ from .fused import compress_norm_rope_store_kernel
 from .launch import Launcher
 from .postprocess import LAYOUT_CODES
 from .save_states import save_partial_states_kernel
+
+
+log = logging.getLogger("dsv4_compressor")
 
 
 def _interpreting() -> bool:
@@ -183,6 +188,7 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     from ...spec.constants import ENTRY_BYTES, HEAD_DIM, ratio_config
 
     device = torch.device(device)
+    start = time.perf_counter()
     width = ratio_config(compress_ratio).state_row_width
     state = torch.zeros((1, block_size, width), dtype=torch.float32, device=device)
     if layout == "flashmla_fp8":
@@ -202,3 +208,5 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
         save_partial_states(torch.zeros((1, width), dtype=torch.float32, device=device),
                             torch.zeros((compress_ratio, width // 2), dtype=torch.float32, device=device), positions,
                             padding, state, block_size, config=save_config)
+    log.info("triton warm_up: C%d bs=%d %s B=%d in %.1f s", compress_ratio, block_size, layout, entries_per_page,
+             time.perf_counter() - start)
