@@ -29,6 +29,28 @@ def _cutedsl(variant: str | None):
     return load
 
 
+def _cutedsl_bound():
+    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`: one bound layer per (state
+    cache, compressed cache) pair, bound at its first call; ``save_partial_states`` unbound."""
+    def load():
+        cutedsl = importlib.import_module("dsv4_compressor.impl.cutedsl")
+        layers = {}
+
+        def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                     rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
+                     layout="flashmla_fp8", fp8_scale=None, workspace=None):
+            layer = layers.get((id(state_cache), id(k_cache)))
+            if layer is None or layer.state_cache is not state_cache or layer.k_cache is not k_cache:
+                layer = layers[(id(state_cache), id(k_cache))] = cutedsl.bind(
+                    state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
+                    compress_ratio=compress_ratio, rms_norm_eps=rms_norm_eps, layout=layout, fp8_scale=fp8_scale)
+            layer.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                                           workspace=workspace)
+
+        return BenchImpl("cutedsl-bound", compress, cutedsl.save_partial_states)
+    return load
+
+
 def _module(name: str, module_name: str):
     def load():
         module = importlib.import_module(module_name)
@@ -41,6 +63,7 @@ def _module(name: str, module_name: str):
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
+    "cutedsl-bound": _cutedsl_bound(),
     **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
 }
 

@@ -19,7 +19,7 @@ def test_every_variant_is_registered_and_runs_only_c128_compress():
     for name, variant in VARIANTS.items():
         impl = load_bench_impl(f"cutedsl-{name}")
         assert all(impl.runs(case) for case in c128), name
-        # a variant with only c128_* knobs is the dispatcher elsewhere; one with others (pdl) is not
+        # a variant whose choices concern only C128 compress is the dispatcher elsewhere; one without PDL is not
         assert any(impl.runs(case) for case in others) == (not variant.c128_compress_only), name
     assert not VARIANTS["nopdl"].c128_compress_only and VARIANTS["cluster16"].c128_compress_only
     for name in ("cutedsl", "triton"):
