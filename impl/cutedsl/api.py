@@ -41,6 +41,7 @@ HEAD_DIM = 512
 log = logging.getLogger("dsv4_compressor")
 
 _PLANS = PlanCache()  # compress_norm_rope_store and save_partial_states plans, by argument layout
+_LAYER_LAYOUTS: dict = {}  # a bound layer's fixed arguments' layout -> a small int, its plans' key prefix
 
 
 # ---- public operations ----------------------------------------------------------------------
@@ -245,8 +246,9 @@ class BoundLayer:
 
     Each call keys only its per-token arrays (and the block table and workspace); the first
     call with a new layout or token count validates every argument through the shared front
-    end, exactly like the unbound operations. The bound tensors must keep their storage,
-    shape and strides (bind again after reallocating a cache).
+    end, exactly like the unbound operations. Layers whose fixed arguments have the same
+    layout share their plans. The bound tensors must keep their storage, shape and strides
+    (bind again after reallocating a cache).
     """
 
     def __init__(self, state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size, compress_ratio,
@@ -255,11 +257,14 @@ class BoundLayer:
         self.rms_norm_weight, self.cos_sin_cache = rms_norm_weight, cos_sin_cache  # [512]; fp32 [max_pos, 64]
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
         self.layout, self.fp8_scale, self.c128_path, self.pdl, self.policy = layout, fp8_scale, c128_path, pdl, policy
-        self._plans = PlanCache()
         empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
         launch.build_compress_plan((state_cache, empty[0], empty[1], empty[1], empty[2], rms_norm_weight,
                                     cos_sin_cache, k_cache, empty[1]), block_size, rms_norm_eps, compress_ratio,
                                    layout, fp8_scale, False, None, c128_path, policy, pdl, False)
+        fixed = (layout_key(state_cache), layout_key(k_cache), layout_key(rms_norm_weight), layout_key(cos_sin_cache),
+                 block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, c128_path, pdl, policy, type(block_size),
+                 type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(pdl))
+        self._layout = _LAYER_LAYOUTS.setdefault(fixed, len(_LAYER_LAYOUTS))  # plans' key prefix
 
     def _tensors(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping) -> tuple:
         return (self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
@@ -268,7 +273,7 @@ class BoundLayer:
     def _compress_plan(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, workspace,
                        debug, early_metadata) -> launch.LaunchPlan:
         try:  # the per-token arrays, the block table and the workspace: one flat tuple of their layouts
-            key = (token_to_req_indices.dtype, token_to_req_indices.shape, token_to_req_indices.stride(),
+            key = (self._layout, token_to_req_indices.dtype, token_to_req_indices.shape, token_to_req_indices.stride(),
                    token_to_req_indices.device, positions.dtype, positions.shape, positions.stride(), positions.device,
                    slot_mapping.dtype, slot_mapping.shape, slot_mapping.stride(), slot_mapping.device,
                    block_table.dtype, block_table.shape, block_table.stride(), block_table.device,
@@ -276,24 +281,25 @@ class BoundLayer:
                    None if workspace is None else layout_key(workspace), early_metadata)
         except AttributeError:  # not a tensor: validate (and reject) it the long way
             key = None
-        plan = None if debug or key is None else self._plans.get(key)
+        plan = None if debug or key is None else _PLANS.get(key)
         if plan is None:
             plan = launch.build_compress_plan(
                 self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping),
                 self.block_size, self.rms_norm_eps, self.compress_ratio, self.layout, self.fp8_scale, debug, workspace,
                 self.c128_path, self.policy, self.pdl, early_metadata)
             if not debug:
-                self._plans.put(key, plan)
+                _PLANS.put(key, plan)
         return plan
 
     def _save_plan(self, kv_score, ape, positions, slot_mapping, debug) -> launch.SavePlan:
-        key = ("save", layout_key(kv_score), layout_key(ape), token_key(positions), token_key(slot_mapping))
-        plan = None if debug else self._plans.get(key)
+        key = (self._layout, "save", layout_key(kv_score), layout_key(ape), token_key(positions),
+               token_key(slot_mapping))
+        plan = None if debug else _PLANS.get(key)
         if plan is None:
             plan = launch.build_save_plan(kv_score, ape, positions, slot_mapping, self.state_cache, self.block_size,
                                           debug, self.policy, self.pdl)
             if not debug:
-                self._plans.put(key, plan)
+                _PLANS.put(key, plan)
         return plan
 
     def compress_norm_rope_store(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, *,

@@ -221,3 +221,19 @@ def test_every_op_launches_what_its_direct_call_does(recorded):
     x = ops.cutedsl_compress(*pooling, 128)
     assert x.shape == (tokens, 512) and x.dtype == torch.float32
     assert launches[-1][0] == "compile_c128_pool"
+
+
+def test_layers_with_the_same_layout_share_their_plans(recorded):
+    launches, _ = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    first, per_token = _layer(args, kwargs)
+    other_args = [a.clone() if isinstance(a, torch.Tensor) and a.is_contiguous() else a for a in args]
+    second, _ = _layer(other_args, kwargs)  # another layer's caches, the same layout
+    first.compress_norm_rope_store(*per_token)
+    plans = len(api._PLANS)
+    second.compress_norm_rope_store(*per_token)
+    assert len(api._PLANS) == plans
+    assert launches[0][1] == launches[1][1] and launches[0][2] != launches[1][2]  # same kernel, its own caches
+    third, _ = _layer(args, kwargs, pdl=False)
+    third.compress_norm_rope_store(*per_token)
+    assert len(api._PLANS) == plans + 1 and not launches[-1][1].pool.pdl
