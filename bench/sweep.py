@@ -51,6 +51,24 @@ def _cutedsl_bound():
     return load
 
 
+def _custom_ops(prefix: str):
+    """An implementation through its ``torch.ops.dsv4_compressor.<prefix>_*`` custom ops."""
+    def load():
+        importlib.import_module(f"dsv4_compressor.impl.{prefix}")  # registers the ops
+        compress_op = getattr(torch.ops.dsv4_compressor, f"{prefix}_compress_norm_rope_store")
+        save_op = getattr(torch.ops.dsv4_compressor, f"{prefix}_save_partial_states")
+
+        def compress(*args, compress_ratio, layout="flashmla_fp8", fp8_scale=None):
+            compress_op(*args, compress_ratio, layout, fp8_scale)
+
+        def compress_with_workspace(*args, compress_ratio, layout="flashmla_fp8", fp8_scale=None, workspace=None):
+            compress_op(*args, compress_ratio, layout, fp8_scale, workspace=workspace)
+
+        return BenchImpl(f"{prefix}-op", compress_with_workspace if prefix == "cutedsl" else compress,
+                         lambda *args: save_op(*args))
+    return load
+
+
 def _module(name: str, module_name: str):
     def load():
         module = importlib.import_module(module_name)
@@ -64,6 +82,8 @@ REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
     "cutedsl-bound": _cutedsl_bound(),
+    "cutedsl-op": _custom_ops("cutedsl"),
+    "triton-op": _custom_ops("triton"),
     **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
 }
 
