@@ -195,21 +195,22 @@ def test_indexer_matches_spec(case):
     _run_and_compare(case)
 
 
-@pytest.mark.parametrize("overrides, case", [
-    (dict(c4_warps=1), C4_CASES[1]),
-    (dict(c4_warps=2), C4_CASES[3]),
-    (dict(c4_warps=8), C4_CASES[5]),  # a partial last CTA
-    (dict(c128_warps=8), C128_CASES[0]),
-    (dict(c128_warps=8), C128_CASES[2]),
+@pytest.mark.parametrize("choices, case", [
+    (dict(indexer_c4_warps=1), C4_CASES[1]),
+    (dict(indexer_c4_warps=2), C4_CASES[3]),
+    (dict(indexer_c4_warps=8), C4_CASES[5]),  # a partial last CTA
+    (dict(indexer_c128_warps=8), C128_CASES[0]),
+    (dict(indexer_c128_warps=8), C128_CASES[2]),
     (dict(pdl=False), C4_CASES[0]),
     (dict(pdl=False), C128_CASES[1]),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else v.name)
-def test_indexer_mapping_knobs_keep_the_bytes(monkeypatch, overrides, case):
-    from dsv4_compressor.impl.cutedsl import indexer_launch
+def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
+    """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
+    from dsv4_compressor.impl import cutedsl
 
-    for knob, value in overrides.items():
-        monkeypatch.setattr(indexer_launch.INDEXER_TUNING, knob, value)
-    _run_and_compare(case)
+    choices = dict(choices)
+    pdl = choices.pop("pdl", True)
+    _run_and_compare(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
 
 
 def test_indexer_bad_arguments_write_nothing():
