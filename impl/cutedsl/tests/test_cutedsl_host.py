@@ -239,3 +239,127 @@ def test_layers_with_the_same_layout_share_their_plans(recorded):
     third, _ = _layer(args, kwargs, pdl=False)
     third.compress_norm_rope_store(*per_token)
     assert len(api._PLANS) == plans + 1 and not launches[-1][1].pool.pdl
+
+
+# ---- the indexer compressor (SPEC §12) on the same host path ---------------------------------------
+@pytest.fixture
+def indexer_recorded(recorded, monkeypatch):
+    """``recorded``, with the indexer kernel's compile function recorded too."""
+    from dsv4_compressor.impl.cutedsl import indexer_launch
+
+    launches, compiled = recorded
+
+    def compile_indexer(config, **_):
+        compiled.append(("compile_indexer", config))
+        return lambda *args: launches.append(("compile_indexer", config, tuple(
+            a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+
+    monkeypatch.setattr(indexer_launch, "compile_indexer", compile_indexer)
+    return launches, compiled
+
+
+def _indexer_arguments(ratio=4, layout="indexer_fp8"):
+    from test_cutedsl_indexer_cpu import _indexer_call
+
+    call = _indexer_call(ratio, 16 if ratio == 4 else 8, layout)
+    names = ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table", "block_size",
+             "rms_norm_weight", "rms_norm_eps", "cos_sin_cache", "k_cache", "kv_slot_mapping")
+    return [call[n] for n in names]
+
+
+@pytest.mark.parametrize("ratio, layout, hadamard", [(4, "indexer_fp8", False), (4, "indexer_mxfp4", True),
+                                                     (128, "indexer_fp8", True)])
+def test_an_indexer_layer_launches_what_the_unbound_call_does(indexer_recorded, ratio, layout, hadamard):
+    launches, _ = indexer_recorded
+    args = _indexer_arguments(ratio, layout)
+    kwargs = dict(compress_ratio=ratio, layout=layout, hadamard=hadamard)
+    width = 256 if ratio == 4 else 128  # the indexer's SW
+    kv_score, ape = torch.zeros(len(args[2]), 2 * width), torch.zeros(ratio, width)
+    api.compress_norm_rope_store(*args, **kwargs)
+    api.save_partial_states(kv_score, ape, args[2], args[3], args[0], args[5])
+    unbound = list(launches)
+    (kind, config, _), (save_kind, save_config, _) = unbound
+    assert (kind, config.ratio, config.layout, config.hadamard, config.pdl) == ("compile_indexer", ratio, layout,
+                                                                                  hadamard, True)
+    assert (save_kind, save_config.head_dim, save_config.state_width) == ("compile_save", 128, width)
+    launches.clear()
+    layer = api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=ratio,
+                     rms_norm_eps=args[7], layout=layout, hadamard=hadamard)
+    per_token = (args[1], args[2], args[3], args[4], args[10])
+    layer.compress_norm_rope_store(*per_token)
+    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    assert launches == unbound
+    launches.clear()
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, pdl=False)
+    assert [(k, c.pdl) for k, c, _ in launches] == [("compile_save", False), ("compile_indexer", False)]
+
+
+def test_indexer_policy_and_pdl_reach_the_kernel(indexer_recorded):
+    launches, _ = indexer_recorded
+    args = _indexer_arguments(4)
+    from dsv4_compressor.impl.cutedsl.variants import indexer_c4_w1, indexer_nopdl
+
+    indexer_c4_w1.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    indexer_nopdl.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8",
+                                 policy=Policy().with_overrides(indexer_c4_warps=8))
+    assert [(c.warps, c.pdl) for _, c, _ in launches] == [(1, True), (4, False), (8, True)]
+
+
+def test_indexer_bind_and_warm_up_validate_first(indexer_recorded):
+    launches, compiled = indexer_recorded
+    args = _indexer_arguments(4)
+    with pytest.raises(ValueError, match="layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"):
+        api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7])
+    with pytest.raises(ValueError, match="hadamard"):
+        api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7],
+                 layout="indexer_fp8", hadamard="yes")
+    with pytest.raises(ValueError, match="hadamard"):
+        api.warm_up(compress_ratio=4, block_size=16, layout="flashmla_fp8", entries_per_page=4, device="cpu",
+                    hadamard=True)
+    assert launches == [] and compiled == []
+
+
+def test_indexer_warm_up_covers_every_call_of_a_layer(indexer_recorded, caplog):
+    _, compiled = indexer_recorded
+    with caplog.at_level(logging.INFO, logger="dsv4_compressor"):
+        configs = api.warm_up(compress_ratio=128, block_size=8, layout="indexer_mxfp4", entries_per_page=4,
+                              device="cpu", hadamard=True, pdl=False)
+    assert any("indexer" in r.getMessage() for r in caplog.records)
+    assert [type(c).__name__ for c in configs] == ["IndexerConfig", "SaveConfig"]
+    assert (configs[0].hadamard, configs[0].pdl, configs[0].warps, configs[1].head_dim) == (True, False, 16, 128)
+    args = _indexer_arguments(4, "indexer_fp8")
+    layer = api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7],
+                     layout="indexer_fp8", hadamard=True)
+    layer.warm_up()
+    before = set(compiled)
+    layer.compress_norm_rope_store(args[1], args[2], args[3], args[4], args[10])
+    layer.save_partial_states(torch.zeros(len(args[2]), 512), torch.zeros(4, 256), args[2], args[3])
+    assert set(compiled) <= before
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_the_ops_take_the_indexer_layouts(indexer_recorded, hadamard):
+    """The custom ops (eager and under ``torch.compile(fullgraph=True)``) pass the indexer
+    layout and ``hadamard`` (the schema's last argument) to the same kernels as the calls."""
+    launches, _ = indexer_recorded
+    torch._dynamo.reset()
+    args = _indexer_arguments(4, "indexer_mxfp4")
+    kv_score, ape = torch.zeros(len(args[2]), 512), torch.zeros(4, 256)
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, compress_ratio=4, layout="indexer_mxfp4",
+                                          hadamard=hadamard)
+    direct = list(launches)
+    launches.clear()
+    ops = torch.ops.dsv4_compressor
+    ops.cutedsl_save_and_compress_norm_rope_store(kv_score, ape, *args, 4, "indexer_mxfp4", hadamard=hadamard)
+    assert launches == direct and len(direct) == 2
+    launches.clear()
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(kv_score, ape, state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv_score, ape, positions, slots, state, args[5])
+        ops.cutedsl_compress_norm_rope_store(state, token_req, positions, slots, table, args[5], weight, args[7],
+                                             cos_sin, k_cache, kv_slots, 4, "indexer_mxfp4", hadamard=hadamard)
+
+    step(kv_score, ape, *args[:5], args[6], args[8], args[9], args[10])
+    assert [(k, c) for k, c, _ in launches] == [(k, c) for k, c, _ in direct]

@@ -104,3 +104,62 @@ def test_repeated_calls_reuse_the_plan_and_write_the_spec_bytes(ratio, layout):
     for _ in range(2):
         assert_identical(run_spec_and_triton(scenario, DEVICE))
     assert len(api._PLANS) == plans
+
+
+# ---- the indexer compressor (SPEC §12) through the ops, warm-up and plans ----------------------------
+def _indexer_scenario(ratio, layout, hadamard):
+    requests = [Request(ratio * 3 - 1, 1), Request(ratio + 2, 2)]  # a boundary token and two that are not
+    return build_scenario(requests, ratio=ratio, block_size=4, layout=layout, seed=5, entries_per_page=2,
+                          head_dim=128, hadamard=hadamard, row_pad=4)
+
+
+@pytest.mark.parametrize("ratio, layout, hadamard", [(4, "indexer_fp8", True), (128, "indexer_mxfp4", False)])
+def test_compiled_indexer_call_writes_the_spec_bytes(ratio, layout, hadamard):
+    """The compress op takes the indexer layouts and ``hadamard`` (its last schema argument)
+    under ``torch.compile(fullgraph=True)``, after ``warm_up`` of the same configuration."""
+    from dsv4_compressor.impl import triton as triton_impl
+
+    torch._dynamo.reset()
+    triton_impl.warm_up(compress_ratio=ratio, block_size=4, layout=layout, entries_per_page=2, device=DEVICE,
+                        hadamard=hadamard)
+    scenario = _indexer_scenario(ratio, layout, hadamard)
+    b = scenario.batch
+    state_owner, spec_state = Buffer.of(scenario.state_cache).numpy_copy()
+    cache_owner, spec_cache = Buffer.of(scenario.k_cache).numpy_copy()
+    spec.compress_norm_rope_store(spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
+                                  b.block_size, scenario.weight, scenario.eps, scenario.cos_sin, spec_cache,
+                                  b.kv_slot_mapping, compress_ratio=ratio, layout=layout, hadamard=hadamard)
+    assert not np.array_equal(cache_owner, Buffer.of(scenario.k_cache).numpy_copy()[0])  # entries are written
+    args, raw = torch_arguments(scenario, DEVICE)
+
+    @torch.compile(fullgraph=True, backend=BACKEND)
+    def step(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
+             k_cache, kv_slot_mapping):
+        OPS.triton_compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
+                                            b.block_size, rms_norm_weight, scenario.eps, cos_sin_cache, k_cache,
+                                            kv_slot_mapping, ratio, layout, None, hadamard=hadamard)
+
+    step(*(args[n] for n in ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table",
+                             "rms_norm_weight", "cos_sin_cache", "k_cache", "kv_slot_mapping")))
+    assert_identical({"k_cache": (cache_owner, raw["k_cache"].cpu().numpy()),
+                      "state_cache": (state_owner, raw["state_cache"].cpu().numpy())})
+
+
+def test_indexer_op_rejects_a_misplaced_hadamard():
+    scenario = _scenario(4, "flashmla_fp8")
+    args, raw = torch_arguments(scenario, DEVICE)
+    before = raw["k_cache"].clone()
+    with pytest.raises(ValueError, match="hadamard"):
+        OPS.triton_compress_norm_rope_store(*args.values(), 4, "flashmla_fp8", None, False, True)
+    assert torch.equal(raw["k_cache"], before)
+
+
+def test_repeated_indexer_calls_reuse_the_plan():
+    from dsv4_compressor.impl.triton import api
+    from triton_test_scenarios import run_spec_and_triton
+
+    scenario = _indexer_scenario(4, "indexer_mxfp4", True)
+    assert_identical(run_spec_and_triton(scenario, DEVICE))
+    plans = len(api._PLANS)
+    assert_identical(run_spec_and_triton(scenario, DEVICE))
+    assert len(api._PLANS) == plans
