@@ -83,7 +83,8 @@ class IndexerPlan:
 
 
 def config_of(call, rms_norm_weight_dtype: torch.dtype, policy: dispatch.Policy, pdl: bool) -> IndexerConfig:
-    """The kernel configuration of a validated indexer call (:func:`dsv4_compressor.impl.frontend.validate_compress_norm_rope_store`)."""
+    """The kernel configuration of a validated indexer call (the front end's
+    :class:`~dsv4_compressor.impl.frontend.CompressStoreCall`)."""
     return dispatch.indexer_config(
         call.pooling.config.ratio, call.pooling.block_size, call.store.layout, bool(call.store.hadamard),
         call.store.entries_per_page, "bfloat16" if rms_norm_weight_dtype == torch.bfloat16 else "float32", policy, pdl)

@@ -7,7 +7,8 @@ workspace's layout, the :class:`.dispatch.Policy` and ``pdl``; the tensors thems
 every step. So a plan is built once per argument layout and token count (validation,
 dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
 :class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
-pay that key, a dictionary lookup and the FFI launches.
+pay that key, a dictionary lookup and the FFI launches. The indexer layouts (SPEC §12) get
+:mod:`.indexer_launch`'s plan from :func:`build_compress_plan`, after the same validation.
 """
 
 from __future__ import annotations
