@@ -21,9 +21,10 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both)")
     parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-<variant> (the names in "
-                        "dsv4_compressor.impl.cutedsl.variants.VARIANTS), triton-indexer_bc<c>_w<w> (indexer knobs, --head 128), or "
-                        "module:attribute (default: triton, cutedsl and its split_block8, cluster8, cluster16, stream16; "
-                        "triton with --head 128)")
+                        "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-bound (a bound layer), cutedsl-op and "
+                        "triton-op (the torch custom ops), triton-indexer_bc<c>_w<w> and cutedsl-indexer_* (indexer knobs, "
+                        "--head 128), or module:attribute (default: triton, cutedsl and its split_block8, cluster8, "
+                        "cluster16, stream16; triton and cutedsl with --head 128)")
     parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
     parser.add_argument("--extra", action="store_true", help="also the mixed steps and the save-partial-states pass")

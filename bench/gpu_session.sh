@@ -42,6 +42,8 @@ for s in "$@"; do
       step conformance-cutedsl-small 110 $PY -m dsv4_compressor conformance --impl cutedsl --size small ;;
     conformance-both-big)
       step conformance-both-big 130 $PY -m dsv4_compressor conformance --impl cutedsl --impl triton --scenarios 'medium_*' 'large_*' --no-errors ;;
+    host-time)
+      step host-time 240 $PY -m dsv4_compressor.bench.host_time --ratio 4 128 --sizes 1 8 64 256 1024 ;;
     bench-main)
       step bench-main 280 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
     conformance-both)
@@ -79,13 +81,13 @@ for s in "$@"; do
     conformance-stream)
       step conformance-stream 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:stream --impl dsv4_compressor.impl.cutedsl.variants:stream16 --size all --no-errors ;;
     tune-c128)
-      step tune-c128 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
+      step tune-c128 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
     tune-stream-grid)
-      step tune-stream-grid 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
+      step tune-stream-grid 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
     tune-stream-short)
-      step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
+      step tune-stream 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)
-      step tune-stream 240 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
+      step tune-stream 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     conformance-nopdl)
       step conformance-nopdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:nopdl --size all ;;
     conformance-handoff)
@@ -97,7 +99,7 @@ for s in "$@"; do
     probe-noexp)
       step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
     probe-chunks)
-      step probe-chunks 300 $PY -m dsv4_compressor.impl.cutedsl.tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
+      step probe-chunks 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
     bench-c128-final)
       step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-stream16 --trials 3 --tag c128-final3 --out "$LOGS" ;;
     bench-c128-third)
@@ -111,6 +113,8 @@ for s in "$@"; do
       step tests-indexer-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_indexer_gpu.py ;;
     bench-indexer-cutedsl)
       step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w1 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
+    bench-indexer-host)
+      step bench-indexer-host 300 $PY -m dsv4_compressor bench --head 128 --mode eager --sizes 1 64 1024 --impl triton --impl triton-op --impl cutedsl --impl cutedsl-bound --impl cutedsl-op --trials 3 --tag indexer-host --out "$LOGS" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

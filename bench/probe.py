@@ -5,6 +5,7 @@
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
     python -m dsv4_compressor.bench.probe pairs [--sizes ...]
     python -m dsv4_compressor.bench.probe profile-one --tokens 64 --variant cluster8
+    python -m dsv4_compressor.bench.probe host [--ratio 4 128] [--sizes 1 8 64 1024] [--calls 2000]
 
 - ``floor``: graph replay of a one-CTA kernel that reads and stores one word (the per-call
   floor of a launch in a graph), then of every read floor of :mod:`.floor_kernels`: the
@@ -21,6 +22,9 @@
 - ``pairs``: a step's ``save_partial_states`` + ``compress_norm_rope_store`` against one
   ``save_and_compress_norm_rope_store`` (whose compress kernel reads its metadata while the
   save kernel runs), per size and on the serving steps.
+- ``host``: host time of one eager call split into validation, plan key, the plan's own
+  Python, the TVM-FFI launch, and whole calls (direct, bound, torch op, Triton); see
+  :mod:`.host_time` (runs on a CPU too, without the launches).
 - ``profile-one``: warm up one variant at one size, then run it once between
   ``cudaProfilerStart``/``Stop`` (for ``ncu --profile-from-start off``).
 
@@ -132,7 +136,7 @@ def patch_out_exp2s() -> None:
 
 
 def time_variants(sizes, names) -> None:
-    from ..impl.cutedsl.tune import time_case
+    from .cutedsl_tune import time_case
     from ..impl.cutedsl.variants import VARIANTS
     from .cases import c128_decode_sweep
     from .timing import copy_bandwidth_gbs
@@ -203,8 +207,14 @@ def profile_one(tokens: int, name: str) -> None:
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "host":  # host time of an eager call, by part (runs on a CPU too)
+        from .host_time import main as host_main
+
+        return host_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.bench.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("floor", "variants", "no-exp", "pairs", "profile-one"))
+    parser.add_argument("what", choices=("floor", "variants", "no-exp", "pairs", "profile-one", "host"))
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
     parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
     parser.add_argument("--tokens", type=int, default=64)

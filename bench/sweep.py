@@ -29,6 +29,48 @@ def _cutedsl(variant: str | None):
     return load
 
 
+def _cutedsl_bound():
+    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`: one bound layer per (state
+    cache, compressed cache) pair, bound at its first call; ``save_partial_states`` unbound."""
+    def load():
+        cutedsl = importlib.import_module("dsv4_compressor.impl.cutedsl")
+        layers = {}
+
+        def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                     rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
+                     layout="flashmla_fp8", fp8_scale=None, hadamard=False, workspace=None):
+            layer = layers.get((id(state_cache), id(k_cache)))
+            if layer is None or layer.state_cache is not state_cache or layer.k_cache is not k_cache:
+                layer = layers[(id(state_cache), id(k_cache))] = cutedsl.bind(
+                    state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
+                    compress_ratio=compress_ratio, rms_norm_eps=rms_norm_eps, layout=layout, fp8_scale=fp8_scale,
+                    hadamard=hadamard)
+            layer.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                                           workspace=workspace)
+
+        return BenchImpl("cutedsl-bound", compress, cutedsl.save_partial_states)
+    return load
+
+
+def _custom_ops(prefix: str):
+    """An implementation through its ``torch.ops.dsv4_compressor.<prefix>_*`` custom ops."""
+    def load():
+        importlib.import_module(f"dsv4_compressor.impl.{prefix}")  # registers the ops
+        compress_op = getattr(torch.ops.dsv4_compressor, f"{prefix}_compress_norm_rope_store")
+        save_op = getattr(torch.ops.dsv4_compressor, f"{prefix}_save_partial_states")
+
+        def compress(*args, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False):
+            compress_op(*args, compress_ratio, layout, fp8_scale, hadamard=hadamard)
+
+        def compress_with_workspace(*args, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False,
+                                    workspace=None):
+            compress_op(*args, compress_ratio, layout, fp8_scale, hadamard=hadamard, workspace=workspace)
+
+        return BenchImpl(f"{prefix}-op", compress_with_workspace if prefix == "cutedsl" else compress,
+                         lambda *args: save_op(*args))
+    return load
+
+
 def _module(name: str, module_name: str):
     def load():
         module = importlib.import_module(module_name)
@@ -61,6 +103,9 @@ def _cutedsl_indexer(name: str):
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
     "cutedsl": _cutedsl(None),
+    "cutedsl-bound": _cutedsl_bound(),
+    "cutedsl-op": _custom_ops("cutedsl"),
+    "triton-op": _custom_ops("triton"),
     **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
     # the indexer kernel's knobs (C4: the default is block_c 128 with 2 warps)
     **{f"triton-indexer_bc{c}_w{w}": _triton_indexer(c, w) for c, w in ((128, 4), (64, 4), (128, 1))},

@@ -57,10 +57,33 @@ def describe_torch(name: str, tensor) -> ArrayInfo:
 
 
 def layout_key(tensor) -> tuple:
-    """Everything SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment."""
+    """What SPEC §9 looks at in a tensor: dtype, shape, strides, device, 16-byte alignment
+    (a non-tensor gives its type, so validation rejects it). Plain metadata: cheap enough to
+    key every call."""
     if not isinstance(tensor, torch.Tensor):
         return (type(tensor),)
     return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device, tensor.data_ptr() & 15)
+
+
+def token_key(tensor) -> tuple:
+    """The same for a per-token array or the block table (SPEC §9 checks no base alignment there)."""
+    if not isinstance(tensor, torch.Tensor):
+        return (type(tensor),)
+    return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device)
+
+
+PLANS_MAX = 8192  # launch plans remembered per implementation (one per layout and token count)
+
+
+class PlanCache(dict):
+    """Launch plans by argument-layout key; cleared when it reaches :data:`PLANS_MAX` entries."""
+
+    def put(self, key, plan):
+        if key is not None:
+            if len(self) >= PLANS_MAX:
+                self.clear()
+            self[key] = plan
+        return plan
 
 
 _VALIDATED_MAX = 512  # layouts remembered per operation

@@ -19,7 +19,7 @@ def test_every_variant_is_registered_and_runs_only_c128_compress():
     for name, variant in VARIANTS.items():
         impl = load_bench_impl(f"cutedsl-{name}")
         assert all(impl.runs(case) for case in c128), name
-        # a variant with only c128_* knobs is the dispatcher elsewhere; one with others (pdl) is not
+        # a variant whose choices concern only C128 compress is the dispatcher elsewhere; one without PDL is not
         assert any(impl.runs(case) for case in others) == (not variant.c128_compress_only), name
     assert not VARIANTS["nopdl"].c128_compress_only and VARIANTS["cluster16"].c128_compress_only
     for name in ("cutedsl", "triton"):
@@ -32,3 +32,15 @@ def test_unknown_implementation_names_are_rejected():
 
     with pytest.raises(ValueError, match="--impl: expected one of"):
         load_bench_impl("cutedsl-cluster32")
+
+
+def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
+    from dsv4_compressor.bench.cases import c4_decode_sweep, indexer_decode_sweep, indexer_save_sweep, save_sweep
+    from dsv4_compressor.bench.sweep import load_bench_impl
+    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
+
+    assert {"indexer_c4_w1", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
+    for name in INDEXER_VARIANTS:
+        impl = load_bench_impl(f"cutedsl-{name}")
+        assert impl.runs(indexer_decode_sweep((1,))[0]), name
+        assert not any(impl.runs(c) for c in c4_decode_sweep((1,)) + save_sweep((1,)) + indexer_save_sweep((1,))), name

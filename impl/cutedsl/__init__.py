@@ -9,6 +9,10 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 - :func:`save_and_compress_norm_rope_store` (SPEC §4 then §5-§7, the two calls back to back:
   with PDL the compress kernel reads its metadata while the save kernel runs)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
+- :func:`bind` (a layer's operator: its fixed tensors validated once, cheaper calls)
+- :func:`warm_up` (compile every kernel a layer's configuration can dispatch to)
+- :class:`Policy` / :data:`DEFAULT_POLICY` (frozen dispatch thresholds and kernel shapes, ``policy=``)
+- ``torch.ops.dsv4_compressor.cutedsl_*`` (:mod:`.ops`: the operations as torch custom ops)
 
 The indexer compressor (SPEC §12, head width 128): ``layout="indexer_fp8"`` or
 ``"indexer_mxfp4"`` (optionally ``hadamard=True``) runs its own kernels (C4: a warp per
@@ -31,19 +35,24 @@ bytes written equal the NumPy specification's. Module map:
 - :mod:`.save_states` save_partial_states (both head widths)
 - :mod:`.indexer_config`, :mod:`.indexer_entry`, :mod:`.indexer_kernel`, :mod:`.indexer_launch`
   the indexer compressor: configuration, the warp's finishing stage (norm, RoPE, Hadamard,
-  FP8 / MXFP4 stores), the C4 and C128 kernels, compile and launch with a plan cache
-- :mod:`.config` static configurations (compile-cache keys, sweepable knobs)
+  FP8 / MXFP4 stores), the C4 and C128 kernels, compile and launch plans
+- :mod:`.config` static configurations (compile-cache keys)
 - :mod:`.compile_cache` tensor-free compile functions and the in-process cache
-- :mod:`.api` validation, dispatch and launch
-- :mod:`.variants` named forced paths and knobs, for conformance and benchmarks
+- :mod:`.dispatch` the frozen dispatch policy and the pure choice of path and configuration
+- :mod:`.launch` launch plans, their cache, scratch buffers and the handoff counters
+- :mod:`.api` the public operations, :func:`bind` and :func:`warm_up`
+- :mod:`.ops` the public operations registered as torch custom ops
+- :mod:`.variants` named forced paths and policies, for conformance and benchmarks
 - :mod:`.ptx` every variant's PTX for the CI rules
 
 Importing this package needs torch only; CuTe DSL is imported on first use, with a clear
 ``ImportError`` if it is missing.
 """
 
-from .api import (SUPPORTED_DEVICES, TUNING, compress, compress_norm_rope_store, save_and_compress_norm_rope_store,
-                  save_partial_states)
+from .api import (SUPPORTED_DEVICES, BoundLayer, bind, compress, compress_norm_rope_store,
+                  save_and_compress_norm_rope_store, save_partial_states, warm_up)
+from .dispatch import DEFAULT_POLICY, KernelShapes, Policy, PoolShape
+from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.cutedsl_*)
 
-__all__ = ["SUPPORTED_DEVICES", "TUNING", "save_partial_states", "compress_norm_rope_store",
-           "save_and_compress_norm_rope_store", "compress"]
+__all__ = ["SUPPORTED_DEVICES", "save_partial_states", "compress_norm_rope_store", "save_and_compress_norm_rope_store",
+           "compress", "bind", "BoundLayer", "warm_up", "Policy", "KernelShapes", "PoolShape", "DEFAULT_POLICY"]

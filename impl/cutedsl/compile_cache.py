@@ -18,10 +18,12 @@ the alignment the front end checked; see :mod:`.memory`); compile-time values (`
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 from typing import Callable
 
 import cutlass
@@ -42,6 +44,7 @@ from .config import (
 )
 
 _LOCK = threading.RLock()
+log = logging.getLogger("dsv4_compressor")
 _CACHE: dict[tuple, object] = {}
 
 _DUMP_DIR: str | None = None
@@ -71,8 +74,10 @@ def cached(key: tuple, build: Callable[[], object]):
         with _LOCK:
             compiled = _CACHE.get(full_key)
             if compiled is None:
+                start = time.perf_counter()
                 compiled = build()
                 _CACHE[full_key] = compiled
+                log.info("cutedsl: compiled %s in %.1f s", getattr(key[1], "tag", key[1]), time.perf_counter() - start)
     return compiled
 
 

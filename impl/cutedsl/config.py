@@ -7,7 +7,7 @@ invariants in Python, before anything is traced, and raise ``ValueError`` naming
 what was expected and what was given.
 
 Knobs worth sweeping on the GPU are documented on each field; the defaults are the ones
-the dispatcher (:mod:`.api`) uses.
+the dispatcher (:mod:`.dispatch`) uses.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ run. Then the kernel triggers its own dependents at once: the next PDL kernel's 
 launched only after *all* of this grid's CTAs have started, so they never take the place
 of a CTA of this grid that is still waiting for a slot.
 
-Opt-in exception (``TUNING.c128_early_metadata``, ``C128PoolConfig.early_metadata``): the
+Opt-in exception (``Policy.early_metadata``, ``C128PoolConfig.early_metadata``): the
 C128 split, cluster and handoff kernels may read the per-token metadata, the block table,
 the norm weights and the cos/sin rows *before* the wait, and wait only right before their
 first state-row load, so that these dependent loads overlap the previous kernel's tail

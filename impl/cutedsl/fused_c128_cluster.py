@@ -33,19 +33,17 @@ written; no CTA touches remote memory after the second barrier, so CTAs exit fre
 Activity (SPEC §5) is per token, hence uniform over the cluster: inactive clusters skip
 everything, barriers included.
 
-Performance notes (H200, graph replay; ``bench/RESULTS.md``): the norm weights, the
-cos/sin pair and the entry addresses are fetched before the pooling, so the tail after the
-cluster barrier touches no global memory but the stores; with the kv rows staged in shared
-memory (``kv_in_smem``, the default here) 8-CTA clusters need 64 registers, so 4 CTAs fit
-an SM (93% of copy bandwidth at 8192 tokens; kv in registers: 73%). 16 CTAs per token halve
-each SM's share of the exact arithmetic (~25 separately rounded operations per ``exp2s``):
-3.5-3.6 µs at 1 token against 3.9-4.1 with 8 CTAs, but they stream worse (11.1 against 8.9 µs
-at 32 tokens, 64% at 1024), so dispatch switches to 8 CTAs above 4 tokens. Requesting the kv
-rows only after the window max (``kv_after_max``, the default) lets a wave's scores arrive
-first: 8.9 instead of 10.1 µs at 32 tokens, 93% instead of 92% at 1024. A cluster must fit
-inside one GPC: only 62 eight-CTA clusters run at once on the H200 (Nsight Compute), so from
-32 tokens on the cluster-free :mod:`.fused_c128_handoff` is faster and dispatch uses clusters
-only up to 16 tokens.
+Performance notes (timings: ``bench/RESULTS.md``): the norm weights, the cos/sin pair and
+the entry addresses are fetched before the pooling, so the tail after the cluster barrier
+touches no global memory but the stores; with the kv rows staged in shared memory
+(``kv_in_smem``, the default here) 8-CTA clusters need 64 registers, so 4 CTAs fit an SM
+(kv in registers streams much worse). 16 CTAs per token halve each SM's share of the exact
+arithmetic (~25 separately rounded operations per ``exp2s``): faster for a few tokens, but
+they stream worse, so dispatch switches to 8 CTAs above 4 tokens. Requesting the kv rows
+only after the window max (``kv_after_max``, the default) lets a wave's scores arrive first.
+A cluster must fit inside one GPC: only 62 eight-CTA clusters run at once on the H200
+(Nsight Compute), so from 32 tokens on the cluster-free :mod:`.fused_c128_handoff` is faster
+and dispatch uses clusters only up to 16 tokens.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why not a cluster: an 8-CTA cluster must be placed whole inside one GPC, so on the H200
 only 62 of them fit at once (Nsight Compute, "Max Active Clusters", 4 CTAs per SM) where
 528 CTA slots would hold 66. At 64 tokens two clusters then run in a second wave alone,
-and 128 tokens take three waves instead of two (``bench/RESULTS.md``, third session). Here
+and 128 tokens take three waves instead of two. Here
 the 8 CTAs of a token are ordinary, independent CTAs: any free slot takes any of them.
 
 Per CTA (tile ``g`` of token ``t``, 8 warps): pool the 64-channel tile exactly as the split
@@ -28,13 +28,12 @@ not depend on which CTA comes last.
 
 Chunks (``HandoffConfig.chunked``): in a serving step few C128 tokens are active (about one
 in 128), and 8 CTAs per inactive token, each waiting for a metadata load, dominate a large
-step (55 µs for 4608 tokens with 36 active). A chunked CTA takes up to 32 consecutive tokens:
+step (a prefill chunk among decode tokens). A chunked CTA takes up to 32 consecutive tokens:
 lane ``j`` loads token ``j``'s activity metadata, position, kv slot and block-table row at
 once, a ballot gives the active ones, warp 0 keeps the metadata in shared memory, and the
 CTA pools and hands off each active token in order. The host picks the chunk length from
-``T`` alone (``api.handoff_chunk``); with one token per CTA the kernel is compiled without
-the ballot. Measured (``bench/RESULTS.md`` tables M-P): 12.7 µs at 64 tokens, 99% of copy
-bandwidth from 1024, 18.9 µs on the 4608-token mixed step (split path: 67).
+``T`` alone (:func:`.dispatch.handoff_chunk`); with one token per CTA the kernel is compiled
+without the ballot. Timings: ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -30,9 +30,8 @@ peer's slot, completing 4 transaction bytes each on the peer's mbarrier, and wai
 own mbarrier for all of them. Slots and mbarriers alternate between two buffers by token
 parity: a peer writes buffer ``b`` again only for the token after next, which it reaches
 only after this CTA's contribution to the next token, sent after this CTA read ``b``.
-Measured (``bench/RESULTS.md`` tables B, C): 43-70% of copy bandwidth on all-active decode
-sweeps, but 21.7 µs on a mixed step (36 of 4608 tokens active) where the per-token grids
-take 56-62 µs.
+Slower than the per-token grids on all-active decode sweeps, faster on steps with few active
+tokens among many (timings: ``bench/RESULTS.md``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
-"""Compile and launch the indexer compressor's kernels (SPEC §12), with a small plan cache.
+"""Compile and plan the indexer compressor's kernels (SPEC §12).
 
-:func:`compress_norm_rope_store` is what :func:`dsv4_compressor.impl.cutedsl.compress_norm_rope_store`
-calls for ``layout="indexer_fp8"`` and ``"indexer_mxfp4"``: the shared front end validates
-every argument first (SPEC §9, ``ValueError`` before anything is compiled or launched), then
-a :class:`IndexerPlan` keyed by the arguments' layouts holds the compiled kernel, so a
-repeated call costs one key, one dictionary lookup and one TVM-FFI launch (CUDA-graph
-capturable; warm it before capture). ``save_partial_states`` needs no code here: the shared
-save kernel takes the indexer's state widths (:class:`.config.SaveConfig` ``head_dim``).
+:func:`dsv4_compressor.impl.cutedsl.compress_norm_rope_store` (and the bound layers, the
+combined call and the custom ops) take ``layout="indexer_fp8"`` and ``"indexer_mxfp4"``: the
+shared front end validates every argument first (SPEC §9, ``ValueError`` before anything is
+compiled or launched), then :func:`.launch.build_compress_plan` hands the validated call to
+:func:`build_plan`, whose :class:`IndexerPlan` holds the compiled kernel; the plan is cached
+with the other launch plans, so a repeated call costs one key, one dictionary lookup and one
+TVM-FFI launch (CUDA-graph capturable; :func:`.api.warm_up` before capture). The kernel's
+mapping comes from the :class:`.dispatch.Policy` (``KernelShapes.indexer_c4_warps``,
+``indexer_c128_warps``) and ``pdl`` from the call. ``save_partial_states`` needs no code
+here: the shared save kernel takes the indexer's state widths (:class:`.config.SaveConfig`
+``head_dim``).
 """
 
 from __future__ import annotations
@@ -15,21 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...spec.constants import HEAD_DIMS
-from ..frontend import layout_key, validate_compress_norm_rope_store
-from .indexer_config import INDEXER_HEAD_DIM, INDEXER_LAYOUTS, IndexerConfig
-
-
-@dataclass
-class IndexerTuning:
-    """Mapping knobs of the indexer kernels (each value compiles its own kernel once)."""
-
-    c4_warps: int = 4  # C4: tokens (one warp each) per CTA: 1, 2, 4, 8
-    c128_warps: int = 16  # C128: warps per token's CTA: 8 (16 rows each) or 16 (8 rows each)
-    pdl: bool = True  # programmatic dependent launch (see .dependent_launch)
-
-
-INDEXER_TUNING = IndexerTuning()
+from . import dispatch
+from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 
 
 # ---- compile ----------------------------------------------------------------------------------
@@ -72,97 +63,39 @@ def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class IndexerPlan:
-    """A validated, compiled ``compress_norm_rope_store`` call of the indexer compressor."""
+    """A validated, compiled ``compress_norm_rope_store`` call of the indexer compressor; ``run``
+    takes the arguments of :class:`.launch.LaunchPlan` (``workspace`` does not apply)."""
 
     kernel: object  # compiled TVM-FFI callable (None when T = 0)
     eps: float
     num_tokens: int
+    restride: bool  # a per-token array or the block table needs its unit stride restored
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-            cos_sin_cache, k_cache, kv_slot_mapping) -> None:
+            cos_sin_cache, k_cache, kv_slot_mapping, workspace=None) -> None:
         if self.num_tokens == 0:
             return
-        self.kernel(state_cache, _unit_stride(token_to_req_indices), _unit_stride(positions),
-                    _unit_stride(slot_mapping), _unit_stride(block_table), rms_norm_weight, cos_sin_cache, k_cache,
-                    _unit_stride(kv_slot_mapping), self.eps)
+        if self.restride:
+            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = map(
+                _unit_stride, (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping))
+        self.kernel(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
-_PLANS: dict[tuple, IndexerPlan] = {}
-_PLANS_MAX = 256
+def config_of(call, rms_norm_weight_dtype: torch.dtype, policy: dispatch.Policy, pdl: bool) -> IndexerConfig:
+    """The kernel configuration of a validated indexer call (the front end's
+    :class:`~dsv4_compressor.impl.frontend.CompressStoreCall`)."""
+    return dispatch.indexer_config(
+        call.pooling.config.ratio, call.pooling.block_size, call.store.layout, bool(call.store.hadamard),
+        call.store.entries_per_page, "bfloat16" if rms_norm_weight_dtype == torch.bfloat16 else "float32", policy, pdl)
 
 
-def _build_plan(tensors: tuple, scalars: tuple, debug: bool) -> IndexerPlan:
-    """Validate (SPEC §9, §12), then compile."""
-    state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, \
-        k_cache, kv_slot_mapping = tensors
-    block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard = scalars
-    call = validate_compress_norm_rope_store(
-        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, hadamard=hadamard, debug=debug, head_dims=HEAD_DIMS,  # so a mismatch names the layout
-    )
-    if call.store.layout not in INDEXER_LAYOUTS:
-        raise ValueError(f"hadamard: expected False for layout {layout!r} (only {' and '.join(INDEXER_LAYOUTS)} "
-                         f"rotate), got {hadamard!r}")
-    if state_cache.device.type != "cuda":
-        raise ValueError(f"state_cache: expected a tensor on one of ('cuda',), got a tensor on {state_cache.device}")
-    num_tokens = call.pooling.num_tokens
-    eps = float(call.store.eps)
+def build_plan(call, tensors: tuple, policy: dispatch.Policy, pdl: bool) -> IndexerPlan:
+    """Compile the kernel of a validated indexer call (``tensors``: the nine tensor arguments in
+    signature order, already checked to be CUDA tensors)."""
+    token_to_req_indices, positions, slot_mapping, block_table = tensors[1:5]
+    restride = any(t.stride(-1) != 1 for t in (token_to_req_indices, positions, slot_mapping, block_table, tensors[8]))
+    eps, num_tokens = float(call.store.eps), call.pooling.num_tokens
     if num_tokens == 0:
-        return IndexerPlan(None, eps, 0)
-    ratio = call.pooling.config.ratio
-    config = IndexerConfig(
-        ratio=ratio, block_size=call.pooling.block_size, layout=call.store.layout, hadamard=bool(hadamard),
-        entries_per_page=call.store.entries_per_page,
-        weight_dtype="bfloat16" if rms_norm_weight.dtype == torch.bfloat16 else "float32",
-        warps=INDEXER_TUNING.c4_warps if ratio == 4 else INDEXER_TUNING.c128_warps, pdl=INDEXER_TUNING.pdl,
-    )
-    return IndexerPlan(compile_indexer(config), eps, num_tokens)
-
-
-def compress_norm_rope_store(
-    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]: C4 512 floats a row, C128 256
-    token_to_req_indices,  # int32 [T]
-    positions,  # int64 [T]
-    slot_mapping,  # int64 [T]
-    block_table,  # int32 [num_reqs, max_blocks]
-    block_size,  # bs
-    rms_norm_weight,  # bf16 or fp32 [128]
-    rms_norm_eps,  # python float (rounded to binary32)
-    cos_sin_cache,  # fp32 [max_pos, 64]
-    k_cache,  # uint8 [num_pages, B, E]: E = 132 (indexer_fp8) or 68 (indexer_mxfp4)
-    kv_slot_mapping,  # int64 [T]
-    *,
-    compress_ratio: int,
-    layout: str,  # "indexer_fp8" | "indexer_mxfp4"
-    hadamard: bool = False,
-    fp8_scale: float | None = None,  # must be None (no per-tensor scale); passed on to be checked
-    debug: bool = False,
-) -> None:
-    """SPEC §12: pool, normalize, rotate (RoPE, optionally Hadamard), quantize and store one
-    128-wide indexer entry per active token; the first call with a given argument layout
-    validates and compiles, later ones reuse that :class:`IndexerPlan` (``debug=True``
-    always validates, and checks values)."""
-    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-               cos_sin_cache, k_cache, kv_slot_mapping)
-    scalars = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard)
-    indexer_plan(tensors, scalars, debug).run(*tensors)
-
-
-def indexer_plan(tensors: tuple, scalars: tuple, debug: bool) -> IndexerPlan:
-    """The cached plan of a call: ``tensors`` are the nine tensor arguments in signature
-    order, ``scalars`` ``(block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard)``."""
-    key = None
-    if not debug:
-        key = (*map(layout_key, tensors), *scalars, *map(type, scalars), tuple(INDEXER_TUNING.__dict__.values()))
-    try:
-        plan = None if key is None else _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
-    if plan is None:
-        plan = _build_plan(tensors, scalars, debug)
-        if key is not None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return plan
+        return IndexerPlan(None, eps, 0, restride)
+    return IndexerPlan(compile_indexer(config_of(call, tensors[5].dtype, policy, pdl)), eps, num_tokens, restride)

@@ -91,7 +91,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
-        # metadata and block table read before the wait (TUNING.c128_early_metadata)
+        # metadata and block table read before the wait (Policy.early_metadata)
         ("c128_pool", C128PoolConfig(8, 8, pdl=True, early_metadata=True), True),
         ("c128_cluster", ClusterConfig(replace(pdl_pool, early_metadata=True), entry()), True),
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True,

@@ -8,15 +8,18 @@
 - :data:`SUPPORTED_DEVICES`: ``("cpu",)`` when ``TRITON_INTERPRET=1`` was set at import, else
   ``("cuda",)``.
 - :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
+- :func:`warm_up`: compile a layer's kernels before CUDA-graph capture.
 
 Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.pooling` (one channel tile
 of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.indexer_postprocess`
 (the same for the indexer, with the rotation and the FP8 / MXFP4 entries), :mod:`.fused`,
-:mod:`.indexer` and :mod:`.save_states` (the kernels), :mod:`.api` (validation and launch), :mod:`.ptx` (PTX of every
-variant for the SPEC §2 instruction rules).
+:mod:`.indexer` and :mod:`.save_states` (the kernels), :mod:`.launch` (a plan's fast launcher), :mod:`.api`
+(validation, launch plans, warm-up), :mod:`.ops` (the operations as ``torch.ops.dsv4_compressor.triton_*``
+custom ops), :mod:`.ptx` (PTX of every variant for the SPEC §2 instruction rules).
 """
 
-from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states
+from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states, warm_up
 from .config import FusedConfig, SaveConfig
+from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_*)
 
-__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "FusedConfig", "SaveConfig"]
+__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig"]

@@ -3,22 +3,34 @@
 Both functions take torch tensors (CUDA tensors; CPU tensors when ``TRITON_INTERPRET=1`` was set
 before import) and write in place. Validation runs first and raises ``ValueError`` before any
 memory is touched. Kernels are launched with ``enable_fp_fusion=False`` (SPEC §2: no FMA).
+
+The first call with a given argument layout (dtypes, shapes, strides, devices, base
+alignment, scalars, config) validates and builds a *launch plan*: the grid, the stride
+arguments and the compile-time constants. Later calls with the same layout pay a key of
+tensor metadata, a dictionary lookup and the compiled kernel's launch (:mod:`.launch`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import torch
 
-from ..frontend import flashmla_page_view, validate_compress_norm_rope_store, validate_save_partial_states
+from ..frontend import (PlanCache, flashmla_page_view, layout_key, validate_compress_norm_rope_store,
+                        validate_save_partial_states)
 from ...spec.constants import HEAD_DIMS, INDEXER_HEAD_DIM
 from .config import FusedConfig, SaveConfig, fused_config, indexer_config, save_config
 from .fused import compress_norm_rope_store_kernel
 from .indexer import indexer_compress_norm_rope_store_kernel
 from .indexer_postprocess import INDEXER_LAYOUT_CODES
+from .launch import Launcher
 from .postprocess import LAYOUT_CODES
 from .save_states import save_partial_states_kernel
+
+
+log = logging.getLogger("dsv4_compressor")
 
 
 def _interpreting() -> bool:
@@ -48,22 +60,39 @@ def save_partial_states(
 ) -> None:
     """SPEC §4: write each saved token's state row (kv copied, score + ape[p mod r]); any head width
     (512, or the indexer's 128: SW = 256 for C4, 128 for C128)."""
+    key = None if debug else ("save", layout_key(kv_score), layout_key(ape), layout_key(positions),
+                              layout_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), config)
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validate (and reject) it the long way
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.put(key, _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config))
+    if plan is not None:
+        launch, strides = plan
+        launch(kv_score, strides[0], ape, strides[1], positions, slot_mapping, state_cache, strides[2], strides[3],
+               strides[4])
+
+
+_PLANS = PlanCache()
+
+
+def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config) -> tuple | None:
+    """(launcher, stride arguments) of a validated ``save_partial_states`` call (None: no tokens)."""
     call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
                                         head_dims=HEAD_DIMS)
     _check_device("state_cache", state_cache)
     knobs = save_config(config)
-    if call.num_tokens == 0:
-        return
     row_width = call.config.state_row_width
     block = min(knobs.block, call.config.state_width)  # a chunk is all kv or all score
     # a block capped at the indexer's SW keeps 4 floats (one 128-bit access) per thread
     num_warps = knobs.num_warps if block == knobs.block else max(1, min(knobs.num_warps, block // 128))
-    save_partial_states_kernel[(call.num_tokens, row_width // block)](
-        kv_score, kv_score.stride(0), ape, ape.stride(0), positions, slot_mapping,
-        state_cache, state_cache.stride(0) // 4, state_cache.stride(1) // 4, call.block_size,
-        RATIO=call.config.ratio, STATE_WIDTH=call.config.state_width, BLOCK=block,
-        num_warps=num_warps, enable_fp_fusion=False,
-    )
+    strides = (kv_score.stride(0), ape.stride(0), state_cache.stride(0) // 4, state_cache.stride(1) // 4, call.block_size)
+    constants = dict(RATIO=call.config.ratio, STATE_WIDTH=call.config.state_width, BLOCK=block,
+                     num_warps=num_warps, enable_fp_fusion=False)
+    if call.num_tokens == 0:
+        return None
+    return Launcher(save_partial_states_kernel, (call.num_tokens, row_width // block), constants), strides
 
 
 def _cache_views(k_cache: torch.Tensor, layout: str):
@@ -103,6 +132,40 @@ def compress_norm_rope_store(
     The head width follows from the state width: 512, or the indexer's 128 (SPEC §12, layouts
     ``indexer_fp8`` / ``indexer_mxfp4``, ``hadamard`` optional).
     """
+    key = None if debug else (
+        layout_key(state_cache), layout_key(token_to_req_indices), layout_key(positions), layout_key(slot_mapping),
+        layout_key(block_table), layout_key(rms_norm_weight), layout_key(cos_sin_cache), layout_key(k_cache),
+        layout_key(kv_slot_mapping), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, config,
+        type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(hadamard))
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validate (and reject) it the long way
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.put(key, _compress_plan(
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, hadamard, debug,
+            config))
+    if plan is None:  # no tokens
+        return
+    launch, scalars, weight_bf16, indexer = plan
+    weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
+    if indexer:
+        state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entries = scalars
+        launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
+               weight, eps, cos_sin_cache, cos_s0, flashmla_page_view(k_cache), page_stride, entries, kv_slot_mapping)
+        return
+    cache_u8, cache_i16 = _cache_views(k_cache, layout)[:2]
+    state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entry_stride, entries, scale = scalars
+    launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
+           weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride, entries,
+           kv_slot_mapping, scale)
+
+
+def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+                   rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, hadamard,
+                   debug, config) -> tuple | None:
+    """(launcher, scalar arguments, bf16 weight, indexer kernel) of a validated call (None: no tokens)."""
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
@@ -111,47 +174,85 @@ def compress_norm_rope_store(
     _check_device("state_cache", state_cache)
     pooling, store = call.pooling, call.store
     if pooling.config.head_dim == INDEXER_HEAD_DIM:
-        _launch_indexer(call, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, config)
-        return
+        return _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache, k_cache, config)
     knobs = fused_config(pooling.config.ratio, config)
     plan = knobs.plan(pooling.config.window)
-    if pooling.num_tokens == 0:
-        return
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
-    weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
-    cache_u8, cache_i16, page_stride, entry_stride = _cache_views(k_cache, store.layout)
-    compress_norm_rope_store_kernel[(pooling.num_tokens,)](
-        state_cache, state_cache.stride(0) // 4, state_cache.stride(1) // 4,
-        token_to_req_indices, positions, slot_mapping, block_table, block_table.stride(0),
-        weight, float(store.eps), cos_sin_cache, cos_sin_cache.stride(0),
-        cache_u8, cache_i16, page_stride, entry_stride, store.entries_per_page,
-        kv_slot_mapping, float(store.fp8_scale) if store.fp8_scale is not None else 1.0,
+    _, _, page_stride, entry_stride = _cache_views(k_cache, store.layout)
+    scalars = (state_cache.stride(0) // 4, state_cache.stride(1) // 4, block_table.stride(0), float(store.eps),
+               cos_sin_cache.stride(0), page_stride, entry_stride, store.entries_per_page,
+               float(store.fp8_scale) if store.fp8_scale is not None else 1.0)
+    constants = dict(
         RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=LAYOUT_CODES[store.layout],
         WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         TILE_STAGES=knobs.tile_stages, LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
         num_warps=knobs.num_warps, enable_fp_fusion=False,
     )
+    if pooling.num_tokens == 0:
+        return None
+    return Launcher(compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16, False
 
 
-def _launch_indexer(call, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                    cos_sin_cache, k_cache, kv_slot_mapping, config: FusedConfig | None) -> None:
-    """SPEC §12: the indexer kernel for a validated call (arguments as in :func:`compress_norm_rope_store`)."""
+def _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache, k_cache,
+                  config: FusedConfig | None) -> tuple | None:
+    """SPEC §12: the indexer kernel's plan for a validated call (tensors as in :func:`compress_norm_rope_store`)."""
     pooling, store = call.pooling, call.store
     knobs = indexer_config(pooling.config.ratio, config)
     plan = knobs.plan(pooling.config.window)
-    if pooling.num_tokens == 0:
-        return
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
-    weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
-    pages = flashmla_page_view(k_cache)  # uint8 [num_pages, B*E], strides (page_stride, 1)
-    indexer_compress_norm_rope_store_kernel[(pooling.num_tokens,)](
-        state_cache, state_cache.stride(0) // 4, state_cache.stride(1) // 4,
-        token_to_req_indices, positions, slot_mapping, block_table, block_table.stride(0),
-        weight, float(store.eps), cos_sin_cache, cos_sin_cache.stride(0),
-        pages, pages.stride(0), store.entries_per_page, kv_slot_mapping,
+    page_stride = flashmla_page_view(k_cache).stride(0)  # the kernel addresses page * page_stride + byte
+    scalars = (state_cache.stride(0) // 4, state_cache.stride(1) // 4, block_table.stride(0), float(store.eps),
+               cos_sin_cache.stride(0), page_stride, store.entries_per_page)
+    constants = dict(
         RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=INDEXER_LAYOUT_CODES[store.layout],
         HADAMARD=store.hadamard, WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
         num_warps=knobs.num_warps, enable_fp_fusion=False,
     )
+    if pooling.num_tokens == 0:
+        return None
+    return Launcher(indexer_compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16, True
+
+
+def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,
+            weight_dtype: torch.dtype = torch.bfloat16, device="cuda", fp8_scale: float | None = None,
+            hadamard: bool = False, config: FusedConfig | None = None, save: bool = True,
+            save_config: SaveConfig | None = None) -> None:
+    """Compile a layer's kernels before CUDA-graph capture: one launch of each on a small dummy
+    step whose only token is padding (nothing is written).
+
+    The configuration: ``compress_ratio``, ``block_size``, ``layout`` (the indexer layouts of
+    SPEC §12 too, with ``hadamard``), ``entries_per_page`` (``k_cache.shape[1]``),
+    ``weight_dtype``, ``device``, ``fp8_scale`` (``fp8_per_tensor``) and the launch
+    configurations. Triton also specializes on whether integer arguments (strides) are
+    multiples of 16 and on 16-byte pointer alignment; the dummy tensors are contiguous, like a
+    freshly allocated cache, so a layer whose caches have other strides compiles once more at
+    its first call. The token count is not compiled in (the grid is ``T`` programs).
+    """
+    from ...spec.constants import HEAD_DIM, PAGED_LAYOUTS, ratio_config
+
+    device = torch.device(device)
+    start = time.perf_counter()
+    paged = PAGED_LAYOUTS.get(layout) if isinstance(layout, str) else None  # flashmla_fp8 and the indexer's
+    head_dim = paged.head_dim if paged is not None else HEAD_DIM
+    width = ratio_config(compress_ratio, head_dim).state_row_width
+    state = torch.zeros((1, block_size, width), dtype=torch.float32, device=device)
+    if paged is not None:
+        k_cache = torch.zeros((1, entries_per_page, paged.entry_bytes), dtype=torch.uint8, device=device)
+    else:
+        dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
+        k_cache = torch.zeros((1, entries_per_page, HEAD_DIM), dtype=torch.uint8, device=device).view(dtype)
+    padding = torch.full((1,), -1, dtype=torch.int64, device=device)
+    positions = torch.zeros(1, dtype=torch.int64, device=device)
+    compress_norm_rope_store(
+        state, torch.zeros(1, dtype=torch.int32, device=device), positions, padding,
+        torch.zeros((1, 16), dtype=torch.int32, device=device), block_size,
+        torch.ones(head_dim, dtype=weight_dtype, device=device), 1e-6,
+        torch.zeros((1, 64), dtype=torch.float32, device=device), k_cache, padding, compress_ratio=compress_ratio,
+        layout=layout, fp8_scale=fp8_scale, hadamard=hadamard, config=config)
+    if save:
+        save_partial_states(torch.zeros((1, width), dtype=torch.float32, device=device),
+                            torch.zeros((compress_ratio, width // 2), dtype=torch.float32, device=device), positions,
+                            padding, state, block_size, config=save_config)
+    log.info("triton warm_up: C%d bs=%d %s%s B=%d in %.1f s", compress_ratio, block_size, layout,
+             " hadamard" if hadamard else "", entries_per_page, time.perf_counter() - start)

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api, compile_cache, config  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, compile_cache, config, dispatch, launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import ptx_variants, variant_configs  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
 
@@ -137,69 +138,90 @@ def test_cluster_sizes_follow_the_tile():
     assert sixteen.cluster_size == 16 and sixteen.pool.rows_per_lane == 4 and sixteen.pool.is_block8
 
 
-def test_stream_grid_is_about_one_wave(monkeypatch):
+def test_stream_grid_is_about_one_wave():
     from dsv4_compressor.impl.cutedsl import config as C
 
-    monkeypatch.setattr(api, "_multiprocessor_count", lambda device: 132)
     eight = C.StreamConfig(C.C128PoolConfig(8, 8), C.EntryFormat("bf16", 4, "float32", 8))
     sixteen = C.StreamConfig(C.C128PoolConfig(8, 4, tile=32), C.EntryFormat("bf16", 4, "float32", 8))
     assert eight.smem_bytes > 128 * 1024 and sixteen.smem_bytes < 70 * 1024
-    assert api.stream_grid(eight, 1, None) == (1, 1)
-    assert api.stream_grid(eight, 128, None) == (16, 8)  # one 128 KiB CTA per SM: 16 clusters of 8
-    assert api.stream_grid(eight, 16374, None) == (16, 32)
-    assert api.stream_grid(sixteen, 4096, None) == (24, 32)  # three CTAs per SM
-    monkeypatch.setattr(api.TUNING, "c128_stream_ctas_per_sm", 2)
-    assert api.stream_grid(sixteen, 100, None) == (16, 7)
+    grid = dispatch.stream_grid
+    assert grid(eight, 1, 132, DEFAULT_POLICY) == (1, 1)
+    assert grid(eight, 128, 132, DEFAULT_POLICY) == (16, 8)  # one 128 KiB CTA per SM: 16 clusters of 8
+    assert grid(eight, 16374, 132, DEFAULT_POLICY) == (16, 32)
+    assert grid(sixteen, 4096, 132, DEFAULT_POLICY) == (24, 32)  # three CTAs per SM
+    assert grid(sixteen, 100, 132, Policy(stream_ctas_per_sm=2)) == (16, 7)
+    assert grid(sixteen, 100, 132, Policy(stream_clusters=5)) == (5, 20)
+
+
+def _pool(path, block_size, num_tokens=1, policy=DEFAULT_POLICY, **kwargs):
+    return dispatch.c128_pool_config(path, block_size, policy, num_tokens=num_tokens, **kwargs)
 
 
 def test_block8_and_generic_lookups():
-    assert api.c128_pool_config("split_block8", 8).is_block8
-    assert api.c128_pool_config("split_generic", 16).rows_per_lookup == 8
-    assert api.c128_pool_config("split_generic", 4).rows_per_lookup == 4
-    assert api.c128_pool_config("split_generic", 5).rows_per_lookup == 1
+    assert _pool("split_block8", 8).is_block8
+    assert _pool("split_generic", 16).rows_per_lookup == 8
+    assert _pool("split_generic", 4).rows_per_lookup == 4
+    assert _pool("split_generic", 5).rows_per_lookup == 1
     with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
-        api.c128_pool_config("split_block8", 4)
+        _pool("split_block8", 4)
 
 
-def test_cluster_tile_follows_the_token_count(monkeypatch):
-    assert api.cluster_tile(1) == 32 and api.cluster_tile(4) == 32 and api.cluster_tile(5) == 64
-    assert api.c128_pool_config("fused_cluster", 8, 1).tile == 32
-    assert api.c128_pool_config("fused_cluster", 8, 128).tile == 64
-    assert api.c128_pool_config("fused_cluster", 8, 128).kv_after_max
-    assert not api.c128_pool_config("split_block8", 8, 128).kv_after_max
-    monkeypatch.setattr(api.TUNING, "c128_cluster_tile", 64)
-    assert api.cluster_tile(1) == 64
+def test_cluster_tile_follows_the_token_count():
+    assert [dispatch.cluster_tile(t, DEFAULT_POLICY) for t in (1, 4, 5)] == [32, 32, 64]
+    assert _pool("fused_cluster", 8, 1).tile == 32
+    assert _pool("fused_cluster", 8, 128).tile == 64
+    assert _pool("fused_cluster", 8, 128).kv_after_max
+    assert not _pool("split_block8", 8, 128).kv_after_max
+    pinned = DEFAULT_POLICY.with_overrides(cluster=PoolShape(8, 64, True, True))
+    assert dispatch.cluster_tile(1, pinned) == 64
 
 
-def test_auto_dispatch(monkeypatch):
-    monkeypatch.setattr(api.TUNING, "c128_cluster_max_tokens", 16)
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", None)
-    assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
-    assert api.choose_c128_path("auto", 100000, 8) == "fused_handoff"
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 64)  # the default
+def test_pdl_and_early_metadata_are_explicit_choices():
+    assert _pool("split_block8", 8).pdl and not _pool("split_block8", 8).early_metadata
+    assert not _pool("split_block8", 8, pdl=False).pdl
+    assert _pool("fused_handoff", 8, early_metadata=True).early_metadata
+    assert not _pool("fused_handoff", 8, pdl=False, early_metadata=True).early_metadata  # no wait to read ahead of
+    assert _pool("fused_cluster", 8, policy=Policy(early_metadata=True)).early_metadata
+    assert not _pool("fused_stream", 8, policy=Policy(early_metadata=True)).early_metadata
+
+
+def test_auto_dispatch():
+    choose = dispatch.choose
+    assert choose("auto", 16, 8, Policy(fused_max_tokens=None)) == "fused_cluster"
+    assert choose("auto", 100000, 8, Policy(fused_max_tokens=None)) == "fused_handoff"
     # with a device: Block8 while the handoff kernel would take one token per CTA, chunked handoff above
-    device = torch.device("cuda", 7)
-    monkeypatch.setattr(api, "_SM_COUNTS", {device: 132})
-    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 16)
-    assert api.choose_c128_path("auto", 64, 8, device) == "fused_handoff"
-    assert api.choose_c128_path("auto", 65, 8, device) == "split_block8"
-    assert api.choose_c128_path("auto", 1056, 8, device) == "split_block8"  # 16 waves of one token per CTA
-    assert api.choose_c128_path("auto", 1057, 8, device) == "fused_handoff"  # chunks of 2
-    assert api.choose_c128_path("auto", 4608, 5, device) == "fused_handoff"
-    assert api.choose_c128_path("auto", 65, 8, device, early_metadata=True) == "fused_handoff"  # save_and_compress
-    monkeypatch.setattr(api.TUNING, "c128_chunked_handoff", False)
-    assert api.choose_c128_path("auto", 4608, 8, device) == "split_block8"
-    assert api.choose_c128_path("auto", 1, 8) == "fused_cluster"
-    assert api.choose_c128_path("auto", 16, 8) == "fused_cluster"
-    assert api.choose_c128_path("auto", 17, 8) == "fused_handoff"
-    assert api.choose_c128_path("auto", 64, 5) == "fused_handoff"
-    assert api.choose_c128_path("auto", 65, 8) == "split_block8"
-    assert api.choose_c128_path("auto", 65, 4) == "split_generic"
-    assert api.choose_c128_path("split_generic", 65, 8) == "split_generic"
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 0)  # split only
-    assert api.choose_c128_path("auto", 1, 8) == "split_block8"
+    assert choose("auto", 64, 8, DEFAULT_POLICY, 132) == "fused_handoff"
+    assert choose("auto", 65, 8, DEFAULT_POLICY, 132) == "split_block8"
+    assert choose("auto", 1056, 8, DEFAULT_POLICY, 132) == "split_block8"  # 16 waves of one token per CTA
+    assert choose("auto", 1057, 8, DEFAULT_POLICY, 132) == "fused_handoff"  # chunks of 2
+    assert choose("auto", 4608, 5, DEFAULT_POLICY, 132) == "fused_handoff"
+    assert choose("auto", 65, 8, DEFAULT_POLICY, 132, early_metadata=True) == "fused_handoff"  # save_and_compress
+    assert choose("auto", 4608, 8, Policy(chunked_handoff=False), 132) == "split_block8"
+    assert choose("auto", 1, 8) == "fused_cluster"
+    assert choose("auto", 16, 8) == "fused_cluster"
+    assert choose("auto", 17, 8) == "fused_handoff"
+    assert choose("auto", 64, 5) == "fused_handoff"
+    assert choose("auto", 65, 8) == "split_block8"
+    assert choose("auto", 65, 4) == "split_generic"
+    assert choose("split_generic", 65, 8) == "split_generic"
+    assert choose("auto", 1, 8, Policy(fused_max_tokens=0)) == "split_block8"  # split only
     with pytest.raises(ValueError, match="c128_path: expected one of"):
-        api.choose_c128_path("fused", 1, 8)
+        choose("fused", 1, 8)
+
+
+def test_policies_are_frozen_values():
+    policy = Policy(cluster_max_tokens=8)
+    with pytest.raises(AttributeError):
+        policy.cluster_max_tokens = 4
+    assert policy == Policy(cluster_max_tokens=8) and hash(policy) == hash(Policy(cluster_max_tokens=8))
+    assert policy != DEFAULT_POLICY
+    changed = DEFAULT_POLICY.with_overrides(c4_tokens_per_cta=2, fused_max_tokens=0)
+    assert changed.shapes.c4_tokens_per_cta == 2 and changed.fused_max_tokens == 0
+    assert DEFAULT_POLICY.shapes.c4_tokens_per_cta == 1
+    with pytest.raises(ValueError, match="cluster_tiles"):
+        DEFAULT_POLICY.with_overrides(cluster_tiles=32)
+    with pytest.raises(ValueError, match="handoff_waves: expected None or an integer >= 1, got 0"):
+        Policy(handoff_waves=0)
 
 
 # ---- wrappers: ValueError before anything is compiled or launched -------------------------------
@@ -330,43 +352,35 @@ def test_import_needs_no_cutlass():
 
 
 # ---- named variants ------------------------------------------------------------------------------
-def test_variants_restore_the_tuning_and_reject_unknown_knobs():
-    from dsv4_compressor.impl.cutedsl import api, variants
+def test_variants_are_frozen_choices():
+    from dsv4_compressor.impl.cutedsl import variants
 
-    before = dict(api.TUNING.__dict__)
-    with variants.tuning_overrides({"c128_cluster_tile": 32}):
-        assert api.TUNING.c128_cluster_tile == 32
-    assert api.TUNING.__dict__ == before
-    with pytest.raises(ValueError, match="c128_cluster_tiles"):
-        with variants.tuning_overrides({"c128_cluster_tiles": 32}):
-            pass
-    assert api.TUNING.__dict__ == before
+    assert variants.cluster16.policy.shapes.cluster.tile == 32 and variants.cluster16.c128_path == "fused_cluster"
+    assert variants.nopdl.pdl is False and not variants.nopdl.c128_compress_only
+    assert variants.block8_late.c128_compress_only and variants.cluster16.c128_compress_only
     with pytest.raises(ValueError, match="c128_path"):
         variants.Variant("bad", "cluster")
+    with pytest.raises(AttributeError):
+        variants.cluster16.pdl = False
 
 
 def test_variants_load_as_conformance_implementations():
     from dsv4_compressor.conformance.implementations import load_implementation
 
     loaded = load_implementation("dsv4_compressor.impl.cutedsl.variants:cluster16")
-    assert loaded.devices == ("cuda",) and loaded.target.overrides == {"c128_cluster_tile": 32}
+    assert loaded.devices == ("cuda",) and loaded.target.policy.shapes.cluster.tile == 32
 
 
 # ---- the handoff kernel's host side ------------------------------------------------------------
-def test_handoff_chunk_keeps_about_the_configured_waves(monkeypatch):
-    device = torch.device("cuda", 7)  # only a key: its SM count is planted
-    monkeypatch.setitem(api._SM_COUNTS, device, 132)
-    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 16)
-    assert api.handoff_chunk(1, device) == 1
-    assert api.handoff_chunk(1056, device) == 1  # 8 * 1056 CTAs = 16 waves of 4 per SM on 132 SMs
-    assert api.handoff_chunk(1057, device) == 2
-    assert api.handoff_chunk(4608, device) == 5
-    assert api.handoff_chunk(10**6, device) == 32  # one ballot at most
-    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", None)
-    assert api.handoff_chunk(10**6, device) == 1
-    monkeypatch.setattr(api.TUNING, "c128_handoff_waves", 0)
-    with pytest.raises(ValueError, match="TUNING.c128_handoff_waves: expected None or an integer >= 1, got 0"):
-        api.handoff_chunk(10, device)
+def test_handoff_chunk_keeps_about_the_configured_waves():
+    chunk = dispatch.handoff_chunk
+    assert chunk(1, 132, DEFAULT_POLICY) == 1
+    assert chunk(1056, 132, DEFAULT_POLICY) == 1  # 8 * 1056 CTAs = 16 waves of 4 per SM on 132 SMs
+    assert chunk(1057, 132, DEFAULT_POLICY) == 2
+    assert chunk(4608, 132, DEFAULT_POLICY) == 5
+    assert chunk(10**6, 132, DEFAULT_POLICY) == 32  # one ballot at most
+    assert chunk(10**6, 132, Policy(handoff_waves=None)) == 1
+    assert chunk(10**6, None, DEFAULT_POLICY) == 1  # no device known
 
 
 def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):
@@ -375,23 +389,23 @@ def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(
     use outside capture fills it, and from then on nothing does (the kernel keeps it zero)."""
     device = torch.device("cpu")  # the bookkeeping only; the stream and capture ids are planted
     capture = [1]
-    monkeypatch.setattr(api, "_current_stream", lambda d: 12345)
-    monkeypatch.setattr(api, "_capture_id", lambda d: capture[0])
-    monkeypatch.setattr(api, "_COUNTERS", {})
-    monkeypatch.setattr(api, "_OUTGROWN", [])
-    first = api.handoff_counters(device, 10)
+    monkeypatch.setattr(launch, "_current_stream", lambda d: 12345)
+    monkeypatch.setattr(launch, "_capture_id", lambda d: capture[0])
+    monkeypatch.setattr(launch, "_COUNTERS", {})
+    monkeypatch.setattr(launch, "_OUTGROWN", [])
+    first = launch.handoff_counters(device, 10)
     assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
     first[3] = 7  # stands for "no fill issued": a fill would clear it
-    assert api.handoff_counters(device, 10)[3] == 7  # same capture: its one fill precedes this call
+    assert launch.handoff_counters(device, 10)[3] == 7  # same capture: its one fill precedes this call
     capture[0] = 2
-    assert not api.handoff_counters(device, 10).any()  # another graph: a fill of its own
+    assert not launch.handoff_counters(device, 10).any()  # another graph: a fill of its own
     first[3] = 7
     capture[0] = None
-    assert not api.handoff_counters(device, 10).any()  # outside capture: filled for good
+    assert not launch.handoff_counters(device, 10).any()  # outside capture: filled for good
     first[3] = 7
-    assert api.handoff_counters(device, 10)[3] == 7
+    assert launch.handoff_counters(device, 10)[3] == 7
     capture[0] = 3
-    assert api.handoff_counters(device, 10)[3] == 7  # no more fills, in capture or not
-    bigger = api.handoff_counters(device, 10**5)
+    assert launch.handoff_counters(device, 10)[3] == 7  # no more fills, in capture or not
+    bigger = launch.handoff_counters(device, 10**5)
     assert bigger.numel() >= 10**5 and not bigger.any()
-    assert any(t is first for t in api._OUTGROWN)  # kept alive for graphs that captured it
+    assert any(t is first for t in launch._OUTGROWN)  # kept alive for graphs that captured it

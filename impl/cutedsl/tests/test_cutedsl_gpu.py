@@ -246,12 +246,31 @@ def test_c128_split_with_caller_workspace():
        (5, "auto"))],
     (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
-def test_tuning_knobs_keep_the_bytes(monkeypatch, overrides, case, path):
-    from dsv4_compressor.impl.cutedsl import api
+def test_tuning_knobs_keep_the_bytes(overrides, case, path):
+    _run_and_compare(case, **_choices(overrides), **({} if path is None else {"c128_path": path}))
 
-    for knob, value in overrides.items():
-        monkeypatch.setattr(api.TUNING, knob, value)
-    _run_and_compare(case, **({} if path is None else {"c128_path": path}))
+
+def _choices(knobs: dict) -> dict:
+    """``policy=`` and ``pdl=`` keywords from knob names: ``pdl``, ``c128_{split,cluster,stream}_<PoolShape
+    field>``, and the other fields of Policy or KernelShapes with an optional ``c128_`` prefix."""
+    from dataclasses import fields, replace
+
+    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, PoolShape
+
+    pool_fields = {f.name for f in fields(PoolShape)}
+    pdl, shapes, flat = knobs.get("pdl", True), {}, {}
+    for knob, value in knobs.items():
+        if knob == "pdl":
+            continue
+        name = knob.removeprefix("c128_")
+        family, _, rest = name.partition("_")
+        if family in ("split", "cluster", "stream") and rest in pool_fields:
+            shapes.setdefault(family, {})[rest] = value
+        else:
+            flat[name] = value
+    for family, changes in shapes.items():
+        flat[family] = replace(getattr(DEFAULT_POLICY.shapes, family), **changes)
+    return {"policy": DEFAULT_POLICY.with_overrides(**flat), "pdl": pdl}
 
 
 # ---- compress: x bits ------------------------------------------------------------------------------
@@ -382,10 +401,8 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
     ``griddepcontrol.wait`` returned would pool stale rows (early metadata reads only the
     metadata and block table before it). Every replay must give the spec's bytes."""
     from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import api
+    from dsv4_compressor.impl.cutedsl.dispatch import Policy
 
-    monkeypatch.setattr(api.TUNING, "pdl", True)
-    monkeypatch.setattr(api.TUNING, "c128_early_metadata", how == "early_metadata")
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     rng = np.random.default_rng(11)
     kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
@@ -398,7 +415,8 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
     state_clean, k_clean = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
     kv_t, ape_t = to_cuda(kv), to_cuda(ape)
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path,
-                  workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
+                  workspace=torch.empty(batch.num_tokens, 512, device="cuda"), pdl=True,
+                  policy=Policy(early_metadata=how == "early_metadata"))
 
     def step():
         if how == "combined":
@@ -446,12 +464,12 @@ def test_save_and_compress_writes_nothing_when_an_argument_is_bad():
 def test_handoff_counters_are_zero_between_calls():
     """The handoff kernel's last CTA of each token resets its counter: after calls of every
     size (some tokens inactive) the whole counter array of this stream is zero again."""
-    from dsv4_compressor.impl.cutedsl import api
+    from dsv4_compressor.impl.cutedsl import launch
 
     for case in (Case(128, 8, 64), Case(128, 5, 2, layout="bf16")):
         args = _run_and_compare(case, c128_path="fused_handoff")
         device = args["state_cache"].device
-        entry = api._COUNTERS[(device, api._current_stream(device))]  # the array the calls used, as they left it
+        entry = launch._COUNTERS[(device, launch._current_stream(device))]  # the array the calls used, as they left it
         assert entry.zeroed and int(torch.count_nonzero(entry.tensor)) == 0
 
 
@@ -460,7 +478,7 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
     (the array then holds whatever its memory held): each graph zero-fills it once, so either
     can be replayed first, whatever the array holds before the replay."""
     from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import api
+    from dsv4_compressor.impl.cutedsl import launch
 
     case = Case(128, 8, 2)
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
@@ -477,7 +495,7 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
         with torch.cuda.graph(graph, stream=side):
             for _ in range(calls):
                 cutedsl.compress_norm_rope_store(**args, **kwargs)
-    counters = api._COUNTERS[(args["state_cache"].device, side.cuda_stream)].tensor
+    counters = launch._COUNTERS[(args["state_cache"].device, side.cuda_stream)].tensor
     for garbage, graph in ((5, graphs[1]), (3, graphs[0]), (7, graphs[1])):
         counters.fill_(garbage)  # no fill outside capture has run: the graph must bring its own
         _storage(args["k_cache"]).copy_(k_clean)
@@ -493,14 +511,72 @@ def test_handoff_chunks_of_tokens(monkeypatch, case, chunk):
     """Several tokens per CTA (a ballot over the chunk, then its active tokens in order),
     padding and inactive tokens among them: the same bytes as the spec, and every counter
     zero afterwards."""
-    from dsv4_compressor.impl.cutedsl import api
+    from dsv4_compressor.impl.cutedsl import api, dispatch, launch
 
-    monkeypatch.setattr(api, "handoff_chunk", lambda num_tokens, device: chunk)
-    api._PLANS.clear()  # plans are keyed by TUNING, not by this function
+    monkeypatch.setattr(dispatch, "handoff_chunk", lambda num_tokens, sm_count, policy: chunk)
+    api._PLANS.clear()  # plans are keyed by the policy, not by this function
     try:
         args = _run_and_compare(case, c128_path="fused_handoff")
     finally:
         api._PLANS.clear()
     device = args["state_cache"].device
-    entry = api._COUNTERS[(device, api._current_stream(device))]
+    entry = launch._COUNTERS[(device, launch._current_stream(device))]
     assert int(torch.count_nonzero(entry.tensor)) == 0
+
+
+# ---- host path: bound layers, warm-up, torch custom ops -----------------------------------------
+@pytest.mark.parametrize("case", [C4_CASES[0], C128_CASES[0][0], C128_CASES[2][0], C128_CASES[5][0]],
+                         ids=lambda c: c.name)
+def test_bound_layer_after_warm_up_matches_spec_and_compiles_nothing_more(case):
+    """A layer warmed up for its token count writes the spec's bytes through the bound call,
+    inside a CUDA graph captured right after the warm-up (no compile during capture)."""
+    from dsv4_compressor.impl import cutedsl
+    from dsv4_compressor.impl.cutedsl import compile_cache
+
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
+                         block_size=batch.block_size, compress_ratio=case.ratio, rms_norm_eps=1e-6,
+                         layout=case.layout, fp8_scale=fp8_scale)
+    layer.warm_up(token_counts=(batch.num_tokens,))
+    compiled = len(compile_cache._CACHE)
+    per_token = [args[n] for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table",
+                                   "kv_slot_mapping")]
+    workspace = torch.empty(batch.num_tokens, 512, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer.compress_norm_rope_store(*per_token, workspace=workspace)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(compile_cache._CACHE) == compiled
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+
+
+@pytest.mark.parametrize("case", [C4_CASES[0], C128_CASES[0][0], C128_CASES[3][0]], ids=lambda c: c.name)
+def test_compiled_custom_ops_match_spec(case):
+    """torch.compile(fullgraph=True) over save_partial_states and compress_norm_rope_store as
+    torch.ops.dsv4_compressor.cutedsl_* ops: the spec's bytes."""
+    import dsv4_compressor.impl.cutedsl  # noqa: F401  (registers the ops)
+
+    torch._dynamo.reset()
+    batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
+    rng = np.random.default_rng(5)
+    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng), B.random_ape(case.ratio, rng)
+    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
+    expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
+    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    ops = torch.ops.dsv4_compressor
+
+    @torch.compile(fullgraph=True)
+    def step(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, batch.block_size)
+        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, batch.block_size, weight,
+                                             1e-6, cos_sin, k_cache, kv_slots, case.ratio, case.layout, fp8_scale)
+
+    step(to_cuda(kv), to_cuda(ape), *(args[n] for n in ("state_cache", "token_to_req_indices", "positions",
+                                                         "slot_mapping", "block_table", "rms_norm_weight",
+                                                         "cos_sin_cache", "k_cache", "kv_slot_mapping")))
+    torch.cuda.synchronize()
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)

@@ -257,17 +257,31 @@ def test_compress_x_stays_512_wide(no_compile):
         api.compress(**pooling, compress_ratio=4)
 
 
-def test_indexer_variants_restore_the_tuning(no_compile):
-    from dsv4_compressor.impl.cutedsl import variants
+def test_indexer_variants_are_frozen_choices(no_compile):
+    """An indexer variant is a :class:`.variants.Variant`: a frozen policy (the indexer's
+    mapping) and ``pdl``, passed to each call; nothing global changes."""
+    from dataclasses import FrozenInstanceError
 
-    before = dict(indexer_launch.INDEXER_TUNING.__dict__)
+    from dsv4_compressor.impl.cutedsl import dispatch, variants
+
+    default = dispatch.DEFAULT_POLICY
+    assert variants.indexer_c4_w1.policy.shapes.indexer_c4_warps == 1
+    assert variants.indexer_c128_w8.policy.shapes.indexer_c128_warps == 8
+    assert variants.indexer_nopdl.pdl is False and variants.indexer_nopdl.policy == default
+    config = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", variants.indexer_c4_w8.policy, True)
+    assert (config.warps, config.pdl) == (8, True)
+    config = dispatch.indexer_config(128, 8, "indexer_mxfp4", True, 64, "float32", default, False)
+    assert (config.warps, config.pdl) == (default.shapes.indexer_c128_warps, False)
+    with pytest.raises(FrozenInstanceError):
+        variants.indexer_c4_w1.pdl = False  # type: ignore[misc]
+    with pytest.raises(ValueError, match="indexer_c4_warp"):
+        default.with_overrides(indexer_c4_warp=2)
+    with pytest.raises(ValueError, match="warps"):  # the kernel configuration checks the mapping
+        dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", default.with_overrides(indexer_c4_warps=3),
+                                True)
     with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):  # validated, then refused on CPU
         variants.indexer_c4_w1.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
-    assert indexer_launch.INDEXER_TUNING.__dict__ == before
-    with pytest.raises(ValueError, match="c4_warp"):
-        variants.IndexerVariant("bad", {"c4_warp": 2}).compress_norm_rope_store(**_indexer_call(), compress_ratio=4,
-                                                                                 layout="indexer_fp8")
-    assert indexer_launch.INDEXER_TUNING.__dict__ == before
+    assert default == dispatch.Policy()
 
 
 def test_numpy_bools_take_the_same_path(no_compile):
@@ -277,15 +291,3 @@ def test_numpy_bools_take_the_same_path(no_compile):
         api.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard=np.True_)
     with pytest.raises(ValueError, match="layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"):
         api.compress_norm_rope_store(**args, compress_ratio=4, hadamard=np.False_)  # flashmla_fp8 on a 128-wide state
-
-
-def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
-    from dsv4_compressor.bench.cases import c4_decode_sweep, indexer_decode_sweep, indexer_save_sweep, save_sweep
-    from dsv4_compressor.bench.sweep import load_bench_impl
-    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
-
-    assert {"indexer_c4_w1", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
-    for name in INDEXER_VARIANTS:
-        impl = load_bench_impl(f"cutedsl-{name}")
-        assert impl.runs(indexer_decode_sweep((1,))[0]), name
-        assert not any(impl.runs(c) for c in c4_decode_sweep((1,)) + save_sweep((1,)) + indexer_save_sweep((1,))), name

@@ -195,21 +195,22 @@ def test_indexer_matches_spec(case):
     _run_and_compare(case)
 
 
-@pytest.mark.parametrize("overrides, case", [
-    (dict(c4_warps=1), C4_CASES[1]),
-    (dict(c4_warps=2), C4_CASES[3]),
-    (dict(c4_warps=8), C4_CASES[5]),  # a partial last CTA
-    (dict(c128_warps=8), C128_CASES[0]),
-    (dict(c128_warps=8), C128_CASES[2]),
+@pytest.mark.parametrize("choices, case", [
+    (dict(indexer_c4_warps=1), C4_CASES[1]),
+    (dict(indexer_c4_warps=2), C4_CASES[3]),
+    (dict(indexer_c4_warps=8), C4_CASES[5]),  # a partial last CTA
+    (dict(indexer_c128_warps=8), C128_CASES[0]),
+    (dict(indexer_c128_warps=8), C128_CASES[2]),
     (dict(pdl=False), C4_CASES[0]),
     (dict(pdl=False), C128_CASES[1]),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else v.name)
-def test_indexer_mapping_knobs_keep_the_bytes(monkeypatch, overrides, case):
-    from dsv4_compressor.impl.cutedsl import indexer_launch
+def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
+    """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
+    from dsv4_compressor.impl import cutedsl
 
-    for knob, value in overrides.items():
-        monkeypatch.setattr(indexer_launch.INDEXER_TUNING, knob, value)
-    _run_and_compare(case)
+    choices = dict(choices)
+    pdl = choices.pop("pdl", True)
+    _run_and_compare(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
 
 
 def test_indexer_bad_arguments_write_nothing():
@@ -342,3 +343,60 @@ def test_indexer_graph_replay_with_new_metadata(case):
     graph.replay()
     torch.cuda.synchronize()
     assert_same_bytes("graph replay vs spec", storage_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
+
+
+# ---- the host path: bound layers, warm-up, torch custom ops ----------------------------------------------
+@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[2], C128_CASES[1]], ids=lambda c: c.name)
+def test_indexer_bound_layer_after_warm_up_in_a_graph(case):
+    """A bound indexer layer, warmed up, captured right after (no compile during capture) and
+    replayed: the spec's bytes."""
+    from dsv4_compressor.impl import cutedsl
+    from dsv4_compressor.impl.cutedsl import compile_cache
+
+    batch, state, weight, cos_sin, k_cache = build(case)
+    expected = spec_run(case, batch, state, weight, cos_sin)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
+                         block_size=batch.block_size, compress_ratio=case.ratio, rms_norm_eps=1e-6,
+                         layout=case.layout, hadamard=case.hadamard)
+    layer.warm_up()
+    compiled = len(compile_cache._CACHE)
+    per_token = [args[n] for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table",
+                                   "kv_slot_mapping")]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer.compress_norm_rope_store(*per_token)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(compile_cache._CACHE) == compiled
+    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)
+
+
+@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
+def test_indexer_compiled_custom_ops_match_spec(case):
+    """torch.compile(fullgraph=True) over the save and compress ops with an indexer layout and
+    ``hadamard``: the spec's bytes."""
+    import dsv4_compressor.impl.cutedsl  # noqa: F401  (registers the ops)
+
+    torch._dynamo.reset()
+    batch, state, weight, cos_sin, k_cache = build(case)
+    rng = np.random.default_rng(5)
+    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng, head_dim=HEAD), B.random_ape(case.ratio, rng, head_dim=HEAD)
+    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
+    expected = spec_run(case, batch, saved, weight, cos_sin)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    ops = torch.ops.dsv4_compressor
+
+    @torch.compile(fullgraph=True)
+    def step(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, batch.block_size)
+        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, batch.block_size, weight,
+                                             1e-6, cos_sin, k_cache, kv_slots, case.ratio, case.layout,
+                                             hadamard=case.hadamard)
+
+    step(to_cuda(kv), to_cuda(ape), *(args[n] for n in ("state_cache", "token_to_req_indices", "positions",
+                                                         "slot_mapping", "block_table", "rms_norm_weight",
+                                                         "cos_sin_cache", "k_cache", "kv_slot_mapping")))
+    torch.cuda.synchronize()
+    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)

@@ -3,14 +3,19 @@ recorders, so what is checked is the host-side dispatch, not the kernels)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is first imported (the PTX tests' target)
 pytest.importorskip("cutlass")
 
 from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.conformance.scenarios import scenarios  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl.dispatch import Policy  # noqa: E402
 
 
 class Recorder:
@@ -24,15 +29,15 @@ class Recorder:
 @pytest.fixture
 def launches(monkeypatch):
     log = []
-    compile_cache, _ = api._kernels()
+    compile_cache = launch.kernels()
     for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_stream", "compile_c128_pool",
                  "compile_c128_store"):
         monkeypatch.setattr(compile_cache, name, lambda config, _n=name: Recorder(_n, log))
-    monkeypatch.setattr(api, "_require_cuda", lambda name, tensor: None)
-    monkeypatch.setattr(api, "_multiprocessor_count", lambda device: 132)  # the grids of the handoff/stream paths
-    monkeypatch.setattr(api, "_current_stream", lambda device: 0)  # the handoff counters' key
-    monkeypatch.setattr(api, "_COUNTERS", {})
-    monkeypatch.setattr(api, "_PLANS", {})
+    monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)  # the grids of the handoff/stream paths
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 0)  # the handoff counters' key
+    monkeypatch.setattr(launch, "_COUNTERS", {})
+    monkeypatch.setattr(api, "_PLANS", PlanCache())
     return log
 
 
@@ -84,15 +89,14 @@ def test_a_changed_layout_is_validated_again(launches):
         api.compress_norm_rope_store(*args, **kwargs, c128_path="fastest")
 
 
-def test_debug_calls_and_tuning_changes_bypass_the_cache(launches, monkeypatch):
+def test_debug_calls_and_policy_changes_bypass_the_cache(launches):
     args, kwargs = _arguments("c128_decode_boundary")
     api.compress_norm_rope_store(*args, **kwargs)
     assert len(api._PLANS) == 1
     api.compress_norm_rope_store(*args, **kwargs, debug=True)
     assert len(api._PLANS) == 1
-    monkeypatch.setattr(api.TUNING, "c128_fused_max_tokens", 0)
     launches.clear()
-    api.compress_norm_rope_store(*args, **kwargs)
+    api.compress_norm_rope_store(*args, **kwargs, policy=Policy(fused_max_tokens=0))
     assert len(api._PLANS) == 2
     assert [n for n, _ in launches] == ["compile_c128_pool", "compile_c128_store"]
 
@@ -101,7 +105,7 @@ def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(lau
     """The combined call: every argument validated before the first launch, the save kernel
     first, then a compress kernel compiled with early metadata; a plain compress call with
     the same layout keeps its own plan, which waits first."""
-    compile_cache, _ = api._kernels()
+    compile_cache = launch.kernels()
     configs = []
     for name in ("compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool"):
         monkeypatch.setattr(compile_cache, name,
@@ -121,6 +125,6 @@ def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(lau
     assert launches == []
     api.compress_norm_rope_store(*args, **kwargs, workspace=workspace)
     assert not configs[-1].early_metadata
-    monkeypatch.setattr(api.TUNING, "pdl", False)  # no wait to read ahead of: an ordinary compress plan
-    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace)
+    # no wait to read ahead of: an ordinary compress plan
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace, pdl=False)
     assert not configs[-1].early_metadata and not configs[-1].pdl

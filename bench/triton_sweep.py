@@ -1,4 +1,4 @@
-"""Sweep the Triton kernels' knobs on a CUDA GPU: ``python -m dsv4_compressor.impl.triton.sweep``.
+"""Sweep the Triton kernels' knobs on a CUDA GPU: ``python -m dsv4_compressor.bench.triton_sweep``.
 
 For decode-boundary batches (every token closes a window, one token per request, the
 production case) of several sizes it times each :class:`FusedConfig` by CUDA-graph replay (the
@@ -18,9 +18,9 @@ import time
 import numpy as np
 import torch
 
-from ...spec import batch as spec_batch
-from .api import compress_norm_rope_store, save_partial_states
-from .config import DEFAULT_FUSED, FusedConfig, SaveConfig
+from ..impl.triton.api import compress_norm_rope_store, save_partial_states
+from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
+from ..spec import batch as spec_batch
 
 ENTRY_BYTES = 584
 
@@ -138,7 +138,7 @@ def sweep_ratio(ratio: int, token_counts, configs, block_size: int, copy_bw: flo
 
 
 def _check_against_spec(ratio, b, state, cos_sin, weight, k_cache_after) -> None:
-    from ... import spec
+    from .. import spec
 
     cache = np.full(tuple(k_cache_after.shape), spec_batch.CANARY_BYTE, dtype=np.uint8)
     spec.compress_norm_rope_store(

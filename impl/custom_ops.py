@@ -1,0 +1,111 @@
+"""Register an implementation's public operations as torch custom ops (``torch.ops.dsv4_compressor.*``).
+
+Each implementation calls :func:`register` with its module of operations and a name prefix
+(``cutedsl``, ``triton``). The ops' schemas declare what they write (``Tensor(a!)``), and
+their fake implementations write nothing and touch no data, so ``torch.compile(fullgraph=True)``
+traces through them and CUDA graphs capture them; the SPEC §9 validation (which reads
+``data_ptr`` and, with ``debug``, copies metadata to NumPy) runs inside the real
+implementation, when the op executes, and raises the same ``ValueError``.
+
+The ops are defined with ``torch.library.Library`` (schema strings and one kernel for every
+device) rather than ``torch.library.custom_op``, whose per-call Python bookkeeping costs more
+than the launches themselves. An op takes the implementation's default policy; the direct
+Python calls remain the cheapest way to launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "dsv4_compressor"
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+_COMPRESS_ARGS = ("Tensor state_cache, Tensor token_to_req_indices, Tensor positions, Tensor slot_mapping, "
+                  "Tensor block_table, int block_size, Tensor rms_norm_weight, float rms_norm_eps, "
+                  "Tensor cos_sin_cache, Tensor(a!) k_cache, Tensor kv_slot_mapping, int compress_ratio, "
+                  'str layout="flashmla_fp8", float? fp8_scale=None, bool debug=False')
+_CUTEDSL_EXTRAS = ', Tensor(b!)? workspace=None, str c128_path="auto", bool pdl=True'
+_HADAMARD = ", bool hadamard=False"  # the indexer layouts' rotation (SPEC §12); last, so earlier positions stay
+SCHEMAS = {
+    "save_partial_states": "(Tensor kv_score, Tensor ape, Tensor positions, Tensor slot_mapping, "
+                           "Tensor(a!) state_cache, int block_size, bool debug=False) -> ()",
+    "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_HADAMARD}) -> ()",
+}
+CUTEDSL_SCHEMAS = {
+    "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_CUTEDSL_EXTRAS}{_HADAMARD}) -> ()",
+    "save_and_compress_norm_rope_store": (
+        "(Tensor kv_score, Tensor ape, " + _COMPRESS_ARGS.replace("Tensor state_cache", "Tensor(c!) state_cache")
+        + _CUTEDSL_EXTRAS + _HADAMARD + ") -> ()"),
+    "compress": "(Tensor state_cache, Tensor token_to_req_indices, Tensor positions, Tensor slot_mapping, "
+                'Tensor block_table, int block_size, Tensor kv_slot_mapping, int compress_ratio, str c128_path="auto", '
+                "bool pdl=True) -> Tensor",
+}
+
+
+def _kernels(module, cutedsl: bool) -> dict:
+    """The real implementation of each op: the module's operation with the schema's arguments."""
+
+    def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=False):
+        module.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug)
+
+    def compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                 rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
+                                 compress_ratio, layout="flashmla_fp8", fp8_scale=None, debug=False, *extras):
+        names = ("workspace", "c128_path", "pdl", "hadamard") if cutedsl else ("hadamard",)
+        module.compress_norm_rope_store(
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
+            fp8_scale=fp8_scale, debug=debug, **dict(zip(names, extras)))
+
+    kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store}
+    if not cutedsl:
+        return kernels
+
+    def save_and_compress_norm_rope_store(kv_score, ape, *args):
+        defaults = ("flashmla_fp8", None, False, None, "auto", True, False)  # layout .. hadamard, as in the schema
+        (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace,
+         c128_path, pdl, hadamard) = tuple(args) + defaults[len(args) - 12:]
+        module.save_and_compress_norm_rope_store(
+            kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+            rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio,
+            layout=layout, fp8_scale=fp8_scale, hadamard=hadamard, debug=debug, workspace=workspace,
+            c128_path=c128_path, pdl=pdl)
+
+    def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping,
+                 compress_ratio, c128_path="auto", pdl=True):
+        return module.compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                               kv_slot_mapping, compress_ratio=compress_ratio, c128_path=c128_path, pdl=pdl)
+
+    kernels.update(save_and_compress_norm_rope_store=save_and_compress_norm_rope_store, compress=compress)
+    return kernels
+
+
+def _fake_nothing(*args, **kwargs) -> None:
+    return None
+
+
+def _fake_compress(state_cache, token_to_req_indices, positions, *args, **kwargs) -> torch.Tensor:
+    return state_cache.new_empty((positions.shape[0], 512))  # fp32 [T, 512]
+
+
+def register(prefix: str, module, *, cutedsl: bool) -> dict:
+    """Define ``{prefix}_save_partial_states`` and ``{prefix}_compress_norm_rope_store`` and, for the
+    CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments),
+    ``{prefix}_save_and_compress_norm_rope_store`` and ``{prefix}_compress``, each calling
+    ``module``'s operation of that name. The compress ops take ``layout`` (the indexer layouts
+    too) and, last, ``hadamard`` (SPEC §12). Returns ``{operation: op}``.
+
+    Registers once per process: a second import of the package under another name (a test
+    runner importing the repository root as a package) finds the ops already defined.
+    """
+    namespace = getattr(torch.ops, NAMESPACE)
+    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
+    if not hasattr(namespace, f"{prefix}_save_partial_states"):
+        for operation, kernel in _kernels(module, cutedsl).items():
+            name = f"{prefix}_{operation}"
+            _LIBRARY.define(name + schemas[operation])
+            _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{NAMESPACE}::{name}", _fake_compress if operation == "compress"
+                                        else _fake_nothing, lib=_LIBRARY)
+    return {operation: getattr(namespace, f"{prefix}_{operation}") for operation in schemas}

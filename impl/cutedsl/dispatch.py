@@ -1,0 +1,222 @@
+"""Which CuTe DSL kernel a call runs: the frozen dispatch :class:`Policy` and pure functions of it.
+
+Nothing here touches a tensor or the GPU: every function takes the token count, the block
+size, the policy and (where the grid depends on it) the device's multiprocessor count, and
+returns a path name or a static kernel configuration (:mod:`.config`). The launchers
+(:mod:`.launch`) call them once per plan; tests call them directly.
+
+C4 runs the fused kernel; the indexer layouts (SPEC §12) run the indexer's C4 or C128 kernel
+(``KernelShapes.indexer_c4_warps`` / ``indexer_c128_warps``). ``c128_path="auto"`` picks, by
+the number of tokens ``T``:
+
+- ``fused_cluster`` up to ``cluster_max_tokens``: a thread-block cluster per token (16 CTAs
+  of 32 channels up to ``cluster16_max_tokens``, 8 CTAs of 64 channels above);
+- ``fused_handoff`` up to ``fused_max_tokens``: 8 independent CTAs per token, the last of
+  which (found by a per-token atomic counter) finishes the token from the scratch;
+- above: ``split_block8`` (compress kernel + store kernel; ``split_generic`` when the block
+  size does not hold a lane's rows), except where the handoff kernel takes chunks of tokens
+  (past about ``handoff_waves`` waves of CTAs) or reads its metadata early
+  (``save_and_compress_norm_rope_store``): then ``fused_handoff``, because real C128 steps
+  are sparse (about one token in 128 closes a window) and a chunked CTA skips inactive
+  tokens for a ballot bit.
+
+``fused_stream`` (persistent pipelined clusters) is never chosen by ``auto``; it is there to
+be forced (``c128_path="fused_stream"``) on steps with few active tokens among many.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+from .config import (HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, HEAD_DIM, MAX_CHUNK_TOKENS, C4Config,
+                     C128PoolConfig, EntryFormat, SaveConfig, StoreConfig, StreamConfig)
+from .indexer_config import IndexerConfig
+
+C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic")
+SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """The mapping of one C128 pooling kernel family (warps per CTA, channels per CTA, where kv
+    rows live, when kv loads are issued); ``tile=None`` lets the cluster path choose by ``T``."""
+
+    warps: int = 8  # 4, 8, 16
+    tile: int | None = 64  # 64 or 32 channels per CTA
+    kv_in_smem: bool = False  # kv rows staged in shared memory (cp.async)
+    kv_after_max: bool = False  # kv loads issued once the window max is known
+
+
+@dataclass(frozen=True)
+class KernelShapes:
+    """Compile-time shapes of every kernel family; the defaults are what ``auto`` runs.
+
+    Named variants (:mod:`.variants`) replace fields to time or test other shapes.
+    """
+
+    c4_tokens_per_cta: int = 1  # C4 fused: token groups of 128 threads per CTA (1, 2, 4)
+    save_tokens_per_cta: int = 1  # save_partial_states (1, 2, 4)
+    store_tokens_per_cta: int = 1  # split path's store kernel (1, 2, 4)
+    split: PoolShape = PoolShape()  # split path's compress kernel
+    cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
+    handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
+    stream: PoolShape = PoolShape(8, 32)  # stream kernel: 32 (16-CTA clusters) or 64 (8-CTA) channels
+    indexer_c4_warps: int = 4  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8)
+    indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Dispatch thresholds, grid sizing and kernel shapes; frozen, passed to every call.
+
+    Two policies that compare equal dispatch identically; the default is :data:`DEFAULT_POLICY`.
+    """
+
+    cluster_max_tokens: int = 16  # auto: fused_cluster up to this T (and up to fused_max_tokens)
+    cluster16_max_tokens: int = 4  # cluster tile None: 16-CTA clusters up to this T (shorter critical path)
+    fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None: always), split above ...
+    chunked_handoff: bool = True  # ... except where the handoff kernel takes chunks of tokens
+    handoff_waves: int | None = 16  # handoff grid: tokens per CTA grow to keep about this many waves (None: 1)
+    early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
+    #                               on the previous kernel; see :mod:`.dependent_launch`)
+    stream_ctas_per_sm: int | None = None  # stream grid: CTAs per SM (None: as shared memory allows)
+    stream_clusters: int | None = None  # stream grid: clusters (None: from stream_ctas_per_sm)
+    shapes: KernelShapes = field(default_factory=KernelShapes)
+
+    def __post_init__(self):
+        waves = self.handoff_waves
+        if waves is not None and (isinstance(waves, bool) or not isinstance(waves, int) or waves < 1):
+            raise ValueError(f"handoff_waves: expected None or an integer >= 1, got {waves!r}")
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:  # part of every plan key: computed once
+        return self._hash
+
+    def with_overrides(self, **overrides) -> "Policy":
+        """A copy with fields replaced; ``shapes`` fields may be given by name too
+        (``c4_tokens_per_cta=2``, ``cluster=PoolShape(...)``)."""
+        shape_names = {f.name for f in fields(KernelShapes)}
+        own = {k: v for k, v in overrides.items() if k not in shape_names}
+        shaped = {k: v for k, v in overrides.items() if k in shape_names}
+        unknown = sorted(set(own) - {f.name for f in fields(Policy)})
+        if unknown:
+            raise ValueError(f"policy overrides: expected fields of Policy or KernelShapes, got {unknown}")
+        return replace(self, **own, shapes=replace(self.shapes, **shaped) if shaped else self.shapes)
+
+
+DEFAULT_POLICY = Policy()
+
+
+# ---- C128 ---------------------------------------------------------------------------------
+def cluster_tile(num_tokens: int, policy: Policy) -> int:
+    """Channels per CTA of the cluster kernel: 32 (16 CTAs per token) for a few tokens, where
+    more SMs per token shorten the exact arithmetic's critical path; 64 (8 CTAs) above."""
+    if policy.shapes.cluster.tile is not None:
+        return policy.shapes.cluster.tile
+    return 32 if num_tokens <= policy.cluster16_max_tokens else 64
+
+
+def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: int = 1, pdl: bool = True,
+                     early_metadata: bool = False) -> C128PoolConfig:
+    """The :class:`.config.C128PoolConfig` of a C128 path (``fused_*``/``split_*``); with ``pdl``
+    its metadata is read before the wait if ``early_metadata`` or ``policy.early_metadata``
+    (never on the stream path). Raises ``ValueError`` if ``split_block8`` cannot take ``block_size``."""
+    shapes = policy.shapes
+    if path == "fused_cluster":
+        shape = shapes.cluster
+        warps, tile, staged, late = shape.warps, cluster_tile(num_tokens, policy), shape.kv_in_smem, shape.kv_after_max
+    elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
+        warps, tile, staged, late = 8, 64, True, shapes.handoff_kv_after_max
+    elif path == "fused_stream":
+        warps, tile, staged, late = shapes.stream.warps, shapes.stream.tile, False, False
+    else:
+        shape = shapes.split
+        warps, tile, staged, late = shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max
+    rows_per_lane = C128PoolConfig(block_size, 1, warps, tile).rows_per_lane
+    if path == "split_block8":
+        if block_size % rows_per_lane:
+            raise ValueError(
+                f"c128_path: 'split_block8' expected block_size a multiple of {rows_per_lane} (each lane's "
+                f"{rows_per_lane} rows in one state block), got block_size={block_size}; use 'split_generic' or 'auto'"
+            )
+        rows_per_lookup = rows_per_lane
+    else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
+        rows_per_lookup = math.gcd(block_size, rows_per_lane)
+    early = pdl and (early_metadata or policy.early_metadata) and path != "fused_stream"
+    return C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, pdl, early)
+
+
+def handoff_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
+    """Tokens per CTA of the handoff kernel: 1 up to about ``policy.handoff_waves`` waves of
+    CTAs (4 per SM), then as many as keep the grid at that many waves, at most 32 (one
+    ballot), so that inactive tokens cost a ballot bit instead of a CTA each (``sm_count``
+    None, no device: 1)."""
+    waves = policy.handoff_waves
+    if waves is None or sm_count is None:
+        return 1
+    slots = waves * HANDOFF_CTAS_PER_SM * sm_count
+    return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
+
+
+def stream_grid(stream_config: StreamConfig, num_tokens: int, sm_count: int, policy: Policy) -> tuple[int, int]:
+    """``(clusters, chunk)`` of the stream kernel: about one wave of clusters, each taking
+    chunks of up to 32 consecutive tokens (fewer when there are few tokens per cluster).
+
+    The estimate counts SMs, not GPCs: 8-CTA clusters of one CTA per SM may fit one cluster
+    fewer than ``SMs // 8`` at a time (set ``policy.stream_clusters`` to pin the count)."""
+    per_sm = policy.stream_ctas_per_sm
+    if per_sm is None:
+        per_sm = max(1, min(SMEM_PER_SM // (stream_config.smem_bytes + 1024), 2048 // (32 * stream_config.pool.warps)))
+    clusters = policy.stream_clusters or sm_count * per_sm // stream_config.cluster_size
+    clusters = max(1, min(num_tokens, clusters))
+    chunk = max(1, min(MAX_CHUNK_TOKENS, -(-num_tokens // clusters)))
+    return clusters, chunk
+
+
+def check_c128_path(c128_path) -> None:
+    if c128_path not in C128_PATHS:
+        raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
+
+
+def choose(c128_path: str, num_tokens: int, block_size: int, policy: Policy = DEFAULT_POLICY,
+           sm_count: int | None = None, early_metadata: bool = False) -> str:
+    """Resolve ``c128_path`` for a C128 call (raises ``ValueError`` for an unknown path, or one
+    the block size does not allow).
+
+    ``sm_count`` None (no device known) leaves the chunked handoff kernel out of ``auto``."""
+    check_c128_path(c128_path)
+    if c128_path != "auto":
+        c128_pool_config(c128_path, block_size, policy)  # raises if the path cannot take this block size
+        return c128_path
+    limit = policy.fused_max_tokens
+    if num_tokens <= policy.cluster_max_tokens and (limit is None or num_tokens <= limit):
+        return "fused_cluster"
+    if limit is None or num_tokens <= limit:
+        return "fused_handoff"
+    if policy.chunked_handoff and sm_count is not None and (
+            early_metadata or handoff_chunk(num_tokens, sm_count, policy) > 1):
+        return "fused_handoff"
+    rows_per_lane = c128_pool_config("split_generic", block_size, policy).rows_per_lane
+    return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
+
+
+# ---- the static configuration of every launch ---------------------------------------------
+def c4_config(block_size: int, entry: EntryFormat | None, policy: Policy, pdl: bool) -> C4Config:
+    return C4Config(block_size, entry, policy.shapes.c4_tokens_per_cta, pdl)
+
+
+def store_config(entry: EntryFormat, policy: Policy, pdl: bool) -> StoreConfig:
+    return StoreConfig(entry, policy.shapes.store_tokens_per_cta, pdl)
+
+
+def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
+                head_dim: int = HEAD_DIM) -> SaveConfig:
+    return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim)
+
+
+def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: bool, entries_per_page: int,
+                   weight_dtype: str, policy: Policy, pdl: bool) -> IndexerConfig:
+    """The indexer compressor's kernel (SPEC §12): a warp per token (C4) or a CTA per token (C128)."""
+    warps = policy.shapes.indexer_c4_warps if compress_ratio == 4 else policy.shapes.indexer_c128_warps
+    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl)

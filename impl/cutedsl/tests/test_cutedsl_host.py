@@ -1,0 +1,365 @@
+"""The CuTe DSL host path on CPU: bound operators, warm-up and the torch custom ops.
+
+The compiled kernels are replaced by recorders (as in ``test_cutedsl_launch_plans``), so what
+is checked is the host side: validation before any launch, which kernels a call launches with
+which tensors and scalars, and what warm-up compiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is first imported (the PTX tests' target)
+pytest.importorskip("cutlass")
+
+from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl.dispatch import Policy  # noqa: E402
+from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
+
+from test_cutedsl_launch_plans import _arguments  # noqa: E402
+
+COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_stream",
+                     "compile_c128_pool", "compile_c128_store", "compile_save")
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """``(launches, compiled)``: every launch as (kernel kind, config, tensor pointers and scalars),
+    and every static configuration handed to a compile function."""
+    launches, compiled = [], []
+    compile_cache = launch.kernels()
+
+    def fake(kind):
+        def compile_fn(config, **_):
+            compiled.append((kind, config))
+            return lambda *args: launches.append((kind, config, tuple(
+                a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+        return compile_fn
+
+    for name in COMPILE_FUNCTIONS:
+        monkeypatch.setattr(compile_cache, name, fake(name))
+    monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(launch, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(launch, "_COUNTERS", {})
+    monkeypatch.setattr(api, "_PLANS", PlanCache())
+    return launches, compiled
+
+
+def _layer(args, kwargs, **extra):
+    state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots = args
+    return api.bind(state, k_cache, weight, cos_sin, block_size=bs, compress_ratio=kwargs["compress_ratio"],
+                    rms_norm_eps=eps, **extra), (token_req, positions, slots, table, kv_slots)
+
+
+@pytest.mark.parametrize("name, path", [("c4_decode_boundary", "auto"), ("c128_decode_boundary", "auto"),
+                                        ("c128_decode_boundary", "fused_handoff"), ("c128_bs4_b64", "split_generic")])
+def test_a_bound_layer_launches_what_the_unbound_call_does(recorded, name, path):
+    launches, _ = recorded
+    args, kwargs = _arguments(name)
+    workspace = torch.empty((len(args[2]), 512))
+    api.compress_norm_rope_store(*args, **kwargs, c128_path=path, workspace=workspace)
+    kv_score = torch.zeros(len(args[2]), 2048 if kwargs["compress_ratio"] == 4 else 1024)
+    ape = torch.zeros(kwargs["compress_ratio"], 1024 if kwargs["compress_ratio"] == 4 else 512)
+    api.save_partial_states(kv_score, ape, args[2], args[3], args[0], args[5])
+    unbound = list(launches)
+    launches.clear()
+    layer, per_token = _layer(args, kwargs, c128_path=path)
+    layer.compress_norm_rope_store(*per_token, workspace=workspace)
+    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    assert launches == unbound and launches
+    launches.clear()
+    layer.compress_norm_rope_store(*per_token, workspace=workspace)  # from the layer's plan cache
+    assert launches == unbound[:-1]
+
+
+def test_bind_validates_the_fixed_arguments_at_once(recorded):
+    launches, compiled = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    bad_weight = list(args)
+    bad_weight[6] = args[6].to(torch.float16)
+    with pytest.raises(ValueError, match="rms_norm_weight: expected dtype bfloat16 or float32"):
+        _layer(bad_weight, kwargs)
+    with pytest.raises(ValueError, match="layout"):
+        _layer(args, kwargs, layout="fp8")
+    with pytest.raises(ValueError, match="fp8_scale"):
+        _layer(args, kwargs, fp8_scale=0.5)
+    with pytest.raises(ValueError, match="c128_path"):
+        _layer(args, kwargs, c128_path="fastest")
+    assert launches == [] and compiled == []
+
+
+@pytest.mark.parametrize("argument, change, needle", [
+    (1, lambda t: t.int(), "positions: expected dtype int64"),
+    (2, lambda t: t[:-1], "slot_mapping: expected length T"),
+    (0, lambda t: t.long(), "token_to_req_indices: expected dtype int32"),
+    (3, lambda t: t.long(), "block_table: expected dtype int32"),
+    (4, lambda t: t.int(), "kv_slot_mapping: expected dtype int64"),
+])
+def test_bound_calls_check_the_per_token_arrays_before_any_launch(recorded, argument, change, needle):
+    launches, _ = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    layer, per_token = _layer(args, kwargs, c128_path="fused_handoff")  # a path with a scratch workspace
+    layer.compress_norm_rope_store(*per_token)  # a valid call first: its plan is cached
+    launches.clear()
+    bad = list(per_token)
+    bad[argument] = change(per_token[argument])
+    with pytest.raises(ValueError, match=needle):
+        layer.compress_norm_rope_store(*bad)
+    with pytest.raises(ValueError, match="workspace"):
+        layer.compress_norm_rope_store(*per_token, workspace=torch.empty(1, 256))
+    with pytest.raises(ValueError, match="slot_mapping: expected a torch.Tensor, got list"):
+        layer.compress_norm_rope_store(per_token[0], per_token[1], per_token[2].tolist(), *per_token[3:])
+    with pytest.raises(ValueError, match="k_cache: expected a torch.Tensor, got NoneType"):
+        api.compress_norm_rope_store(*args[:9], None, args[10], **kwargs)
+    assert launches == []
+
+
+def test_warm_up_compiles_what_the_calls_then_use(recorded, caplog):
+    launches, compiled = recorded
+    counts = (1, 4, 5, 16, 17, 64, 65, 1056, 1057)
+    with caplog.at_level(logging.INFO, logger="dsv4_compressor"):
+        configs = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2,
+                              device="cpu", token_counts=counts)
+    assert any("warm_up" in r.getMessage() for r in caplog.records)
+    kinds = [kind for kind, _ in compiled]
+    assert sorted(set(kinds)) == ["compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
+                                  "compile_c128_store", "compile_save"]
+    assert len(configs) == len(compiled) == len(set(configs))  # each configuration compiled once
+    assert {c.pool.tile for k, c in compiled if k == "compile_c128_cluster"} == {32, 64}
+    assert {c.chunked for k, c in compiled if k == "compile_c128_handoff"} == {False, True}
+    every = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2, device="cpu",
+                        save=False)
+    assert set(every) == set(configs) - {c for k, c in compiled if k == "compile_save"}
+    early = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2, device="cpu",
+                        token_counts=(1,), save=False, save_and_compress=True)
+    assert [c.pool.early_metadata for c in early] == [False, True]
+    c4 = api.warm_up(compress_ratio=4, block_size=4, layout="bf16", entries_per_page=64, device="cpu",
+                     weight_dtype=torch.float32, token_counts=None, policy=Policy(), pdl=False)
+    assert [type(c).__name__ for c in c4] == ["C4Config", "SaveConfig"] and not c4[0].pdl
+    assert c4[0].entry.weight_dtype == "float32" and c4[0].entry.store_align == 8
+    assert launches == []  # compiled, nothing launched
+
+
+def test_warm_up_covers_every_plan_of_a_layer(recorded):
+    """After a layer's warm-up, calls of any token count compile nothing new."""
+    _, compiled = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    layer, per_token = _layer(args, kwargs)
+    layer.warm_up(token_counts=(len(per_token[1]),))
+    before = set(compiled)
+    layer.compress_norm_rope_store(*per_token)
+    layer.save_partial_states(torch.zeros(len(per_token[1]), 1024), torch.zeros(128, 512), per_token[1], per_token[2])
+    assert set(compiled) <= before
+
+
+# ---- torch custom ops ------------------------------------------------------------------------
+def _written(op) -> set:
+    return {a.name for a in op.default._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+
+def test_ops_are_registered_with_their_mutations():
+    ops = torch.ops.dsv4_compressor
+    assert _written(ops.cutedsl_compress_norm_rope_store) == {"k_cache", "workspace"}
+    assert _written(ops.cutedsl_save_partial_states) == {"state_cache"}
+    assert _written(ops.cutedsl_save_and_compress_norm_rope_store) == {"state_cache", "k_cache", "workspace"}
+    assert _written(ops.cutedsl_compress) == set()
+    assert str(ops.cutedsl_compress.default._schema).endswith("-> Tensor")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_fullgraph_compiled_step_runs_the_ops(recorded, backend):
+    launches, _ = recorded
+    torch._dynamo.reset()
+    args, kwargs = _arguments("c128_decode_boundary")
+    tokens = len(args[2])
+    kv_score, ape = torch.zeros(tokens, 1024), torch.zeros(128, 512)
+    api.save_partial_states(kv_score, ape, args[2], args[3], args[0], args[5])
+    api.compress_norm_rope_store(*args, **kwargs)
+    direct = [(kind, config) for kind, config, _ in launches]
+    launches.clear()
+    ops = torch.ops.dsv4_compressor
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def step(kv_score, ape, state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv_score, ape, positions, slots, state, args[5])
+        ops.cutedsl_compress_norm_rope_store(state, token_req, positions, slots, table, args[5], weight, args[7],
+                                             cos_sin, k_cache, kv_slots, 128)
+
+    tensors = (args[0], *args[1:5], args[6], args[8], args[9], args[10])
+    step(kv_score, ape, *tensors)
+    assert [(kind, config) for kind, config, _ in launches] == direct
+    bad = torch.zeros(128, 256)  # ape of the wrong width: the op's real implementation rejects it
+    launches.clear()
+    with pytest.raises(ValueError, match="ape"):
+        step(kv_score, bad, *tensors)
+    assert launches == []
+
+
+def test_every_op_launches_what_its_direct_call_does(recorded):
+    launches, _ = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    tokens = len(args[2])
+    kv_score, ape, workspace = torch.zeros(tokens, 1024), torch.zeros(128, 512), torch.empty(tokens, 512)
+    ops = torch.ops.dsv4_compressor
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace, c128_path="fused_handoff",
+                                          pdl=False)
+    direct = list(launches)
+    launches.clear()
+    ops.cutedsl_save_and_compress_norm_rope_store(kv_score, ape, *args, 128, workspace=workspace,
+                                                  c128_path="fused_handoff", pdl=False)
+    assert launches == direct and len(direct) == 2
+    launches.clear()
+    api.compress_norm_rope_store(*args, **kwargs, workspace=workspace, c128_path="split_block8")
+    direct = list(launches)
+    launches.clear()
+    ops.cutedsl_compress_norm_rope_store(*args, 128, "flashmla_fp8", None, False, workspace, "split_block8")
+    assert launches == direct and len(direct) == 2
+    pooling = (args[0], *args[1:6], args[10])
+    x = ops.cutedsl_compress(*pooling, 128)
+    assert x.shape == (tokens, 512) and x.dtype == torch.float32
+    assert launches[-1][0] == "compile_c128_pool"
+
+
+def test_layers_with_the_same_layout_share_their_plans(recorded):
+    launches, _ = recorded
+    args, kwargs = _arguments("c128_decode_boundary")
+    first, per_token = _layer(args, kwargs)
+    other_args = [a.clone() if isinstance(a, torch.Tensor) and a.is_contiguous() else a for a in args]
+    second, _ = _layer(other_args, kwargs)  # another layer's caches, the same layout
+    first.compress_norm_rope_store(*per_token)
+    plans = len(api._PLANS)
+    second.compress_norm_rope_store(*per_token)
+    assert len(api._PLANS) == plans
+    assert launches[0][1] == launches[1][1] and launches[0][2] != launches[1][2]  # same kernel, its own caches
+    third, _ = _layer(args, kwargs, pdl=False)
+    third.compress_norm_rope_store(*per_token)
+    assert len(api._PLANS) == plans + 1 and not launches[-1][1].pool.pdl
+
+
+# ---- the indexer compressor (SPEC §12) on the same host path ---------------------------------------
+@pytest.fixture
+def indexer_recorded(recorded, monkeypatch):
+    """``recorded``, with the indexer kernel's compile function recorded too."""
+    from dsv4_compressor.impl.cutedsl import indexer_launch
+
+    launches, compiled = recorded
+
+    def compile_indexer(config, **_):
+        compiled.append(("compile_indexer", config))
+        return lambda *args: launches.append(("compile_indexer", config, tuple(
+            a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
+
+    monkeypatch.setattr(indexer_launch, "compile_indexer", compile_indexer)
+    return launches, compiled
+
+
+def _indexer_arguments(ratio=4, layout="indexer_fp8"):
+    from test_cutedsl_indexer_cpu import _indexer_call
+
+    call = _indexer_call(ratio, 16 if ratio == 4 else 8, layout)
+    names = ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table", "block_size",
+             "rms_norm_weight", "rms_norm_eps", "cos_sin_cache", "k_cache", "kv_slot_mapping")
+    return [call[n] for n in names]
+
+
+@pytest.mark.parametrize("ratio, layout, hadamard", [(4, "indexer_fp8", False), (4, "indexer_mxfp4", True),
+                                                     (128, "indexer_fp8", True)])
+def test_an_indexer_layer_launches_what_the_unbound_call_does(indexer_recorded, ratio, layout, hadamard):
+    launches, _ = indexer_recorded
+    args = _indexer_arguments(ratio, layout)
+    kwargs = dict(compress_ratio=ratio, layout=layout, hadamard=hadamard)
+    width = 256 if ratio == 4 else 128  # the indexer's SW
+    kv_score, ape = torch.zeros(len(args[2]), 2 * width), torch.zeros(ratio, width)
+    api.compress_norm_rope_store(*args, **kwargs)
+    api.save_partial_states(kv_score, ape, args[2], args[3], args[0], args[5])
+    unbound = list(launches)
+    (kind, config, _), (save_kind, save_config, _) = unbound
+    assert (kind, config.ratio, config.layout, config.hadamard, config.pdl) == ("compile_indexer", ratio, layout,
+                                                                                  hadamard, True)
+    assert (save_kind, save_config.head_dim, save_config.state_width) == ("compile_save", 128, width)
+    launches.clear()
+    layer = api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=ratio,
+                     rms_norm_eps=args[7], layout=layout, hadamard=hadamard)
+    per_token = (args[1], args[2], args[3], args[4], args[10])
+    layer.compress_norm_rope_store(*per_token)
+    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    assert launches == unbound
+    launches.clear()
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, pdl=False)
+    assert [(k, c.pdl) for k, c, _ in launches] == [("compile_save", False), ("compile_indexer", False)]
+
+
+def test_indexer_policy_and_pdl_reach_the_kernel(indexer_recorded):
+    launches, _ = indexer_recorded
+    args = _indexer_arguments(4)
+    from dsv4_compressor.impl.cutedsl.variants import indexer_c4_w1, indexer_nopdl
+
+    indexer_c4_w1.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    indexer_nopdl.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8",
+                                 policy=Policy().with_overrides(indexer_c4_warps=8))
+    assert [(c.warps, c.pdl) for _, c, _ in launches] == [(1, True), (4, False), (8, True)]
+
+
+def test_indexer_bind_and_warm_up_validate_first(indexer_recorded):
+    launches, compiled = indexer_recorded
+    args = _indexer_arguments(4)
+    with pytest.raises(ValueError, match="layout: expected one of 'indexer_fp8', 'indexer_mxfp4' for head width 128"):
+        api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7])
+    with pytest.raises(ValueError, match="hadamard"):
+        api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7],
+                 layout="indexer_fp8", hadamard="yes")
+    with pytest.raises(ValueError, match="hadamard"):
+        api.warm_up(compress_ratio=4, block_size=16, layout="flashmla_fp8", entries_per_page=4, device="cpu",
+                    hadamard=True)
+    assert launches == [] and compiled == []
+
+
+def test_indexer_warm_up_covers_every_call_of_a_layer(indexer_recorded, caplog):
+    _, compiled = indexer_recorded
+    with caplog.at_level(logging.INFO, logger="dsv4_compressor"):
+        configs = api.warm_up(compress_ratio=128, block_size=8, layout="indexer_mxfp4", entries_per_page=4,
+                              device="cpu", hadamard=True, pdl=False)
+    assert any("indexer" in r.getMessage() for r in caplog.records)
+    assert [type(c).__name__ for c in configs] == ["IndexerConfig", "SaveConfig"]
+    assert (configs[0].hadamard, configs[0].pdl, configs[0].warps, configs[1].head_dim) == (True, False, 16, 128)
+    args = _indexer_arguments(4, "indexer_fp8")
+    layer = api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=4, rms_norm_eps=args[7],
+                     layout="indexer_fp8", hadamard=True)
+    layer.warm_up()
+    before = set(compiled)
+    layer.compress_norm_rope_store(args[1], args[2], args[3], args[4], args[10])
+    layer.save_partial_states(torch.zeros(len(args[2]), 512), torch.zeros(4, 256), args[2], args[3])
+    assert set(compiled) <= before
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_the_ops_take_the_indexer_layouts(indexer_recorded, hadamard):
+    """The custom ops (eager and under ``torch.compile(fullgraph=True)``) pass the indexer
+    layout and ``hadamard`` (the schema's last argument) to the same kernels as the calls."""
+    launches, _ = indexer_recorded
+    torch._dynamo.reset()
+    args = _indexer_arguments(4, "indexer_mxfp4")
+    kv_score, ape = torch.zeros(len(args[2]), 512), torch.zeros(4, 256)
+    api.save_and_compress_norm_rope_store(kv_score, ape, *args, compress_ratio=4, layout="indexer_mxfp4",
+                                          hadamard=hadamard)
+    direct = list(launches)
+    launches.clear()
+    ops = torch.ops.dsv4_compressor
+    ops.cutedsl_save_and_compress_norm_rope_store(kv_score, ape, *args, 4, "indexer_mxfp4", hadamard=hadamard)
+    assert launches == direct and len(direct) == 2
+    launches.clear()
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(kv_score, ape, state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv_score, ape, positions, slots, state, args[5])
+        ops.cutedsl_compress_norm_rope_store(state, token_req, positions, slots, table, args[5], weight, args[7],
+                                             cos_sin, k_cache, kv_slots, 4, "indexer_mxfp4", hadamard=hadamard)
+
+    step(kv_score, ape, *args[:5], args[6], args[8], args[9], args[10])
+    assert [(k, c) for k, c, _ in launches] == [(k, c) for k, c, _ in direct]
