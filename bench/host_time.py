@@ -121,7 +121,7 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
         sync()
         out["validate"] = _per_call_us(lambda: frontend._validate_compress_norm_rope_store(
             state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots, **kw), calls)
-        plan_args = (tensors, bs, eps, ratio, "flashmla_fp8", None, False, workspace, "auto", True, api.DEFAULT_POLICY,
+        plan_args = (tensors, bs, eps, ratio, "flashmla_fp8", None, False, False, workspace, "auto", True, api.DEFAULT_POLICY,
                      False)
         out["key"] = _per_call_us(lambda: api._compress_plan(*plan_args), calls)
         out["bound key"] = _per_call_us(lambda: layer._compress_plan(token_req, positions, slots, table, kv_slots,

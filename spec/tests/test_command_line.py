@@ -29,7 +29,8 @@ def test_an_unknown_implementation_is_one_line_and_exit_status_2(capsys):
     pytest.importorskip("torch")
     assert main(["conformance", "--impl", "no_such_module_here:impl"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "no_such_module_here" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "error: " in err
+    assert "no_such_module_here" in err and "Traceback" not in err
 
 
 def test_a_missing_optional_package_names_its_extra():

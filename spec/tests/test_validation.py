@@ -11,9 +11,10 @@ from dsv4_compressor.conformance.implementations import load_implementation
 from dsv4_compressor.conformance.scenarios import C4, StepRecipe, build_step, _decode
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if c.numpy], ids=lambda c: c.name)
 def test_every_spec_section_9_error_case(case):
-    """The spec behind the torch protocol: the same checks the GPU wrappers run."""
+    """The spec through the suite's NumPy buffers: every §9 case that has a NumPy form (NumPy
+    holds E4M3 as uint8, so a uint8 ``fp8_per_tensor`` cache is not an error there)."""
     verdict = run_error_case(load_implementation("spec"), case, "cpu")
     assert verdict.status == "pass", verdict.detail
 
