@@ -12,7 +12,9 @@ several rounds of ``--calls`` calls, host clock only):
 - ``bound key``: the same for a :func:`bind` operator (only per-token arrays keyed);
 - ``run``: the plan's own Python (stride fix-ups, scratch, counters) with the kernels replaced
   by a no-op;
-- ``ffi``: the TVM-FFI launches alone (GPU only);
+- ``ffi``: the TVM-FFI launches alone (GPU only); for a one-kernel path also with the layer's
+  fixed tensors (``ffi, fixed held``) or every tensor (``ffi, all held``) converted to TVM-FFI
+  tensors once, beforehand: what the torch-to-DLPack conversion costs per call;
 - ``call``, ``bound call``, ``torch.ops``: whole calls (the kernels run on a GPU; on a CPU
   they are replaced by a no-op, so the totals leave out the FFI cost);
 - Triton ``call``: a whole call of the Triton implementation (GPU only).
@@ -143,6 +145,16 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
                                                                  *extra), calls)
                 else:
                     out["ffi"] = _per_call_us(lambda: kernels[0](*tensors, plan.eps, plan.fp8_inv, *extra), calls)
+                    # the same launch with TVM-FFI tensors made once: the layer's fixed tensors, then all of them
+                    import tvm_ffi
+
+                    fixed = {0, 5, 6, 7}  # state cache, norm weight, cos/sin, k_cache
+                    held = [tvm_ffi.from_dlpack(t) if i in fixed else t for i, t in enumerate(tensors)]
+                    out["ffi, fixed held"] = _per_call_us(lambda: kernels[0](*held, plan.eps, plan.fp8_inv, *extra),
+                                                          calls)
+                    every = [tvm_ffi.from_dlpack(t) for t in tensors]
+                    out["ffi, all held"] = _per_call_us(lambda: kernels[0](*every, plan.eps, plan.fp8_inv, *extra),
+                                                        calls)
                 sync()
         else:
             out["run"] = _per_call_us(lambda: plan.run(*tensors, workspace), calls)
@@ -167,8 +179,8 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
     return out
 
 
-COLUMNS = ("path", "validate", "key", "bound key", "run", "ffi", "call", "bound call", "torch.ops", "save call",
-           "bound save", "triton call", "triton save")
+COLUMNS = ("path", "validate", "key", "bound key", "run", "ffi", "ffi, fixed held", "ffi, all held", "call",
+           "bound call", "torch.ops", "save call", "bound save", "triton call", "triton save")
 
 
 def main(argv=None) -> int:
