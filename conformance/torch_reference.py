@@ -3,7 +3,7 @@
 It shares no arithmetic with ``dsv4_compressor.spec`` (only the SPEC §9 argument checks of
 the torch front end): constants are retyped from SPEC.md, the
 tree is written recursively (halves) rather than level by level, bf16 and E4M3 come from
-torch's own conversions, and the UE8M0 exponent from a float64 ``ceil(log2(a / 448))``.
+torch's own conversions, and the UE8M0 exponent from ``frexp`` (exact comparisons, no log2).
 Agreement between the two, byte for byte, is the evidence that each reads SPEC.md right.
 
 Every float32 operation is a separate torch elementwise op, never fused. Additions and
@@ -91,6 +91,17 @@ def times_pow2(v: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     (torch's pow/ldexp on CPU go through approximate vector math)."""
     power = ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
     return (v.double() * power).float()
+
+
+def _exponent_above(a: torch.Tensor, m: float, e: int) -> torch.Tensor:
+    """The smallest integer k with a <= (m·2^e)·2^k for a > 0 and 1/2 <= m < 1, from frexp (exact
+    on every device, where a rounded log2 is not: CUDA's may miss an exact power of two).
+
+    With a = f·2^g, 1/2 <= f < 1: (m·2^e)·2^(g-e) = m·2^g holds a iff f <= m, and m·2^(g-e-1)
+    < 2^(g-1) <= a never does; so k = g - e, plus one when f > m.
+    """
+    f, g = torch.frexp(a.double())
+    return (g.to(torch.int64) - e) + (f > m).to(torch.int64)
 
 
 def _bits_to_f32(bits: int) -> torch.Tensor:
@@ -215,12 +226,11 @@ class TorchReference:
         return x.to(torch.bfloat16).to(F32)
 
     def _ue8m0(self, amax: torch.Tensor, c: _Constants) -> torch.Tensor:
-        """k = ceil(log2(a / 448)) in float64 (exact enough: see the spec's derivation)."""
+        """The smallest k with max(amax, AMIN) <= 448·2^k (448 = 0.875·2^9), exactly."""
         if "scale_floor" in self.mutations:
             scale = torch.maximum(amax.double() / 448.0, c.amin.double().new_tensor(1e-4))
             return torch.ceil(torch.log2(scale)).to(torch.int64)
-        a = torch.maximum(amax, c.amin).double()
-        return torch.ceil(torch.log2(a / 448.0)).to(torch.int64)
+        return _exponent_above(torch.maximum(amax, c.amin), 0.875, 9)
 
     # ---- SPEC §12 ----------------------------------------------------------------------
     def _hadamard(self, z: torch.Tensor) -> torch.Tensor:
@@ -266,9 +276,7 @@ class TorchReference:
             return
         blocks = q.reshape(-1, 4, 32)
         a = torch.maximum(source.reshape(-1, 4, 32).abs().amax(dim=2).double(), torch.tensor(6.0 * 2.0 ** -126, dtype=torch.float64))
-        k = torch.ceil(torch.log2(a / 6.0)).to(torch.int64)
-        k = torch.where(a > 6.0 * torch.exp2(k.double()), k + 1, k)  # exact comparisons fix log2's rounding
-        k = torch.where(a <= 6.0 * torch.exp2((k - 1).double()), k - 1, k)
+        k = _exponent_above(a, 0.75, 3)  # the smallest k with a <= 6·2^k (6 = 0.75·2^3)
         v = times_pow2(blocks, (-k)[:, :, None].expand_as(blocks))
         codes = self._e2m1(v).reshape(-1, 128).to(torch.int64)
         low, high = codes[:, 0::2], codes[:, 1::2]
