@@ -6,11 +6,12 @@ For the 512-wide C4 kernel (:class:`...impl.cutedsl.config.C4Config`, ``flashmla
 block size 4, 64 entries per page) and the indexer's 128-wide C4 kernel
 (:class:`...impl.cutedsl.indexer_config.IndexerConfig`, ``indexer_fp8``, block size 16), each
 configuration below is compiled directly (no dispatcher), checked byte for byte against the
-NumPy spec on an 8-token and a 1024-token decode batch (the whole ``k_cache`` buffer, padding
-included), then timed by CUDA-graph replay over 4 rotated input sets of the decode sweep
-(:mod:`.cases`, :mod:`.timing`), variants interleaved within each trial. The tables give µs per
-call (median of the trials) and the share of the device copy bandwidth measured in this run
-that the step's bytes (:meth:`.cases.Case.bytes_moved`) would take at that time.
+NumPy spec on an 8-token and a 1024-token decode batch and a prefill step from position 0 (the
+whole ``k_cache`` buffer, padding included), then timed by CUDA-graph replay over 4 rotated
+input sets of the decode sweep (:mod:`.cases`, :mod:`.timing`), variants interleaved within each
+trial. The tables give µs per call (median of the trials) and the share of the device copy
+bandwidth measured in this run that the step's bytes (:meth:`.cases.Case.bytes_moved`) would
+take at that time.
 """
 
 from __future__ import annotations
@@ -93,6 +94,25 @@ def _spec_bytes(case, s, flat_shape, view) -> np.ndarray:
     return flat
 
 
+def prefill_case(case):
+    """``case``'s shapes on prefill chunks from position 0 and 5, so the first window (``p = 3``,
+    whose first half lies before the sequence) and runs of consecutive tokens are checked too."""
+    from dataclasses import dataclass
+
+    from ..spec import batch as B
+    from .cases import Case
+
+    @dataclass(frozen=True)
+    class PrefillCase(Case):
+        def batch(self, rng):
+            requests = [B.Request(0, 4), B.Request(0, 7), B.Request(0, 64), B.Request(5, 16), B.Request(0, 3)]
+            return B.build_batch(requests, compress_ratio=4, block_size=self.block_size,
+                                 entries_per_page=self.entries_per_page, rng=rng, spare_state_blocks=0, spare_pages=0)
+
+    fields = {name: getattr(case, name) for name in case.__dataclass_fields__}
+    return PrefillCase(**{**fields, "name": case.name + "_prefill", "kind": "prefill", "token_num": 94})
+
+
 def check_bytes(kind: str, case_of, kernels: dict) -> list[str]:
     """Failures of every kernel against the spec on the check batches (k_cache bytes, padding included)."""
     import torch
@@ -100,8 +120,8 @@ def check_bytes(kind: str, case_of, kernels: dict) -> list[str]:
     from .timing import prepare
 
     failures = []
-    for n in CHECK_SIZES:
-        case = case_of(n)
+    for n in CHECK_SIZES + ("prefill",):
+        case = prefill_case(case_of(1)) if n == "prefill" else case_of(n)
         s = prepare(case, num_sets=1, seed=7).sets[0]
         k_cache = s.args[9]
         flat = torch.as_strided(k_cache, (k_cache.shape[0], k_cache.stride(0)), (k_cache.stride(0), 1))
@@ -191,7 +211,7 @@ def main(argv=None) -> int:
         if failures:
             print("BYTE MISMATCH vs the spec:\n" + "\n".join(failures))
             return 1
-        print(f"bytes equal to the spec (T = {', '.join(map(str, CHECK_SIZES))}) for every kernel "
+        print(f"bytes equal to the spec (decode T = {', '.join(map(str, CHECK_SIZES))}, a prefill step) for every kernel "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     copy_gbs = copy_bandwidth_gbs()
     print(f"\ncopy bandwidth: {copy_gbs:.0f} GB/s (read + write)\n")

@@ -11,7 +11,10 @@ row, so the rows wait for one table round trip. At ``p = 3`` rows 0..3 are inval
 lookup reads column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0``
 in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
 row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
-no barrier: a warp whose token is inactive (or past ``T``) does nothing.
+no barrier: a warp whose token is inactive (or past ``T``) does nothing. Opt-in
+(``IndexerConfig.tokens_per_warp`` 2 or 4): a warp pools consecutive tokens in turn, every
+token's metadata, block-table and cos/sin reads issued up front and the next token's rows in a
+second register slot while this one is finished (:meth:`IndexerC4Kernel.pool_token_run`).
 
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima

@@ -10,7 +10,12 @@ of an inactive token simply skips.
 
 Block lookups: the window starts at ``4*(p//4) - 4`` (``= p - 7`` for a boundary token),
 so each half is 4 consecutive positions starting at a multiple of 4; a run of
-``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read.
+``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read. By
+default a half's rows follow its own lookup (the second half's lookup waits for the first's);
+``lookups_first`` issues every lookup before any row, the first half's positions clamped to 0
+(as in :mod:`.indexer_kernel`), so the rows wait for one table round trip. Opt-in knobs of
+:class:`.config.C4Config` also load the norm weights and cos/sin before the rows
+(``entry_inputs_first``) and bound the occupancy (``min_ctas_per_sm``).
 
 Exactness (SPEC §5): per channel, two passes over the registers: ``M`` = exact max over
 the valid rows, then ``e_i = exp2s(mul(sub(s_i, M), L))``, ``u_i = mul(kv_i, e_i)`` and
