@@ -31,13 +31,13 @@ TRIALS = 5
 
 def c4_configs() -> dict:
     """Name -> C4Config: the default (as the dispatcher builds it) and the opt-in variants."""
-    from ..impl.cutedsl import TUNING
     from ..impl.cutedsl.config import C4Config, EntryFormat
+    from ..impl.cutedsl.dispatch import DEFAULT_POLICY, c4_config
 
     entry = EntryFormat("flashmla_fp8", 64, "float32", 16)
-    base = dict(block_size=4, entry=entry, pdl=TUNING.pdl)
+    base = dict(block_size=4, entry=entry, pdl=True)
     return {
-        "default": C4Config(**base, tokens_per_cta=TUNING.c4_tokens_per_cta),
+        "default": c4_config(4, entry, DEFAULT_POLICY, pdl=True),
         "lookups_first": C4Config(**base, lookups_first=True),
         "occupancy8": C4Config(**base, min_ctas_per_sm=8),
         "lookups_first+occupancy8": C4Config(**base, lookups_first=True, min_ctas_per_sm=8),
@@ -49,13 +49,13 @@ def c4_configs() -> dict:
 
 def indexer_configs() -> dict:
     """Name -> IndexerConfig: the default (the dispatcher's tuning) and the opt-in variants."""
+    from ..impl.cutedsl.dispatch import DEFAULT_POLICY, indexer_config
     from ..impl.cutedsl.indexer_config import IndexerConfig
-    from ..impl.cutedsl.indexer_launch import INDEXER_TUNING
 
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
-                weight_dtype="float32", warps=INDEXER_TUNING.c4_warps, pdl=INDEXER_TUNING.pdl)
+                weight_dtype="float32", warps=DEFAULT_POLICY.shapes.indexer_c4_warps, pdl=True)
     return {
-        "default": IndexerConfig(**base),
+        "default": indexer_config(4, 16, "indexer_fp8", False, 64, "float32", DEFAULT_POLICY, pdl=True),
         "occupancy8": IndexerConfig(**base, min_ctas_per_sm=8),
         "tokens_per_warp2": IndexerConfig(**base, tokens_per_warp=2),
         "tokens_per_warp2+occupancy4": IndexerConfig(**base, tokens_per_warp=2, min_ctas_per_sm=4),

@@ -9,13 +9,12 @@ pytest.importorskip("torch")
 
 def test_variants_start_from_the_dispatchers_defaults_and_cover_every_knob():
     from dsv4_compressor.bench.c4_variants import c4_configs, indexer_configs
-    from dsv4_compressor.impl.cutedsl import TUNING
-    from dsv4_compressor.impl.cutedsl.indexer_launch import INDEXER_TUNING
+    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
 
     c4, indexer = c4_configs(), indexer_configs()
-    assert (c4["default"].tokens_per_cta, c4["default"].pdl) == (TUNING.c4_tokens_per_cta, TUNING.pdl)
+    assert (c4["default"].tokens_per_cta, c4["default"].pdl) == (DEFAULT_POLICY.shapes.c4_tokens_per_cta, True)
     assert not (c4["default"].lookups_first or c4["default"].entry_inputs_first or c4["default"].min_ctas_per_sm)
-    assert (indexer["default"].warps, indexer["default"].pdl) == (INDEXER_TUNING.c4_warps, INDEXER_TUNING.pdl)
+    assert (indexer["default"].warps, indexer["default"].pdl) == (DEFAULT_POLICY.shapes.indexer_c4_warps, True)
     assert (indexer["default"].tokens_per_warp, indexer["default"].min_ctas_per_sm) == (1, 0)
     for configs in (c4, indexer):
         assert len({c.tag for c in configs.values()}) == len(configs)  # every row a different kernel
