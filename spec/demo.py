@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import batch as B
-from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
+from .constants import DATA_RECORD_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
 from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
 from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store
@@ -32,9 +32,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
 
 
-def _float64_entry(state, b, weight, eps, cos_sin, t):
-    """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
-    config = ratio_config(b.compress_ratio)
+def _float64_pooled_norm(state, b, weight, eps, cos_sin, t, head_dim):
+    """Softmax pooling and RMSNorm of token ``t``'s entry in float64, straight from the formulas, and the
+    cos/sin row of its compressed position: ``(y, cs)``."""
+    config = ratio_config(b.compress_ratio, head_dim)
     p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
     kv, score = [], []
     for i in range(config.window):
@@ -42,40 +43,35 @@ def _float64_entry(state, b, weight, eps, cos_sin, t):
         if pos >= 0:
             row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
             h = i // config.ratio
-            kv.append(row[h * 512:(h + 1) * 512])
-            score.append(row[config.state_width + h * 512: config.state_width + (h + 1) * 512])
+            kv.append(row[h * head_dim:(h + 1) * head_dim])
+            score.append(row[config.state_width + h * head_dim: config.state_width + (h + 1) * head_dim])
     kv, score = np.array(kv), np.array(score)
     w = np.exp(score - score.max(axis=0))
     x = (kv * w).sum(axis=0) / w.sum(axis=0)
     y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
-    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+    return y, cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+
+
+def _float64_rope(x, cs):
+    """The interleaved RoPE of the 64 channels ``x`` with the cos/sin row ``cs``, in float64."""
     rope = np.empty(64)
-    rope[0::2] = y[448::2] * cs[:32] - y[449::2] * cs[32:]
-    rope[1::2] = y[448::2] * cs[32:] + y[449::2] * cs[:32]
-    return y, rope
+    rope[0::2] = x[0::2] * cs[:32] - x[1::2] * cs[32:]
+    rope[1::2] = x[0::2] * cs[32:] + x[1::2] * cs[:32]
+    return rope
+
+
+def _float64_entry(state, b, weight, eps, cos_sin, t):
+    """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
+    y, cs = _float64_pooled_norm(state, b, weight, eps, cos_sin, t, HEAD_DIM)
+    return y, _float64_rope(y[NOPE_DIM:], cs)
 
 
 def _float64_indexer_entry(state, b, weight, eps, cos_sin, t, hadamard):
     """The indexer's z (SPEC §12) in float64 from the formulas: pooling, RMSNorm over 128, RoPE
     on 64..127 and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
-    config = ratio_config(b.compress_ratio, INDEXER_HEAD_DIM)
-    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
-    kv, score = [], []
-    for i in range(config.window):
-        pos = p - config.window + 1 + i
-        if pos >= 0:
-            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
-            h = i // config.ratio
-            kv.append(row[h * 128:(h + 1) * 128])
-            score.append(row[config.state_width + h * 128: config.state_width + (h + 1) * 128])
-    kv, score = np.array(kv), np.array(score)
-    w = np.exp(score - score.max(axis=0))
-    x = (kv * w).sum(axis=0) / w.sum(axis=0)
-    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
-    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+    y, cs = _float64_pooled_norm(state, b, weight, eps, cos_sin, t, INDEXER_HEAD_DIM)
     z = y.copy()
-    z[64::2] = y[64::2] * cs[:32] - y[65::2] * cs[32:]
-    z[65::2] = y[64::2] * cs[32:] + y[65::2] * cs[:32]
+    z[64:] = _float64_rope(y[64:], cs)
     if hadamard:
         matrix = np.ones((1, 1))
         while matrix.shape[0] < 128:
