@@ -14,13 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import batch as B
+from . import float64_ideal
 from .constants import DATA_RECORD_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
 from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
 from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store
 from .state import save_partial_states
-
-F32 = np.float32
 
 
 def add_arguments(parser) -> None:
@@ -32,52 +31,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
 
 
-def _float64_pooled_norm(state, b, weight, eps, cos_sin, t, head_dim):
-    """Softmax pooling and RMSNorm of token ``t``'s entry in float64, straight from the formulas, and the
-    cos/sin row of its compressed position: ``(y, cs)``."""
-    config = ratio_config(b.compress_ratio, head_dim)
-    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
-    kv, score = [], []
-    for i in range(config.window):
-        pos = p - config.window + 1 + i
-        if pos >= 0:
-            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
-            h = i // config.ratio
-            kv.append(row[h * head_dim:(h + 1) * head_dim])
-            score.append(row[config.state_width + h * head_dim: config.state_width + (h + 1) * head_dim])
-    kv, score = np.array(kv), np.array(score)
-    w = np.exp(score - score.max(axis=0))
-    x = (kv * w).sum(axis=0) / w.sum(axis=0)
-    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
-    return y, cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
-
-
-def _float64_rope(x, cs):
-    """The interleaved RoPE of the 64 channels ``x`` with the cos/sin row ``cs``, in float64."""
-    rope = np.empty(64)
-    rope[0::2] = x[0::2] * cs[:32] - x[1::2] * cs[32:]
-    rope[1::2] = x[0::2] * cs[32:] + x[1::2] * cs[:32]
-    return rope
-
-
 def _float64_entry(state, b, weight, eps, cos_sin, t):
     """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
-    y, cs = _float64_pooled_norm(state, b, weight, eps, cos_sin, t, HEAD_DIM)
-    return y, _float64_rope(y[NOPE_DIM:], cs)
+    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, HEAD_DIM)
+    return y, float64_ideal.rope(y[NOPE_DIM:], cs)
 
 
 def _float64_indexer_entry(state, b, weight, eps, cos_sin, t, hadamard):
     """The indexer's z (SPEC §12) in float64 from the formulas: pooling, RMSNorm over 128, RoPE
     on 64..127 and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
-    y, cs = _float64_pooled_norm(state, b, weight, eps, cos_sin, t, INDEXER_HEAD_DIM)
+    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, INDEXER_HEAD_DIM)
     z = y.copy()
-    z[64:] = _float64_rope(y[64:], cs)
-    if hadamard:
-        matrix = np.ones((1, 1))
-        while matrix.shape[0] < 128:
-            matrix = np.block([[matrix, matrix], [matrix, -matrix]])
-        z = matrix @ z / np.sqrt(128.0)
-    return z
+    z[64:] = float64_ideal.rope(y[64:], cs)
+    return float64_ideal.sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
 
 
 def run_indexer(args) -> int:
