@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import assert_same_bytes, cuda_args, move_metadata_in_place, span, span_bytes, to_cuda  # noqa: E402
+from cuda_bytes import (assert_same_bytes, cuda_args, mixed_requests, move_metadata_in_place, span,  # noqa: E402
+                        span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -69,19 +70,9 @@ class Case:
                 f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-odd' if self.odd_cache_stride else ''}")
 
 
-def _requests(ratio: int, rng) -> list[B.Request]:
-    if ratio == 4:
-        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
-                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
-                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
-    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
-            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
-            + [B.Request(100, 300), B.Request(0, 128)])
-
-
 def build(case: Case):
     rng = np.random.default_rng(case.seed)
-    batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
+    batch = B.build_batch(mixed_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
                           entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
                           drop_entry_fraction=0.15)
     state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1)
