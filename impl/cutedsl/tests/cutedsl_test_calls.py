@@ -1,10 +1,13 @@
-"""Arguments of the public CuTe DSL wrappers for the CPU tests: a small spec batch on CPU tensors."""
+"""The CPU tests of the public CuTe DSL wrappers: their arguments (a small spec batch on CPU
+tensors) and a fixture that fails a test when anything reaches the compiler."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from dsv4_compressor.impl.cutedsl import compile_cache, indexer_launch
 from dsv4_compressor.spec import batch as B
 
 
@@ -33,3 +36,14 @@ def wrapper_arguments(compress_ratio: int, block_size: int, layout: str, entries
         k_cache=k_cache,
         kv_slot_mapping=torch.from_numpy(b.kv_slot_mapping),
     )
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fail the test if anything reaches the compiler (every kernel family, the indexer's included)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before rejecting the call")
+    monkeypatch.setattr(indexer_launch, "compile_indexer", refuse)
+    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
+                 "compile_c128_handoff", "compile_save"):
+        monkeypatch.setattr(compile_cache, name, refuse)

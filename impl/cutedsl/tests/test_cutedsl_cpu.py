@@ -22,7 +22,7 @@ from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api, compile_cache, config, dispatch, launch  # noqa: E402
 from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import ptx_variants, variant_configs  # noqa: E402
-from cutedsl_test_calls import wrapper_arguments  # noqa: E402
+from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
 # ---- PTX -------------------------------------------------------------------------------
@@ -226,16 +226,6 @@ def test_policies_are_frozen_values():
 # ---- wrappers: ValueError before anything is compiled or launched -------------------------------
 def _cpu_call(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries=4):
     return wrapper_arguments(compress_ratio, block_size, layout, entries, head_dim=512)
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    """Fail the test if anything reaches the compiler."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("compiled before rejecting the call")
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
-                 "compile_save"):
-        monkeypatch.setattr(compile_cache, name, refuse)
 
 
 @pytest.mark.parametrize("change, needle", [

@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api, compile_cache, config, indexer_launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
 from dsv4_compressor.impl.cutedsl.indexer_config import IndexerConfig  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import compile_variant, indexer_variant_configs  # noqa: E402
-from cutedsl_test_calls import wrapper_arguments  # noqa: E402
+from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -164,17 +164,6 @@ def test_save_config_follows_the_head_width():
 # ---- the public wrappers: ValueError before anything is compiled or launched ------------------------------
 def _indexer_call(compress_ratio=4, block_size=16, layout="indexer_fp8", entries=4):
     return wrapper_arguments(compress_ratio, block_size, layout, entries, head_dim=128)
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    """Fail the test if anything reaches the compiler."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("compiled before rejecting the call")
-    monkeypatch.setattr(indexer_launch, "compile_indexer", refuse)
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
-                 "compile_c128_handoff", "compile_save"):
-        monkeypatch.setattr(compile_cache, name, refuse)
 
 
 @pytest.mark.parametrize("ratio", [4, 128])
