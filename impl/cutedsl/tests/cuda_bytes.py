@@ -82,3 +82,23 @@ def move_metadata_in_place(args: dict, batch, state, entries_per_page: int):
                        ("block_table", moved.block_table), ("kv_slot_mapping", moved.kv_slot_mapping)):
         args[key].copy_(to_cuda(value))
     return moved, moved_state
+
+
+def capture_after_warm_up(call, args: dict, kwargs: dict) -> torch.cuda.CUDAGraph:
+    """``call(**args, **kwargs)`` once eagerly (it compiles: no compile during capture), then captured."""
+    call(**args, **kwargs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(**args, **kwargs)
+    return graph
+
+
+def replay_with_moved_metadata(graph, args: dict, batch, state, entries_per_page: int, k_clean: torch.Tensor):
+    """:func:`move_metadata_in_place`, ``k_cache`` reset to ``k_clean``, then ``graph`` replayed;
+    returns the moved ``(batch, state)`` for the spec."""
+    moved, moved_state = move_metadata_in_place(args, batch, state, entries_per_page)
+    args["k_cache"].copy_(k_clean)
+    graph.replay()
+    torch.cuda.synchronize()
+    return moved, moved_state

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import (assert_same_bytes, cuda_args, mixed_requests, move_metadata_in_place, span,  # noqa: E402
-                        span_bytes, to_cuda)
+from cuda_bytes import (assert_same_bytes, capture_after_warm_up, cuda_args, mixed_requests,  # noqa: E402
+                        replay_with_moved_metadata, span, span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -297,16 +297,8 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
     k_clean = args["k_cache"].clone()
     workspace = torch.empty(batch.num_tokens, 512, device="cuda")
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path, workspace=workspace)
-    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cutedsl.compress_norm_rope_store(**args, **kwargs)
-
-    moved, moved_state = move_metadata_in_place(args, batch, state, case.entries)
-    args["k_cache"].copy_(k_clean)
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_after_warm_up(cutedsl.compress_norm_rope_store, args, kwargs)
+    moved, moved_state = replay_with_moved_metadata(graph, args, batch, state, case.entries, k_clean)
     replayed = span_bytes(args["k_cache"]).copy()
 
     args["k_cache"].copy_(k_clean)

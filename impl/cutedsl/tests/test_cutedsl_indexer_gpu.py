@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import (assert_same_bytes, cuda_args, mixed_requests, move_metadata_in_place, span,  # noqa: E402
-                        span_bytes, to_cuda)
+from cuda_bytes import (assert_same_bytes, capture_after_warm_up, cuda_args, mixed_requests,  # noqa: E402
+                        replay_with_moved_metadata, span, span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -273,16 +273,8 @@ def test_indexer_graph_replay_with_new_metadata(case):
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
     k_clean = args["k_cache"].clone()
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
-    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cutedsl.compress_norm_rope_store(**args, **kwargs)
-
-    moved, moved_state = move_metadata_in_place(args, batch, state, case.entries)
-    args["k_cache"].copy_(k_clean)
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_after_warm_up(cutedsl.compress_norm_rope_store, args, kwargs)
+    moved, moved_state = replay_with_moved_metadata(graph, args, batch, state, case.entries, k_clean)
     assert_same_bytes("graph replay vs spec", span_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
 
 
