@@ -102,3 +102,29 @@ def replay_with_moved_metadata(graph, args: dict, batch, state, entries_per_page
     graph.replay()
     torch.cuda.synchronize()
     return moved, moved_state
+
+
+def check_save_partial_states(ratio: int, block_size: int, misaligned: bool, head_dim: int) -> None:
+    """The CuTe DSL ``save_partial_states`` writes the spec's bytes into a padded state cache
+    (padding untouched); ``misaligned``: rows of kv_score not 16-byte aligned (the scalar-load variant)."""
+    from dsv4_compressor import spec
+    from dsv4_compressor.impl import cutedsl
+
+    rng = np.random.default_rng(7)
+    batch = B.build_batch(mixed_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
+                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
+    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
+                                 head_dim=head_dim)
+    kv = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=head_dim)
+    if misaligned:
+        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
+        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=head_dim)
+    ape = B.random_ape(ratio, rng, head_dim=head_dim)
+    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
+    span(spec_state)[...] = span(state)
+    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
+    state_t = to_cuda(state)
+    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
+                                state_t, block_size)
+    torch.cuda.synchronize()
+    assert_same_bytes("state_cache", span_bytes(state_t), span(spec_state).copy())

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import (assert_same_bytes, capture_after_warm_up, cuda_args, mixed_requests,  # noqa: E402
-                        replay_with_moved_metadata, span, span_bytes, to_cuda)
+from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -210,26 +210,7 @@ def test_indexer_empty_call_writes_nothing():
 # ---- save_partial_states at the indexer's state widths ------------------------------------------------
 @pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 16, False), (128, 8, False), (4, 3, True), (128, 5, True)])
 def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned):
-    from dsv4_compressor.impl import cutedsl
-
-    rng = np.random.default_rng(7)
-    batch = B.build_batch(_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
-                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
-    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
-                                 head_dim=HEAD)
-    kv = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
-    if misaligned:  # rows of kv_score not 16-byte aligned: the scalar-load variant
-        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
-        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
-    ape = B.random_ape(ratio, rng, head_dim=HEAD)
-    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
-    span(spec_state)[...] = span(state)
-    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
-    state_t = to_cuda(state)
-    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
-                                state_t, block_size)
-    torch.cuda.synchronize()
-    assert_same_bytes("state_cache", span_bytes(state_t), span(spec_state).copy())
+    check_save_partial_states(ratio, block_size, misaligned, head_dim=HEAD)
 
 
 @pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
