@@ -58,7 +58,7 @@ from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment, window_row_addresses
+from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]

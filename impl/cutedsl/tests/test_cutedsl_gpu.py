@@ -10,7 +10,7 @@ so a stray write shows as a changed canary.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
