@@ -14,13 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import batch as B
-from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
+from . import float64_ideal
+from .constants import DATA_RECORD_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
 from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
 from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store
 from .state import save_partial_states
-
-F32 = np.float32
 
 
 def add_arguments(parser) -> None:
@@ -34,54 +33,17 @@ def add_arguments(parser) -> None:
 
 def _float64_entry(state, b, weight, eps, cos_sin, t):
     """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
-    config = ratio_config(b.compress_ratio)
-    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
-    kv, score = [], []
-    for i in range(config.window):
-        pos = p - config.window + 1 + i
-        if pos >= 0:
-            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
-            h = i // config.ratio
-            kv.append(row[h * 512:(h + 1) * 512])
-            score.append(row[config.state_width + h * 512: config.state_width + (h + 1) * 512])
-    kv, score = np.array(kv), np.array(score)
-    w = np.exp(score - score.max(axis=0))
-    x = (kv * w).sum(axis=0) / w.sum(axis=0)
-    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
-    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
-    rope = np.empty(64)
-    rope[0::2] = y[448::2] * cs[:32] - y[449::2] * cs[32:]
-    rope[1::2] = y[448::2] * cs[32:] + y[449::2] * cs[:32]
-    return y, rope
+    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, HEAD_DIM)
+    return y, float64_ideal.rope(y[NOPE_DIM:], cs)
 
 
 def _float64_indexer_entry(state, b, weight, eps, cos_sin, t, hadamard):
     """The indexer's z (SPEC §12) in float64 from the formulas: pooling, RMSNorm over 128, RoPE
     on 64..127 and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
-    config = ratio_config(b.compress_ratio, INDEXER_HEAD_DIM)
-    p, q = int(b.positions[t]), int(b.token_to_req_indices[t])
-    kv, score = [], []
-    for i in range(config.window):
-        pos = p - config.window + 1 + i
-        if pos >= 0:
-            row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
-            h = i // config.ratio
-            kv.append(row[h * 128:(h + 1) * 128])
-            score.append(row[config.state_width + h * 128: config.state_width + (h + 1) * 128])
-    kv, score = np.array(kv), np.array(score)
-    w = np.exp(score - score.max(axis=0))
-    x = (kv * w).sum(axis=0) / w.sum(axis=0)
-    y = x / np.sqrt(np.mean(x * x) + float(F32(eps))) * weight.astype(np.float64)
-    cs = cos_sin[(p // b.compress_ratio) * b.compress_ratio].astype(np.float64)
+    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, INDEXER_HEAD_DIM)
     z = y.copy()
-    z[64::2] = y[64::2] * cs[:32] - y[65::2] * cs[32:]
-    z[65::2] = y[64::2] * cs[32:] + y[65::2] * cs[:32]
-    if hadamard:
-        matrix = np.ones((1, 1))
-        while matrix.shape[0] < 128:
-            matrix = np.block([[matrix, matrix], [matrix, -matrix]])
-        z = matrix @ z / np.sqrt(128.0)
-    return z
+    z[64:] = float64_ideal.rope(y[64:], cs)
+    return float64_ideal.sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
 
 
 def run_indexer(args) -> int:

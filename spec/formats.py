@@ -36,6 +36,22 @@ def bf16(x: np.ndarray) -> np.ndarray:
     return bf16_to_f32(bf16_bits(x))
 
 
+# ---- rounding onto a small float grid ----------------------------------------------------
+def nearest_grid_code(magnitude: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The code (index into the ascending magnitude grid ``table``) nearest to each binary32
+    ``magnitude`` in ``[0, table[-1]]``, ties to the even code (mantissa LSB 0), as ``uint8``.
+
+    Both distances are exact: the magnitude lies between two neighbouring grid values at most a
+    factor 2 apart (or the lower one is 0), so each subtraction is exact (Sterbenz)."""
+    upper = np.clip(np.searchsorted(table, magnitude, side="left"), 1, len(table) - 1)
+    lower = upper - 1
+    to_lower = magnitude - table[lower]
+    to_upper = table[upper] - magnitude
+    code = np.where(to_lower < to_upper, lower, upper)
+    code = np.where(to_lower == to_upper, np.where(lower % 2 == 0, lower, upper), code)
+    return code.astype(np.uint8)
+
+
 # ---- E4M3FN ---------------------------------------------------------------------------
 def _e4m3_magnitudes() -> np.ndarray:
     """The 127 finite non-negative E4M3FN values, indexed by their 7-bit code (0x00..0x7E)."""
@@ -59,16 +75,9 @@ def e4m3_bits(v: np.ndarray) -> np.ndarray:
     """
     v = np.asarray(v, dtype=F32)
     magnitude = np.minimum(np.abs(v), F32(FP8_MAX))
-    table = E4M3_MAGNITUDES
-    upper = np.clip(np.searchsorted(table, magnitude, side="left"), 1, len(table) - 1)
-    lower = upper - 1
-    to_lower = magnitude - table[lower]  # exact: both operands are close binary32 values
-    to_upper = table[upper] - magnitude
-    code = np.where(to_lower < to_upper, lower, upper)
-    tie = to_lower == to_upper
-    code = np.where(tie, np.where(lower % 2 == 0, lower, upper), code)
+    code = nearest_grid_code(magnitude, E4M3_MAGNITUDES)
     sign = (v.view(np.uint32) >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80)
-    return code.astype(np.uint8) | sign
+    return code | sign
 
 
 def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
@@ -110,16 +119,9 @@ def e2m1_bits(v: np.ndarray) -> np.ndarray:
     """
     v = np.asarray(v, dtype=F32)
     magnitude = np.minimum(np.abs(v), F32(E2M1_MAX))
-    table = E2M1_MAGNITUDES
-    upper = np.clip(np.searchsorted(table, magnitude, side="left"), 1, len(table) - 1)
-    lower = upper - 1
-    to_lower = magnitude - table[lower]  # exact: |v| <= 6 and the grid has one mantissa bit
-    to_upper = table[upper] - magnitude
-    code = np.where(to_lower < to_upper, lower, upper)
-    tie = to_lower == to_upper
-    code = np.where(tie, np.where(lower % 2 == 0, lower, upper), code)
+    code = nearest_grid_code(magnitude, E2M1_MAGNITUDES)
     sign = (v.view(np.uint32) >> np.uint32(28)).astype(np.uint8) & np.uint8(0x8)
-    return code.astype(np.uint8) | sign
+    return code | sign
 
 
 def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:

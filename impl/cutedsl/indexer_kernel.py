@@ -47,7 +47,7 @@ from .entry import load_cos_sin, load_weight, token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import ROPE_FIRST_LANE, VEC, IndexerEntryWriter
-from .memory import element_address, load_into, load_scalar
+from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pool_channel
 from .pooling_c128 import load_smem, store_smem
 
@@ -283,14 +283,7 @@ class IndexerC128Kernel(IndexerKernel):
         kv_byte = lane * (VEC * 4)
         score_byte = kv_byte + self.state_width * 4
         row_stride_bytes = Int64(mState.stride[1]) * 4
-        rows = []
-        for r in cutlass.range_constexpr(R // run):
-            pos = window_start + first_row + r * run
-            column = pos // bs
-            block = load_scalar(mBlockTable, req, column)
-            row_address = element_address(mState, block, pos - column * bs, 0)
-            for i in cutlass.range_constexpr(run):
-                rows.append(row_address + row_stride_bytes * i)
+        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs)
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
         for i in cutlass.range_constexpr(R):  # scores first: the max can start earlier

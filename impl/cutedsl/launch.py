@@ -207,6 +207,15 @@ class LaunchPlan:
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        """Restore the unit strides where needed, then :meth:`launch_kernels`."""
+        if self.restride:
+            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
+                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+        self.launch_kernels(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                            cos_sin_cache, k_cache, kv_slot_mapping, workspace)
+
+    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         """No tokens: nothing to launch."""
 
 
@@ -214,11 +223,8 @@ class LaunchPlan:
 class SingleLaunch(LaunchPlan):
     """C4, ``fused_cluster`` and ``fused_stream``: one kernel on the call's tensors."""
 
-    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        if self.restride:
-            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
-                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
@@ -227,11 +233,8 @@ class SingleLaunch(LaunchPlan):
 class HandoffLaunch(LaunchPlan):
     """``fused_handoff``: one kernel, plus the x scratch and this stream's arrival counters."""
 
-    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        if self.restride:
-            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
-                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         device = state_cache.device
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
@@ -242,11 +245,8 @@ class HandoffLaunch(LaunchPlan):
 class SplitLaunch(LaunchPlan):
     """``split_block8`` / ``split_generic``: the compress kernel into the x scratch, then the store kernel."""
 
-    def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-            cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        if self.restride:
-            token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
-                token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         scratch = _scratch(workspace, self.num_tokens, state_cache.device)
         pool, store = self.kernels
         pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
@@ -330,7 +330,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
     fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.layout == "fp8_per_tensor" else 1.0
     restride = any(t.stride(-1) != 1 for t in (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping))
     if num_tokens == 0:
-        return LaunchPlan((), path, eps, fp8_inv, 0, restride)
+        return LaunchPlan((), path, eps, fp8_inv, 0, False)  # nothing to launch, nothing to restride
     entry = entry_format(call.store.layout, call.store.entries_per_page, rms_norm_weight.dtype,
                          store_align(k_cache, call.store.layout))
     compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, sms)

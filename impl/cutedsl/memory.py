@@ -61,6 +61,22 @@ def load_scalar(tensor: cute.Tensor, *indices):
     return gmem_tensor(dtype, element_address(tensor, *indices), 1, dtype.width // 8)[0]
 
 
+def window_row_addresses(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, row_stride_bytes, rows: int,
+                         rows_per_lookup: int, block_size: int) -> list:
+    """Byte addresses of the ``rows`` consecutive state rows from position ``first_pos`` of request
+    row ``req`` (a Python list), one block-table lookup per ``rows_per_lookup`` rows (a run that
+    never crosses a state block)."""
+    addresses = []
+    for r in range(rows // rows_per_lookup):
+        pos = first_pos + r * rows_per_lookup
+        column = pos // block_size
+        block = load_scalar(mBlockTable, req, column)
+        row_address = element_address(mState, block, pos - column * block_size, 0)
+        for i in range(rows_per_lookup):
+            addresses.append(row_address + row_stride_bytes * i)
+    return addresses
+
+
 @dsl_user_op
 def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
     """Two fp32 at an 8-byte aligned global address, read from L2 (``ld.global.cg.v2``),

@@ -58,7 +58,7 @@ from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, load_scalar, store_fragment
+from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -167,14 +167,7 @@ class C128TilePooling:
         kv_byte = (tile * self.tile + column * self.vec) * 4
         score_byte = kv_byte + STATE_WIDTH * 4
         row_stride_bytes = Int64(mState.stride[1]) * 4
-        rows = []
-        for r in cutlass.range_constexpr(R // run):
-            pos = window_start + first_row + r * run
-            block_column = pos // bs
-            block = load_scalar(mBlockTable, req, block_column)
-            row_address = element_address(mState, block, pos - block_column * bs, 0)
-            for i in cutlass.range_constexpr(run):
-                rows.append(row_address + row_stride_bytes * i)
+        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs)
         return rows, kv_byte, score_byte
 
     @cute.jit

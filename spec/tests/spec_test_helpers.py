@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dsv4_compressor import spec
+from dsv4_compressor.spec import float64_ideal
 from dsv4_compressor.conformance.scenarios import StepInputs
-
-F32 = np.float32
 
 
 def store(inputs: StepInputs, batch, state: np.ndarray, k_cache: np.ndarray, tokens=slice(None)) -> None:
@@ -39,30 +38,6 @@ def ideal_entry(state: np.ndarray, inputs: StepInputs, token: int) -> tuple[np.n
 
     Written from the formulas (softmax, RMSNorm, RoPE), not from the spec's code.
     """
-    b = inputs.batch
-    r = b.compress_ratio
-    window = 8 if r == 4 else 128
-    half_width = 1024 if r == 4 else 512
-    p = int(b.positions[token])
-    q = int(b.token_to_req_indices[token])
-    kv_rows, score_rows = [], []
-    for i in range(window):
-        pos = p - window + 1 + i
-        if pos < 0:
-            continue
-        row = state[b.block_table[q, pos // b.block_size], pos % b.block_size].astype(np.float64)
-        h = i // r
-        kv_rows.append(row[h * 512:(h + 1) * 512])
-        score_rows.append(row[half_width + h * 512: half_width + (h + 1) * 512])
-    kv, score = np.array(kv_rows), np.array(score_rows)
-    weights = np.exp(score - score.max(axis=0))
-    x = (kv * weights).sum(axis=0) / weights.sum(axis=0)
-    w = inputs.rms_norm_weight
-    w = (w.astype(np.uint32) << 16).view(F32) if w.dtype == np.uint16 else w
-    y = x / np.sqrt(np.mean(x * x) + np.float64(F32(inputs.rms_norm_eps))) * w.astype(np.float64)
-    cs = inputs.cos_sin_cache[(p // r) * r].astype(np.float64)
-    a, c = y[448::2], y[449::2]
-    rope = np.empty(64)
-    rope[0::2] = a * cs[:32] - c * cs[32:]
-    rope[1::2] = a * cs[32:] + c * cs[:32]
-    return y, rope
+    y, cs = float64_ideal.pooled_norm(state, inputs.batch, inputs.rms_norm_weight, inputs.rms_norm_eps,
+                                      inputs.cos_sin_cache, token, 512)
+    return y, float64_ideal.rope(y[448:], cs)

@@ -10,6 +10,7 @@ import pytest
 
 from dsv4_compressor import spec
 from dsv4_compressor.spec import batch as B
+from dsv4_compressor.spec import float64_ideal
 from dsv4_compressor.spec.formats import E4M3_MAGNITUDES, e2m1_bits, e2m1_to_f32, mxfp4_exponent
 from dsv4_compressor.spec.indexer import hadamard_rotate
 
@@ -81,24 +82,17 @@ def test_mxfp4_exponent_is_the_smallest_k_with_a_within_6_times_2_to_k():
 
 
 # ---- Hadamard --------------------------------------------------------------------------
-def _sylvester(n: int) -> np.ndarray:
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
 def test_hadamard_of_a_unit_vector_is_the_sylvester_column_exactly():
     """Butterflies of a one-hot vector add only zeros: the result is exactly ``h * H[:, j]``."""
     h = np.float64(np.array(0x3DB504F3, np.uint32).view(F32))
     eye = np.eye(128, dtype=F32)
-    assert np.array_equal(hadamard_rotate(eye).astype(np.float64), (_sylvester(128) * h).T)
+    assert np.array_equal(hadamard_rotate(eye).astype(np.float64), (float64_ideal.sylvester(128) * h).T)
 
 
 def test_hadamard_matches_the_float64_matrix_product():
     rng = np.random.default_rng(3)
     z = rng.standard_normal((64, 128)).astype(F32)
-    ideal = z.astype(np.float64) @ _sylvester(128).T / np.sqrt(128.0)
+    ideal = z.astype(np.float64) @ float64_ideal.sylvester(128).T / np.sqrt(128.0)
     got = hadamard_rotate(z).astype(np.float64)
     bound = 8 * 2.0**-24 * np.abs(z.astype(np.float64)).sum(axis=1, keepdims=True) / np.sqrt(128.0) * 8
     assert np.all(np.abs(got - ideal) <= bound)
@@ -133,28 +127,10 @@ def run_indexer(batch, state, inputs, layout, hadamard):
 def float64_entry(batch, state, inputs, token: int, hadamard: bool) -> np.ndarray:
     """SPEC §12's z (before bf16) in float64, from the formulas: softmax pooling over the window,
     RMSNorm over 128, RoPE on 64..127, then the normalized Walsh-Hadamard matrix."""
-    r = batch.compress_ratio
-    window, sw = (8, 256) if r == 4 else (128, 128)
-    p, q = int(batch.positions[token]), int(batch.token_to_req_indices[token])
-    kv, score = [], []
-    for i in range(window):
-        pos = p - window + 1 + i
-        if pos >= 0:
-            row = state[batch.block_table[q, pos // batch.block_size], pos % batch.block_size].astype(np.float64)
-            h = i // r
-            kv.append(row[h * 128:(h + 1) * 128])
-            score.append(row[sw + h * 128:sw + (h + 1) * 128])
-    kv, score = np.array(kv), np.array(score)
-    w = np.exp(score - score.max(axis=0))
-    x = (kv * w).sum(axis=0) / w.sum(axis=0)
-    weight = inputs["weight"]
-    weight = (weight.astype(np.uint32) << 16).view(F32) if weight.dtype == np.uint16 else weight
-    y = x / np.sqrt(np.mean(x * x) + float(F32(1e-6))) * weight.astype(np.float64)
-    cs = inputs["cos_sin"][(p // r) * r].astype(np.float64)
+    y, cs = float64_ideal.pooled_norm(state, batch, inputs["weight"], 1e-6, inputs["cos_sin"], token, 128)
     z = y.copy()
-    z[64::2] = y[64::2] * cs[:32] - y[65::2] * cs[32:]
-    z[65::2] = y[64::2] * cs[32:] + y[65::2] * cs[:32]
-    return _sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
+    z[64:] = float64_ideal.rope(y[64:], cs)
+    return float64_ideal.sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
 
 
 def read_entry(k_cache: np.ndarray, layout: str, slot: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -23,7 +22,7 @@ from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api, compile_cache, config, dispatch, launch  # noqa: E402
 from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import ptx_variants, variant_configs  # noqa: E402
-from dsv4_compressor.spec import batch as B  # noqa: E402
+from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
 # ---- PTX -------------------------------------------------------------------------------
@@ -229,40 +228,7 @@ def test_policies_are_frozen_values():
 
 # ---- wrappers: ValueError before anything is compiled or launched -------------------------------
 def _cpu_call(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries=4):
-    rng = np.random.default_rng(0)
-    b = B.build_batch([B.Request(context_len=2 * compress_ratio - 3, num_tokens=4)], compress_ratio=compress_ratio,
-                      block_size=block_size, entries_per_page=entries, rng=rng)
-    state = B.random_state_cache(b.num_state_blocks, block_size, compress_ratio, rng)
-    k = B.canary_k_cache(layout, b.num_pages, entries)
-    k_t = torch.from_numpy(np.ascontiguousarray(k))
-    if layout == "bf16":
-        k_t = k_t.view(torch.bfloat16)
-    elif layout == "fp8_per_tensor":
-        k_t = k_t.view(torch.float8_e4m3fn)
-    args = dict(
-        state_cache=torch.from_numpy(np.ascontiguousarray(state)),
-        token_to_req_indices=torch.from_numpy(b.token_to_req_indices),
-        positions=torch.from_numpy(b.positions),
-        slot_mapping=torch.from_numpy(b.slot_mapping),
-        block_table=torch.from_numpy(b.block_table),
-        block_size=block_size,
-        rms_norm_weight=torch.ones(512, dtype=torch.bfloat16),
-        rms_norm_eps=1e-6,
-        cos_sin_cache=torch.from_numpy(B.rope_cos_sin_cache(1024)),
-        k_cache=k_t,
-        kv_slot_mapping=torch.from_numpy(b.kv_slot_mapping),
-    )
-    return args
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    """Fail the test if anything reaches the compiler."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("compiled before rejecting the call")
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
-                 "compile_save"):
-        monkeypatch.setattr(compile_cache, name, refuse)
+    return wrapper_arguments(compress_ratio, block_size, layout, entries, head_dim=512)
 
 
 @pytest.mark.parametrize("change, needle", [

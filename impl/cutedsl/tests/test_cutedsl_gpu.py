@@ -9,9 +9,8 @@ so a stray write shows as a changed canary.
 
 from __future__ import annotations
 
-import ctypes
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -21,38 +20,13 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
+from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
-               np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.bfloat16}
-
-
-# ---- NumPy <-> CUDA with identical strides and padding --------------------------------------
-def span(a: np.ndarray) -> np.ndarray:
-    """The bytes from ``a``'s first to its last element (padding between them included)."""
-    extent = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + a.itemsize
-    return np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(a.__array_interface__["data"][0]))
-
-
-def to_cuda(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A CUDA tensor with ``a``'s shape and strides over a copy of its whole span."""
-    raw = torch.from_numpy(span(a).copy()).cuda()
-    dtype = dtype or NP_TO_TORCH[a.dtype]
-    return torch.as_strided(raw.view(dtype), a.shape, tuple(s // a.itemsize for s in a.strides))
-
-
-def span_bytes(t: torch.Tensor) -> np.ndarray:
-    """The bytes of ``t``'s storage (created by :func:`to_cuda`: exactly its span)."""
-    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-    return raw.cpu().numpy()
-
-
-def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:
-    assert got.shape == expected.shape, (name, got.shape, expected.shape)
-    diff = np.flatnonzero(got != expected)
-    assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at byte {diff[0]}: got {got[diff[0]]}, expected {expected[diff[0]]}"
+K_DTYPE = {"flashmla_fp8": torch.uint8, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}  # k_cache per layout
 
 
 # ---- cases --------------------------------------------------------------------------------------
@@ -96,19 +70,9 @@ class Case:
                 f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-odd' if self.odd_cache_stride else ''}")
 
 
-def _requests(ratio: int, rng) -> list[B.Request]:
-    if ratio == 4:
-        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
-                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
-                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
-    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
-            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
-            + [B.Request(100, 300), B.Request(0, 128)])
-
-
 def build(case: Case):
     rng = np.random.default_rng(case.seed)
-    batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
+    batch = B.build_batch(mixed_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
                           entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
                           drop_entry_fraction=0.15)
     state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1)
@@ -139,23 +103,6 @@ def spec_run(case: Case, batch, state, weight, cos_sin, k_cache, fp8_scale) -> n
     return span(k).copy()
 
 
-def cuda_args(case: Case, batch, state, weight, cos_sin, k_cache):
-    k_dtype = {"flashmla_fp8": torch.uint8, "bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}[case.layout]
-    return dict(
-        state_cache=to_cuda(state),
-        token_to_req_indices=to_cuda(batch.token_to_req_indices),
-        positions=to_cuda(batch.positions),
-        slot_mapping=to_cuda(batch.slot_mapping),
-        block_table=to_cuda(batch.block_table),
-        block_size=batch.block_size,
-        rms_norm_weight=to_cuda(weight),
-        rms_norm_eps=1e-6,
-        cos_sin_cache=to_cuda(cos_sin),
-        k_cache=to_cuda(k_cache, k_dtype),
-        kv_slot_mapping=to_cuda(batch.kv_slot_mapping),
-    )
-
-
 C4_CASES = [
     Case(4, 4, 64),
     Case(4, 8, 1, bf16_weight=False, values="spread"),
@@ -180,7 +127,7 @@ def _run_and_compare(case: Case, **kwargs):
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     assert batch.num_active > 0
     expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     state_before = span_bytes(args["state_cache"]).copy()
     from dsv4_compressor.impl import cutedsl
 
@@ -314,25 +261,7 @@ def test_compress_per_row_lookups_at_block8_size():
 # ---- save_partial_states ------------------------------------------------------------------------------
 @pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 4, False), (128, 8, False), (4, 3, True), (128, 5, True)])
 def test_save_partial_states_matches_spec(ratio, block_size, misaligned):
-    from dsv4_compressor.impl import cutedsl
-
-    rng = np.random.default_rng(7)
-    batch = B.build_batch(_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
-                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
-    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2)
-    kv = B.random_kv_score(batch.num_tokens, ratio, rng)
-    if misaligned:  # rows of kv_score not 16-byte aligned: the scalar-load variant
-        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
-        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng)
-    ape = B.random_ape(ratio, rng)
-    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
-    span(spec_state)[...] = span(state)
-    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
-    state_t = to_cuda(state)
-    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
-                                state_t, block_size)
-    torch.cuda.synchronize()
-    assert_same_bytes("state_cache", span_bytes(state_t), span(spec_state).copy())
+    check_save_partial_states(ratio, block_size, misaligned, head_dim=512)
 
 
 # ---- CUDA graphs ---------------------------------------------------------------------------------------
@@ -346,29 +275,12 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
     from dsv4_compressor.impl import cutedsl
 
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     k_clean = args["k_cache"].clone()
     workspace = torch.empty(batch.num_tokens, 512, device="cuda")
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path, workspace=workspace)
-    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cutedsl.compress_norm_rope_store(**args, **kwargs)
-
-    # new metadata: the same logical rows on relocated state blocks, and other kv slots
-    rng = np.random.default_rng(123)
-    moved, moved_state = B.relocate_state_blocks(batch, state, rng)
-    kv_slots = moved.kv_slot_mapping.copy()
-    used = kv_slots >= 0
-    kv_slots[used] = rng.permutation(batch.num_pages * case.entries)[: used.sum()]
-    moved = replace(moved, kv_slot_mapping=kv_slots)
-    for key, value in (("state_cache", moved_state), ("slot_mapping", moved.slot_mapping),
-                       ("block_table", moved.block_table), ("kv_slot_mapping", moved.kv_slot_mapping)):
-        args[key].copy_(to_cuda(value))
-    args["k_cache"].copy_(k_clean)
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_after_warm_up(cutedsl.compress_norm_rope_store, args, kwargs)
+    moved, moved_state = replay_with_moved_metadata(graph, args, batch, state, case.entries, k_clean)
     replayed = span_bytes(args["k_cache"]).copy()
 
     args["k_cache"].copy_(k_clean)
@@ -411,7 +323,7 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
     assert not np.array_equal(span(saved), span(state))  # the save changes rows the windows read
     expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
 
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     state_clean, k_clean = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
     kv_t, ape_t = to_cuda(kv), to_cuda(ape)
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path,
@@ -449,7 +361,7 @@ def test_save_and_compress_writes_nothing_when_an_argument_is_bad():
     rng = np.random.default_rng(12)
     kv_t = to_cuda(B.random_kv_score(batch.num_tokens, case.ratio, rng))
     ape_t = to_cuda(B.random_ape(case.ratio, rng))
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     state_before, k_before = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
     for bad, needle in ((dict(layout="fp8"), "layout"), (dict(c128_path="cluster"), "c128_path")):
         with pytest.raises(ValueError, match=needle):
@@ -483,7 +395,7 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
     case = Case(128, 8, 2)
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     k_clean = _storage(args["k_cache"]).clone()
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path="fused_handoff",
                   workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
@@ -535,7 +447,7 @@ def test_bound_layer_after_warm_up_matches_spec_and_compiles_nothing_more(case):
 
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
                          block_size=batch.block_size, compress_ratio=case.ratio, rms_norm_eps=1e-6,
                          layout=case.layout, fp8_scale=fp8_scale)
@@ -566,7 +478,7 @@ def test_compiled_custom_ops_match_spec(case):
     saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
     spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
     expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
-    args = cuda_args(case, batch, state, weight, cos_sin, k_cache)
+    args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
     ops = torch.ops.dsv4_compressor
 
     @torch.compile(fullgraph=True)

@@ -25,9 +25,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api, compile_cache, config, indexer_launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
 from dsv4_compressor.impl.cutedsl.indexer_config import IndexerConfig  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import compile_variant, indexer_variant_configs  # noqa: E402
+from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -167,37 +168,7 @@ def test_save_config_follows_the_head_width():
 
 # ---- the public wrappers: ValueError before anything is compiled or launched ------------------------------
 def _indexer_call(compress_ratio=4, block_size=16, layout="indexer_fp8", entries=4):
-    from dsv4_compressor.spec import batch as B
-
-    rng = np.random.default_rng(0)
-    b = B.build_batch([B.Request(context_len=2 * compress_ratio - 3, num_tokens=4)], compress_ratio=compress_ratio,
-                      block_size=block_size, entries_per_page=entries, rng=rng)
-    state = B.random_state_cache(b.num_state_blocks, block_size, compress_ratio, rng, head_dim=128)
-    k = B.canary_k_cache(layout, b.num_pages, entries)
-    return dict(
-        state_cache=torch.from_numpy(np.ascontiguousarray(state)),
-        token_to_req_indices=torch.from_numpy(b.token_to_req_indices),
-        positions=torch.from_numpy(b.positions),
-        slot_mapping=torch.from_numpy(b.slot_mapping),
-        block_table=torch.from_numpy(b.block_table),
-        block_size=block_size,
-        rms_norm_weight=torch.ones(128, dtype=torch.bfloat16),
-        rms_norm_eps=1e-6,
-        cos_sin_cache=torch.from_numpy(B.rope_cos_sin_cache(1024)),
-        k_cache=torch.from_numpy(np.ascontiguousarray(k)),
-        kv_slot_mapping=torch.from_numpy(b.kv_slot_mapping),
-    )
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    """Fail the test if anything reaches the compiler."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("compiled before rejecting the call")
-    monkeypatch.setattr(indexer_launch, "compile_indexer", refuse)
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
-                 "compile_c128_handoff", "compile_save"):
-        monkeypatch.setattr(compile_cache, name, refuse)
+    return wrapper_arguments(compress_ratio, block_size, layout, entries, head_dim=128)
 
 
 @pytest.mark.parametrize("ratio", [4, 128])
@@ -223,16 +194,7 @@ def test_indexer_call_rejects_bad_arguments(no_compile, ratio, change, keywords,
 
 def test_hadamard_needs_an_indexer_layout(no_compile):
     """``hadamard=True`` on the 512-wide head is rejected by name, also on the combined call."""
-    from dsv4_compressor.spec import batch as B
-
-    rng = np.random.default_rng(0)
-    b = B.build_batch([B.Request(context_len=5, num_tokens=4)], compress_ratio=4, block_size=4, entries_per_page=4, rng=rng)
-    args = _indexer_call()
-    args.update(state_cache=torch.from_numpy(np.ascontiguousarray(B.random_state_cache(b.num_state_blocks, 4, 4, rng))),
-                block_size=4, rms_norm_weight=torch.ones(512, dtype=torch.bfloat16),
-                k_cache=torch.from_numpy(np.ascontiguousarray(B.canary_k_cache("flashmla_fp8", b.num_pages, 4))),
-                **{k: torch.from_numpy(getattr(b, k)) for k in ("token_to_req_indices", "positions", "slot_mapping",
-                                                                  "block_table", "kv_slot_mapping")})
+    args = wrapper_arguments(4, 4, "flashmla_fp8", 4, head_dim=512)  # the 512-wide head
     with pytest.raises(ValueError, match="hadamard"):
         api.compress_norm_rope_store(**args, compress_ratio=4, hadamard=True)
     kv_score, ape = torch.zeros(4, 2048), torch.zeros(4, 1024)

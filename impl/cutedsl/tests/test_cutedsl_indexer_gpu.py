@@ -10,9 +10,8 @@ canary and an inactive token's write as a changed entry.
 
 from __future__ import annotations
 
-import ctypes
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -22,37 +21,13 @@ torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
+from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 HEAD = 128
-NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
-               np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.bfloat16}
-
-
-# ---- NumPy <-> CUDA with identical strides and padding --------------------------------------
-def span(a: np.ndarray) -> np.ndarray:
-    """The bytes from ``a``'s first to its last element (padding between them included)."""
-    extent = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + a.itemsize
-    return np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(a.__array_interface__["data"][0]))
-
-
-def to_cuda(a: np.ndarray) -> torch.Tensor:
-    """A CUDA tensor with ``a``'s shape and strides over a copy of its whole span."""
-    raw = torch.from_numpy(span(a).copy()).cuda()
-    return torch.as_strided(raw.view(NP_TO_TORCH[a.dtype]), a.shape, tuple(s // a.itemsize for s in a.strides))
-
-
-def storage_bytes(t: torch.Tensor) -> np.ndarray:
-    """The bytes of ``t``'s storage (created by :func:`to_cuda`: exactly its span)."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu().numpy()
-
-
-def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:
-    assert got.shape == expected.shape, (name, got.shape, expected.shape)
-    diff = np.flatnonzero(got != expected)
-    assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at byte {diff[0]}: got {got[diff[0]]}, expected {expected[diff[0]]}"
 
 
 # ---- cases --------------------------------------------------------------------------------------
@@ -95,19 +70,9 @@ def _values(case: Case, state: np.ndarray, weight: np.ndarray, rng) -> np.ndarra
     return weight
 
 
-def _requests(ratio: int, rng) -> list[B.Request]:
-    if ratio == 4:
-        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
-                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
-                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
-    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
-            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
-            + [B.Request(100, 300), B.Request(0, 128)])
-
-
 def build(case: Case):
     rng = np.random.default_rng(case.seed)
-    batch = B.build_batch(_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
+    batch = B.build_batch(mixed_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
                           entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
                           drop_entry_fraction=0.15, slot_for_non_boundary=case.slots_for_all)
     state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1,
@@ -130,22 +95,6 @@ def spec_run(case: Case, batch, state, weight, cos_sin) -> np.ndarray:
                                   compress_ratio=batch.compress_ratio, layout=case.layout, hadamard=case.hadamard,
                                   debug=True)
     return span(k).copy()
-
-
-def cuda_args(batch, state, weight, cos_sin, k_cache):
-    return dict(
-        state_cache=to_cuda(state),
-        token_to_req_indices=to_cuda(batch.token_to_req_indices),
-        positions=to_cuda(batch.positions),
-        slot_mapping=to_cuda(batch.slot_mapping),
-        block_table=to_cuda(batch.block_table),
-        block_size=batch.block_size,
-        rms_norm_weight=to_cuda(weight),
-        rms_norm_eps=1e-6,
-        cos_sin_cache=to_cuda(cos_sin),
-        k_cache=to_cuda(k_cache),
-        kv_slot_mapping=to_cuda(batch.kv_slot_mapping),
-    )
 
 
 C4_CASES = [
@@ -181,12 +130,12 @@ def _run_and_compare(case: Case, **kwargs):
     assert batch.num_active > 0 and (~batch.active).any()
     expected = spec_run(case, batch, state, weight, cos_sin)
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    state_before = storage_bytes(args["state_cache"]).copy()
+    state_before = span_bytes(args["state_cache"]).copy()
     cutedsl.compress_norm_rope_store(**args, compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard,
                                      **kwargs)
     torch.cuda.synchronize()
-    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)
-    assert_same_bytes(f"{case.name} state_cache", storage_bytes(args["state_cache"]), state_before)
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+    assert_same_bytes(f"{case.name} state_cache", span_bytes(args["state_cache"]), state_before)
     return args
 
 
@@ -220,7 +169,7 @@ def test_indexer_bad_arguments_write_nothing():
     case = C4_CASES[0]
     batch, state, weight, cos_sin, k_cache = build(case)
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    before = {k: storage_bytes(v).copy() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: span_bytes(v).copy() for k, v in args.items() if isinstance(v, torch.Tensor)}
     bad_calls = [
         (dict(layout="flashmla_fp8"), {}, "layout"),  # a 512-wide layout on the 128-wide state
         (dict(layout="indexer_mxfp4"), {}, "k_cache"),  # 132-byte entries given for a 68-byte layout
@@ -241,7 +190,7 @@ def test_indexer_bad_arguments_write_nothing():
         cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard="yes")
     torch.cuda.synchronize()
     for key, value in before.items():
-        assert_same_bytes(f"bad calls: {key}", storage_bytes(args[key]), value)
+        assert_same_bytes(f"bad calls: {key}", span_bytes(args[key]), value)
 
 
 def test_indexer_empty_call_writes_nothing():
@@ -252,35 +201,16 @@ def test_indexer_empty_call_writes_nothing():
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
     for key in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping"):
         args[key] = args[key][:0]
-    before = storage_bytes(args["k_cache"]).copy()
+    before = span_bytes(args["k_cache"]).copy()
     cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout=case.layout)
     torch.cuda.synchronize()
-    assert_same_bytes("T = 0", storage_bytes(args["k_cache"]), before)
+    assert_same_bytes("T = 0", span_bytes(args["k_cache"]), before)
 
 
 # ---- save_partial_states at the indexer's state widths ------------------------------------------------
 @pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 16, False), (128, 8, False), (4, 3, True), (128, 5, True)])
 def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned):
-    from dsv4_compressor.impl import cutedsl
-
-    rng = np.random.default_rng(7)
-    batch = B.build_batch(_requests(ratio, rng), compress_ratio=ratio, block_size=block_size, entries_per_page=4,
-                          rng=rng, num_padding=2, padding_at_end=False, unsaved_fraction=0.1)
-    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
-                                 head_dim=HEAD)
-    kv = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
-    if misaligned:  # rows of kv_score not 16-byte aligned: the scalar-load variant
-        kv = B.padded_view(kv.shape, np.float32, (0, 1), np.float32(0))[...]
-        kv[...] = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=HEAD)
-    ape = B.random_ape(ratio, rng, head_dim=HEAD)
-    spec_state = B.padded_view(state.shape, np.float32, (0, 2, 8), np.float32(np.nan))
-    span(spec_state)[...] = span(state)
-    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, spec_state, block_size, debug=True)
-    state_t = to_cuda(state)
-    cutedsl.save_partial_states(to_cuda(kv), to_cuda(ape), to_cuda(batch.positions), to_cuda(batch.slot_mapping),
-                                state_t, block_size)
-    torch.cuda.synchronize()
-    assert_same_bytes("state_cache", storage_bytes(state_t), span(spec_state).copy())
+    check_save_partial_states(ratio, block_size, misaligned, head_dim=HEAD)
 
 
 @pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
@@ -298,7 +228,7 @@ def test_indexer_save_and_compress_in_one_graph(case):
     expected = spec_run(case, batch, saved, weight, cos_sin)
 
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    state_clean, k_clean = storage_bytes(args["state_cache"]).copy(), storage_bytes(args["k_cache"]).copy()
+    state_clean, k_clean = span_bytes(args["state_cache"]).copy(), span_bytes(args["k_cache"]).copy()
     kv_t, ape_t = to_cuda(kv), to_cuda(ape)
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
     cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)  # compiles both before the capture
@@ -312,7 +242,7 @@ def test_indexer_save_and_compress_in_one_graph(case):
             raw.copy_(torch.from_numpy(clean).cuda())
         graph.replay()
         torch.cuda.synchronize()
-        assert_same_bytes(f"replay {replay}: k_cache", storage_bytes(args["k_cache"]), expected)
+        assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
 
 
 @pytest.mark.parametrize("case", [C4_CASES[2], C128_CASES[0]], ids=lambda c: c.name)
@@ -324,25 +254,9 @@ def test_indexer_graph_replay_with_new_metadata(case):
     args = cuda_args(batch, state, weight, cos_sin, k_cache)
     k_clean = args["k_cache"].clone()
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
-    cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles (warm-up before capture)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cutedsl.compress_norm_rope_store(**args, **kwargs)
-
-    rng = np.random.default_rng(123)
-    moved, moved_state = B.relocate_state_blocks(batch, state, rng)
-    kv_slots = moved.kv_slot_mapping.copy()
-    used = kv_slots >= 0
-    kv_slots[used] = rng.permutation(batch.num_pages * case.entries)[: used.sum()]
-    moved = replace(moved, kv_slot_mapping=kv_slots)
-    for key, value in (("state_cache", moved_state), ("slot_mapping", moved.slot_mapping),
-                       ("block_table", moved.block_table), ("kv_slot_mapping", moved.kv_slot_mapping)):
-        args[key].copy_(to_cuda(value))
-    args["k_cache"].copy_(k_clean)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_same_bytes("graph replay vs spec", storage_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
+    graph = capture_after_warm_up(cutedsl.compress_norm_rope_store, args, kwargs)
+    moved, moved_state = replay_with_moved_metadata(graph, args, batch, state, case.entries, k_clean)
+    assert_same_bytes("graph replay vs spec", span_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
 
 
 # ---- the host path: bound layers, warm-up, torch custom ops ----------------------------------------------
@@ -369,7 +283,7 @@ def test_indexer_bound_layer_after_warm_up_in_a_graph(case):
     graph.replay()
     torch.cuda.synchronize()
     assert len(compile_cache._CACHE) == compiled
-    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
 
 
 @pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
@@ -399,4 +313,4 @@ def test_indexer_compiled_custom_ops_match_spec(case):
                                                          "slot_mapping", "block_table", "rms_norm_weight",
                                                          "cos_sin_cache", "k_cache", "kv_slot_mapping")))
     torch.cuda.synchronize()
-    assert_same_bytes(f"{case.name} k_cache", storage_bytes(args["k_cache"]), expected)
+    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)

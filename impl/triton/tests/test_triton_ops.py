@@ -26,16 +26,16 @@ def _scenario(ratio, layout):
                           fp8_scale=0.25 if layout == "fp8_per_tensor" else None, row_pad=4)
 
 
-@pytest.mark.parametrize("ratio, layout", [(4, "flashmla_fp8"), (128, "bf16"), (4, "fp8_per_tensor")])
-def test_compiled_compress_norm_rope_store_writes_the_spec_bytes(ratio, layout):
-    torch._dynamo.reset()
-    scenario = _scenario(ratio, layout)
+def _compiled_call_matches_spec(scenario):
+    """The compress op under ``torch.compile(fullgraph=True)`` writes the spec's bytes for ``scenario``."""
     b = scenario.batch
     state_owner, spec_state = Buffer.of(scenario.state_cache).numpy_copy()
     cache_owner, spec_cache = Buffer.of(scenario.k_cache).numpy_copy()
     spec.compress_norm_rope_store(spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
                                   b.block_size, scenario.weight, scenario.eps, scenario.cos_sin, spec_cache,
-                                  b.kv_slot_mapping, compress_ratio=ratio, layout=layout, fp8_scale=scenario.fp8_scale)
+                                  b.kv_slot_mapping, compress_ratio=scenario.ratio, layout=scenario.layout,
+                                  fp8_scale=scenario.fp8_scale, hadamard=scenario.hadamard)
+    assert not np.array_equal(cache_owner, Buffer.of(scenario.k_cache).numpy_copy()[0])  # entries are written
     args, raw = torch_arguments(scenario, DEVICE)
 
     @torch.compile(fullgraph=True, backend=BACKEND)
@@ -43,12 +43,19 @@ def test_compiled_compress_norm_rope_store_writes_the_spec_bytes(ratio, layout):
              k_cache, kv_slot_mapping):
         OPS.triton_compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
                                             b.block_size, rms_norm_weight, scenario.eps, cos_sin_cache, k_cache,
-                                            kv_slot_mapping, ratio, layout, scenario.fp8_scale)
+                                            kv_slot_mapping, scenario.ratio, scenario.layout, scenario.fp8_scale,
+                                            hadamard=scenario.hadamard)
 
     step(*(args[n] for n in ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table",
                              "rms_norm_weight", "cos_sin_cache", "k_cache", "kv_slot_mapping")))
     assert_identical({"k_cache": (cache_owner, raw["k_cache"].cpu().numpy()),
                       "state_cache": (state_owner, raw["state_cache"].cpu().numpy())})
+
+
+@pytest.mark.parametrize("ratio, layout", [(4, "flashmla_fp8"), (128, "bf16"), (4, "fp8_per_tensor")])
+def test_compiled_compress_norm_rope_store_writes_the_spec_bytes(ratio, layout):
+    torch._dynamo.reset()
+    _compiled_call_matches_spec(_scenario(ratio, layout))
 
 
 def test_compiled_save_partial_states_writes_the_spec_bytes():
@@ -122,27 +129,7 @@ def test_compiled_indexer_call_writes_the_spec_bytes(ratio, layout, hadamard):
     torch._dynamo.reset()
     triton_impl.warm_up(compress_ratio=ratio, block_size=4, layout=layout, entries_per_page=2, device=DEVICE,
                         hadamard=hadamard)
-    scenario = _indexer_scenario(ratio, layout, hadamard)
-    b = scenario.batch
-    state_owner, spec_state = Buffer.of(scenario.state_cache).numpy_copy()
-    cache_owner, spec_cache = Buffer.of(scenario.k_cache).numpy_copy()
-    spec.compress_norm_rope_store(spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
-                                  b.block_size, scenario.weight, scenario.eps, scenario.cos_sin, spec_cache,
-                                  b.kv_slot_mapping, compress_ratio=ratio, layout=layout, hadamard=hadamard)
-    assert not np.array_equal(cache_owner, Buffer.of(scenario.k_cache).numpy_copy()[0])  # entries are written
-    args, raw = torch_arguments(scenario, DEVICE)
-
-    @torch.compile(fullgraph=True, backend=BACKEND)
-    def step(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
-             k_cache, kv_slot_mapping):
-        OPS.triton_compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
-                                            b.block_size, rms_norm_weight, scenario.eps, cos_sin_cache, k_cache,
-                                            kv_slot_mapping, ratio, layout, None, hadamard=hadamard)
-
-    step(*(args[n] for n in ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table",
-                             "rms_norm_weight", "cos_sin_cache", "k_cache", "kv_slot_mapping")))
-    assert_identical({"k_cache": (cache_owner, raw["k_cache"].cpu().numpy()),
-                      "state_cache": (state_owner, raw["state_cache"].cpu().numpy())})
+    _compiled_call_matches_spec(_indexer_scenario(ratio, layout, hadamard))
 
 
 def test_indexer_op_rejects_a_misplaced_hadamard():
