@@ -6,7 +6,5 @@ pass; eager and CUDA-graph timings against the measured copy bandwidth.
 - :mod:`.sweep`   cases x implementations x modes, trials interleaved
 - :mod:`.report`  Markdown tables, CSV/JSON, the log-log plot
 - :mod:`.cli`     ``python -m dsv4_compressor bench``
-- :mod:`.c4_variants` the C4 kernels' opt-in load-order and occupancy knobs against their
-  defaults (byte checks against the spec, then graph timings)
 - ``tests/``      the same cases under pytest-benchmark (``pytest bench``)
 """

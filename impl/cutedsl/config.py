@@ -39,19 +39,6 @@ def _pdl_tag(pdl: bool) -> str:
     return "_pdl" if pdl else ""
 
 
-def _occupancy(name: str, value) -> None:
-    """A ``.minnctapersm`` launch bound: 0 (none) or 1..16 CTAs per SM."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 16:
-        _fail(name, "an integer from 0 (no bound) to 16", value)
-
-
-def launch_bounds(min_ctas_per_sm: int) -> dict:
-    """Extra ``launch`` arguments of a ``min_ctas_per_sm`` knob (none for 0, so the PTX is unchanged);
-    the smallest shared-memory carveout (these kernels use a few bytes of it), which also spares the
-    DSL a device query at compile time."""
-    return {"min_blocks_per_mp": min_ctas_per_sm, "preferred_smem_carveout": 0} if min_ctas_per_sm else {}
-
-
 def _power_of_two(name: str, value: int, allowed=None) -> None:
     if not isinstance(value, int) or value < 1 or value & (value - 1):
         _fail(name, "a power of two", value)
@@ -106,23 +93,12 @@ class C4Config:
     entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
     tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    lookups_first: bool = False  # sweep: every block-table read before any state row (one table
-    #                              round trip before the rows, not one per half)
-    entry_inputs_first: bool = False  # sweep (with entry): norm weights and cos/sin issued before the
-    #                                   pooling, so their round trip hides behind the rows'
-    min_ctas_per_sm: int = 0  # sweep: the kernel's .minnctapersm (0: none); 8 at 128 threads caps
-    #                           registers at 64, so 8 tokens share an SM (1056 on 132 SMs: one wave at 1024)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
-        _flag("lookups_first", self.lookups_first)
-        _flag("entry_inputs_first", self.entry_inputs_first)
-        _occupancy("min_ctas_per_sm", self.min_ctas_per_sm)
-        if self.entry_inputs_first and self.entry is None:
-            _fail("entry_inputs_first", "False without an entry format (nothing to finish)", self.entry_inputs_first)
 
     @property
     def rows_per_lookup(self) -> int:
@@ -133,9 +109,7 @@ class C4Config:
     @property
     def tag(self) -> str:
         out = self.entry.tag if self.entry is not None else "x"
-        first = ("_lf" if self.lookups_first else "") + ("_ef" if self.entry_inputs_first else "")
-        first += f"_occ{self.min_ctas_per_sm}" if self.min_ctas_per_sm else ""
-        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{first}{_pdl_tag(self.pdl)}"
+        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)

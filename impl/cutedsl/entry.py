@@ -246,14 +246,6 @@ class EntryWriter:
         layout = cute.make_layout((self.tokens_per_cta, 4), stride=(4, 1))
         return group, t, tok, smem.allocate_tensor(Float32, layout, byte_alignment=16)
 
-    def entry_inputs_x4(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, t, position):
-        """Thread ``t``'s 4 norm weights and its RoPE pairs' ``(cos, sin)`` (threads below 112
-        read pair 0's, unused). ``mWeight``: fp32 or bf16 ``[512]``; ``mCosSin``: fp32 ``[max_pos, 64]``."""
-        w = load_weight(mWeight, t * self.vec, self.vec)
-        first_pair = Int32(cutlass.select_(t >= self.rope_first_thread, (t - self.rope_first_thread) * (self.vec // 2), 0))
-        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, first_pair, self.vec // 2)
-        return w, cos, sin
-
     @cute.jit
     def write_entry_x4(
         self,
@@ -268,15 +260,14 @@ class EntryWriter:
         slot: Int64,  # kv_slot_mapping[t] >= 0
         eps: Float32,
         fp8_inv: Float32,  # div(1, fp8_scale) (fp8_per_tensor only)
-        inputs=None,  # (w, cos, sin) of :meth:`entry_inputs_x4` if loaded earlier, else loaded here
     ):
         lane = t % 32
         warp = t // 32
         first = t * self.vec
-        if cutlass.const_expr(inputs is None):  # issued before the barrier, so their latency hides behind the reduction
-            w, cos, sin = self.entry_inputs_x4(mWeight, mCosSin, t, position)
-        else:
-            w, cos, sin = inputs
+        # issued before the barrier, so their latency hides behind the reduction
+        w = load_weight(mWeight, first, self.vec)
+        first_pair = Int32(cutlass.select_(t >= self.rope_first_thread, (t - self.rope_first_thread) * (self.vec // 2), 0))
+        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, first_pair, self.vec // 2)
         # ss: per-thread tree (4 channels) -> butterfly (128 channels) -> tree of 4 warps
         sq = butterfly_sum(sum_of_squares(x, self.vec), 1, 16)
         if lane == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import gcd
 
-from .config import WEIGHT_DTYPES, _fail, _flag, _occupancy, _pdl_tag, _power_of_two
+from .config import WEIGHT_DTYPES, _fail, _flag, _pdl_tag, _power_of_two
 
 INDEXER_HEAD_DIM = 128  # H_I
 INDEXER_ROPE_FIRST = 64  # RoPE on channels 64..127
@@ -37,10 +37,6 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    tokens_per_warp: int = 1  # C4 sweep: 1, 2, 4 consecutive tokens a warp pools in turn, their metadata
-    #                           and block-table reads issued together and the next token's rows
-    #                           in flight while this one is finished
-    min_ctas_per_sm: int = 0  # C4 sweep: the kernel's .minnctapersm (0: none); caps registers at 65536 / (32 * warps * it)
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -56,10 +52,6 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
-        _occupancy("min_ctas_per_sm", self.min_ctas_per_sm)
-        if self.ratio == 128 and self.min_ctas_per_sm:
-            _fail("min_ctas_per_sm", "0 for compress_ratio 128 (a C4 knob)", self.min_ctas_per_sm)
-        _power_of_two("tokens_per_warp", self.tokens_per_warp, (1, 2, 4) if self.ratio == 4 else (1,))
 
     @property
     def state_width(self) -> int:
@@ -92,5 +84,4 @@ class IndexerConfig:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{'' if self.tokens_per_warp == 1 else f'_tpw{self.tokens_per_warp}'}"
-                f"{f'_occ{self.min_ctas_per_sm}' if self.min_ctas_per_sm else ''}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

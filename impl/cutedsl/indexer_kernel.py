@@ -11,10 +11,7 @@ row, so the rows wait for one table round trip. At ``p = 3`` rows 0..3 are inval
 lookup reads column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0``
 in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
 row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
-no barrier: a warp whose token is inactive (or past ``T``) does nothing. Opt-in
-(``IndexerConfig.tokens_per_warp`` 2 or 4): a warp pools consecutive tokens in turn, every
-token's metadata, block-table and cos/sin reads issued up front and the next token's rows in a
-second register slot while this one is finished (:meth:`IndexerC4Kernel.pool_token_run`).
+no barrier: a warp whose token is inactive (or past ``T``) does nothing.
 
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
@@ -41,12 +38,11 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import launch_bounds
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import load_cos_sin, load_weight, token_activity
+from .entry import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
-from .indexer_entry import ROPE_FIRST_LANE, VEC, IndexerEntryWriter
+from .indexer_entry import VEC, IndexerEntryWriter
 from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pool_channel
 from .pooling_c128 import load_smem, store_smem
@@ -84,8 +80,7 @@ class IndexerKernel(IndexerEntryWriter):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=(self.num_ctas(mPos.shape[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            **launch_bounds(self.config.min_ctas_per_sm),
+            grid=(self.num_ctas(mPos.shape[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
 
@@ -93,8 +88,7 @@ class IndexerC4Kernel(IndexerKernel):
     """Grid ``ceil(T / warps)``, one warp per token."""
 
     def num_ctas(self, num_tokens):
-        per_cta = self.warps * self.config.tokens_per_warp
-        return (num_tokens + per_cta - 1) // per_cta
+        return (num_tokens + self.warps - 1) // self.warps
 
     @cute.jit
     def pool_window(
@@ -147,104 +141,15 @@ class IndexerC4Kernel(IndexerKernel):
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if cutlass.const_expr(self.config.tokens_per_warp == 1):
-            tok = cta * self.warps + warp
-            if tok < mPos.shape[0]:
-                position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
-                req = mTokenReq[tok]
-                if active:
-                    w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
-                    x = cute.make_rmem_tensor((VEC,), Float32)
-                    self.pool_window(mState, mBlockTable, req, position, lane, x)
-                    self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
-        else:
-            first = (cta * self.warps + warp) * self.config.tokens_per_warp
-            if first < mPos.shape[0]:
-                self.pool_token_run(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot,
-                                    eps, first, lane)
-
-    @cute.jit
-    def pool_token_run(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # uint8 [num_pages, B, E]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,
-        first: Int32,  # the warp's first token (< T)
-        lane: Int32,  # 0..31
-    ):
-        """``tokens_per_warp = n > 1``: tokens ``first .. first+n-1`` in turn. Every token's
-        metadata is read at once (tokens past ``T`` read token ``first``'s and are inactive), then
-        the active ones' block-table and cos/sin reads; the rows live in two register slots, so
-        token ``k+1``'s rows are in flight while token ``k`` is pooled and stored."""
-        n, bs, run = self.config.tokens_per_warp, self.block_size, self.rows_per_lookup
-        lookups = 8 // run
-        num_tokens = mPos.shape[0]
-        meta = []  # (position, kv_slot, active, req) per token
-        for k in cutlass.range_constexpr(n):
-            valid = first + k < num_tokens
-            tok = Int32(cutlass.select_(valid, first + k, first))
+        tok = cta * self.warps + warp
+        if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
-            meta.append((position, kv_slot, active & valid, mTokenReq[tok]))
-        w = load_weight(mWeight, lane * VEC, VEC)  # the same for every token
-        first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-        blocks = cute.make_rmem_tensor((n * lookups,), Int32)
-        blocks.fill(0)
-        cos = [cute.make_rmem_tensor((VEC // 2,), Float32) for _ in range(n)]
-        sin = [cute.make_rmem_tensor((VEC // 2,), Float32) for _ in range(n)]
-        for k in cutlass.range_constexpr(n):
-            position, _, active, req = meta[k]
+            req = mTokenReq[tok]
             if active:
-                window_start = (position // 4) * 4 - 4
-                for j in cutlass.range_constexpr(lookups):  # first half clamped to position 0 (p = 3)
-                    pos = window_start + j * run
-                    looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if j * run < 4 else pos
-                    blocks[k * lookups + j] = load_scalar(mBlockTable, req, looked_up // bs)
-                cos_k, sin_k = load_cos_sin(mCosSin, (position // 4) * 4, first_pair, VEC // 2)
-                for c in cutlass.range_constexpr(VEC // 2):
-                    cos[k][c] = cos_k[c]
-                    sin[k][c] = sin_k[c]
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        kv = [[cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)] for _ in range(2)]
-        sc = [[cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)] for _ in range(2)]
-        for step in cutlass.range_constexpr(n + 1):
-            if cutlass.const_expr(step < n):  # issue token `step`'s rows into slot step % 2
-                position, _, active, _ = meta[step]
-                slot_kv, slot_sc = kv[step % 2], sc[step % 2]
-                for i in cutlass.range_constexpr(8):
-                    slot_kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-                    slot_sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
-                if active:
-                    window_start = (position // 4) * 4 - 4
-                    for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
-                        rows = slot_sc if kind == 0 else slot_kv
-                        for j in cutlass.range_constexpr(lookups):
-                            first_row = j * run
-                            pos = window_start + first_row
-                            block = blocks[step * lookups + j]
-                            looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if first_row < 4 else pos
-                            row_address = element_address(mState, block, looked_up - (looked_up // bs) * bs, 0)
-                            byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
-                            if cutlass.const_expr(first_row >= 4):
-                                for i in cutlass.range_constexpr(run):
-                                    load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-                            else:
-                                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                                    for i in cutlass.range_constexpr(run):
-                                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-            if cutlass.const_expr(step >= 1):  # pool and store token `step - 1` from slot (step - 1) % 2
-                _, kv_slot, active, _ = meta[step - 1]
-                if active:
-                    x = cute.make_rmem_tensor((VEC,), Float32)
-                    for c in cutlass.range_constexpr(VEC):
-                        x[c] = pool_channel(kv[(step - 1) % 2], sc[(step - 1) % 2], c, 8)
-                    self.write_indexer_entry(x, lane, w, cos[step - 1], sin[step - 1], mCache, kv_slot, eps)
+                w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
+                x = cute.make_rmem_tensor((VEC,), Float32)
+                self.pool_window(mState, mBlockTable, req, position, lane, x)
+                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 class IndexerC128Kernel(IndexerKernel):

@@ -10,12 +10,7 @@ of an inactive token simply skips.
 
 Block lookups: the window starts at ``4*(p//4) - 4`` (``= p - 7`` for a boundary token),
 so each half is 4 consecutive positions starting at a multiple of 4; a run of
-``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read. By
-default a half's rows follow its own lookup (the second half's lookup waits for the first's);
-``lookups_first`` issues every lookup before any row, the first half's positions clamped to 0
-(as in :mod:`.indexer_kernel`), so the rows wait for one table round trip. Opt-in knobs of
-:class:`.config.C4Config` also load the norm weights and cos/sin before the rows
-(``entry_inputs_first``) and bound the occupancy (``min_ctas_per_sm``).
+``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read.
 
 Exactness (SPEC §5): per channel, two passes over the registers: ``M`` = exact max over
 the valid rows, then ``e_i = exp2s(mul(sub(s_i, M), L))``, ``u_i = mul(kv_i, e_i)`` and
@@ -37,7 +32,7 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import HEAD_DIM, C4Config, launch_bounds
+from .config import HEAD_DIM, C4Config
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import EntryWriter, token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
@@ -89,44 +84,20 @@ class C4Window:
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
         window_start = (position // RATIO) * RATIO - RATIO  # p - 7 for a boundary token
         row_stride_bytes = Int64(mState.stride[1]) * 4
-        if cutlass.const_expr(self.config.lookups_first):
-            # every block-table read before any state row: the rows wait for one table round trip;
-            # the first half's positions are clamped to 0 for the lookup (at p = 3 its rows are not loaded)
-            runs = []  # (first window row, position, row address) per lookup
-            for half in cutlass.range_constexpr(2):
-                for r in cutlass.range_constexpr(RATIO // run):
-                    first_row = half * RATIO + r * run
-                    pos = window_start + first_row
-                    looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-                    column = looked_up // bs
+        for half in cutlass.range_constexpr(2):
+            kv_byte = (half * HEAD_DIM + t * self.vec) * 4
+            score_byte = kv_byte + STATE_WIDTH * 4
+            for r in cutlass.range_constexpr(RATIO // run):
+                first_row = half * RATIO + r * run
+                pos = window_start + first_row
+                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                    column = pos // bs
                     block = load_scalar(mBlockTable, req, column)
-                    runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
-            for kind in cutlass.range_constexpr(2):  # every score row first: the max can start earlier
-                rows = sc if kind == 0 else kv
-                for first_row, pos, row_address in runs:
-                    byte = ((first_row // RATIO) * HEAD_DIM + t * self.vec) * 4 + (STATE_WIDTH * 4 if kind == 0 else 0)
-                    if cutlass.const_expr(first_row >= RATIO):
-                        for i in cutlass.range_constexpr(run):
-                            load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-                    else:
-                        if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                            for i in cutlass.range_constexpr(run):
-                                load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-        else:
-            for half in cutlass.range_constexpr(2):
-                kv_byte = (half * HEAD_DIM + t * self.vec) * 4
-                score_byte = kv_byte + STATE_WIDTH * 4
-                for r in cutlass.range_constexpr(RATIO // run):
-                    first_row = half * RATIO + r * run
-                    pos = window_start + first_row
-                    if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                        column = pos // bs
-                        block = load_scalar(mBlockTable, req, column)
-                        row_address = element_address(mState, block, pos - column * bs, 0)
-                        for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                            load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
-                        for i in cutlass.range_constexpr(run):
-                            load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
+                    row_address = element_address(mState, block, pos - column * bs, 0)
+                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
+                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
+                    for i in cutlass.range_constexpr(run):
+                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
         for c in cutlass.range_constexpr(self.vec):
             x[c] = pool_channel(kv, sc, c, WINDOW)
 
@@ -149,8 +120,7 @@ class C4PoolKernel(C4Window):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            **launch_bounds(self.config.min_ctas_per_sm),
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
@@ -198,8 +168,7 @@ class C4FusedKernel(C4Window, EntryWriter):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            **launch_bounds(self.config.min_ctas_per_sm),
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
@@ -213,12 +182,6 @@ class C4FusedKernel(C4Window, EntryWriter):
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
-                if cutlass.const_expr(self.config.entry_inputs_first):  # their round trip under the rows'
-                    inputs = self.entry_inputs_x4(mWeight, mCosSin, t, position)
-                    self.pool_window(mState, mBlockTable, req, position, t, x)
-                    self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                        position, kv_slot, eps, fp8_inv, inputs)
-                else:
-                    self.pool_window(mState, mBlockTable, req, position, t, x)
-                    self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                        position, kv_slot, eps, fp8_inv)
+                self.pool_window(mState, mBlockTable, req, position, t, x)
+                self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
+                                    position, kv_slot, eps, fp8_inv)

@@ -49,14 +49,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     for block_size in (4, 3):
         cfg = C4Config(block_size, None)
         yield cfg.tag, "c4", cfg, True
-    for cfg in (  # the opt-in load-order and occupancy knobs
-        C4Config(4, entry(), lookups_first=True, pdl=True),
-        C4Config(3, entry(pages=1), lookups_first=True, entry_inputs_first=True, min_ctas_per_sm=8),
-        C4Config(4, entry("bf16", 8), min_ctas_per_sm=8),
-        C4Config(4, entry(), 2, lookups_first=True, min_ctas_per_sm=4),
-        C4Config(2, None, lookups_first=True),
-    ):
-        yield cfg.tag, "c4", cfg, True
     for block_size, rows_per_lookup, warps, tile in (
         (8, 8, 8, 64), (16, 8, 8, 64), (4, 4, 8, 64), (5, 1, 8, 64), (2, 2, 8, 64), (8, 1, 8, 64),
         (8, 4, 16, 64), (16, 16, 4, 64), (8, 8, 4, 64), (8, 4, 8, 32), (4, 4, 8, 32),
@@ -113,7 +105,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
 
 def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """The indexer compressor (SPEC §12): both layouts with and without the rotation, C4 and
-    C128, C4's tokens per warp and occupancy bound, lookup runs of 1, 2 and 4 (C4) and 1, 4, 8 and 16 rows (C128), both weight dtypes, ``B``
+    C128, lookup runs of 1, 2 and 4 (C4) and 1, 4, 8 and 16 rows (C128), both weight dtypes, ``B``
     of 1, a few and many, every mapping width, PDL; and the save kernel at the indexer's
     state widths."""
     from .config import SaveConfig
@@ -130,14 +122,6 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         (128, 16, "indexer_mxfp4", False, 1, "bfloat16", 8, True),
     ):
         cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
-        yield cfg.tag, "indexer", cfg, True
-    for bs, layout, hadamard, pages, weight, warps, pdl, tokens_per_warp, min_ctas in (  # C4 opt-in knobs
-        (16, "indexer_fp8", False, 64, "bfloat16", 4, True, 1, 8),
-        (16, "indexer_fp8", False, 64, "bfloat16", 4, True, 2, 0),
-        (3, "indexer_mxfp4", True, 7, "float32", 2, False, 4, 0),
-        (2, "indexer_fp8", False, 1, "bfloat16", 4, False, 2, 4),
-    ):
-        cfg = IndexerConfig(4, bs, layout, hadamard, pages, weight, warps, pdl, tokens_per_warp, min_ctas)
         yield cfg.tag, "indexer", cfg, True
     for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
         cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)
