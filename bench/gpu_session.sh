@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One GPU-machine run that checks and times everything. Logs, CSV/JSON and plots go to a
-# work folder and are packed into one file, $OUT/session.tgz (the device tool returns few files).
+# One run on a GPU machine that checks and times everything. Logs, CSV/JSON and plots go to a
+# work folder and are packed into one archive, $OUT/gpu-run.tgz.
 #
 #   bash bench/gpu_session.sh STEP...    STEP: see the case list below (env, conformance-*,
 #                                              tests-*, tune-c128, bench*, pytest-bench)
 #
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
-# installed; CuTe DSL comes from the carried bundle (source .cutedsl/bin/activate.sh first).
+# installed; torch, Triton and CuTe DSL come from the active Python environment ($PYTHON,
+# default python3).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 LOGS="$(mktemp -d)"
@@ -18,7 +19,7 @@ export PYTHONPATH="$link_dir${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 status=0
 
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to NAME.log in the work folder
   local name="$1" limit="$2"; shift 2
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
   timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
@@ -85,7 +86,7 @@ for s in "$@"; do
     tune-stream-grid)
       step tune-stream-grid 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
     tune-stream-short)
-      step tune-stream 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
+      step tune-stream-short 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
     tune-stream)
       step tune-stream 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     conformance-nopdl)
@@ -121,6 +122,6 @@ for s in "$@"; do
       echo "unknown step $s"; status=1 ;;
   esac
 done
-tar czf "$OUT/session.tgz" -C "$LOGS" .
-echo "packed $(ls "$LOGS" | wc -l) files into $OUT/session.tgz"
+tar czf "$OUT/gpu-run.tgz" -C "$LOGS" .
+echo "packed $(ls "$LOGS" | wc -l) files into $OUT/gpu-run.tgz"
 exit $status
