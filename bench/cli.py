@@ -60,6 +60,30 @@ def _versions() -> dict:
     return versions
 
 
+DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16", "cutedsl-stream16"],
+                 128: ["triton", "cutedsl"]}
+
+
+def selected_cases(args) -> tuple[list[int], list]:
+    """The ratios (for the file names) and the benchmark cases that the arguments select."""
+    from .cases import (
+        c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps,
+        save_sweep,
+    )
+    from ..spec.constants import INDEXER_LAYOUTS
+
+    sizes = {"sizes": tuple(args.sizes)} if args.sizes else {}
+    if args.head == 128:  # the indexer's compressor: C4 only
+        ratios, layouts = [4], tuple(args.layout or INDEXER_LAYOUTS)
+        cases = [c for layout in layouts for c in indexer_decode_sweep(**sizes, layout=layout, hadamard=args.hadamard)]
+        extra = indexer_mixed_steps(layouts, hadamard=args.hadamard) + indexer_save_sweep()
+    else:
+        ratios = args.ratio or [128, 4]
+        cases = [c for r in ratios for c in (c128_decode_sweep if r == 128 else c4_decode_sweep)(**sizes)]
+        extra = mixed_steps() + save_sweep()
+    return ratios, cases + (extra if args.extra else [])
+
+
 def run(args) -> int:
     import torch
 
@@ -67,17 +91,11 @@ def run(args) -> int:
         print("bench: no CUDA GPU found; the benchmarks time kernels on a GPU and cannot run here.", file=sys.stderr)
         return 2
     from . import sweep as S
-    from .cases import (
-        c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps,
-        save_sweep,
-    )
     from .report import markdown_tables, plot, write_files
     from .timing import copy_bandwidth_gbs
 
     S.TRIALS = args.trials
-    default_names = ["triton", "cutedsl"] if args.head == 128 else ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8",
-                                                          "cutedsl-cluster16", "cutedsl-stream16"]
-    names = args.impl or default_names
+    names = args.impl or DEFAULT_IMPLS[args.head]
     impls = []
     for name in names:
         try:
@@ -88,20 +106,7 @@ def run(args) -> int:
         print("bench: no implementation could be loaded", file=sys.stderr)
         return 1
     modes = args.mode or ["eager", "graph"]
-    ratios = args.ratio or [128, 4]
-    cases = []
-    if args.head == 128:
-        ratios = [4]
-        layouts = args.layout or ["indexer_fp8", "indexer_mxfp4"]
-        for layout in layouts:
-            cases += indexer_decode_sweep(*([tuple(args.sizes)] if args.sizes else []), layout=layout, hadamard=args.hadamard)
-        if args.extra:
-            cases += indexer_mixed_steps(tuple(layouts), hadamard=args.hadamard) + indexer_save_sweep()
-    for r in ratios if args.head == 512 else []:
-        sweep = c128_decode_sweep if r == 128 else c4_decode_sweep
-        cases += sweep(tuple(args.sizes)) if args.sizes else sweep()
-    if args.extra and args.head == 512:
-        cases += mixed_steps() + save_sweep()
+    ratios, cases = selected_cases(args)
     copy_gbs = copy_bandwidth_gbs()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python -m dsv4_compressor bench", *sys.argv[2:]]), "copy_gbs": copy_gbs, **_versions()}

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..spec import batch as B
-from ..spec.constants import ENTRY_BYTES, HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS
+from ..spec.constants import HEAD_DIM, PAGED_LAYOUTS
 from .cases import Case
 
 
@@ -48,18 +48,15 @@ def _device_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).cuda()
 
 
-def _k_cache(layout: str, num_pages: int, entries: int) -> torch.Tensor:
-    if layout in INDEXER_LAYOUTS:  # uint8 [pages, B, E], page stride B*E rounded up to 16
+def _k_cache(layout: str, num_pages: int, entries: int, device: str = "cuda") -> torch.Tensor:
+    if layout in PAGED_LAYOUTS:  # uint8 [pages, B, E], the page stride as spec.batch.canary_k_cache rounds it
         entry = PAGED_LAYOUTS[layout].entry_bytes
-        page_stride = -(-entries * entry // 16) * 16
-        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
+        granule = 576 if layout == "flashmla_fp8" else 16  # the engines' round_up(B*584, 576); B*E to 16
+        page_stride = -(-entries * entry // granule) * granule
+        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device=device)
         return torch.as_strided(flat, (num_pages, entries, entry), (page_stride, entry, 1))
-    if layout == "flashmla_fp8":
-        page_stride = -(-entries * ENTRY_BYTES // 576) * 576  # the engines' round_up(B*584, 576)
-        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device="cuda")
-        return torch.as_strided(flat, (num_pages, entries, ENTRY_BYTES), (page_stride, ENTRY_BYTES, 1))
     dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
-    return torch.empty((num_pages, entries, HEAD_DIM), dtype=dtype, device="cuda")
+    return torch.empty((num_pages, entries, HEAD_DIM), dtype=dtype, device=device)
 
 
 def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:

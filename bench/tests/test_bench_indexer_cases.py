@@ -4,6 +4,7 @@ the bytes each moves (CPU only: the cases are NumPy metadata)."""
 import argparse
 
 import numpy as np
+import pytest
 
 from dsv4_compressor.bench import cli
 from dsv4_compressor.bench.cases import C4_SWEEP, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep
@@ -37,6 +38,33 @@ def test_cli_accepts_the_indexer_options():
     cli.add_arguments(parser)
     args = parser.parse_args(["--head", "128", "--layout", "indexer_mxfp4", "--hadamard", "--sizes", "1", "16384"])
     assert (args.head, args.layout, args.hadamard, args.sizes) == (128, ["indexer_mxfp4"], True, [1, 16384])
+    ratios, cases = cli.selected_cases(args)
+    assert ratios == [4] and [c.token_num for c in cases] == [1, 16384]
+    assert all((c.layout, c.hadamard, c.head_dim, c.compress_ratio) == ("indexer_mxfp4", True, 128, 4) for c in cases)
+
+
+def test_cli_selects_the_sweeps_of_each_head():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    ratios, cases = cli.selected_cases(parser.parse_args(["--head", "128", "--extra", "--ratio", "128"]))
+    assert ratios == [4] and all(c.head_dim == 128 and c.compress_ratio == 4 for c in cases)
+    assert [c.kind for c in cases] == ["decode"] * 2 * len(C4_SWEEP) + ["mixed"] * 2 + ["save"] * 4
+    assert {c.layout for c in cases} == {"indexer_fp8", "indexer_mxfp4"}
+    ratios, cases = cli.selected_cases(parser.parse_args(["--sizes", "8"]))
+    assert ratios == [128, 4] and [(c.compress_ratio, c.token_num, c.head_dim) for c in cases] == [(128, 8, 512), (4, 8, 512)]
+    _, cases = cli.selected_cases(parser.parse_args(["--ratio", "4", "--extra"]))
+    assert all(c.head_dim == 512 for c in cases) and {c.kind for c in cases} == {"decode", "decode_step", "mixed", "save"}
+
+
+@pytest.mark.parametrize("layout", ["flashmla_fp8", "indexer_fp8", "indexer_mxfp4", "bf16", "fp8_per_tensor"])
+def test_bench_k_cache_has_the_spec_cache_geometry(layout):
+    pytest.importorskip("torch")
+    from dsv4_compressor.bench.timing import _k_cache
+    from dsv4_compressor.spec.batch import canary_k_cache
+
+    k_cache, spec = _k_cache(layout, 3, 64, device="cpu"), canary_k_cache(layout, 3, 64)
+    assert tuple(k_cache.shape) == spec.shape
+    assert tuple(s * k_cache.element_size() for s in k_cache.stride()) == spec.strides
 
 
 def test_indexer_knob_rows_run_only_on_indexer_compress_cases():
