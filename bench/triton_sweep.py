@@ -21,8 +21,8 @@ import torch
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
 from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
-
-ENTRY_BYTES = 584
+from ..spec.constants import ENTRY_BYTES
+from .timing import copy_bandwidth_gbs
 
 C128_CONFIGS = [
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
@@ -46,16 +46,6 @@ C4_CONFIGS = [
 def config_name(config: FusedConfig) -> str:
     loop = "unrolled" if config.unroll_tiles else f"loop{config.tile_stages}"
     return f"bc{config.block_c}_w{config.num_warps}_{loop}"
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + written)."""
-    import triton
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * nbytes / (ms * 1e-3)
 
 
 def decode_batch(ratio: int, num_tokens: int, block_size: int, rng: np.random.Generator, entries_per_page: int = 64):
@@ -180,7 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check-spec", action="store_true")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_bandwidth_gbs() * 1e9  # bytes/s
     print(f"device-to-device copy: {copy_bw / 1e12:.3f} TB/s", flush=True)
     for ratio in args.ratio or (128, 4):
         configs = [DEFAULT_FUSED[ratio]] if args.default_only else (C128_CONFIGS if ratio == 128 else C4_CONFIGS)
