@@ -99,17 +99,20 @@ def save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:
             + [Case("c4_save", "save", 4, 4, 64, n, "save") for n in sizes])
 
 
+def _indexer_compress(kind: str, layout: str, hadamard: bool, token_num: int) -> Case:
+    name = f"indexer_c4_{kind}_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}"
+    return Case(name, "compress", 4, INDEXER_BLOCK_SIZE, 64, token_num, kind, layout, INDEXER_HEAD_DIM, hadamard)
+
+
 def indexer_decode_sweep(sizes=C4_SWEEP, layout="indexer_fp8", hadamard=False) -> list[Case]:
     """The indexer's C4 decode sweep: every token closes a window; per active token 8 KiB of state
     (8 rows x 128 kv + 128 score floats) in, one entry out."""
-    name = f"indexer_c4_decode_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}"
-    return [Case(name, "compress", 4, INDEXER_BLOCK_SIZE, 64, n, "decode", layout, INDEXER_HEAD_DIM, hadamard) for n in sizes]
+    return [_indexer_compress("decode", layout, hadamard, n) for n in sizes]
 
 
 def indexer_mixed_steps(layouts=INDEXER_LAYOUTS, hadamard=False) -> list[Case]:
     """512 decode tokens at random positions plus a 4096-token prefill chunk, per layout."""
-    return [Case(f"indexer_c4_mixed_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}", "compress", 4,
-                 INDEXER_BLOCK_SIZE, 64, 4096 + 512, "mixed", layout, INDEXER_HEAD_DIM, hadamard) for layout in layouts]
+    return [_indexer_compress("mixed", layout, hadamard, 4096 + 512) for layout in layouts]
 
 
 def indexer_save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:

@@ -67,7 +67,7 @@ def _custom_ops(prefix: str):
             compress_op(*args, compress_ratio, layout, fp8_scale, hadamard=hadamard, workspace=workspace)
 
         return BenchImpl(f"{prefix}-op", compress_with_workspace if prefix == "cutedsl" else compress,
-                         lambda *args: save_op(*args))
+                         save_op)
     return load
 
 
