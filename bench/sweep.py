@@ -18,14 +18,19 @@ TARGET_TRIAL_MS = 25.0  # each trial runs about this long
 TRIALS = 5
 
 
-def _cutedsl(variant: str | None):
+def _cutedsl():
     def load():
-        if variant is None:
-            module = importlib.import_module("dsv4_compressor.impl.cutedsl")
-            return BenchImpl("cutedsl", module.compress_norm_rope_store, module.save_partial_states)
-        chosen = importlib.import_module("dsv4_compressor.impl.cutedsl.variants").VARIANTS[variant]
-        return BenchImpl(f"cutedsl-{variant}", chosen.compress_norm_rope_store, chosen.save_partial_states,
-                         c128_compress_only=chosen.c128_compress_only)
+        module = importlib.import_module("dsv4_compressor.impl.cutedsl")
+        return BenchImpl("cutedsl", module.compress_norm_rope_store, module.save_partial_states)
+    return load
+
+
+def _cutedsl_variant(variant, **belongs):
+    """A named CuTe DSL variant (:mod:`dsv4_compressor.impl.cutedsl.variants`); ``belongs``: the
+    :class:`BenchImpl` flag naming the cases where it differs from the dispatcher."""
+    def load():
+        return BenchImpl(f"cutedsl-{variant.name}", variant.compress_norm_rope_store, variant.save_partial_states,
+                         **belongs)
     return load
 
 
@@ -89,27 +94,19 @@ def _triton_indexer(block_c: int, num_warps: int):
     return load
 
 
-def _cutedsl_indexer(name: str):
-    """A CuTe DSL indexer variant (other mapping knobs; a row of the ``--head 128`` sweep's compress cases)."""
-    def load():
-        variant = INDEXER_VARIANTS[name]
-        return BenchImpl(f"cutedsl-{name}", variant.compress_norm_rope_store, variant.save_partial_states,
-                         indexer_compress_only=True)
-    return load
-
-
 # name -> loader; each named CuTe DSL variant (a forced C128 path and knobs,
 # dsv4_compressor.impl.cutedsl.variants, which needs torch only) is a separate row
 REGISTRY = {
     "triton": _module("triton", "dsv4_compressor.impl.triton"),
-    "cutedsl": _cutedsl(None),
+    "cutedsl": _cutedsl(),
     "cutedsl-bound": _cutedsl_bound(),
     "cutedsl-op": _custom_ops("cutedsl"),
     "triton-op": _custom_ops("triton"),
-    **{f"cutedsl-{name}": _cutedsl(name) for name in VARIANTS},
+    **{f"cutedsl-{name}": _cutedsl_variant(v, c128_compress_only=v.c128_compress_only) for name, v in VARIANTS.items()},
     # the indexer kernel's knobs (C4: the default is block_c 128 with 2 warps)
     **{f"triton-indexer_bc{c}_w{w}": _triton_indexer(c, w) for c, w in ((128, 4), (64, 4), (128, 1))},
-    **{f"cutedsl-{name}": _cutedsl_indexer(name) for name in INDEXER_VARIANTS},  # the CuTe DSL indexer's knobs
+    # the CuTe DSL indexer's knobs (rows of the --head 128 sweep's compress cases)
+    **{f"cutedsl-{name}": _cutedsl_variant(v, indexer_compress_only=True) for name, v in INDEXER_VARIANTS.items()},
 }
 
 
