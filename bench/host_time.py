@@ -50,8 +50,9 @@ def _arguments(ratio: int, tokens: int, device):
     import torch
 
     from ..spec import batch as B
-    from ..spec.constants import ENTRY_BYTES, ratio_config
+    from ..spec.constants import HEAD_DIM, ratio_config
     from .cases import c4_decode_sweep, c128_decode_sweep
+    from .timing import _k_cache
 
     case = (c128_decode_sweep if ratio == 128 else c4_decode_sweep)((tokens,))[0]
     batch = case.batch(np.random.default_rng(0))
@@ -61,14 +62,13 @@ def _arguments(ratio: int, tokens: int, device):
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
     state = torch.zeros((max(batch.num_state_blocks, 1), case.block_size, width), device=device)
-    k_cache = torch.zeros((max(batch.num_pages, 1), case.entries_per_page, ENTRY_BYTES), dtype=torch.uint8,
-                          device=device)
+    k_cache = _k_cache(case.layout, max(batch.num_pages, 1), case.entries_per_page, device=device)
     args = (state, t(batch.token_to_req_indices), t(batch.positions), t(batch.slot_mapping), t(batch.block_table),
             case.block_size, t(B.random_norm_weight(np.random.default_rng(1), bf16=False)), 1e-6,
             t(B.rope_cos_sin_cache(int(batch.positions.max()) + 1)), k_cache, t(batch.kv_slot_mapping))
     kv_score = torch.zeros((tokens, width), device=device)
     ape = torch.zeros((ratio, width // 2), device=device)
-    workspace = torch.empty((tokens, 512), device=device)
+    workspace = torch.empty((tokens, HEAD_DIM), device=device)
     return args, kv_score, ape, workspace
 
 
