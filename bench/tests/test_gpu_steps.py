@@ -1,0 +1,65 @@
+"""The names that bench/gpu_session.sh passes to the tools (tuning settings, kernel variants,
+bench implementations) all exist: a retired variant or setting fails here, not on the GPU."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "gpu_session.sh"
+
+
+def _step_commands() -> list[list[str]]:
+    """The words of every ``step NAME LIMIT COMMAND...`` line."""
+    lines = (line.strip().removesuffix(";;") for line in SCRIPT.read_text().splitlines())
+    return [shlex.split(line) for line in lines if line.startswith("step ")]
+
+
+def _values(option: str) -> list[str]:
+    """Every word given to ``option`` (up to the next option) in any step."""
+    found = []
+    for words in _step_commands():
+        for i, word in enumerate(words):
+            if word == option:
+                for value in words[i + 1:]:
+                    if value.startswith("-"):
+                        break
+                    found.append(value)
+    return found
+
+
+def _ncu_variants() -> list[str]:
+    """The variants of the ``ncu-VARIANT-TOKENS`` steps (``profile-one --variant``)."""
+    heads = (line.strip() for line in SCRIPT.read_text().splitlines())
+    labels = [label for line in heads if line.startswith("ncu-") for label in line.rstrip(")").split("|")]
+    return [label.removeprefix("ncu-").rsplit("-", 1)[0] for label in labels]
+
+
+def test_tuning_settings_exist():
+    from dsv4_compressor.bench.cutedsl_tune import settings
+
+    named = set(_values("--settings"))
+    assert {"block8", "cluster16", "stream16-g24", "handoff-chunk1"} <= named
+    unknown = named - set(settings(128)) - set(settings(4))
+    assert not unknown, f"gpu_session.sh names tuning settings that bench/cutedsl_tune.py lacks: {sorted(unknown)}"
+
+
+def test_variants_and_implementations_exist():
+    from dsv4_compressor.bench.sweep import REGISTRY
+    from dsv4_compressor.impl.cutedsl.variants import VARIANTS
+
+    variants = set(_values("--variants") + _ncu_variants())
+    assert {"cluster8", "split_block8", "cluster16_nopdl"} <= variants
+    assert not variants - set(VARIANTS), sorted(variants - set(VARIANTS))
+    impls = set(_values("--impl"))
+    assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w1"} <= impls
+    for impl in impls:
+        module, _, attribute = impl.rpartition(":")
+        if module:
+            assert module == "dsv4_compressor.impl.cutedsl.variants" and attribute in VARIANTS, impl
+        else:
+            assert impl in REGISTRY, impl
