@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..spec.constants import HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ROPE_DIM
+from ..spec.constants import HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ROPE_DIM, ratio_config
 
 __all__ = [
     "save_partial_states",
@@ -51,13 +51,14 @@ def _expect(name: str, given: Any, expected: Any, why: str) -> None:
         raise ValueError(f"{name}: expected {expected!r} ({why}), got {given!r}")
 
 
-def _check_ratio(compress_ratio: int, state_width: int, overlap: bool | None = None) -> None:
-    if compress_ratio not in (4, 128):
-        raise ValueError(f"compress_ratio: expected 4 or 128, got {compress_ratio!r}")
-    coff = 2 if compress_ratio == 4 else 1
-    _expect("state_width", state_width, coff * HEAD_DIM, f"{coff} x head 512 for compress_ratio {compress_ratio}")
+def _check_ratio(compress_ratio: int, state_width: int, state_cache: torch.Tensor, overlap: bool | None = None) -> None:
+    """``compress_ratio``, ``state_width`` (and ``overlap``) agree with SPEC §1 and with ``state_cache``."""
+    config = ratio_config(compress_ratio)  # ValueError naming compress_ratio unless 4 or 128
+    _expect("state_width", state_width, config.state_width,
+            f"{config.overlap} x head {HEAD_DIM} for compress_ratio {compress_ratio}")
+    _expect("state_width", state_width, state_cache.shape[-1] // 2, "half of state_cache's last dimension")
     if overlap is not None:
-        _expect("overlap", bool(overlap), compress_ratio == 4, "overlapping windows are C4's only")
+        _expect("overlap", bool(overlap), config.overlap == 2, "overlapping windows are C4's only")
 
 
 def _kv_score(kv: torch.Tensor, score: torch.Tensor, state_width: int) -> torch.Tensor:
@@ -89,8 +90,7 @@ def _per_token(name: str, tensor: torch.Tensor, num_actual: int) -> torch.Tensor
 
 
 def _save(backend, kv, score, ape, positions, state_cache, slot_mapping, block_size, state_width, compress_ratio) -> None:
-    _check_ratio(compress_ratio, state_width)
-    _expect("state_width", state_width, state_cache.shape[-1] // 2, "half of state_cache's last dimension")
+    _check_ratio(compress_ratio, state_width, state_cache)
     num_actual = slot_mapping.shape[0]
     backend.save_partial_states(_kv_score(kv[:num_actual], score[:num_actual], state_width), ape,
                                 _per_token("positions", positions, num_actual), slot_mapping, state_cache, block_size)
@@ -200,8 +200,7 @@ def compress_norm_rope_store_triton(
     from ..impl import triton as backend
 
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
-    _check_ratio(compress_ratio, state_width, overlap)
-    _expect("state_width", state_width, state_cache.shape[-1] // 2, "half of state_cache's last dimension")
+    _check_ratio(compress_ratio, state_width, state_cache, overlap)
     token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices=token_to_req_indices,
                                                       positions=positions, slot_mapping=slot_mapping)
     backend.compress_norm_rope_store(state_cache, token_to_req, pos, slots, block_table, block_size, rms_norm_weight,
@@ -239,8 +238,7 @@ def compress_norm_rope_store_cutedsl(
     from ..impl import cutedsl as backend
 
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
-    _check_ratio(compress_ratio, state_width, overlap)
-    _expect("state_width", state_width, state_cache.shape[-1] // 2, "half of state_cache's last dimension")
+    _check_ratio(compress_ratio, state_width, state_cache, overlap)
     layout = _store_layout(store_full_kv, store_full_fp8)
     token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices=token_to_req_indices,
                                                       positions=positions, slot_mapping=slot_mapping)

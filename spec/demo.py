@@ -15,7 +15,7 @@ import numpy as np
 
 from . import batch as B
 from . import float64_ideal
-from .constants import DATA_RECORD_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
+from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
 from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
 from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store
@@ -29,21 +29,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"), default="flashmla_fp8",
                         help="the 512-wide FlashMLA entry, or an indexer entry (head width 128, SPEC §12)")
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
-
-
-def _float64_entry(state, b, weight, eps, cos_sin, t):
-    """Softmax pooling, RMSNorm and RoPE in float64, straight from the formulas."""
-    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, HEAD_DIM)
-    return y, float64_ideal.rope(y[NOPE_DIM:], cs)
-
-
-def _float64_indexer_entry(state, b, weight, eps, cos_sin, t, hadamard):
-    """The indexer's z (SPEC §12) in float64 from the formulas: pooling, RMSNorm over 128, RoPE
-    on 64..127 and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
-    y, cs = float64_ideal.pooled_norm(state, b, weight, eps, cos_sin, t, INDEXER_HEAD_DIM)
-    z = y.copy()
-    z[64:] = float64_ideal.rope(y[64:], cs)
-    return float64_ideal.sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
 
 
 def run_indexer(args) -> int:
@@ -75,7 +60,7 @@ def run_indexer(args) -> int:
     data = pages[page, o * entry.data_bytes:(o + 1) * entry.data_bytes]
     scale_at = entries * entry.data_bytes + o * entry.scale_bytes
     scale_record = pages[page, scale_at:scale_at + entry.scale_bytes]
-    z = _float64_indexer_entry(state, b, weight, eps, cos_sin, t, args.hadamard)
+    z = float64_ideal.indexer_entry(state, b, weight, eps, cos_sin, t, args.hadamard)
     p = int(b.positions[t])
     print(f"\n{b.num_active} of {b.num_tokens} tokens are active. Entry of token {t}: position {p} closes group {p // r};"
           f" cache slot {slot} = page {page}, entry {o}: data record at page byte {o * entry.data_bytes},"
@@ -138,7 +123,7 @@ def run(args) -> int:
     data = pages[page, o * DATA_RECORD_BYTES:(o + 1) * DATA_RECORD_BYTES]
     scale_at = entries * DATA_RECORD_BYTES + o * 8
     scales = pages[page, scale_at:scale_at + 8]
-    y, rope = _float64_entry(state, b, weight, eps, cos_sin, t)
+    y, rope = float64_ideal.attention_entry(state, b, weight, eps, cos_sin, t)
     p = int(b.positions[t])
     print(f"\nEntry of token {t}: position {p} closes group {p // r}, rows {max(p - config.window + 1, 0)}..{p};"
           f" cache slot {slot} = page {page}, entry {o}")

@@ -45,3 +45,18 @@ def sylvester(n: int) -> np.ndarray:
     while matrix.shape[0] < n:
         matrix = np.block([[matrix, matrix], [matrix, -matrix]])
     return matrix
+
+
+def attention_entry(state, batch, weight, eps, cos_sin, token):
+    """The 512-wide entry (SPEC §0): ``(y [512] normalized, rope [64])``, the RoPE of ``y[448:]``."""
+    y, cs = pooled_norm(state, batch, weight, eps, cos_sin, token, 512)
+    return y, rope(y[448:], cs)
+
+
+def indexer_entry(state, batch, weight, eps, cos_sin, token, hadamard):
+    """SPEC §12's ``z`` (before bf16): pooling and RMSNorm over 128, RoPE on channels 64..127
+    and, with ``hadamard``, the normalized Sylvester-Hadamard matrix."""
+    y, cs = pooled_norm(state, batch, weight, eps, cos_sin, token, 128)
+    z = y.copy()
+    z[64:] = rope(y[64:], cs)
+    return sylvester(128) @ z / np.sqrt(128.0) if hadamard else z

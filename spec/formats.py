@@ -88,17 +88,22 @@ def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
 
 
 # ---- UE8M0 block exponent -------------------------------------------------------------
-def ue8m0_exponent(amax: np.ndarray) -> np.ndarray:
-    """SPEC ``ue8m0``: the smallest integer ``k`` with ``max(amax, AMIN) <= 448 * 2^k``.
+def smallest_scale_exponent(a: np.ndarray, grid_max: float) -> np.ndarray:
+    """The smallest integer ``k`` with ``a <= grid_max * 2^k``, for binary32 ``a > 0``, as ``int64``.
 
-    With ``a = m * 2^e`` and ``1/2 <= m < 1`` (``frexp``, exact) and ``448 = 0.875 * 2^9``:
-    ``448 * 2^(e-9) = 0.875 * 2^e`` holds ``a`` iff ``m <= 0.875``, and ``448 * 2^(e-10)
-    < 2^(e-1) <= a`` never does; so ``k = e - 9``, plus one when ``m > 0.875``.
-    The comparison is exact, with no rounded division.
+    With ``a = m * 2^e`` and ``grid_max = g * 2^s``, ``1/2 <= m, g < 1`` (``frexp``, exact):
+    ``grid_max * 2^(e-s) = g * 2^e`` holds ``a`` iff ``m <= g``, and ``g * 2^(e-1) < 2^(e-1) <= a``
+    never does; so ``k = e - s``, plus one when ``m > g`` (then ``g * 2^(e+1) >= 2^e > a``).
+    The comparison is exact, with no rounded division or logarithm.
     """
-    a = np.maximum(np.asarray(amax, dtype=F32), AMAX_FLOOR)
+    g, s = np.frexp(F32(grid_max))
     mantissa, exponent = np.frexp(a)
-    return (exponent.astype(np.int64) - 9) + (mantissa > 0.875)
+    return (exponent.astype(np.int64) - int(s)) + (mantissa > g)
+
+
+def ue8m0_exponent(amax: np.ndarray) -> np.ndarray:
+    """SPEC ``ue8m0``: the smallest integer ``k`` with ``max(amax, AMIN) <= 448 * 2^k``."""
+    return smallest_scale_exponent(np.maximum(np.asarray(amax, dtype=F32), AMAX_FLOOR), FP8_MAX)
 
 
 def ue8m0_scale_byte(k: np.ndarray) -> np.ndarray:
@@ -108,6 +113,7 @@ def ue8m0_scale_byte(k: np.ndarray) -> np.ndarray:
 
 # ---- E2M1 (SPEC §12, MXFP4) -------------------------------------------------------------
 E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=F32)  # indexed by the 3-bit code
+_MXFP4_AMAX_FLOOR = F32(E2M1_MAX * 2.0**-126)  # exact: 6 * 2^-126 is a normal binary32
 
 
 def e2m1_bits(v: np.ndarray) -> np.ndarray:
@@ -132,13 +138,5 @@ def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:
 
 
 def mxfp4_exponent(amax: np.ndarray) -> np.ndarray:
-    """SPEC §12: the smallest integer ``k`` with ``max(amax, 6 * 2^-126) <= 6 * 2^k``.
-
-    With ``a = m * 2^e``, ``1/2 <= m < 1`` (``frexp``, exact) and ``6 = 0.75 * 2^3``:
-    ``6 * 2^(e-3) = 0.75 * 2^e`` holds ``a`` iff ``m <= 0.75``, and ``6 * 2^(e-4) = 0.375 * 2^e``
-    never does; so ``k = e - 3``, plus one when ``m > 0.75``. The result lies in ``[-126, 126]``.
-    """
-    floor = F32(E2M1_MAX) * np.ldexp(F32(1.0), -126).astype(F32)
-    a = np.maximum(np.asarray(amax, dtype=F32), floor)
-    mantissa, exponent = np.frexp(a)
-    return (exponent.astype(np.int64) - 3) + (mantissa > 0.75)
+    """SPEC §12: the smallest integer ``k`` with ``max(amax, 6 * 2^-126) <= 6 * 2^k``, in ``[-126, 126]``."""
+    return smallest_scale_exponent(np.maximum(np.asarray(amax, dtype=F32), _MXFP4_AMAX_FLOOR), E2M1_MAX)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arithmetic import add, mul, sub
+from .arithmetic import add, mul, pow2, sub
 from .constants import HADAMARD_SCALE, HADAMARD_SPANS, INDEXER_HEAD_DIM, INDEXER_MXFP4_BLOCK, INDEXER_ROPE_START
-from .formats import bf16, e2m1_bits, e4m3_bits, mxfp4_exponent, ue8m0_exponent
+from .formats import bf16, e2m1_bits, e4m3_bits, mxfp4_exponent, ue8m0_exponent, ue8m0_scale_byte
 from .postprocess import apply_rope
 
 F32 = np.float32
@@ -80,7 +80,6 @@ def quantize_mxfp4(q: np.ndarray) -> IndexerMxfp4:
     n = q.shape[0]
     blocks = q.reshape(n, -1, INDEXER_MXFP4_BLOCK)
     k = mxfp4_exponent(np.max(np.abs(blocks), axis=-1))  # [n, 4], in [-126, 126]
-    inv_scale = ((127 - k).astype(np.uint32) << np.uint32(23)).view(F32)  # 2^-k, a normal binary32
-    codes = e2m1_bits(mul(blocks, inv_scale[:, :, None])).reshape(n, INDEXER_HEAD_DIM)
+    codes = e2m1_bits(mul(blocks, pow2(-k)[:, :, None])).reshape(n, INDEXER_HEAD_DIM)  # 2^-k: a normal binary32
     packed = codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))
-    return IndexerMxfp4(packed=packed.astype(np.uint8), scale_bytes=(k + 127).astype(np.uint8))
+    return IndexerMxfp4(packed=packed.astype(np.uint8), scale_bytes=ue8m0_scale_byte(k))

@@ -13,7 +13,7 @@ import numpy as np
 
 from .arithmetic import div, mul
 from .constants import (
-    DATA_RECORD_BYTES, ENTRY_BYTES, INDEXER_FP8, INDEXER_MXFP4, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES, EntryLayout,
+    DATA_RECORD_BYTES, ENTRY_BYTES, FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES, EntryLayout,
 )
 from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits
 from .indexer import IndexerFp8, IndexerMxfp4
@@ -81,14 +81,7 @@ def flashmla_entry_bytes(nope: QuantizedNope, rope_bits: np.ndarray) -> tuple[np
 
 def store_flashmla_fp8(k_cache: np.ndarray, slots: np.ndarray, nope: QuantizedNope, rope_bits: np.ndarray) -> None:
     """``flashmla_fp8``: data record at ``page*stride0 + o*576``, scales at ``page*stride0 + B*576 + o*8``."""
-    entries = k_cache.shape[1]
-    pages = flashmla_page_bytes(k_cache)
-    page, offset = page_and_offset(slots, entries)
-    data, scales = flashmla_entry_bytes(nope, rope_bits)
-    data_columns = data_record_offset(offset)[:, None] + np.arange(DATA_RECORD_BYTES)
-    scale_columns = scale_record_offset(offset, entries)[:, None] + np.arange(SCALE_RECORD_BYTES)
-    pages[page[:, None], data_columns] = data
-    pages[page[:, None], scale_columns] = scales
+    store_records(k_cache, FLASHMLA_FP8, slots, *flashmla_entry_bytes(nope, rope_bits))
 
 
 def store_bf16(k_cache: np.ndarray, slots: np.ndarray, y: np.ndarray, rope_bits: np.ndarray) -> None:

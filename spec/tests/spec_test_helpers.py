@@ -38,6 +38,5 @@ def ideal_entry(state: np.ndarray, inputs: StepInputs, token: int) -> tuple[np.n
 
     Written from the formulas (softmax, RMSNorm, RoPE), not from the spec's code.
     """
-    y, cs = float64_ideal.pooled_norm(state, inputs.batch, inputs.rms_norm_weight, inputs.rms_norm_eps,
-                                      inputs.cos_sin_cache, token, 512)
-    return y, float64_ideal.rope(y[448:], cs)
+    return float64_ideal.attention_entry(state, inputs.batch, inputs.rms_norm_weight, inputs.rms_norm_eps,
+                                         inputs.cos_sin_cache, token)

@@ -127,10 +127,7 @@ def run_indexer(batch, state, inputs, layout, hadamard):
 def float64_entry(batch, state, inputs, token: int, hadamard: bool) -> np.ndarray:
     """SPEC §12's z (before bf16) in float64, from the formulas: softmax pooling over the window,
     RMSNorm over 128, RoPE on 64..127, then the normalized Walsh-Hadamard matrix."""
-    y, cs = float64_ideal.pooled_norm(state, batch, inputs["weight"], 1e-6, inputs["cos_sin"], token, 128)
-    z = y.copy()
-    z[64:] = float64_ideal.rope(y[64:], cs)
-    return float64_ideal.sylvester(128) @ z / np.sqrt(128.0) if hadamard else z
+    return float64_ideal.indexer_entry(state, batch, inputs["weight"], 1e-6, inputs["cos_sin"], token, hadamard)
 
 
 def read_entry(k_cache: np.ndarray, layout: str, slot: int) -> tuple[np.ndarray, np.ndarray]:
