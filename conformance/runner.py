@@ -70,39 +70,13 @@ def run_spec(inputs: StepInputs) -> Expected:
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
 
-def to_torch(array: np.ndarray, device: str, strided: bool = False):
-    """A torch copy of a NumPy array on ``device`` (uint16 bf16 patterns become bfloat16).
+def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
+    """A NumPy copy of ``array``.
 
     ``strided``: the copy is a view into a wider allocation — rows padded by 3 elements and
     the base moved by 1 element (so neither the base nor the row stride is 16-byte aligned),
-    with a unit last stride as SPEC §9 requires.
+    with a unit last stride as SPEC §9 requires; the padding holds NaN (-7 for integers).
     """
-    import torch
-
-    if array.dtype == np.uint16:
-        tensor = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
-    if not strided or tensor.dim() == 0:
-        return tensor.to(device)
-    shape = tuple(tensor.shape)
-    padded = shape[:-1] + (shape[-1] + 3,) if tensor.dim() > 1 else shape
-    wide = torch.full((1 + int(np.prod(padded)) + 5,), 0, dtype=tensor.dtype)
-    if tensor.dtype.is_floating_point:
-        wide.fill_(float("nan"))
-    else:
-        wide.fill_(-7)
-    strides = [1] * len(shape)
-    for axis in range(len(shape) - 2, -1, -1):
-        strides[axis] = strides[axis + 1] * padded[axis + 1]
-    view = torch.as_strided(wide, shape, tuple(strides), 1)
-    view.copy_(tensor)
-    return view.to(device) if device == "cpu" else _strided_on(view, wide, device)
-
-
-def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
-    """A NumPy copy of ``array``; ``strided``: a view laid out in memory as :func:`to_torch`'s
-    (rows padded by 3 elements, base moved by 1 element, padding NaN or -7)."""
     if not strided or array.ndim == 0:
         return np.array(array, copy=True, order="C")
     shape = array.shape
@@ -117,12 +91,21 @@ def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
     return view
 
 
-def _strided_on(view, wide, device: str):
-    """The same strided view, on another device."""
+def to_torch(array: np.ndarray, device: str, strided: bool = False):
+    """:func:`to_numpy`'s copy as a torch tensor on ``device``, laid out alike (uint16 bf16
+    patterns become bfloat16)."""
     import torch
 
-    moved = wide.to(device)
-    return torch.as_strided(moved, view.shape, view.stride(), view.storage_offset())
+    host = to_numpy(array, strided)
+    owner = host if host.base is None else host.base  # the wider allocation of a strided view
+    if owner.dtype == np.uint16:
+        tensor = torch.from_numpy(owner.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(owner)
+    if host.base is None:
+        return tensor.to(device)
+    moved = tensor.to(device)
+    return torch.as_strided(moved, host.shape, tuple(s // host.itemsize for s in host.strides), 1)
 
 
 def features(inputs: StepInputs) -> Features:
@@ -138,54 +121,55 @@ def features(inputs: StepInputs) -> Features:
     )
 
 
-def run_numpy_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`run_implementation` for an implementation taking NumPy arrays (on the host)."""
+def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """The implementation's state bytes after save and cache bytes after store (NumPy arrays
+    on the host for an implementation that takes them, else torch tensors on ``device``)."""
     b = inputs.batch
     strided = inputs.strided_inputs
-    a = {name: to_numpy(getattr(b, name), strided) for name in
+    if impl.takes_numpy:
+        def convert(array):
+            return to_numpy(array, strided)
+
+        def allocate(buffer: Buffer):
+            return buffer.numpy_copy()
+
+        def load(owner, data: np.ndarray) -> None:
+            owner[...] = data
+
+        def host_bytes(owner) -> np.ndarray:
+            return owner.copy()
+    else:
+        import torch
+
+        def convert(array):
+            return to_torch(array, device, strided)
+
+        def allocate(buffer: Buffer):
+            return buffer.torch_copy(device)
+
+        def load(owner, data: np.ndarray) -> None:
+            owner.copy_(torch.from_numpy(data).to(device))
+
+        def host_bytes(owner) -> np.ndarray:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return owner.cpu().numpy().copy()
+
+    a = {name: convert(getattr(b, name)) for name in
          ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    state_owner, state = inputs.state_cache.numpy_copy()
-    impl.target.save_partial_states(to_numpy(inputs.kv_score, strided), to_numpy(inputs.ape, strided),
-                                    a["positions"], a["slot_mapping"], state, b.block_size)
-    state_after_save = state_owner.copy()
-    state_owner[...] = expected.state_after_save  # judge the store alone
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    state_owner, state = allocate(inputs.state_cache)
+    impl.target.save_partial_states(convert(inputs.kv_score), convert(inputs.ape), a["positions"], a["slot_mapping"],
+                                    state, b.block_size)
+    state_after_save = host_bytes(state_owner)
+    load(state_owner, expected.state_after_save)  # judge the store alone
+    k_owner, k_cache = allocate(inputs.k_cache)
     impl.target.compress_norm_rope_store(
         state, a["token_to_req_indices"], a["positions"], a["slot_mapping"], a["block_table"], b.block_size,
-        to_numpy(inputs.rms_norm_weight, strided), inputs.rms_norm_eps, to_numpy(inputs.cos_sin_cache, strided),
+        convert(inputs.rms_norm_weight), inputs.rms_norm_eps, convert(inputs.cos_sin_cache),
         k_cache, a["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
-        **({"hadamard": True} if inputs.hadamard else {}),
-    )
-    return state_after_save, k_owner.copy()
-
-
-def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """The implementation's state bytes after save and cache bytes after store."""
-    if impl.takes_numpy:
-        return run_numpy_implementation(impl, inputs, expected)
-    import torch
-
-    b = inputs.batch
-    strided = inputs.strided_inputs
-    t = {name: to_torch(getattr(b, name), device, strided) for name in
-         ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    state_owner, state = inputs.state_cache.torch_copy(device)
-    impl.target.save_partial_states(to_torch(inputs.kv_score, device, strided), to_torch(inputs.ape, device, strided),
-                                    t["positions"], t["slot_mapping"], state, b.block_size)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    state_after_save = state_owner.cpu().numpy().copy()
-    state_owner.copy_(torch.from_numpy(expected.state_after_save).to(device))  # judge the store alone
-    k_owner, k_cache = inputs.k_cache.torch_copy(device)
-    impl.target.compress_norm_rope_store(
-        state, t["token_to_req_indices"], t["positions"], t["slot_mapping"], t["block_table"], b.block_size,
-        to_torch(inputs.rms_norm_weight, device, strided), inputs.rms_norm_eps, to_torch(inputs.cos_sin_cache, device, strided),
-        k_cache, t["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
         **({"hadamard": True} if inputs.hadamard else {}),  # only the indexer's rotation takes the keyword
     )
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return state_after_save, k_owner.cpu().numpy().copy()
+    return state_after_save, host_bytes(k_owner)
 
 
 # ---- describing a difference -----------------------------------------------------------------
