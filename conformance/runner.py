@@ -276,7 +276,8 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         least, most = bounds.block_amax_range(nope_lo, nope_hi)
         ok = (bounds.ue8m0_range(least) <= k_written) & (k_written <= bounds.ue8m0_range(most))
         floor = (bounds.scale_floor_exponent(least) <= k_written) & (k_written <= bounds.scale_floor_exponent(most))
-        spec_k = expected[_entry_bytes(inputs, expected, slots)["index"][:, DATA_RECORD_BYTES:DATA_RECORD_BYTES + 7]]
+        spec_entries = _entry_bytes(inputs, expected, slots)
+        spec_k = spec_entries["scale"]
         differs = k_written != spec_k.astype(np.int64) - 127
         bump("scale within bound", np.count_nonzero(ok & differs))
         bump("scale floor (SPEC §11)", np.count_nonzero(~ok & floor))
@@ -284,11 +285,11 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         k = np.repeat(k_written, QUANT_BLOCK, axis=1)
         low, high = bounds.e4m3_at(nope_lo, k), bounds.e4m3_at(nope_hi, k)
         accepted = bounds.within(got["nope"], low, high, nope_exact, 0x80)
-        spec_nope = expected[_entry_bytes(inputs, expected, slots)["index"][:, :NOPE_DIM]]
+        spec_nope = spec_entries["nope"]
         bump("NoPE within bound", np.count_nonzero(accepted & (got["nope"] != spec_nope)))
         bump("NoPE beyond bound", np.count_nonzero(~accepted))
         accepted = bounds.within(got["rope"], rope_lo, rope_hi, rope_exact, 0x8000)
-        spec_rope = _entry_bytes(inputs, expected, slots)["rope"]
+        spec_rope = spec_entries["rope"]
         bump("RoPE within bound", np.count_nonzero(accepted & (got["rope"] != spec_rope)))
         bump("RoPE beyond bound", np.count_nonzero(~accepted))
     else:
@@ -333,7 +334,7 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         mantissa, exponent = np.frexp(written)
         power_of_two = (mantissa == 0.5) & np.isfinite(written)
         k_written = np.where(power_of_two, exponent - 1, 0).astype(np.int64)
-        least, most = _amax_range(lo, hi, 128)
+        least, most = bounds.block_amax_range(lo, hi, 128)
         ok = power_of_two[:, None] & (bounds.ue8m0_range(least) <= k_written[:, None]) & (k_written[:, None] <= bounds.ue8m0_range(most))
         differs = actual[scale_idx] != expected[scale_idx]
         bump("scale within bound", np.count_nonzero(ok[:, 0] & differs.any(axis=1)))
@@ -344,7 +345,7 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         bump("values beyond bound", np.count_nonzero(~accepted))
     else:
         k_written = actual[scale_idx].astype(np.int64) - 127  # [n, 4]
-        least, most = _amax_range(lo, hi, 32)
+        least, most = bounds.block_amax_range(lo, hi, 32)
         ok = (mxfp4_exponent(bounds._f32(least)) <= k_written) & (k_written <= mxfp4_exponent(bounds._f32(most)))
         bump("scale within bound", np.count_nonzero(ok & (actual[scale_idx] != expected[scale_idx])))
         bump("scale beyond bound", np.count_nonzero(~ok))
@@ -358,16 +359,6 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         bump("values beyond bound", np.count_nonzero(~accepted))
     bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
     return counts
-
-
-def _amax_range(lo: np.ndarray, hi: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per block of ``block`` channels, the least and greatest amax the bf16 intervals allow."""
-    low = bf16_to_f32(lo).astype(np.float64)
-    high = bf16_to_f32(hi).astype(np.float64)
-    least = np.where((low <= 0) & (high >= 0), 0.0, np.minimum(np.abs(low), np.abs(high)))
-    most = np.maximum(np.abs(low), np.abs(high))
-    n = lo.shape[0]
-    return least.reshape(n, -1, block).max(axis=2), most.reshape(n, -1, block).max(axis=2)
 
 
 def counts_pass(counts: dict[str, int]) -> bool:
