@@ -84,6 +84,6 @@ class _ConformanceOutcomes:
     def pytest_sessionfinish(self, session, exitstatus):
         from dsv4_compressor.conformance.pytest_items import nothing_checked
 
-        if exitstatus == 0 and nothing_checked(session, self.outcomes):
+        if exitstatus == 0 and nothing_checked(self.outcomes):
             session.config.get_terminal_writer().line("dsv4 conformance: every test was skipped; nothing was checked", red=True)
             session.exitstatus = 3

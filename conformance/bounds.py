@@ -103,6 +103,8 @@ def reference(state: np.ndarray, block_table: np.ndarray, requests: np.ndarray, 
     rope_start = head - 64
     config = ratio_config(compress_ratio, head)
     w = weight.astype(np.float64)
+    half = np.arange(config.window) // config.ratio
+    channel = half[:, None] * head + np.arange(head)[None, :]  # [W, H]: each window row's kv channels
     out = [[], [], [], []]
     for start in range(0, len(positions), chunk):
         p = positions[start:start + chunk]
@@ -110,8 +112,6 @@ def reference(state: np.ndarray, block_table: np.ndarray, requests: np.ndarray, 
         pos, valid = window_positions(p, config)
         safe = np.where(valid, pos, 0)
         rows = state[block_table[q[:, None], safe // block_size], safe % block_size]  # [n, W, 2*SW]
-        half = np.arange(config.window) // config.ratio
-        channel = half[:, None] * head + np.arange(head)[None, :]
         kv = np.take_along_axis(rows, channel[None], axis=2)
         score = np.take_along_axis(rows, (config.state_width + channel)[None], axis=2)
         kv = np.where(valid[:, :, None], kv, F32(0.0))
@@ -186,15 +186,15 @@ def scale_floor_exponent(amax: np.ndarray) -> np.ndarray:
     return np.ceil(np.log2(scale)).astype(np.int64)
 
 
-def block_amax_range(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per NoPE block, the least and greatest amax the bf16 intervals [low, high] allow
-    (patterns [n, 448] -> float64 [n, 7])."""
+def block_amax_range(low: np.ndarray, high: np.ndarray, block: int = QUANT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of ``block`` channels, the least and greatest amax the bf16 intervals
+    [low, high] allow (patterns [n, C] -> float64 [n, C / block]; NoPE blocks by default)."""
     lo = bf16_to_f32(low).astype(np.float64)
     hi = bf16_to_f32(high).astype(np.float64)
     least = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(np.abs(lo), np.abs(hi)))
     most = np.maximum(np.abs(lo), np.abs(hi))
     n = low.shape[0]
-    return (least.reshape(n, -1, QUANT_BLOCK).max(axis=2), most.reshape(n, -1, QUANT_BLOCK).max(axis=2))
+    return least.reshape(n, -1, block).max(axis=2), most.reshape(n, -1, block).max(axis=2)
 
 
 # ---- SPEC §12: the indexer's values -------------------------------------------------------

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..spec.validation import LAYOUTS_BY_HEAD
+
 ARRAY_KINDS = ("torch", "numpy")
-LAYOUTS_BY_HEAD_WIDTH = {512: ("flashmla_fp8", "bf16", "fp8_per_tensor"), 128: ("indexer_fp8", "indexer_mxfp4")}
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Capabilities:
         """Why a scenario with features ``f`` lies outside this declaration, or ``None``."""
         layouts = self.layouts
         if layouts is None:
-            layouts = tuple(l for w in self.head_widths for l in LAYOUTS_BY_HEAD_WIDTH.get(w, ()))
+            layouts = tuple(l for w in self.head_widths for l in LAYOUTS_BY_HEAD.get(w, ()))
         block_sizes = dict(self.block_sizes or ())
         checks = (
             (f.head_width in self.head_widths, f"head width {f.head_width} (declared {self.head_widths})"),

@@ -51,10 +51,10 @@ def _uses_triton(name: str, target) -> bool:
     if name == "triton":  # the project's kernels encode bf16 and E4M3 with integer arithmetic
         return False
     module_name = target.__name__ if isinstance(target, types.ModuleType) else type(target).__module__
+    if "triton" in module_name.lower():
+        return True
     module = sys.modules.get(module_name)
-    if "triton" in module_name.lower() or module is None:
-        return "triton" in module_name.lower()
-    return any(type(v).__module__.startswith("triton") for v in list(vars(module).values()))
+    return module is not None and any(type(v).__module__.startswith("triton") for v in list(vars(module).values()))
 
 
 def _interpreter_warning(name: str, impl) -> str | None:

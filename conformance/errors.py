@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..spec.constants import ENTRY_BYTES
 from .implementations import LoadedImplementation
 from .runner import to_numpy, to_torch
 from .scenarios import C4, StepRecipe, build_step, _decode
@@ -165,10 +166,12 @@ def _strided_state(ctx, *, extra_offset=0, row_stride=None, last_stride=1):
     return arrays.as_strided(owner, shape, (shape[1] * row, row, last_stride), extra_offset)
 
 
-def _paged_k_cache(ctx, page_stride: int, pages: int = 3, entries: int = 2):
+def _paged_k_cache(ctx, page_stride: int, entry_stride: int = ENTRY_BYTES, last_stride: int = 1,
+                   pages: int = 3, entries: int = 2):
+    """A flashmla_fp8 cache [pages, entries, 584] with the given strides (in bytes)."""
     arrays = ctx["arrays"]
-    owner = arrays.zeros(pages * page_stride + 1024, "uint8")
-    return arrays.as_strided(owner, (pages, entries, 584), (page_stride, 584, 1))
+    owner = arrays.zeros(pages * page_stride + entries * entry_stride + ENTRY_BYTES * last_stride + 64, "uint8")
+    return arrays.as_strided(owner, (pages, entries, ENTRY_BYTES), (page_stride, entry_stride, last_stride))
 
 
 def _set(key, value_fn):
@@ -185,19 +188,6 @@ def _every_other(ctx, tensor):
 def _cast(key: str, dtype: str):
     """The argument converted to another dtype (a fresh contiguous array)."""
     return _set(key, lambda c, x: x["arrays"].cast(c[key], dtype))
-
-
-def _flashmla_entry_stride(ctx, entry_stride: int, pages: int = 3, entries: int = 2):
-    arrays = ctx["arrays"]
-    page_stride = 2 * 1168
-    owner = arrays.zeros(pages * page_stride + 1024, "uint8")
-    return arrays.as_strided(owner, (pages, entries, 584), (page_stride, entry_stride, 1))
-
-
-def _flashmla_last_stride(ctx, pages: int = 3, entries: int = 2):
-    arrays = ctx["arrays"]
-    owner = arrays.zeros(pages * entries * 584 * 2 + 64, "uint8")
-    return arrays.as_strided(owner, (pages, entries, 584), (entries * 584 * 2, 584 * 2, 2))
 
 
 def _overlapping_blocks(ctx):
@@ -275,9 +265,9 @@ CASES: tuple[ErrorCase, ...] = (
     ErrorCase("state_cache float64 for save", "save", "state_cache", _cast("state_cache", "float64")),
     # SPEC v1.1 §9 additions
     ErrorCase("k_cache entry stride other than 584", "store", "k_cache",
-              _set("k_cache", lambda c, x: _flashmla_entry_stride(x, 592))),
+              _set("k_cache", lambda c, x: _paged_k_cache(x, 4 * ENTRY_BYTES, entry_stride=592))),
     ErrorCase("k_cache with a non-unit last stride", "store", "k_cache",
-              _set("k_cache", lambda c, x: _flashmla_last_stride(x))),
+              _set("k_cache", lambda c, x: _paged_k_cache(x, 4 * ENTRY_BYTES, 2 * ENTRY_BYTES, last_stride=2))),
     ErrorCase("layout of the indexer for head width 512", "store", "layout", _set("layout", lambda c, x: "indexer_fp8")),
     ErrorCase("fp8_scale for the bf16 layout", "store", "fp8_scale", _bf16_with_scale, layout="bf16"),
     ErrorCase("fp8_per_tensor without fp8_scale", "store", "fp8_scale", _fp8_layout(None), layout="fp8_per_tensor"),

@@ -39,7 +39,20 @@ def _sections_marker(section: str) -> str:
     return "spec_s" + section.lstrip("§")
 
 
-class ScenarioItem(pytest.Item):
+class ConformanceFailure(Exception):
+    """A scenario or error case that the implementation failed (reported without a traceback)."""
+
+
+class _ConformanceItem(pytest.Item):
+    """A conformance test: a failure is reported by its verdict's text alone."""
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+
+class ScenarioItem(_ConformanceItem):
     def __init__(self, *, impl, scenario, tolerant: bool, **kwargs):
         super().__init__(**kwargs)
         self.impl, self.scenario, self.tolerant = impl, scenario, tolerant
@@ -56,16 +69,11 @@ class ScenarioItem(pytest.Item):
             raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.first_difference}" + (f"\n{counts}" if counts else "")
                                      + (f"\n{verdict.counts['traceback']}" if "traceback" in verdict.counts else ""))
 
-    def repr_failure(self, excinfo):
-        if isinstance(excinfo.value, ConformanceFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
-
     def reportinfo(self):
         return "dsv4-conformance", None, f"{self.impl.name}: {self.scenario.name} ({self.scenario.description})"
 
 
-class ErrorCaseItem(pytest.Item):
+class ErrorCaseItem(_ConformanceItem):
     def __init__(self, *, impl, case, results: dict, **kwargs):
         super().__init__(**kwargs)
         self.impl, self.case, self.results = impl, case, results
@@ -82,20 +90,11 @@ class ErrorCaseItem(pytest.Item):
         if not verdict.passed:
             raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}")
 
-    def repr_failure(self, excinfo):
-        if isinstance(excinfo.value, ConformanceFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
-
     def reportinfo(self):
         return "dsv4-conformance", None, f"{self.impl.name}: SPEC §9 {self.case.name}"
 
 
-class ConformanceFailure(Exception):
-    """A scenario or error case that the implementation failed (reported without a traceback)."""
-
-
-def make_items(session, config) -> list[pytest.Item]:
+def make_items(pytest_session, config) -> list[pytest.Item]:
     """The conformance tests for ``--dsv4-impl`` (none without it)."""
     from .errors import CASES
     from .implementations import load_implementation
@@ -115,14 +114,14 @@ def make_items(session, config) -> list[pytest.Item]:
     items, results = [], {}
     for impl in loaded:
         for scenario in chosen:
-            item = ScenarioItem.from_parent(session, name=f"dsv4[{impl.name}]::{scenario.name}", impl=impl,
+            item = ScenarioItem.from_parent(pytest_session, name=f"dsv4[{impl.name}]::{scenario.name}", impl=impl,
                                             scenario=scenario, tolerant=tolerant)
             for section in scenario.sections + (("§10",) if tolerant else ()):
                 item.add_marker(_sections_marker(section))
             items.append(item)
         if not config.getoption("--dsv4-no-errors") and not patterns:
             for case in CASES:
-                item = ErrorCaseItem.from_parent(session, name=f"dsv4[{impl.name}]::errors::{case.name}", impl=impl,
+                item = ErrorCaseItem.from_parent(pytest_session, name=f"dsv4[{impl.name}]::errors::{case.name}", impl=impl,
                                                  case=case, results=results)
                 item.add_marker("spec_s9")
                 items.append(item)
@@ -136,7 +135,7 @@ def make_items(session, config) -> list[pytest.Item]:
     return items
 
 
-def nothing_checked(session, reports: dict) -> bool:
+def nothing_checked(reports: dict) -> bool:
     """Whether conformance tests ran and every one of them was skipped."""
     outcomes = [outcome for name, outcome in reports.items() if "dsv4[" in name]
     return bool(outcomes) and all(outcome == "skipped" for outcome in outcomes)

@@ -70,39 +70,13 @@ def run_spec(inputs: StepInputs) -> Expected:
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
 
-def to_torch(array: np.ndarray, device: str, strided: bool = False):
-    """A torch copy of a NumPy array on ``device`` (uint16 bf16 patterns become bfloat16).
+def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
+    """A NumPy copy of ``array``.
 
     ``strided``: the copy is a view into a wider allocation — rows padded by 3 elements and
     the base moved by 1 element (so neither the base nor the row stride is 16-byte aligned),
-    with a unit last stride as SPEC §9 requires.
+    with a unit last stride as SPEC §9 requires; the padding holds NaN (-7 for integers).
     """
-    import torch
-
-    if array.dtype == np.uint16:
-        tensor = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
-    if not strided or tensor.dim() == 0:
-        return tensor.to(device)
-    shape = tuple(tensor.shape)
-    padded = shape[:-1] + (shape[-1] + 3,) if tensor.dim() > 1 else shape
-    wide = torch.full((1 + int(np.prod(padded)) + 5,), 0, dtype=tensor.dtype)
-    if tensor.dtype.is_floating_point:
-        wide.fill_(float("nan"))
-    else:
-        wide.fill_(-7)
-    strides = [1] * len(shape)
-    for axis in range(len(shape) - 2, -1, -1):
-        strides[axis] = strides[axis + 1] * padded[axis + 1]
-    view = torch.as_strided(wide, shape, tuple(strides), 1)
-    view.copy_(tensor)
-    return view.to(device) if device == "cpu" else _strided_on(view, wide, device)
-
-
-def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
-    """A NumPy copy of ``array``; ``strided``: a view laid out in memory as :func:`to_torch`'s
-    (rows padded by 3 elements, base moved by 1 element, padding NaN or -7)."""
     if not strided or array.ndim == 0:
         return np.array(array, copy=True, order="C")
     shape = array.shape
@@ -117,12 +91,21 @@ def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
     return view
 
 
-def _strided_on(view, wide, device: str):
-    """The same strided view, on another device."""
+def to_torch(array: np.ndarray, device: str, strided: bool = False):
+    """:func:`to_numpy`'s copy as a torch tensor on ``device``, laid out alike (uint16 bf16
+    patterns become bfloat16)."""
     import torch
 
-    moved = wide.to(device)
-    return torch.as_strided(moved, view.shape, view.stride(), view.storage_offset())
+    host = to_numpy(array, strided)
+    owner = host if host.base is None else host.base  # the wider allocation of a strided view
+    if owner.dtype == np.uint16:
+        tensor = torch.from_numpy(owner.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(owner)
+    if host.base is None:
+        return tensor.to(device)
+    moved = tensor.to(device)
+    return torch.as_strided(moved, host.shape, tuple(s // host.itemsize for s in host.strides), 1)
 
 
 def features(inputs: StepInputs) -> Features:
@@ -138,54 +121,55 @@ def features(inputs: StepInputs) -> Features:
     )
 
 
-def run_numpy_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`run_implementation` for an implementation taking NumPy arrays (on the host)."""
+def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """The implementation's state bytes after save and cache bytes after store (NumPy arrays
+    on the host for an implementation that takes them, else torch tensors on ``device``)."""
     b = inputs.batch
     strided = inputs.strided_inputs
-    a = {name: to_numpy(getattr(b, name), strided) for name in
+    if impl.takes_numpy:
+        def convert(array):
+            return to_numpy(array, strided)
+
+        def allocate(buffer: Buffer):
+            return buffer.numpy_copy()
+
+        def load(owner, data: np.ndarray) -> None:
+            owner[...] = data
+
+        def host_bytes(owner) -> np.ndarray:
+            return owner.copy()
+    else:
+        import torch
+
+        def convert(array):
+            return to_torch(array, device, strided)
+
+        def allocate(buffer: Buffer):
+            return buffer.torch_copy(device)
+
+        def load(owner, data: np.ndarray) -> None:
+            owner.copy_(torch.from_numpy(data).to(device))
+
+        def host_bytes(owner) -> np.ndarray:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return owner.cpu().numpy().copy()
+
+    a = {name: convert(getattr(b, name)) for name in
          ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    state_owner, state = inputs.state_cache.numpy_copy()
-    impl.target.save_partial_states(to_numpy(inputs.kv_score, strided), to_numpy(inputs.ape, strided),
-                                    a["positions"], a["slot_mapping"], state, b.block_size)
-    state_after_save = state_owner.copy()
-    state_owner[...] = expected.state_after_save  # judge the store alone
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    state_owner, state = allocate(inputs.state_cache)
+    impl.target.save_partial_states(convert(inputs.kv_score), convert(inputs.ape), a["positions"], a["slot_mapping"],
+                                    state, b.block_size)
+    state_after_save = host_bytes(state_owner)
+    load(state_owner, expected.state_after_save)  # judge the store alone
+    k_owner, k_cache = allocate(inputs.k_cache)
     impl.target.compress_norm_rope_store(
         state, a["token_to_req_indices"], a["positions"], a["slot_mapping"], a["block_table"], b.block_size,
-        to_numpy(inputs.rms_norm_weight, strided), inputs.rms_norm_eps, to_numpy(inputs.cos_sin_cache, strided),
+        convert(inputs.rms_norm_weight), inputs.rms_norm_eps, convert(inputs.cos_sin_cache),
         k_cache, a["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
-        **({"hadamard": True} if inputs.hadamard else {}),
-    )
-    return state_after_save, k_owner.copy()
-
-
-def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """The implementation's state bytes after save and cache bytes after store."""
-    if impl.takes_numpy:
-        return run_numpy_implementation(impl, inputs, expected)
-    import torch
-
-    b = inputs.batch
-    strided = inputs.strided_inputs
-    t = {name: to_torch(getattr(b, name), device, strided) for name in
-         ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    state_owner, state = inputs.state_cache.torch_copy(device)
-    impl.target.save_partial_states(to_torch(inputs.kv_score, device, strided), to_torch(inputs.ape, device, strided),
-                                    t["positions"], t["slot_mapping"], state, b.block_size)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    state_after_save = state_owner.cpu().numpy().copy()
-    state_owner.copy_(torch.from_numpy(expected.state_after_save).to(device))  # judge the store alone
-    k_owner, k_cache = inputs.k_cache.torch_copy(device)
-    impl.target.compress_norm_rope_store(
-        state, t["token_to_req_indices"], t["positions"], t["slot_mapping"], t["block_table"], b.block_size,
-        to_torch(inputs.rms_norm_weight, device, strided), inputs.rms_norm_eps, to_torch(inputs.cos_sin_cache, device, strided),
-        k_cache, t["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
         **({"hadamard": True} if inputs.hadamard else {}),  # only the indexer's rotation takes the keyword
     )
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return state_after_save, k_owner.cpu().numpy().copy()
+    return state_after_save, host_bytes(k_owner)
 
 
 # ---- describing a difference -----------------------------------------------------------------
@@ -292,7 +276,8 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         least, most = bounds.block_amax_range(nope_lo, nope_hi)
         ok = (bounds.ue8m0_range(least) <= k_written) & (k_written <= bounds.ue8m0_range(most))
         floor = (bounds.scale_floor_exponent(least) <= k_written) & (k_written <= bounds.scale_floor_exponent(most))
-        spec_k = expected[_entry_bytes(inputs, expected, slots)["index"][:, DATA_RECORD_BYTES:DATA_RECORD_BYTES + 7]]
+        spec_entries = _entry_bytes(inputs, expected, slots)
+        spec_k = spec_entries["scale"]
         differs = k_written != spec_k.astype(np.int64) - 127
         bump("scale within bound", np.count_nonzero(ok & differs))
         bump("scale floor (SPEC §11)", np.count_nonzero(~ok & floor))
@@ -300,11 +285,11 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         k = np.repeat(k_written, QUANT_BLOCK, axis=1)
         low, high = bounds.e4m3_at(nope_lo, k), bounds.e4m3_at(nope_hi, k)
         accepted = bounds.within(got["nope"], low, high, nope_exact, 0x80)
-        spec_nope = expected[_entry_bytes(inputs, expected, slots)["index"][:, :NOPE_DIM]]
+        spec_nope = spec_entries["nope"]
         bump("NoPE within bound", np.count_nonzero(accepted & (got["nope"] != spec_nope)))
         bump("NoPE beyond bound", np.count_nonzero(~accepted))
         accepted = bounds.within(got["rope"], rope_lo, rope_hi, rope_exact, 0x8000)
-        spec_rope = _entry_bytes(inputs, expected, slots)["rope"]
+        spec_rope = spec_entries["rope"]
         bump("RoPE within bound", np.count_nonzero(accepted & (got["rope"] != spec_rope)))
         bump("RoPE beyond bound", np.count_nonzero(~accepted))
     else:
@@ -349,7 +334,7 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         mantissa, exponent = np.frexp(written)
         power_of_two = (mantissa == 0.5) & np.isfinite(written)
         k_written = np.where(power_of_two, exponent - 1, 0).astype(np.int64)
-        least, most = _amax_range(lo, hi, 128)
+        least, most = bounds.block_amax_range(lo, hi, 128)
         ok = power_of_two[:, None] & (bounds.ue8m0_range(least) <= k_written[:, None]) & (k_written[:, None] <= bounds.ue8m0_range(most))
         differs = actual[scale_idx] != expected[scale_idx]
         bump("scale within bound", np.count_nonzero(ok[:, 0] & differs.any(axis=1)))
@@ -360,7 +345,7 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         bump("values beyond bound", np.count_nonzero(~accepted))
     else:
         k_written = actual[scale_idx].astype(np.int64) - 127  # [n, 4]
-        least, most = _amax_range(lo, hi, 32)
+        least, most = bounds.block_amax_range(lo, hi, 32)
         ok = (mxfp4_exponent(bounds._f32(least)) <= k_written) & (k_written <= mxfp4_exponent(bounds._f32(most)))
         bump("scale within bound", np.count_nonzero(ok & (actual[scale_idx] != expected[scale_idx])))
         bump("scale beyond bound", np.count_nonzero(~ok))
@@ -374,16 +359,6 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
         bump("values beyond bound", np.count_nonzero(~accepted))
     bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
     return counts
-
-
-def _amax_range(lo: np.ndarray, hi: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per block of ``block`` channels, the least and greatest amax the bf16 intervals allow."""
-    low = bf16_to_f32(lo).astype(np.float64)
-    high = bf16_to_f32(hi).astype(np.float64)
-    least = np.where((low <= 0) & (high >= 0), 0.0, np.minimum(np.abs(low), np.abs(high)))
-    most = np.maximum(np.abs(low), np.abs(high))
-    n = lo.shape[0]
-    return least.reshape(n, -1, block).max(axis=2), most.reshape(n, -1, block).max(axis=2)
 
 
 def counts_pass(counts: dict[str, int]) -> bool:

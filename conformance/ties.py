@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import spec
 from ..spec.constants import NOPE_DIM, ratio_config
-from ..spec.arithmetic import add, div, mul, sqrt, tree
 from ..spec.pooling import pool
+from ..spec.postprocess import rms_norm
 
 F32 = np.float32
 
@@ -47,19 +47,25 @@ def _search(target: np.ndarray, start: np.ndarray, evaluate, steps: int = 8) -> 
     return found
 
 
+def _normalized(inputs) -> tuple[np.ndarray, np.ndarray]:
+    """The active tokens and ``g = mul(x, rr)``, float32 [n, H]: their pooled vectors after
+    SPEC §6's RMSNorm with a unit weight (exact), from the spec's own post-save state."""
+    b = inputs.batch
+    tokens = np.flatnonzero(b.active)
+    _, state = inputs.state_cache.numpy_copy()
+    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size)
+    head = inputs.rms_norm_weight.shape[0]
+    x = pool(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens],
+             ratio_config(b.compress_ratio, head), b.block_size)
+    return tokens, rms_norm(x, F32(1.0), inputs.rms_norm_eps)
+
+
 def tune_to_ties(inputs) -> None:
     """Rewrite ``inputs.rms_norm_weight`` (fp32) and rows of ``inputs.cos_sin_cache`` in place."""
     b = inputs.batch
-    tokens = np.flatnonzero(b.active)
-    if tokens.size == 0:
+    if not b.active.any():
         return
-    _, state = inputs.state_cache.numpy_copy()
-    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size)
-    x = pool(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens], ratio_config(b.compress_ratio),
-             b.block_size)
-    ss = tree(mul(x, x), axis=-1)
-    rr = div(F32(1.0), sqrt(add(mul(ss, F32(2.0 ** -9)), F32(inputs.rms_norm_eps))))
-    g = mul(x, rr[:, None])  # [n, 512]
+    tokens, g = _normalized(inputs)  # [n, 512]
     n = len(tokens)
     w = inputs.rms_norm_weight.astype(F32)
     d = np.arange(NOPE_DIM)
@@ -96,18 +102,9 @@ def tune_indexer_ties(inputs) -> None:
     E2M1 ties exactly (``mxfp4``) and each block's largest value is ``6·2^K`` or ``448·2^K``
     times ``1 + 2^-10``: bf16 rounds it down onto the boundary, so an exponent taken from the
     unrounded value is one larger. Channel ``d`` serves active token ``(d // 32) mod n``."""
-    b = inputs.batch
-    tokens = np.flatnonzero(b.active)
-    if tokens.size == 0:
+    if not inputs.batch.active.any():
         return
-    _, state = inputs.state_cache.numpy_copy()
-    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size)
-    head = inputs.rms_norm_weight.shape[0]
-    x = pool(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens],
-             ratio_config(b.compress_ratio, head), b.block_size)
-    ss = tree(mul(x, x), axis=-1)
-    rr = div(F32(1.0), sqrt(add(mul(ss, F32(1.0 / head)), F32(inputs.rms_norm_eps))))
-    g = mul(x, rr[:, None])
+    tokens, g = _normalized(inputs)  # [n, 128]
     w = inputs.rms_norm_weight.astype(F32).copy()
     rng = np.random.default_rng(len(tokens))
     fp8 = inputs.layout == "indexer_fp8"

@@ -215,21 +215,28 @@ KILLER_HINTS = {
 }
 
 
+def _killed(mutation: str, *, tolerant: bool = False) -> bool:
+    """Whether some scenario of the default catalogue fails the mutant (an exception fails the
+    run too), the scenario of :data:`KILLER_HINTS` tried first."""
+    impl = _mutant(mutation)
+    hint = [s for s in SMALL if s.name == KILLER_HINTS.get(mutation)]
+    return any(run_scenario(impl, scenario, tolerant=tolerant).status in ("fail", "error")
+               for scenario in hint + [s for s in SMALL if s not in hint])
+
+
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_the_default_run_kills_every_mutant(mutation):
-    impl = _mutant(mutation)
-    default = scenarios(size="small")
-    hint = [s for s in default if s.name == KILLER_HINTS.get(mutation)]
-    for scenario in hint + [s for s in default if s not in hint]:
-        if run_scenario(impl, scenario).status in ("fail", "error"):  # an exception fails the run too
-            return
-    pytest.fail(f"no scenario of the default catalogue fails the mutant {mutation}")
+    assert _killed(mutation), f"no scenario of the default catalogue fails the mutant {mutation}"
+
+
+def _assert_fast_math_passes_tolerant(scenario) -> None:
+    verdict = run_scenario(load_implementation("fast-math"), scenario, tolerant=True)
+    assert verdict.status == "pass", (verdict.first_difference, verdict.counts)
 
 
 @pytest.mark.parametrize("scenario", SMALL, ids=lambda s: s.name)
 def test_the_fast_math_reference_passes_tolerant(scenario):
-    verdict = run_scenario(load_implementation("fast-math"), scenario, tolerant=True)
-    assert verdict.status == "pass", (verdict.first_difference, verdict.counts)
+    _assert_fast_math_passes_tolerant(scenario)
 
 
 def _one_ulp_up(function):
@@ -251,8 +258,7 @@ def cuda_like_transcendentals(monkeypatch):
 @pytest.mark.parametrize("name", ("indexer_fp8_ties", "indexer_mxfp4_ties", "c4_ulp_ties_flashmla", "medium_c128_decode_512"))
 def test_the_references_do_not_depend_on_the_math_library(name, cuda_like_transcendentals):
     scenario = scenarios([name])[0]
-    verdict = run_scenario(load_implementation("fast-math"), scenario, tolerant=True)
-    assert verdict.status == "pass", (verdict.first_difference, verdict.counts)
+    _assert_fast_math_passes_tolerant(scenario)
     if scenario.size == "small":
         verdict = run_scenario(load_implementation("torch"), scenario)
         assert verdict.status == "pass", verdict.first_difference
@@ -272,13 +278,7 @@ SEMANTIC = ("scale_floor", "rope_at_token_position", "rope_rounded_to_bf16_first
 
 @pytest.mark.parametrize("mutation", SEMANTIC)
 def test_semantic_mutants_fail_the_tolerant_verdict(mutation):
-    impl = _mutant(mutation)
-    default = scenarios(size="small")
-    hint = [s for s in default if s.name == KILLER_HINTS.get(mutation)]
-    for scenario in hint + [s for s in default if s not in hint]:
-        if run_scenario(impl, scenario, tolerant=True).status in ("fail", "error"):
-            return
-    pytest.fail(f"the tolerant verdict passes the semantic mutant {mutation}")
+    assert _killed(mutation, tolerant=True), f"the tolerant verdict passes the semantic mutant {mutation}"
 
 
 def test_strided_inputs_reach_the_implementation():

@@ -42,9 +42,11 @@ def test_triton_writes_the_bytes_of_the_independent_implementation(scenario):
     triton = load_implementation("triton")
     device = triton.device()
     inputs = scenario.build()
-    expected = run_spec(inputs)  # only provides the post-save state both start the store from
+    expected = run_spec(inputs)  # also the post-save state both start the store from
     reference_state, reference_cache = run_implementation(
         LoadedImplementation("torch", TorchReference(), ("cpu",)), inputs, expected, "cpu")
     state, cache = run_implementation(triton, inputs, expected, device)
     assert np.array_equal(state, reference_state), "save_partial_states differs from the independent implementation"
     assert np.array_equal(cache, reference_cache), f"{np.count_nonzero(cache != reference_cache)} cache bytes differ"
+    assert np.array_equal(reference_state, expected.state_after_save), "the independent implementation differs from the spec"
+    assert np.array_equal(reference_cache, expected.k_cache_after_store), "the independent implementation differs from the spec"

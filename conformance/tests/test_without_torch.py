@@ -113,6 +113,9 @@ def test_numpy_strided_inputs_are_laid_out_as_the_torch_ones():
         tensor = to_torch(array, "cpu", strided=True)
         assert np.array_equal(view, array) and not (view.ndim > 1 and view.flags.c_contiguous)
         assert view.strides == tuple(s * array.itemsize for s in tensor.stride())
+        assert tensor.storage_offset() == 1 and tensor.stride()[-1] == 1
+        if array.ndim > 1:  # rows padded by 3 elements
+            assert tensor.stride()[-2] == array.shape[-1] + 3
         owner = view.base
         wide = torch.empty(0, dtype=tensor.dtype).set_(tensor.untyped_storage())
         wide_bits = wide.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else wide.numpy()
