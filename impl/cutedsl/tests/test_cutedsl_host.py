@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -363,3 +364,21 @@ def test_the_ops_take_the_indexer_layouts(indexer_recorded, hadamard):
 
     step(kv_score, ape, *args[:5], args[6], args[8], args[9], args[10])
     assert [(k, c) for k, c, _ in launches] == [(k, c) for k, c, _ in direct]
+
+
+def test_an_indexer_plan_restores_unit_strides_and_passes_eps(indexer_recorded, monkeypatch):
+    """A one-token indexer call whose per-token arrays carry stride 2 (SPEC §9 allows any stride
+    at length 1) reaches the kernel with unit strides on the same memory, and eps rounded to binary32."""
+    from dsv4_compressor.impl.cutedsl import indexer_launch
+
+    seen = []
+    monkeypatch.setattr(indexer_launch, "compile_indexer", lambda config, **_: lambda *a: seen.append(a))
+    args = _indexer_arguments(4)
+    for i in (1, 2, 3, 10):  # token_to_req_indices, positions, slot_mapping, kv_slot_mapping
+        args[i] = args[i][:1].repeat_interleave(2)[::2]
+        assert args[i].stride() == (2,)
+    api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    (launched,) = seen
+    assert len(launched) == 10 and launched[9] == float(np.float32(args[7]))
+    for position, i in zip((1, 2, 3, 8), (1, 2, 3, 10)):
+        assert launched[position].stride() == (1,) and launched[position].data_ptr() == args[i].data_ptr()
