@@ -117,13 +117,8 @@ def compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          _hadamard_flag(hadamard), debug, workspace, c128_path, pdl, policy, False)
+                          hadamard, debug, workspace, c128_path, pdl, policy, False)
     plan.run(*tensors, workspace)
-
-
-def _hadamard_flag(hadamard):
-    """A NumPy bool takes the path of the Python bool (anything else is validated as given)."""
-    return bool(hadamard) if isinstance(hadamard, np.bool_) else hadamard
 
 
 def _compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, debug,
@@ -199,7 +194,7 @@ def save_and_compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          _hadamard_flag(hadamard), debug, workspace, c128_path, pdl, policy, True)
+                          hadamard, debug, workspace, c128_path, pdl, policy, True)
     save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
     plan.run(*tensors, workspace)
@@ -271,7 +266,7 @@ class BoundLayer:
         self.state_cache, self.k_cache = state_cache, k_cache  # fp32 [blocks, bs, 2*SW]; k_cache as in the layout
         self.rms_norm_weight, self.cos_sin_cache = rms_norm_weight, cos_sin_cache  # [H]; fp32 [max_pos, 64]
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
-        self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, _hadamard_flag(hadamard)
+        self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, hadamard
         self.c128_path, self.pdl, self.policy = c128_path, pdl, policy
         empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
         launch.build_compress_plan((state_cache, empty[0], empty[1], empty[1], empty[2], rms_norm_weight,
