@@ -229,12 +229,10 @@ def compress(
     num_tokens, block_size = call.num_tokens, call.block_size
     ratio = call.config.ratio
     path = dispatch.choose(c128_path, num_tokens, block_size, policy) if ratio == 128 else None
-    if out is not None:
-        launch.x_buffer(out, num_tokens, state_cache.device, "out")
+    buffer = None if out is None else launch.x_buffer(out, num_tokens, state_cache.device, "out")
     launch._require_cuda("state_cache", state_cache)
     if out is None:
-        out = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
-    buffer = launch.x_buffer(out, num_tokens, state_cache.device, "out")
+        out = buffer = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
     if num_tokens == 0:
         return out
     compile_cache = launch.kernels()

@@ -382,3 +382,20 @@ def test_an_indexer_plan_restores_unit_strides_and_passes_eps(indexer_recorded, 
     assert len(launched) == 10 and launched[9] == float(np.float32(args[7]))
     for position, i in zip((1, 2, 3, 8), (1, 2, 3, 10)):
         assert launched[position].stride() == (1,) and launched[position].data_ptr() == args[i].data_ptr()
+
+
+@pytest.mark.parametrize("name", ["c4_decode_boundary", "c128_decode_boundary"])
+def test_compress_writes_into_the_given_out_or_a_nan_filled_one(recorded, name):
+    """``compress`` hands its pooling kernel ``out`` itself (a 2-D buffer), the first ``T*512``
+    elements of a flat one, or, without ``out``, a fresh NaN-filled fp32 ``[T, 512]`` that it returns."""
+    launches, _ = recorded
+    args, kwargs = _arguments(name)
+    state, token_req, positions, slots, table, bs, _, _, _, _, kv_slots = args
+    pooling = (state, token_req, positions, slots, table, bs, kv_slots)
+    num_tokens = len(positions)
+    rows, flat = torch.empty((num_tokens + 3, 512)), torch.empty(num_tokens * 512 + 7)
+    assert api.compress(*pooling, **kwargs, out=rows) is rows
+    assert api.compress(*pooling, **kwargs, out=flat) is flat
+    fresh = api.compress(*pooling, **kwargs)
+    assert fresh.shape == (num_tokens, 512) and fresh.dtype == torch.float32 and bool(fresh.isnan().all())
+    assert [launched[-1] for _, _, launched in launches] == [rows.data_ptr(), flat.data_ptr(), fresh.data_ptr()]
