@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
+from ...spec.validation import _hadamard as check_hadamard
 from ...spec.validation import check_compress
 from ..frontend import PlanCache, describe_torch, layout_key, token_key
 from . import dispatch, launch
@@ -394,11 +394,9 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     if compress_ratio not in (4, 128) or isinstance(compress_ratio, bool):
         raise ValueError(f"compress_ratio: expected 4 or 128, got {compress_ratio!r}")
     dispatch.check_c128_path(c128_path)
-    if not isinstance(hadamard, (bool, np.bool_)) or (hadamard and layout not in INDEXER_LAYOUTS):
-        raise ValueError(f"hadamard: expected True or False (True only for layouts {', '.join(INDEXER_LAYOUTS)}), "
-                         f"got {hadamard!r} for layout {layout!r}")
+    hadamard = check_hadamard(hadamard, layout)  # the calls' check and message
     if layout in INDEXER_LAYOUTS:
-        return _warm_up_indexer(compress_ratio, block_size, layout, bool(hadamard), entries_per_page, weight_dtype,
+        return _warm_up_indexer(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
                                 pdl, policy, save)
     if store_align is None:
         store_align = {"flashmla_fp8": 16, "bf16": 8, "fp8_per_tensor": 4}.get(layout, 16)

@@ -399,3 +399,17 @@ def test_compress_writes_into_the_given_out_or_a_nan_filled_one(recorded, name):
     fresh = api.compress(*pooling, **kwargs)
     assert fresh.shape == (num_tokens, 512) and fresh.dtype == torch.float32 and bool(fresh.isnan().all())
     assert [launched[-1] for _, _, launched in launches] == [rows.data_ptr(), flat.data_ptr(), fresh.data_ptr()]
+
+
+@pytest.mark.parametrize("hadamard", [True, 1, "yes"])
+def test_warm_up_rejects_hadamard_as_the_calls_do(recorded, hadamard):
+    """``warm_up`` refuses a non-bool ``hadamard``, or True outside the indexer layouts, with the calls' message."""
+    launches, compiled = recorded
+    args, kwargs = _arguments("c4_decode_boundary")
+    with pytest.raises(ValueError, match="hadamard") as call:
+        api.compress_norm_rope_store(*args, **kwargs, hadamard=hadamard)
+    with pytest.raises(ValueError, match="hadamard") as warm:
+        api.warm_up(compress_ratio=4, block_size=args[5], entries_per_page=args[9].shape[1], device="cpu",
+                    hadamard=hadamard)
+    assert str(warm.value) == str(call.value)
+    assert launches == [] and compiled == []
