@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
+from ...spec.validation import _hadamard as check_hadamard
 from ...spec.validation import check_compress
 from ..frontend import PlanCache, describe_torch, layout_key, token_key
 from . import dispatch, launch
@@ -117,13 +117,8 @@ def compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          _hadamard_flag(hadamard), debug, workspace, c128_path, pdl, policy, False)
+                          hadamard, debug, workspace, c128_path, pdl, policy, False)
     plan.run(*tensors, workspace)
-
-
-def _hadamard_flag(hadamard):
-    """A NumPy bool takes the path of the Python bool (anything else is validated as given)."""
-    return bool(hadamard) if isinstance(hadamard, np.bool_) else hadamard
 
 
 def _compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, debug,
@@ -199,7 +194,7 @@ def save_and_compress_norm_rope_store(
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)
     plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          _hadamard_flag(hadamard), debug, workspace, c128_path, pdl, policy, True)
+                          hadamard, debug, workspace, c128_path, pdl, policy, True)
     save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
     plan.run(*tensors, workspace)
@@ -234,12 +229,10 @@ def compress(
     num_tokens, block_size = call.num_tokens, call.block_size
     ratio = call.config.ratio
     path = dispatch.choose(c128_path, num_tokens, block_size, policy) if ratio == 128 else None
-    if out is not None:
-        launch.x_buffer(out, num_tokens, state_cache.device, "out")
+    buffer = None if out is None else launch.x_buffer(out, num_tokens, state_cache.device, "out")
     launch._require_cuda("state_cache", state_cache)
     if out is None:
-        out = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
-    buffer = launch.x_buffer(out, num_tokens, state_cache.device, "out")
+        out = buffer = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
     if num_tokens == 0:
         return out
     compile_cache = launch.kernels()
@@ -271,7 +264,7 @@ class BoundLayer:
         self.state_cache, self.k_cache = state_cache, k_cache  # fp32 [blocks, bs, 2*SW]; k_cache as in the layout
         self.rms_norm_weight, self.cos_sin_cache = rms_norm_weight, cos_sin_cache  # [H]; fp32 [max_pos, 64]
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
-        self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, _hadamard_flag(hadamard)
+        self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, hadamard
         self.c128_path, self.pdl, self.policy = c128_path, pdl, policy
         empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
         launch.build_compress_plan((state_cache, empty[0], empty[1], empty[1], empty[2], rms_norm_weight,
@@ -401,11 +394,9 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     if compress_ratio not in (4, 128) or isinstance(compress_ratio, bool):
         raise ValueError(f"compress_ratio: expected 4 or 128, got {compress_ratio!r}")
     dispatch.check_c128_path(c128_path)
-    if not isinstance(hadamard, (bool, np.bool_)) or (hadamard and layout not in INDEXER_LAYOUTS):
-        raise ValueError(f"hadamard: expected True or False (True only for layouts {', '.join(INDEXER_LAYOUTS)}), "
-                         f"got {hadamard!r} for layout {layout!r}")
+    hadamard = check_hadamard(hadamard, layout)  # the calls' check and message
     if layout in INDEXER_LAYOUTS:
-        return _warm_up_indexer(compress_ratio, block_size, layout, bool(hadamard), entries_per_page, weight_dtype,
+        return _warm_up_indexer(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
                                 pdl, policy, save)
     if store_align is None:
         store_align = {"flashmla_fp8": 16, "bf16": 8, "fp8_per_tensor": 4}.get(layout, 16)

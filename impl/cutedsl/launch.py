@@ -8,7 +8,7 @@ every step. So a plan is built once per argument layout and token count (validat
 dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
 :class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
 pay that key, a dictionary lookup and the FFI launches. The indexer layouts (SPEC §12) get
-:mod:`.indexer_launch`'s plan from :func:`build_compress_plan`, after the same validation.
+:mod:`.indexer_launch`'s kernel in an :class:`IndexerLaunch`, after the same validation.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class LaunchPlan:
     launches them (the subclasses below: one per kind of path)."""
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
-    path: str  # "c4", "fused_cluster", "fused_handoff", "fused_stream", "split_block8" or "split_generic"
+    path: str  # "c4", "fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic" or "indexer"
     eps: float
     fp8_inv: float
     num_tokens: int
@@ -254,9 +254,21 @@ class SplitLaunch(LaunchPlan):
               self.fp8_inv)
 
 
+@dataclass(frozen=True)
+class IndexerLaunch(LaunchPlan):
+    """The indexer compressor (SPEC §12): one kernel on the call's tensors (no ``fp8_inv``, no scratch)."""
+
+    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
+
+
 def _plan_class(path: str) -> type:
     if path == "fused_handoff":
         return HandoffLaunch
+    if path == "indexer":
+        return IndexerLaunch
     return SplitLaunch if path.startswith("split") else SingleLaunch
 
 
@@ -296,10 +308,11 @@ def compress_kernels(path: str, block_size: int, num_tokens: int, entry: EntryFo
 
 def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
                         c128_path, policy: dispatch.Policy, pdl: bool, early_metadata: bool,
-                        hadamard=False) -> LaunchPlan | indexer_launch.IndexerPlan:
+                        hadamard=False) -> LaunchPlan:
     """Validate (SPEC §9 and this implementation's constraints), dispatch and compile; the
-    indexer layouts (SPEC §12, head width 128, ``hadamard``) get an :class:`.indexer_launch.IndexerPlan`
-    (``workspace`` and ``early_metadata`` do not apply there; ``c128_path`` is checked)."""
+    indexer layouts (SPEC §12, head width 128, ``hadamard``) take the path ``"indexer"``, one
+    :mod:`.indexer_launch` kernel (``workspace`` and ``early_metadata`` do not apply there;
+    ``c128_path`` is checked)."""
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache, \
         k_cache, kv_slot_mapping = tensors
     call = validate_compress_norm_rope_store(
@@ -313,16 +326,16 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         raise ValueError(f"pdl: expected True or False, got {pdl!r}")
     if not isinstance(policy, dispatch.Policy):
         raise ValueError(f"policy: expected a dispatch.Policy, got {type(policy).__name__}")
-    if call.pooling.config.head_dim != HEAD_DIM:  # the indexer compressor (SPEC §12)
-        _require_cuda("state_cache", state_cache)
-        return indexer_launch.build_plan(call, tensors, policy, pdl)
     device = state_cache.device
     early = early_metadata and pdl  # without PDL there is no wait to read ahead of
-    if call.pooling.config.ratio == 128:
+    sms = None
+    if call.pooling.config.head_dim != HEAD_DIM:  # the indexer compressor (SPEC §12)
+        path = "indexer"
+    elif call.pooling.config.ratio == 128:
         sms = sm_count(device)
         path = dispatch.choose(c128_path, num_tokens, block_size, policy, sms, early)
     else:
-        sms, path = None, "c4"
+        path = "c4"
     if path.startswith("split") or path == "fused_handoff":
         x_buffer(workspace, num_tokens, device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)
@@ -331,9 +344,13 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
     restride = any(t.stride(-1) != 1 for t in (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping))
     if num_tokens == 0:
         return LaunchPlan((), path, eps, fp8_inv, 0, False)  # nothing to launch, nothing to restride
-    entry = entry_format(call.store.layout, call.store.entries_per_page, rms_norm_weight.dtype,
-                         store_align(k_cache, call.store.layout))
-    compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, sms)
+    if path == "indexer":
+        config = indexer_launch.config_of(call, rms_norm_weight.dtype, policy, pdl)
+        compiled, grid = (indexer_launch.compile_indexer(config),), ()
+    else:
+        entry = entry_format(call.store.layout, call.store.entries_per_page, rms_norm_weight.dtype,
+                             store_align(k_cache, call.store.layout))
+        compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, sms)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", call.pooling.config.ratio, num_tokens,
               block_size, layout, path, f" grid {grid}" if grid else "")
     return _plan_class(path)(compiled, path, eps, fp8_inv, num_tokens, restride, grid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -363,3 +364,52 @@ def test_the_ops_take_the_indexer_layouts(indexer_recorded, hadamard):
 
     step(kv_score, ape, *args[:5], args[6], args[8], args[9], args[10])
     assert [(k, c) for k, c, _ in launches] == [(k, c) for k, c, _ in direct]
+
+
+def test_an_indexer_plan_restores_unit_strides_and_passes_eps(indexer_recorded, monkeypatch):
+    """A one-token indexer call whose per-token arrays carry stride 2 (SPEC §9 allows any stride
+    at length 1) reaches the kernel with unit strides on the same memory, and eps rounded to binary32."""
+    from dsv4_compressor.impl.cutedsl import indexer_launch
+
+    seen = []
+    monkeypatch.setattr(indexer_launch, "compile_indexer", lambda config, **_: lambda *a: seen.append(a))
+    args = _indexer_arguments(4)
+    for i in (1, 2, 3, 10):  # token_to_req_indices, positions, slot_mapping, kv_slot_mapping
+        args[i] = args[i][:1].repeat_interleave(2)[::2]
+        assert args[i].stride() == (2,)
+    api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    (launched,) = seen
+    assert len(launched) == 10 and launched[9] == float(np.float32(args[7]))
+    for position, i in zip((1, 2, 3, 8), (1, 2, 3, 10)):
+        assert launched[position].stride() == (1,) and launched[position].data_ptr() == args[i].data_ptr()
+
+
+@pytest.mark.parametrize("name", ["c4_decode_boundary", "c128_decode_boundary"])
+def test_compress_writes_into_the_given_out_or_a_nan_filled_one(recorded, name):
+    """``compress`` hands its pooling kernel ``out`` itself (a 2-D buffer), the first ``T*512``
+    elements of a flat one, or, without ``out``, a fresh NaN-filled fp32 ``[T, 512]`` that it returns."""
+    launches, _ = recorded
+    args, kwargs = _arguments(name)
+    state, token_req, positions, slots, table, bs, _, _, _, _, kv_slots = args
+    pooling = (state, token_req, positions, slots, table, bs, kv_slots)
+    num_tokens = len(positions)
+    rows, flat = torch.empty((num_tokens + 3, 512)), torch.empty(num_tokens * 512 + 7)
+    assert api.compress(*pooling, **kwargs, out=rows) is rows
+    assert api.compress(*pooling, **kwargs, out=flat) is flat
+    fresh = api.compress(*pooling, **kwargs)
+    assert fresh.shape == (num_tokens, 512) and fresh.dtype == torch.float32 and bool(fresh.isnan().all())
+    assert [launched[-1] for _, _, launched in launches] == [rows.data_ptr(), flat.data_ptr(), fresh.data_ptr()]
+
+
+@pytest.mark.parametrize("hadamard", [True, 1, "yes"])
+def test_warm_up_rejects_hadamard_as_the_calls_do(recorded, hadamard):
+    """``warm_up`` refuses a non-bool ``hadamard``, or True outside the indexer layouts, with the calls' message."""
+    launches, compiled = recorded
+    args, kwargs = _arguments("c4_decode_boundary")
+    with pytest.raises(ValueError, match="hadamard") as call:
+        api.compress_norm_rope_store(*args, **kwargs, hadamard=hadamard)
+    with pytest.raises(ValueError, match="hadamard") as warm:
+        api.warm_up(compress_ratio=4, block_size=args[5], entries_per_page=args[9].shape[1], device="cpu",
+                    hadamard=hadamard)
+    assert str(warm.value) == str(call.value)
+    assert launches == [] and compiled == []
