@@ -274,7 +274,7 @@ def _layout(layout, head_dim: int) -> None:
         _fail("layout", f"one of {expected} for head width {head_dim} (from the state width)", repr(layout))
 
 
-def _hadamard(hadamard, layout: str) -> bool:
+def check_hadamard(hadamard, layout: str) -> bool:
     """``hadamard`` is a bool, and True only for the indexer layouts (SPEC §12)."""
     if not isinstance(hadamard, (bool, np.bool_)):
         _fail("hadamard", "True or False", repr(hadamard))
@@ -311,7 +311,7 @@ def check_store(
     ``head_dim`` is the head width the pooling checks found (512, or 128 for the indexer).
     """
     _layout(layout, head_dim)
-    hadamard = _hadamard(hadamard, layout)
+    hadamard = check_hadamard(hadamard, layout)
     _dtype(rms_norm_weight, "bfloat16", "float32")
     _rank(rms_norm_weight, 1, f"[{head_dim}]")
     _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")

@@ -35,7 +35,7 @@ import logging
 
 import torch
 
-from ...spec.validation import _hadamard as check_hadamard
+from ...spec.validation import check_hadamard
 from ...spec.validation import check_compress
 from ..frontend import PlanCache, describe_torch, layout_key, token_key
 from . import dispatch, launch
