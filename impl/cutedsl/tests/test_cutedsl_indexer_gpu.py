@@ -27,7 +27,7 @@ import cutlass.cute as cute  # noqa: E402
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
 from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
-                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, storage, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -319,8 +319,7 @@ def test_indexer_save_and_compress_in_one_graph(case):
         cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)
     for replay in range(2):
         for key, clean in (("state_cache", state_clean), ("k_cache", k_clean)):
-            raw = torch.empty(0, dtype=torch.uint8, device="cuda").set_(args[key].untyped_storage())
-            raw.copy_(torch.from_numpy(clean).cuda())
+            storage(args[key]).copy_(torch.from_numpy(clean).cuda())
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
