@@ -95,9 +95,10 @@ def sum_of_squares(x: cute.Tensor, n: int):
     return tree_sum([fmul(x[i], x[i]) for i in range(n)])
 
 
-def rms_scale(ss, eps):
-    """``rr = div(1, sqrt(add(mul(ss, 2^-9), eps)))``."""
-    return fdiv(Float32(1.0), fsqrt(fadd(fmul(ss, Float32(INV_HEAD_DIM)), eps)))
+def rms_scale(ss, eps, inv_width: float = INV_HEAD_DIM):
+    """``rr = div(1, sqrt(add(mul(ss, inv_width), eps)))``; ``inv_width`` the exact reciprocal
+    of the head width (``2^-9``; the indexer's ``2^-7``)."""
+    return fdiv(Float32(1.0), fsqrt(fadd(fmul(ss, Float32(inv_width)), eps)))
 
 
 def load_weight(mWeight: cute.Tensor, first_channel, n: int) -> cute.Tensor:

@@ -26,11 +26,13 @@ ranges:
 
 from __future__ import annotations
 
+import struct
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Uint32
 
-from ...spec.constants import AMAX_FLOOR, EXP2S_COEFFS, LOG2E
+from ...spec.constants import AMAX_FLOOR, E2M1_MAX, EXP2S_COEFFS, FP8_MAX, LOG2E
 
 RN = cute.math.RoundingMode.NEAREST_EVEN
 
@@ -39,8 +41,7 @@ AMIN_F32 = float(AMAX_FLOOR)  # AMIN = 0x38D1B717
 EXP2S_C = tuple(float(c) for c in EXP2S_COEFFS)  # C0..C6
 INV_HEAD_DIM = 2.0**-9  # 1/512, exact
 EXP2S_MAGIC = 12582912.0  # 1.5 * 2^23: adding it rounds |x| < 2^22 to an integer, ties to even
-FP8_MAX = 448.0
-E2M1_MAX = 6.0  # largest E2M1 magnitude
+MXFP4_AMIN_F32 = E2M1_MAX * 2.0**-126  # SPEC §12's MXFP4 amax floor, 6 * 2^-126 (exact)
 
 
 # ---- separately rounded binary32 operations ------------------------------------------
@@ -173,41 +174,47 @@ def to_e4m3_fragment(frag: cute.Tensor) -> cute.Tensor:
     return out
 
 
-def ue8m0_scale_byte(amax):
-    """The UE8M0 byte ``127 + k``, ``k`` the smallest integer with ``max(amax, AMIN) <= 448 * 2^k``.
+def _f32_exponent_and_mantissa_field(value: float) -> tuple[int, int]:
+    """The unbiased exponent and the 23-bit mantissa field of a normal binary32 ``value``."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return (bits >> 23) - 127, bits & 0x7FFFFF
 
-    ``a = max(amax, AMIN)`` is normal, ``a = 1.m * 2^(E-127)`` with biased exponent ``E``;
-    ``448 * 2^k = 1.75 * 2^(k+8)`` holds ``a`` iff ``k + 8 > E - 127`` or (``k + 8 == E - 127``
-    and ``1.m <= 1.75``), so ``127 + k = E - 8`` plus one when the mantissa exceeds 0.75
-    (field ``> 0x600000``). Exact integer work, no rounded division (SPEC's amax-floor rule;
-    vLLM's scale-floor rule differs for tiny blocks).
+
+def pow2_scale_byte(amax, floor: float, format_max: float):
+    """The byte ``127 + k``, ``k`` the smallest integer with ``max(amax, floor) <= format_max * 2^k``.
+
+    ``a = max(amax, floor)`` is normal, ``a = 1.m * 2^(E-127)`` with biased exponent ``E``;
+    with ``format_max = 1.f * 2^e``, ``format_max * 2^k`` holds ``a`` iff ``k + e > E - 127``
+    or (``k + e == E - 127`` and ``1.m <= 1.f``, mantissa fields compared), so
+    ``127 + k = E - e`` plus one when ``a``'s mantissa field exceeds ``format_max``'s. Exact
+    integer work, no rounded division.
     """
-    a = fmax(amax, Float32(AMIN_F32))
+    e, f = _f32_exponent_and_mantissa_field(format_max)
+    a = fmax(amax, Float32(floor))
     bits = a.bitcast(Uint32)
-    byte = (bits >> Uint32(23)) - Uint32(8)
-    bump = Uint32(cutlass.select_((bits & Uint32(0x7FFFFF)) > Uint32(0x600000), Uint32(1), Uint32(0)))
+    byte = (bits >> Uint32(23)) - Uint32(e)
+    bump = Uint32(cutlass.select_((bits & Uint32(0x7FFFFF)) > Uint32(f), Uint32(1), Uint32(0)))
     return byte + bump
 
 
+def ue8m0_scale_byte(amax):
+    """SPEC §2's UE8M0 byte ``127 + k``, ``k`` the smallest integer with ``max(amax, AMIN) <=
+    448 * 2^k`` (``448 = 1.75 * 2^8``: ``E - 8``, plus one above mantissa field ``0x600000``;
+    SPEC's amax-floor rule: vLLM's scale-floor rule differs for tiny blocks)."""
+    return pow2_scale_byte(amax, AMIN_F32, FP8_MAX)
+
+
 def pow2_neg_k(scale_byte):
-    """``2^-k`` for the scale byte ``127 + k`` (``105 <= 127 + k <= 248``): a normal binary32."""
+    """``2^-k`` for the scale byte ``127 + k`` (``1 <= 127 + k <= 253``): a normal binary32."""
     return ((Uint32(254) - scale_byte) << Uint32(23)).bitcast(Float32)
 
 
 def e2m1_scale_byte(amax):
     """MXFP4 (SPEC §12) block byte ``127 + k``, ``k`` the smallest integer with
-    ``max(amax, 6 * 2^-126) <= 6 * 2^k``.
-
-    ``a = 1.m * 2^(E-127)`` is normal; ``6 * 2^k = 1.5 * 2^(k+2)`` holds it iff ``k + 2 >
-    E - 127`` or (``k + 2 == E - 127`` and ``1.m <= 1.5``, mantissa field ``<= 0x400000``),
-    so ``127 + k = E - 2``, plus one when the mantissa exceeds 0.5. Exact integer work; the
-    floor keeps ``k >= -126`` and binary32's range ``k <= 126``, so ``2^-k`` is normal.
-    """
-    a = fmax(amax, Float32(E2M1_MAX * 2.0**-126))
-    bits = a.bitcast(Uint32)
-    byte = (bits >> Uint32(23)) - Uint32(2)
-    bump = Uint32(cutlass.select_((bits & Uint32(0x7FFFFF)) > Uint32(0x400000), Uint32(1), Uint32(0)))
-    return byte + bump
+    ``max(amax, 6 * 2^-126) <= 6 * 2^k`` (``6 = 1.5 * 2^2``: ``E - 2``, plus one above
+    mantissa field ``0x400000``). The floor keeps ``k >= -126`` and binary32's range
+    ``k <= 126``, so ``2^-k`` is normal."""
+    return pow2_scale_byte(amax, MXFP4_AMIN_F32, E2M1_MAX)
 
 
 # (threshold, inclusive): |v| reaches the next E2M1 code above the threshold, or at it when
@@ -245,5 +252,5 @@ __all__ = [
     "fadd", "fsub", "fmul", "fdiv", "fsqrt", "fmax",
     "exp2s", "softmax_weight", "tree_sum", "tree_max", "butterfly_sum", "butterfly_max",
     "bf16_round", "bf16_round_fragment", "to_bf16_fragment", "to_e4m3_fragment",
-    "ue8m0_scale_byte", "pow2_neg_k", "e2m1_scale_byte", "e2m1_code", "abs_max_fragment",
+    "pow2_scale_byte", "ue8m0_scale_byte", "pow2_neg_k", "e2m1_scale_byte", "e2m1_code", "abs_max_fragment",
 ]

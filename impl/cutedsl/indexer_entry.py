@@ -26,13 +26,12 @@ with the same token.
 
 from __future__ import annotations
 
-import struct
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
-from .entry import load_cos_sin, load_weight, normalize, rotate_pairs, sum_of_squares
+from ...spec.constants import HADAMARD_SCALE
+from .entry import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
 from .exact_math import (
     abs_max_fragment,
     bf16_round_fragment,
@@ -41,9 +40,7 @@ from .exact_math import (
     e2m1_code,
     e2m1_scale_byte,
     fadd,
-    fdiv,
     fmul,
-    fsqrt,
     pow2_neg_k,
     to_e4m3_fragment,
     ue8m0_scale_byte,
@@ -54,13 +51,8 @@ from .memory import store_fragment, store_scalar
 VEC = 4  # channels per lane
 ROPE_FIRST_LANE = INDEXER_ROPE_FIRST // VEC  # 16
 INV_INDEXER_HEAD_DIM = 2.0**-7  # 1/128, exact
-HADAMARD_SCALE = struct.unpack("<f", struct.pack("<I", 0x3DB504F3))[0]  # h = 128^-1/2 as binary32 (exact)
+HADAMARD_SCALE_F32 = float(HADAMARD_SCALE)  # h = 128^-1/2 as binary32, 0x3DB504F3 (exact)
 MXFP4_BLOCK_LANES = 32 // VEC  # 8 lanes per 32-channel block
-
-
-def indexer_rms_scale(ss, eps):
-    """``rr = div(1, sqrt(add(mul(ss, 2^-7), eps)))``."""
-    return fdiv(Float32(1.0), fsqrt(fadd(fmul(ss, Float32(INV_INDEXER_HEAD_DIM)), eps)))
 
 
 def select_fragment(condition, a: cute.Tensor, b: cute.Tensor, n: int) -> cute.Tensor:
@@ -93,7 +85,7 @@ def hadamard_rotation(z: cute.Tensor, lane) -> cute.Tensor:
             out[a] = fadd(lo, hi)
             out[b] = fadd(lo, -hi)
     for i in range(VEC):
-        out[i] = fmul(out[i], Float32(HADAMARD_SCALE))
+        out[i] = fmul(out[i], Float32(HADAMARD_SCALE_F32))
     return out
 
 
@@ -167,7 +159,7 @@ class IndexerEntryWriter:
         entry, by the 32 lanes of one warp (see the module docstring)."""
         config = self.config
         ss = butterfly_sum(sum_of_squares(x, VEC), 1, 16)
-        y = normalize(x, indexer_rms_scale(ss, eps), w, VEC)
+        y = normalize(x, rms_scale(ss, eps, INV_INDEXER_HEAD_DIM), w, VEC)
         z = select_fragment(lane >= ROPE_FIRST_LANE, rotate_pairs(y, VEC, cos, sin), y, VEC)
         if cutlass.const_expr(config.hadamard):
             z = hadamard_rotation(z, lane)
@@ -179,5 +171,5 @@ class IndexerEntryWriter:
             self.store_mxfp4_record(data, scales, q, lane)
 
 
-__all__ = ["IndexerEntryWriter", "hadamard_rotation", "indexer_entry_addresses", "indexer_rms_scale",
-           "INDEXER_HEAD_DIM", "HADAMARD_SCALE"]
+__all__ = ["IndexerEntryWriter", "hadamard_rotation", "indexer_entry_addresses", "INDEXER_HEAD_DIM",
+           "HADAMARD_SCALE_F32"]

@@ -41,9 +41,14 @@ def to_cuda(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
     return torch.as_strided(raw.view(dtype), a.shape, tuple(s // a.itemsize for s in a.strides))
 
 
+def storage(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of ``t``'s whole storage (padding included), to snapshot and restore it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
 def span_bytes(t: torch.Tensor) -> np.ndarray:
     """The bytes of ``t``'s storage (created by :func:`to_cuda`: exactly its span)."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu().numpy()
+    return storage(t).cpu().numpy()
 
 
 def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:

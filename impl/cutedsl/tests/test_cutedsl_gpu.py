@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
 from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
-                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, storage, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -293,11 +293,6 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
 
 
 # ---- programmatic dependent launch ---------------------------------------------------------------
-def _storage(t: torch.Tensor) -> torch.Tensor:
-    """A uint8 view of ``t``'s whole storage (padding included), to snapshot and restore it."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
 @pytest.mark.parametrize("case, path, how", [
     *[(Case(128, 8, 2), path, how) for path in ("fused_cluster", "split_block8", "fused_handoff")
       for how in ("separate", "early_metadata", "combined")],
@@ -324,7 +319,7 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
     expected = spec_run(case, batch, saved, weight, cos_sin, k_cache, fp8_scale)
 
     args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
-    state_clean, k_clean = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
+    state_clean, k_clean = storage(args["state_cache"]).clone(), storage(args["k_cache"]).clone()
     kv_t, ape_t = to_cuda(kv), to_cuda(ape)
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path=path,
                   workspace=torch.empty(batch.num_tokens, 512, device="cuda"), pdl=True,
@@ -344,8 +339,8 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(monkeypatch, case, path,
     with torch.cuda.graph(graph):
         step()
     for replay in range(3):
-        _storage(args["state_cache"]).copy_(state_clean)
-        _storage(args["k_cache"]).copy_(k_clean)
+        storage(args["state_cache"]).copy_(state_clean)
+        storage(args["k_cache"]).copy_(k_clean)
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
@@ -362,15 +357,15 @@ def test_save_and_compress_writes_nothing_when_an_argument_is_bad():
     kv_t = to_cuda(B.random_kv_score(batch.num_tokens, case.ratio, rng))
     ape_t = to_cuda(B.random_ape(case.ratio, rng))
     args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
-    state_before, k_before = _storage(args["state_cache"]).clone(), _storage(args["k_cache"]).clone()
+    state_before, k_before = storage(args["state_cache"]).clone(), storage(args["k_cache"]).clone()
     for bad, needle in ((dict(layout="fp8"), "layout"), (dict(c128_path="cluster"), "c128_path")):
         with pytest.raises(ValueError, match=needle):
             cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **{"compress_ratio": 128, **bad})
     with pytest.raises(ValueError, match="ape"):
         cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t[:, :256], **args, compress_ratio=128)
     torch.cuda.synchronize()
-    assert torch.equal(_storage(args["state_cache"]), state_before)
-    assert torch.equal(_storage(args["k_cache"]), k_before)
+    assert torch.equal(storage(args["state_cache"]), state_before)
+    assert torch.equal(storage(args["k_cache"]), k_before)
 
 
 def test_handoff_counters_are_zero_between_calls():
@@ -396,7 +391,7 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
     batch, state, weight, cos_sin, k_cache, fp8_scale = build(case)
     expected = spec_run(case, batch, state, weight, cos_sin, k_cache, fp8_scale)
     args = cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE[case.layout])
-    k_clean = _storage(args["k_cache"]).clone()
+    k_clean = storage(args["k_cache"]).clone()
     kwargs = dict(compress_ratio=case.ratio, layout=case.layout, fp8_scale=fp8_scale, c128_path="fused_handoff",
                   workspace=torch.empty(batch.num_tokens, 512, device="cuda"))
     cutedsl.compress_norm_rope_store(**args, **kwargs)  # compiles, on the default stream's own array
@@ -410,7 +405,7 @@ def test_handoff_graphs_captured_before_any_eager_use_start_from_zero_counters()
     counters = launch._COUNTERS[(args["state_cache"].device, side.cuda_stream)].tensor
     for garbage, graph in ((5, graphs[1]), (3, graphs[0]), (7, graphs[1])):
         counters.fill_(garbage)  # no fill outside capture has run: the graph must bring its own
-        _storage(args["k_cache"]).copy_(k_clean)
+        storage(args["k_cache"]).copy_(k_clean)
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"graph of {2 if graph is graphs[0] else 1} call(s)", span_bytes(args["k_cache"]), expected)

@@ -5,7 +5,8 @@ tables, scattered padding tokens, non-boundary and dropped tokens, the ``p = 3``
 with invalid rows, padded state strides, canary-filled caches with padded pages) at head
 width 128, runs the spec on NumPy copies and the kernels on CUDA copies of the same bytes,
 and compares the whole memory span of every buffer, so a stray write shows as a changed
-canary and an inactive token's write as a changed entry.
+canary and an inactive token's write as a changed entry. The MXFP4 encoders (E2M1 code,
+scale byte, ``2^-k``) are also checked element by element against the spec's.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
 from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
-                        mixed_requests, replay_with_moved_metadata, span, span_bytes, to_cuda)
+                        mixed_requests, replay_with_moved_metadata, span, span_bytes, storage, to_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -207,6 +212,82 @@ def test_indexer_empty_call_writes_nothing():
     assert_same_bytes("T = 0", span_bytes(args["k_cache"]), before)
 
 
+# ---- the MXFP4 device encoders, element by element ---------------------------------------------
+def _compile_mxfp4_encoders():
+    """A CuTe kernel: element ``i`` of fp32 ``x [n]`` gives ``code[i] = e2m1_code(x[i])``,
+    ``byte[i] = e2m1_scale_byte(|x[i]|)`` (int32 ``[n]`` each) and ``inv[i] = pow2_neg_k(byte[i])``
+    (fp32 ``[n]``), compiled for TVM-FFI (torch tensors, the current stream)."""
+    from cutlass import Float32, Int32
+
+    from dsv4_compressor.impl.cutedsl import compile_cache
+    from dsv4_compressor.impl.cutedsl.exact_math import e2m1_code, e2m1_scale_byte, pow2_neg_k
+
+    threads = 128
+
+    class Mxfp4Encoders:
+        @cute.jit
+        def __call__(self, mX: cute.Tensor, mCode: cute.Tensor, mByte: cute.Tensor, mInv: cute.Tensor,
+                     stream: cuda.CUstream):
+            n = mX.shape[0]
+            self.kernel(mX, mCode, mByte, mInv).launch(grid=((n + threads - 1) // threads, 1, 1),
+                                                       block=(threads, 1, 1), stream=stream)
+
+        @cute.kernel
+        def kernel(self, mX: cute.Tensor, mCode: cute.Tensor, mByte: cute.Tensor, mInv: cute.Tensor):
+            tidx, _, _ = cute.arch.thread_idx()
+            cta, _, _ = cute.arch.block_idx()
+            i = cta * threads + tidx
+            if i < mX.shape[0]:
+                x = mX[i]
+                byte = e2m1_scale_byte(cute.math.absf(x))
+                mCode[i] = e2m1_code(x).to(Int32)
+                mByte[i] = byte.to(Int32)
+                mInv[i] = pow2_neg_k(byte)
+
+    def build():
+        n = cute.sym_int()
+        fake = [cute.runtime.make_fake_compact_tensor(dtype, (n,), assumed_align=4)
+                for dtype in (Float32, Int32, Int32, Float32)]
+        return cute.compile(Mxfp4Encoders(), *fake, compile_cache.fake_stream(), options=compile_cache._options(False))
+
+    return compile_cache.cached(("test", "mxfp4_encoders"), build)
+
+
+def test_mxfp4_encoders_match_spec_element_by_element():
+    """``e2m1_code`` on every grid value, midpoint and their neighbours, a dense range, signed
+    zeros and random binary32 (beyond 6 included: saturation); ``e2m1_scale_byte`` and
+    ``pow2_neg_k`` around every ``6 * 2^k`` and at the floor: SPEC §12's ``e2m1`` and ``k``."""
+    from dsv4_compressor.spec import formats
+
+    rng = np.random.default_rng(21)
+    first, last = (int(np.array(v, F32).view(np.uint32)) for v in (0.125, 8.0))
+    dense = np.arange(first, last, 7, dtype=np.uint32).view(F32)
+    grid = np.array([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0], F32)
+    boundaries = (6.0 * np.exp2(np.arange(-126, 126, dtype=np.float64))).astype(F32)  # 6 * 2^k, exact
+    marks = np.concatenate([grid, boundaries])
+    near = np.concatenate([marks, np.nextafter(marks, F32(0)), np.nextafter(marks, F32(np.inf))])
+    edges = np.array([1e-45, 1e-40, 2.0**-126, 6 * 2.0**-126, 3.4028235e38], F32)
+    randoms = rng.integers(0, 0x7F800000, 100_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    values = np.concatenate([dense, near, edges, randoms]).astype(F32)
+    values = np.concatenate([values, -values])  # -0.0 included
+    x = torch.from_numpy(values).cuda()
+    code, byte = (torch.empty(x.shape, dtype=torch.int32, device="cuda") for _ in range(2))
+    inv = torch.empty_like(x)
+    _compile_mxfp4_encoders()(x, code, byte, inv)
+    torch.cuda.synchronize()
+    code, byte, inv = code.cpu().numpy(), byte.cpu().numpy(), inv.cpu().numpy()
+
+    expected_code = formats.e2m1_bits(values).astype(np.int32)
+    bad = np.flatnonzero(code != expected_code)
+    assert bad.size == 0, f"e2m1({values[bad[0]]!r}): cutedsl {code[bad[0]]:#x}, spec {expected_code[bad[0]]:#x}"
+    minus_zero = values.view(np.uint32) == np.uint32(0x80000000)
+    assert minus_zero.any() and (code[minus_zero] == 0x8).all()  # -0 keeps its sign
+    k = formats.mxfp4_exponent(np.abs(values))
+    bad = np.flatnonzero(byte != k + 127)
+    assert bad.size == 0, f"scale byte of {abs(values[bad[0]])!r}: cutedsl {byte[bad[0]]}, spec {k[bad[0]] + 127}"
+    assert np.array_equal(inv.view(np.uint32), (127 - k).astype(np.uint32) << np.uint32(23))
+
+
 # ---- save_partial_states at the indexer's state widths ------------------------------------------------
 @pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 16, False), (128, 8, False), (4, 3, True), (128, 5, True)])
 def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned):
@@ -238,8 +319,7 @@ def test_indexer_save_and_compress_in_one_graph(case):
         cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)
     for replay in range(2):
         for key, clean in (("state_cache", state_clean), ("k_cache", k_clean)):
-            raw = torch.empty(0, dtype=torch.uint8, device="cuda").set_(args[key].untyped_storage())
-            raw.copy_(torch.from_numpy(clean).cuda())
+            storage(args[key]).copy_(torch.from_numpy(clean).cuda())
         graph.replay()
         torch.cuda.synchronize()
         assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
