@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import gcd
 
+from ...spec.constants import INDEXER_FP8, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, INDEXER_MXFP4
+from ...spec.constants import INDEXER_ROPE_START as INDEXER_ROPE_FIRST  # RoPE on channels 64..127
 from .config import WEIGHT_DTYPES, _fail, _flag, _pdl_tag, _power_of_two
 
-INDEXER_HEAD_DIM = 128  # H_I
-INDEXER_ROPE_FIRST = 64  # RoPE on channels 64..127
-INDEXER_FP8_DATA_BYTES = 128  # indexer_fp8: 128 E4M3 bytes, then a 4-byte fp32 scale record
-INDEXER_MXFP4_DATA_BYTES = 64  # indexer_mxfp4: 64 bytes of E2M1 pairs, then 4 UE8M0 bytes
-INDEXER_SCALE_RECORD_BYTES = 4
-INDEXER_LAYOUTS = ("indexer_fp8", "indexer_mxfp4")
+ENTRY_LAYOUTS = {layout.name: layout for layout in (INDEXER_FP8, INDEXER_MXFP4)}  # E = 132 / 68
 
 
 @dataclass(frozen=True)
@@ -60,12 +57,12 @@ class IndexerConfig:
 
     @property
     def data_record_bytes(self) -> int:
-        return INDEXER_FP8_DATA_BYTES if self.layout == "indexer_fp8" else INDEXER_MXFP4_DATA_BYTES
+        return ENTRY_LAYOUTS[self.layout].data_bytes
 
     @property
     def entry_bytes(self) -> int:
         """E: 132 (indexer_fp8) or 68 (indexer_mxfp4)."""
-        return self.data_record_bytes + INDEXER_SCALE_RECORD_BYTES
+        return ENTRY_LAYOUTS[self.layout].entry_bytes
 
     @property
     def rows_per_warp(self) -> int:
