@@ -13,6 +13,15 @@ in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
 row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
 no barrier: a warp whose token is inactive (or past ``T``) does nothing.
 
+Where the rows wait while in flight (``IndexerConfig.c4_staging``): in registers (16
+``ld.global.v4`` a lane; ptxas may hold some of them back until the scores are in, to save
+registers), or, for the kv rows or for all rows, in the warp's own shared memory through
+``cp.async`` (the requests cannot be held back, and each lane reads back only its own
+copies after ``cp.async.wait_group``, so no barrier); staged kv is read only once the
+exps of the 4 channels are done (the same operations, in a different issue order).
+``early_request`` reads the token's request index with its metadata, by a load ptxas keeps
+ahead of the activity test, instead of after it (one dependent round trip fewer).
+
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
 in registers, the window max through shared memory (exact, any order), then ``e``, ``u`` and
@@ -32,6 +41,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -45,7 +56,7 @@ from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, IndexerEntryWriter
 from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pool_channel
-from .pooling_c128 import load_smem, store_smem
+from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
 class IndexerKernel(IndexerEntryWriter):
@@ -90,6 +101,16 @@ class IndexerC4Kernel(IndexerKernel):
     def num_ctas(self, num_tokens):
         return (num_tokens + self.warps - 1) // self.warps
 
+    def allocate_smem(self, smem):
+        """``c4_staging`` "kv_smem" / "smem": per warp, the staged kinds' 8 rows of 128 floats,
+        ``[warps, kinds * 8, 128]`` fp32 (4 or 8 KiB a warp); None for "registers"."""
+        kinds = 2 - FIRST_STAGED_KIND[self.config.c4_staging]
+        if kinds == 0:
+            return None
+        layout = cute.make_layout((self.warps, kinds * 8, INDEXER_HEAD_DIM),
+                                  stride=(kinds * 8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
+        return smem.allocate_tensor(Float32, layout, byte_alignment=16)
+
     @cute.jit
     def pool_window(
         self,
@@ -98,9 +119,12 @@ class IndexerC4Kernel(IndexerKernel):
         req: Int32,  # block_table row of the token
         position: Int64,  # p, a boundary position (p % 4 == 3)
         lane: Int32,  # 0..31
+        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128] (staged rows; None for "registers")
+        warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
     ):
         bs, run = self.block_size, self.rows_per_lookup
+        first_staged_kind = FIRST_STAGED_KIND[self.config.c4_staging]
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         for i in cutlass.range_constexpr(8):
@@ -125,13 +149,63 @@ class IndexerC4Kernel(IndexerKernel):
                 byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
                 if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
-                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
+                        self.issue_row(rows[first_row + i], row_address + row_stride_bytes * i + byte,
+                                       sRows, warp, lane, kind, first_row + i)
                 else:
                     if pos >= Int64(0):  # false only for rows 0..3 at p = 3
                         for i in cutlass.range_constexpr(run):
-                            load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-        for c in cutlass.range_constexpr(VEC):
-            x[c] = pool_channel(kv, sc, c, 8)
+                            self.issue_row(rows[first_row + i], row_address + row_stride_bytes * i + byte,
+                                           sRows, warp, lane, kind, first_row + i)
+            if cutlass.const_expr(kind >= first_staged_kind):
+                cute.arch.cp_async_commit_group()  # one group per staged kind: scores, then kv
+        if cutlass.const_expr(first_staged_kind == 2):
+            for c in cutlass.range_constexpr(VEC):
+                x[c] = pool_channel(kv, sc, c, 8)
+        else:  # the exps run while the kv copies are still in flight; only u waits for them
+            if cutlass.const_expr(first_staged_kind == 0):
+                cute.arch.cp_async_wait_group(1)  # the lane's own score copies (it reads back only those)
+                self.read_staged_rows(sc, sRows, warp, lane, 0, window_start)
+            e = [window_weights(sc, c) for c in range(VEC)]
+            cute.arch.cp_async_wait_group(0)
+            self.read_staged_rows(kv, sRows, warp, lane, 1 - first_staged_kind, window_start)
+            for c in cutlass.range_constexpr(VEC):
+                x[c] = pooled(kv, e[c], c)
+
+    @cute.jit
+    def read_staged_rows(
+        self,
+        rows: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
+        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128]
+        warp: Int32,
+        lane: Int32,
+        kind: int,  # staged kind index
+        window_start: Int64,  # p - 7
+    ):
+        """The lane's staged rows back into registers; rows 0..3 keep their fill at ``p = 3``."""
+        for i in cutlass.range_constexpr(4, 8):
+            cute.autovec_copy(staged_row(sRows, warp, lane, kind, i), rows[i])
+        if window_start >= Int64(0):
+            for i in cutlass.range_constexpr(4):
+                cute.autovec_copy(staged_row(sRows, warp, lane, kind, i), rows[i])
+
+    @cute.jit
+    def issue_row(
+        self,
+        frag: cute.Tensor,  # fp32 (4,): the row's registers ("registers")
+        byte_address: Int64,  # the lane's 16 bytes of the row in global memory
+        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128] or None
+        warp: Int32,
+        lane: Int32,
+        kind: int,  # 0 scores, 1 kv
+        row: int,  # window row 0..7
+    ):
+        """One row's 16 bytes: a 128-bit load into ``frag``, or ``cp.async`` into ``sRows`` if
+        ``c4_staging`` stages this kind."""
+        first_staged_kind = FIRST_STAGED_KIND[self.config.c4_staging]
+        if cutlass.const_expr(kind >= first_staged_kind):
+            copy_row_async(byte_address, staged_row(sRows, warp, lane, kind - first_staged_kind, row))
+        else:
+            load_into(frag, byte_address, 16)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -141,14 +215,18 @@ class IndexerC4Kernel(IndexerKernel):
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        sRows = self.allocate_smem(SmemAllocator())
         tok = cta * self.warps + warp
         if tok < mPos.shape[0]:
+            if cutlass.const_expr(self.config.early_request):  # issued with the metadata, never sunk past the test
+                req = load_int32_unsunk(element_address(mTokenReq, tok))
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
-            req = mTokenReq[tok]
+            if cutlass.const_expr(not self.config.early_request):
+                req = mTokenReq[tok]
             if active:
                 w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, lane, x)
+                self.pool_window(mState, mBlockTable, req, position, lane, sRows, warp, x)
                 self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
@@ -250,6 +328,37 @@ class IndexerC128Kernel(IndexerKernel):
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
                 self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+
+
+FIRST_STAGED_KIND = {"registers": 2, "kv_smem": 1, "smem": 0}  # C4: kinds (0 scores, 1 kv) >= this go by cp.async
+
+
+def window_weights(sc: list, c: int) -> list:
+    """``e_i = exp2s(mul(sub(s_i, M), L))`` of channel ``c`` over the 8 register rows (SPEC §5)."""
+    row_max = tree_max([sc[i][c] for i in range(8)])
+    return [softmax_weight(sc[i][c], row_max) for i in range(8)]
+
+
+def pooled(kv: list, e: list, c: int):
+    """``x[c] = div(tree(u), tree(e))``, ``u_i = mul(kv_i, e_i)`` (SPEC §5)."""
+    return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(8)]), tree_sum(e))
+
+
+def staged_row(sRows: cute.Tensor, warp, lane, kind: int, row: int) -> cute.Tensor:
+    """The lane's 4 floats of window row ``row`` of staged kind ``kind`` (smem)."""
+    return cute.local_tile(sRows[warp, kind * 8 + row, None], (VEC,), (lane,))
+
+
+@dsl_user_op
+def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
+    """A 4-byte global load the compilers keep where it is written (a side-effecting
+    ``ld.relaxed.gpu.global.b32``: LLVM and ptxas sink a plain load into the branch that
+    uses it), so that it is in flight with the loads beside it. The value was written before
+    this grid's dependencies resolved, so relaxed ordering reads it as a plain load would."""
+    value = llvm.inline_asm(Int32.mlir_type, [Int64(byte_address).ir_value(loc=loc, ip=ip)],
+                            "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True, is_align_stack=False,
+                            asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Int32(value)
 
 
 def indexer_kernel(config: IndexerConfig) -> IndexerKernel:

@@ -107,4 +107,13 @@ indexer_c4_w2 = Variant("indexer_c4_w2", policy=_policy(indexer_c4_warps=2))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}
+# C4: the request index read with the metadata (one dependent round trip fewer before the rows) ...
+indexer_early_request = Variant("indexer_early_request", policy=_policy(indexer_c4_early_request=True))
+# ... and the rows staged by cp.async, so that all 16 of a lane's row requests are in flight at once
+indexer_kv_smem = Variant("indexer_kv_smem", policy=_policy(indexer_c4_early_request=True,
+                                                            indexer_c4_staging="kv_smem"))
+indexer_smem = Variant("indexer_smem", policy=_policy(indexer_c4_early_request=True, indexer_c4_staging="smem"))
+indexer_kv_smem_w1 = Variant("indexer_kv_smem_w1", policy=_policy(indexer_c4_early_request=True,
+                                                                  indexer_c4_staging="kv_smem", indexer_c4_warps=1))
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
+                                         indexer_early_request, indexer_kv_smem, indexer_smem, indexer_kv_smem_w1)}

@@ -62,11 +62,20 @@ def test_indexer_variants_pass_the_ptx_rules(indexer_ptx):
     assert all(r.counts["local memory"] == 0 for _, _, r in indexer_ptx), [r.variant for _, _, r in indexer_ptx]
 
 
-def test_state_rows_stream_as_128_bit_loads(indexer_ptx):
-    """A lane reads its 4 kv and 4 score channels of each of its rows with one 16-byte load each:
-    8 rows for C4, ``128 / warps`` for C128; nothing else is a 16-byte load."""
-    for cfg, _, report in indexer_ptx:
-        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp, cfg.tag
+_ROW_REQUEST = re.compile(r"\bld\.global(?:\.\w+)*|\bcp\.async\.cg\.shared\.global\b")
+_STAGED_KINDS = {"registers": 0, "kv_smem": 1, "smem": 2}  # of the two (scores, kv)
+
+
+def test_state_rows_stream_as_128_bit_requests(indexer_ptx):
+    """A lane requests its 4 kv and 4 score channels of each of its rows with one 16-byte load
+    each (8 rows for C4, ``128 / warps`` for C128), or, for the kinds a C4 ``c4_staging``
+    stages, one 16-byte ``cp.async`` each; nothing else is a 16-byte request."""
+    for cfg, ptx, report in indexer_ptx:
+        staged = _STAGED_KINDS[cfg.c4_staging] * cfg.rows_per_warp
+        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp - staged, cfg.tag
+        assert len(re.findall(r"\bcp\.async\.cg\.shared\.global\s+\[[^]]+\], \[[^]]+\], 16\b",
+                              _body(ptx))) == staged, cfg.tag
+        assert ("cp.async.wait_group" in ptx) == (staged > 0), cfg.tag
 
 
 def test_every_other_load_precedes_the_state_rows(indexer_ptx):
@@ -74,9 +83,23 @@ def test_every_other_load_precedes_the_state_rows(indexer_ptx):
     first state row, so the rows wait for one block-table round trip and nothing else waits
     for the rows but the arithmetic."""
     for cfg, ptx, _ in indexer_ptx:
-        loads = re.findall(r"\bld\.global(?:\.\w+)*", _body(ptx))
-        first_row = next(i for i, op in enumerate(loads) if ".v4" in op)
-        assert all(".v4" in op for op in loads[first_row:]), (cfg.tag, loads[first_row:])
+        requests = _ROW_REQUEST.findall(_body(ptx))
+        rows = [".v4" in op or op.startswith("cp.async") for op in requests]
+        first_row = rows.index(True)
+        assert all(rows[first_row:]), (cfg.tag, requests[first_row:])
+
+
+def test_early_request_is_read_before_the_activity_test(indexer_ptx):
+    """``early_request``: the request index is loaded by a load the compiler keeps in place
+    (``ld.relaxed.gpu``), before the branch on the token's activity, so it travels with the
+    metadata instead of costing a round trip of its own."""
+    for cfg, ptx, _ in indexer_ptx:
+        body = _body(ptx)
+        early = body.find("ld.relaxed.gpu.global.b32")
+        assert (early >= 0) == cfg.early_request, cfg.tag
+        if cfg.early_request:
+            branches = [m.start() for m in re.finditer(r"@%p\d+ bra\b", body)]
+            assert branches[0] < early < branches[1], cfg.tag  # after the tok < T test, before the activity one
 
 
 def test_exact_finishing_arithmetic(indexer_ptx):
@@ -134,6 +157,10 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
+    (dict(c4_staging="global"), "c4_staging"),
+    (dict(ratio=128, warps=16, c4_staging="kv_smem"), "c4_staging"),
+    (dict(early_request=1), "early_request"),
+    (dict(ratio=128, warps=16, early_request=True), "early_request"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
