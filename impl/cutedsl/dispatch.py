@@ -66,6 +66,7 @@ class KernelShapes:
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
     indexer_c4_staging: str = "registers"  # indexer C4 kernel: where rows wait in flight (IndexerConfig.c4_staging)
     indexer_c4_early_request: bool = False  # indexer C4 kernel: request index read with the metadata
+    indexer_c4_warps_per_token: int = 1  # indexer C4 kernel: 1, or 2 (a warp per half of the window)
 
 
 @dataclass(frozen=True)
@@ -225,4 +226,5 @@ def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: 
         return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
                              shapes.indexer_c128_warps, pdl)
     return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
-                         shapes.indexer_c4_warps, pdl, shapes.indexer_c4_staging, shapes.indexer_c4_early_request)
+                         shapes.indexer_c4_warps, pdl, shapes.indexer_c4_staging, shapes.indexer_c4_early_request,
+                         shapes.indexer_c4_warps_per_token)

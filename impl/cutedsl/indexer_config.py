@@ -25,7 +25,8 @@ class IndexerConfig:
     """One ``compress_norm_rope_store`` kernel of the indexer compressor.
 
     C4: one warp per token (lane ``l`` owns channels ``4l..4l+3``), ``warps`` tokens per CTA;
-    ``c4_staging`` and ``early_request`` change only the order and path of its loads.
+    ``c4_staging`` and ``early_request`` change only the order and path of its loads;
+    ``c4_warps_per_token=2`` pools each half of the window in its own warp.
     C128: one CTA of ``warps`` warps per token; warp ``w`` pools window rows
     ``w*R .. w*R+R-1`` (``R = 128 / warps``), warp 0 finishes the entry.
     """
@@ -40,6 +41,7 @@ class IndexerConfig:
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
     c4_staging: str = "registers"  # C4: where the rows wait while in flight (see C4_STAGINGS)
     early_request: bool = False  # the request index loaded with the activity metadata, not after the test
+    c4_warps_per_token: int = 1  # C4: 1, or 2 (warp h pools window rows 4h..4h+3, warp 0 finishes)
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -60,6 +62,10 @@ class IndexerConfig:
         _flag("early_request", self.early_request)
         if self.ratio == 128 and self.early_request:
             _fail("early_request", "False for C128 (a C4 knob)", self.early_request)
+        if self.c4_warps_per_token not in ((1, 2) if self.ratio == 4 else (1,)):
+            _fail("c4_warps_per_token", "1 or 2 (C128: 1)", self.c4_warps_per_token)
+        if self.c4_warps_per_token == 2 and self.c4_staging != "registers":
+            _fail("c4_staging", "registers with c4_warps_per_token=2", self.c4_staging)
 
     @property
     def state_width(self) -> int:
@@ -77,8 +83,9 @@ class IndexerConfig:
 
     @property
     def rows_per_warp(self) -> int:
-        """Window rows a warp pools: 8 (C4: the whole window) or ``128 / warps`` (C128)."""
-        return 8 if self.ratio == 4 else 128 // self.warps
+        """Window rows a warp pools: 8 (C4: the whole window; 4 with two warps per token) or
+        ``128 / warps`` (C128)."""
+        return 8 // self.c4_warps_per_token if self.ratio == 4 else 128 // self.warps
 
     @property
     def rows_per_lookup(self) -> int:
@@ -93,5 +100,6 @@ class IndexerConfig:
         rotation = "_hadamard" if self.hadamard else ""
         staging = "" if self.c4_staging == "registers" else f"_{self.c4_staging}"
         request = "_earlyreq" if self.early_request else ""
+        split = "_split2" if self.c4_warps_per_token == 2 else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{staging}{request}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{split}{staging}{request}{_pdl_tag(self.pdl)}")

@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .dependent_launch import wait_for_prerequisite_grids
 from .entry import token_activity
-from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
+from .exact_math import fadd, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, IndexerEntryWriter
 from .memory import element_address, load_into, load_scalar, window_row_addresses
@@ -69,7 +69,7 @@ class IndexerKernel(IndexerEntryWriter):
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.warps = config.warps
-        self.threads = 32 * config.warps
+        self.threads = 32 * config.warps * config.c4_warps_per_token
         self.state_width = config.state_width
 
     def num_ctas(self, num_tokens):
@@ -171,6 +171,82 @@ class IndexerC4Kernel(IndexerKernel):
             for c in cutlass.range_constexpr(VEC):
                 x[c] = pooled(kv, e[c], c)
 
+    def allocate_half_exchange(self, smem):
+        """``c4_warps_per_token=2``: the halves' row maxima ``[2 * warps, 128]`` (row ``2 * slot + h``)
+        and the second half's ``tree(u)`` and ``tree(e)`` ``[warps, 128]`` each, fp32; None otherwise."""
+        if self.config.c4_warps_per_token == 1:
+            return None
+        row_major = lambda rows: cute.make_layout((rows, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))  # noqa: E731
+        return tuple(smem.allocate_tensor(Float32, row_major(rows), byte_alignment=16)
+                     for rows in (2 * self.warps, self.warps, self.warps))
+
+    @cute.jit
+    def pool_half_window(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 4 == 3)
+        lane: Int32,  # 0..31
+        half: Int32,  # this warp's half of the window: rows 4*half .. 4*half+3
+        slot: Int32,  # the token's index in the CTA, 0..warps-1
+        sMax: cute.Tensor,  # fp32 smem [2 * warps, 128]
+        sNum: cute.Tensor,  # fp32 smem [warps, 128]
+        sDen: cute.Tensor,  # fp32 smem [warps, 128]
+        x: cute.Tensor,  # fp32 (4,) out, valid in half 0: channels 4*lane..4*lane+3
+    ):
+        """``c4_warps_per_token=2``: warp ``h`` holds rows ``4h..4h+3``; the window max meets in
+        shared memory (exact, any order), each warp builds the 4-leaf trees of its rows, and
+        half 0 adds half 1's: ``tree`` over 8 rows is ``add(tree(rows 0..3), tree(rows 4..7))``.
+        Both warps of an active token reach the named barrier ``1 + slot`` twice (the second
+        time half 1 only arrives)."""
+        bs, run = self.block_size, self.rows_per_lookup
+        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(4)]
+        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(4)]
+        for i in cutlass.range_constexpr(4):
+            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
+            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        first_pos = (position // 4) * 4 - 4 + Int64(half * 4)  # p - 7 (half 0) or p - 3 (half 1)
+        looked_up = Int64(cutlass.select_(first_pos >= Int64(0), first_pos, Int64(0)))  # half 0 at p = 3: column 0
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        kv_byte = (lane * VEC + half * INDEXER_HEAD_DIM) * 4
+        runs = []  # (first row, row address) per lookup, every block-table read before any row
+        for r in cutlass.range_constexpr(4 // run):
+            column = (looked_up + r * run) // bs
+            block = load_scalar(mBlockTable, req, column)
+            runs.append((r * run, element_address(mState, block, looked_up + r * run - column * bs, 0)))
+        if first_pos >= Int64(0):  # false only for half 0 at p = 3 (positions -4..-1)
+            for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
+                rows = sc if kind == 0 else kv
+                byte = kv_byte + (self.state_width * 4 if kind == 0 else 0)
+                for first_row, row_address in runs:
+                    for i in cutlass.range_constexpr(run):
+                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
+        barrier = 1 + slot  # 0 is the CTA's
+        half_max = cute.make_rmem_tensor((VEC,), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            half_max[c] = tree_max([sc[i][c] for i in range(4)])
+        store_smem(sMax, 2 * slot + half, lane * VEC, half_max)
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=64)
+        other_max = load_smem(sMax, 2 * slot + 1 - half, lane * VEC, VEC)
+        num = cute.make_rmem_tensor((VEC,), Float32)
+        den = cute.make_rmem_tensor((VEC,), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            row_max = cute.arch.fmax(half_max[c], other_max[c])
+            e = [softmax_weight(sc[i][c], row_max) for i in range(4)]
+            num[c] = tree_sum([fmul(kv[i][c], e[i]) for i in range(4)])
+            den[c] = tree_sum(e)
+        if half == 1:
+            store_smem(sNum, slot, lane * VEC, num)
+            store_smem(sDen, slot, lane * VEC, den)
+            cute.arch.barrier_arrive(barrier_id=barrier, number_of_threads=64)
+        else:
+            cute.arch.barrier(barrier_id=barrier, number_of_threads=64)
+            num_upper = load_smem(sNum, slot, lane * VEC, VEC)
+            den_upper = load_smem(sDen, slot, lane * VEC, VEC)
+            for c in cutlass.range_constexpr(VEC):
+                x[c] = fdiv(fadd(num[c], num_upper[c]), fadd(den[c], den_upper[c]))
+
     @cute.jit
     def read_staged_rows(
         self,
@@ -215,8 +291,12 @@ class IndexerC4Kernel(IndexerKernel):
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sRows = self.allocate_smem(SmemAllocator())
-        tok = cta * self.warps + warp
+        smem = SmemAllocator()
+        sRows = self.allocate_smem(smem)
+        halves = self.allocate_half_exchange(smem)
+        split = self.config.c4_warps_per_token
+        slot = warp if cutlass.const_expr(split == 1) else warp // 2  # the token's index in the CTA
+        tok = cta * self.warps + slot
         if tok < mPos.shape[0]:
             if cutlass.const_expr(self.config.early_request):  # issued with the metadata, never sunk past the test
                 req = load_int32_unsunk(element_address(mTokenReq, tok))
@@ -226,8 +306,14 @@ class IndexerC4Kernel(IndexerKernel):
             if active:
                 w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, lane, sRows, warp, x)
-                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                if cutlass.const_expr(split == 1):
+                    self.pool_window(mState, mBlockTable, req, position, lane, sRows, warp, x)
+                    self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                else:
+                    half = warp - 2 * slot
+                    self.pool_half_window(mState, mBlockTable, req, position, lane, half, slot, *halves, x)
+                    if half == 0:
+                        self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 class IndexerC128Kernel(IndexerKernel):

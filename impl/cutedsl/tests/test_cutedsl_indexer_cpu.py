@@ -139,10 +139,16 @@ def test_two_stores_per_lane(indexer_ptx):
 
 
 def test_only_c128_synchronizes_the_cta(indexer_ptx):
-    """C4 tokens live in one warp; a C128 CTA meets after the row maxima, the per-warp
-    partials and the trees over the warps."""
-    for cfg, _, report in indexer_ptx:
-        assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 3), cfg.tag
+    """C4 tokens live in one warp (or, with two warps per token, meet on a named barrier of 64
+    threads after the row maxima and, half 1 only arriving, after its trees); a C128 CTA meets
+    after the row maxima, the per-warp partials and the trees over the warps."""
+    for cfg, ptx, report in indexer_ptx:
+        if cfg.ratio == 128:
+            assert report.counts["bar.sync"] == 3, cfg.tag
+        else:
+            named = re.findall(r"\b(?:bar|barrier)(?:\.cta)?\.(sync|arrive)(?:\.aligned)?\s+%r\d+, 64;", _body(ptx))
+            assert report.counts["bar.sync"] == len(named) - named.count("arrive"), cfg.tag
+            assert sorted(named) == (["arrive", "sync", "sync"] if cfg.c4_warps_per_token == 2 else []), cfg.tag
 
 
 # ---- configurations ------------------------------------------------------------------------------
@@ -161,6 +167,9 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=16, c4_staging="kv_smem"), "c4_staging"),
     (dict(early_request=1), "early_request"),
     (dict(ratio=128, warps=16, early_request=True), "early_request"),
+    (dict(c4_warps_per_token=4), "c4_warps_per_token"),
+    (dict(ratio=128, warps=16, c4_warps_per_token=2), "c4_warps_per_token"),
+    (dict(c4_warps_per_token=2, c4_staging="smem"), "c4_staging"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
@@ -175,6 +184,7 @@ def test_indexer_config_shapes():
     c128 = IndexerConfig(128, 5, "indexer_mxfp4", False, 2, "float32", 16)
     assert (c128.state_width, c128.entry_bytes, c128.data_record_bytes, c128.rows_per_warp, c128.rows_per_lookup) == (128, 68, 64, 8, 1)
     assert IndexerConfig(128, 12, "indexer_fp8", False, 1, "float32", 8).rows_per_lookup == 4
+    assert IndexerConfig(4, 16, "indexer_fp8", True, 64, "bfloat16", c4_warps_per_token=2).rows_per_warp == 4
     assert IndexerConfig(4, 6, "indexer_fp8", False, 1, "float32").rows_per_lookup == 2
     assert c4.tag != IndexerConfig(4, 16, "indexer_fp8", False, 64, "bfloat16").tag
 

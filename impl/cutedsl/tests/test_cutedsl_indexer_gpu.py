@@ -167,15 +167,16 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     _run_and_compare(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
 
 
-# the C4 kernel's load-issue variants: the staged ones on every C4 case, the others on a few
-_C4_VARIANT_CASES = [(name, case) for name in ("indexer_kv_smem", "indexer_smem") for case in C4_CASES] + [
+# the C4 kernel's variants: the staged and split ones on every C4 case, the others on a few
+_C4_VARIANT_CASES = [(name, case) for name in ("indexer_kv_smem", "indexer_smem", "indexer_split2") for case in C4_CASES] + [
     (name, C4_CASES[i]) for name in ("indexer_early_request", "indexer_kv_smem_w1") for i in (0, 3, 5, 10)]
 
 
 @pytest.mark.parametrize("variant, case", _C4_VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_indexer_c4_variants_match_spec(variant, case):
-    """The C4 variants (request index with the metadata; rows staged through shared memory)
-    write the spec's bytes, the ``p = 3`` windows and inactive tokens included."""
+    """The C4 variants (request index with the metadata; rows staged through shared memory; a
+    warp per half of the window) write the spec's bytes, the ``p = 3`` windows and inactive
+    tokens included."""
     from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
 
     chosen = INDEXER_VARIANTS[variant]
