@@ -117,6 +117,8 @@ indexer_kv_smem_w1 = Variant("indexer_kv_smem_w1", policy=_policy(indexer_c4_ear
                                                                   indexer_c4_staging="kv_smem", indexer_c4_warps=1))
 # ... or each half of the window in its own warp (8 row requests a lane, half the pooling each)
 indexer_split2 = Variant("indexer_split2", policy=_policy(indexer_c4_early_request=True, indexer_c4_warps_per_token=2))
+indexer_split2_w1 = Variant("indexer_split2_w1", policy=_policy(indexer_c4_early_request=True,
+                                                                indexer_c4_warps_per_token=2, indexer_c4_warps=1))
 INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
                                          indexer_early_request, indexer_kv_smem, indexer_smem, indexer_kv_smem_w1,
-                                         indexer_split2)}
+                                         indexer_split2, indexer_split2_w1)}

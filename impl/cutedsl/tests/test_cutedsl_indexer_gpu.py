@@ -169,7 +169,7 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
 
 # the C4 kernel's variants: the staged and split ones on every C4 case, the others on a few
 _C4_VARIANT_CASES = [(name, case) for name in ("indexer_kv_smem", "indexer_smem", "indexer_split2") for case in C4_CASES] + [
-    (name, C4_CASES[i]) for name in ("indexer_early_request", "indexer_kv_smem_w1") for i in (0, 3, 5, 10)]
+    (name, C4_CASES[i]) for name in ("indexer_early_request", "indexer_kv_smem_w1", "indexer_split2_w1") for i in (0, 3, 5, 10)]
 
 
 @pytest.mark.parametrize("variant, case", _C4_VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.name)
