@@ -92,7 +92,7 @@ def test_every_other_load_precedes_the_state_rows(indexer_ptx):
 def test_early_request_is_read_before_the_activity_test(indexer_ptx):
     """``early_request``: the request index is loaded by a load the compiler keeps in place
     (``ld.relaxed.gpu``), before the branch on the token's activity, so it travels with the
-    metadata instead of costing a round trip of its own."""
+    metadata instead of costing a round trip of its own (with PDL, after the wait)."""
     for cfg, ptx, _ in indexer_ptx:
         body = _body(ptx)
         early = body.find("ld.relaxed.gpu.global.b32")
@@ -100,6 +100,7 @@ def test_early_request_is_read_before_the_activity_test(indexer_ptx):
         if cfg.early_request:
             branches = [m.start() for m in re.finditer(r"@%p\d+ bra\b", body)]
             assert branches[0] < early < branches[1], cfg.tag  # after the tok < T test, before the activity one
+            assert (body.find("griddepcontrol.wait") < early) if cfg.pdl else "griddepcontrol" not in body, cfg.tag
 
 
 def test_exact_finishing_arithmetic(indexer_ptx):
