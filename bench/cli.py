@@ -1,6 +1,6 @@
 """``python -m dsv4_compressor bench [--ratio 128|4] [--impl ...] [--mode eager|graph]``.
 
-Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the mixed step and the
+Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the serving steps and the
 save pass) for every available implementation; ``--head 128`` runs the indexer's compressor
 instead (SPEC §12: the C4 decode sweep for each ``--layout``, default both, ``--hadamard``
 for the rotation; with ``--extra`` its mixed steps and save pass), prints Markdown tables (token_num | µs per
@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
                         "cluster16, stream16; triton and cutedsl with --head 128)")
     parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
-    parser.add_argument("--extra", action="store_true", help="also the mixed steps and the save-partial-states pass")
+    parser.add_argument("--extra", action="store_true", help="also the serving steps (decode, prefill, mixed) and the save-partial-states pass")
     parser.add_argument("--baseline", default="triton", help="implementation the speedups are measured against")
     parser.add_argument("--out", default="bench/out", help="folder for CSV, JSON and PNG")
     parser.add_argument("--trials", type=int, default=5)
