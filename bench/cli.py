@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
                         "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-bound (a bound layer), cutedsl-op and "
                         "triton-op (the torch custom ops), triton-indexer_bc<c>_w<w> and cutedsl-indexer_* (indexer knobs, "
                         "--head 128), or module:attribute (default: triton, cutedsl and its split_block8, cluster8, "
-                        "cluster16, stream16; triton and cutedsl with --head 128)")
+                        "cluster16; triton and cutedsl with --head 128)")
     parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
     parser.add_argument("--extra", action="store_true", help="also the serving steps (decode, prefill, mixed) and the save-partial-states pass")
@@ -60,7 +60,7 @@ def _versions() -> dict:
     return versions
 
 
-DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16", "cutedsl-stream16"],
+DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16"],
                  128: ["triton", "cutedsl"]}
 
 

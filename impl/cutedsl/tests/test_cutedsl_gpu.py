@@ -113,13 +113,13 @@ C4_CASES = [
     Case(4, 1, 64, values="signed_zeros"),
 ]
 C128_CASES = [
-    (Case(128, 8, 64), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic")),
-    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
-    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_handoff", "fused_stream", "split_generic")),
-    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
-    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_handoff", "fused_stream", "split_generic")),
-    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "fused_stream", "split_block8")),
-    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "fused_stream")),
+    (Case(128, 8, 64), ("fused_cluster", "fused_handoff", "split_block8", "split_generic")),
+    (Case(128, 8, 1, bf16_weight=False, values="spread"), ("fused_cluster", "fused_handoff", "split_block8")),
+    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_handoff", "split_generic")),
+    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_handoff", "split_block8")),
+    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_handoff", "split_generic")),
+    (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_weight", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "split_block8")),
+    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff")),
 ]
 
 
@@ -175,11 +175,6 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_cluster_tile=32, c128_cluster_warps=16), C128_CASES[0][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_warps=4), C128_CASES[3][0], "fused_cluster"),
     (dict(c128_cluster_tile=32, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
-    *[(dict(c128_stream_tile=64), case, "fused_stream") for case, _ in C128_CASES],  # 8-CTA clusters
-    (dict(c128_stream_tile=64, c128_stream_warps=4), C128_CASES[0][0], "fused_stream"),
-    (dict(c128_stream_tile=64, c128_stream_warps=16), C128_CASES[4][0], "fused_stream"),
-    (dict(c128_stream_tile=32, c128_stream_warps=4), C128_CASES[5][0], "fused_stream"),
-    (dict(c128_stream_tile=64, c128_stream_ctas_per_sm=4), C128_CASES[3][0], "fused_stream"),  # later waves
     (dict(c128_cluster_kv_after_max=False), C128_CASES[0][0], "fused_cluster"),  # kv loads with the scores
     (dict(c128_cluster_kv_after_max=False, c128_cluster_kv_in_smem=False), C128_CASES[4][0], "fused_cluster"),
     (dict(c128_cluster_kv_after_max=False, c128_cluster_tile=32), C128_CASES[2][0], "fused_cluster"),
@@ -187,9 +182,9 @@ def test_c128_split_with_caller_workspace():
     (dict(c128_split_kv_after_max=True, c128_split_kv_in_smem=True), C128_CASES[4][0], "split_generic"),
     (dict(pdl=False), C4_CASES[1], None),  # without programmatic dependent launch (the default uses it)
     *[(dict(pdl=False), C128_CASES[i][0], path) for i, path in
-      ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"))],
+      ((0, "fused_cluster"), (1, "fused_handoff"), (3, "split_block8"), (4, "split_generic"))],
     *[(dict(c128_early_metadata=True), C128_CASES[i][0], path) for i, path in  # metadata before the PDL wait
-      ((0, "fused_cluster"), (1, "fused_handoff"), (2, "fused_stream"), (3, "split_block8"), (4, "split_generic"),
+      ((0, "fused_cluster"), (1, "fused_handoff"), (3, "split_block8"), (4, "split_generic"),
        (5, "auto"))],
     (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else (v.name if isinstance(v, Case) else str(v)))
@@ -198,7 +193,7 @@ def test_tuning_knobs_keep_the_bytes(overrides, case, path):
 
 
 def _choices(knobs: dict) -> dict:
-    """``policy=`` and ``pdl=`` keywords from knob names: ``pdl``, ``c128_{split,cluster,stream}_<PoolShape
+    """``policy=`` and ``pdl=`` keywords from knob names: ``pdl``, ``c128_{split,cluster}_<PoolShape
     field>``, and the other fields of Policy or KernelShapes with an optional ``c128_`` prefix."""
     from dataclasses import fields, replace
 
@@ -211,7 +206,7 @@ def _choices(knobs: dict) -> dict:
             continue
         name = knob.removeprefix("c128_")
         family, _, rest = name.partition("_")
-        if family in ("split", "cluster", "stream") and rest in pool_fields:
+        if family in ("split", "cluster") and rest in pool_fields:
             shapes.setdefault(family, {})[rest] = value
         else:
             flat[name] = value
@@ -267,7 +262,7 @@ def test_save_partial_states_matches_spec(ratio, block_size, misaligned):
 # ---- CUDA graphs ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case, path", [
     (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
-    (Case(128, 4, 2, layout="bf16"), "split_generic"), (Case(128, 8, 2), "fused_stream"),
+    (Case(128, 4, 2, layout="bf16"), "split_generic"),
     (Case(128, 8, 2), "fused_handoff"),
 ], ids=lambda v: v.name if isinstance(v, Case) else v)
 def test_cuda_graph_replay_with_new_metadata(case, path):
@@ -296,7 +291,6 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
 @pytest.mark.parametrize("case, path, how", [
     *[(Case(128, 8, 2), path, how) for path in ("fused_cluster", "split_block8", "fused_handoff")
       for how in ("separate", "early_metadata", "combined")],
-    (Case(128, 8, 2), "fused_stream", "separate"), (Case(128, 8, 2), "fused_stream", "combined"),
     (Case(4, 4, 2), "auto", "separate"), (Case(4, 4, 2), "auto", "combined"),
     (Case(128, 5, 64, layout="bf16"), "auto", "combined"),
 ], ids=lambda v: v.name if isinstance(v, Case) else v)
