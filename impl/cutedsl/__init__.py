@@ -23,9 +23,11 @@ bytes written equal the NumPy specification's. Module map:
 
 - :mod:`.exact_math` exact ops, exp2s, trees, format helpers (device side)
 - :mod:`.memory` 64-bit byte addressing and vector loads/stores
-- :mod:`.entry` RMSNorm, RoPE, quantization and the three cache layouts (device side)
-- :mod:`.pooling_c4` C4 fused and pooling-only kernels
-- :mod:`.pooling_c128` C128 tile pooling, the split path's compress kernel (Block8/generic)
+- :mod:`.activity` which tokens write an entry (SPEC §5), one token or a chunk (device side)
+- :mod:`.postprocess` the finishing stage: RMSNorm, RoPE, quantization and the three cache
+  layouts, in the two thread mappings the kernels use (device side)
+- :mod:`.pooling_c4` C4 window pooling stage, the C4 fused and pooling-only kernels
+- :mod:`.pooling_c128` C128 tile pooling stage, the split path's compress kernel (Block8/generic)
 - :mod:`.store` C128 split path's store kernel
 - :mod:`.fused_c128_cluster` C128 single-launch kernel, a cluster of 8 or 16 CTAs per token
 - :mod:`.fused_c128_handoff` C128 single-launch kernel without clusters (the last CTA finishes)
