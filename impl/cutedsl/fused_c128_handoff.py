@@ -94,8 +94,8 @@ class C128HandoffKernel:
         chunks = (mPos.shape[0] + chunk - 1) // chunk
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
-                    fp8_inv, chunk).launch(grid=(self.tiles * chunks, 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
-                                           use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
+                    fp8_inv, chunk).launch(grid=(self.tiles * chunks, 1, 1), block=(self.pooling.threads, 1, 1),
+                                           stream=stream, use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
                                            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
