@@ -63,9 +63,8 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from .activity import token_activity
 from .config import ClusterConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .exact_math import butterfly_sum
 from .pooling_c128 import RATIO, C128TilePooling
-from .postprocess import TileFinish, entry_addresses, load_cos_sin, sum_of_squares
+from .postprocess import TileFinish
 
 
 @dsl_user_op
@@ -100,7 +99,7 @@ class C128ClusterKernel:
         self.pool = config.pool
         self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
-        self.finishing = TileFinish(config.entry, config.pool.tile)
+        self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.cluster = self.pooling.num_tiles  # CTAs per token
 
     @cute.jit
@@ -141,15 +140,13 @@ class C128ClusterKernel:
             cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before remote stores
             lane = cute.arch.lane_idx()
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            n = self.finishing.lane_channels
             # everything the finishing stage reads from memory, fetched before the pooling
-            w, w_partner, pair = self.finishing.inputs(mWeight, tile, lane)
-            cos, sin = load_cos_sin(mCosSin, (position // RATIO) * RATIO, pair, 1)
-            data, scales = entry_addresses(self.config.entry, mCache, kv_slot)
-            x = cute.make_rmem_tensor((n,), Float32)
+            w, w_partner, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot,
+                                                                         tile, lane)
+            x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
             x.fill(0.0)
             self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
-            tile_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)  # meaningful in warp 0
+            tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             cute.arch.cluster_wait()
             if warp == 0:
                 if lane < self.cluster:

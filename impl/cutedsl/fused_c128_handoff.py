@@ -51,10 +51,9 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from .activity import chunk_tokens, lowest_set_bit, token_activity
 from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS, HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .exact_math import butterfly_sum
 from .memory import GMEM, element_address, load_pair_from_l2, store_fragment, store_scalar
 from .pooling_c128 import RATIO, C128TilePooling
-from .postprocess import TileFinish, entry_addresses, load_cos_sin, sum_of_squares
+from .postprocess import TileFinish
 
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
@@ -69,7 +68,7 @@ class C128HandoffKernel:
         self.pool = config.pool
         self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
-        self.finishing = TileFinish(config.entry, config.pool.tile)
+        self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per token (8)
 
     @cute.jit
@@ -205,12 +204,9 @@ class C128HandoffKernel:
         fp8_inv: Float32,
     ):
         """Every warp of the last CTA: block ``warp`` of the token's entry."""
-        n = self.finishing.lane_channels
-        w, _, pair = self.finishing.inputs(mWeight, warp, lane)
-        cos, sin = load_cos_sin(mCosSin, (position // RATIO) * RATIO, pair, 1)
-        data, scales = entry_addresses(self.config.entry, mCache, kv_slot)
-        x = load_pair_from_l2(element_address(mX, tok, warp * self.pooling.tile + lane * n))
-        block_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)
+        w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, warp, lane)
+        x = load_pair_from_l2(element_address(mX, tok, warp * self.pooling.tile + lane * self.finishing.lane_channels))
+        block_sum = self.finishing.tile_sum(x)
         if lane == 0:
             sTileSums[warp] = block_sum
         cute.arch.sync_threads()

@@ -290,8 +290,9 @@ class TileFinish:
     lane), one warp per tile. The caller gathers every tile's sum of squares (and, tile 32
     with ``flashmla_fp8``, the ``x`` of the block's other half) into shared memory."""
 
-    def __init__(self, entry: EntryFormat, tile: int):
+    def __init__(self, entry: EntryFormat, ratio: int, tile: int):
         self.entry = entry
+        self.ratio = ratio
         self.tile = tile
         self.num_tiles = HEAD_DIM // tile  # tiles per token: 8 or 16
         self.lane_channels = tile // 32  # channels per lane: 2 (tile 64) or 1 (tile 32)
@@ -301,10 +302,21 @@ class TileFinish:
         self.sends_partner_x = self.tiles_per_block == 2 and entry.layout == "flashmla_fp8"
 
     @cute.jit
-    def inputs(self, mWeight: cute.Tensor, tile: Int32, lane: Int32):
-        """Token-independent inputs of the finishing stage: ``(w, w_partner, pair)``, the norm
-        weights of this lane's channels (fp32 (n,)), those of the same lane in the block's
-        other half (tile 32, flashmla_fp8; else ``w`` again) and the lane's RoPE pair index."""
+    def inputs(
+        self,
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # k_cache (layout per self.entry)
+        position: Int64,  # the token's position p
+        slot: Int64,  # its kv slot
+        tile: Int32,
+        lane: Int32,
+    ):
+        """Everything the finishing stage reads from memory, to be fetched early:
+        ``(w, w_partner, cos, sin, data, scales)``, the norm weights of this lane's channels
+        (fp32 (n,)), those of the same lane in the block's other half (tile 32, flashmla_fp8;
+        else ``w`` again), the cos and sin of the lane's RoPE pair (fp32 (1,)) and the entry's
+        byte addresses."""
         n = self.lane_channels
         first = tile * self.tile + lane * n
         partner_first = (tile ^ 1) * self.tile + lane * n
@@ -313,7 +325,15 @@ class TileFinish:
         if cutlass.const_expr(self.sends_partner_x):
             w_partner = load_weight(mWeight, partner_first, n)
         pair = Int32(cutlass.select_(first >= NOPE_DIM, (first - NOPE_DIM) // 2, 0))
-        return w, w_partner, pair
+        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, pair, 1)
+        data, scales = entry_addresses(self.entry, mCache, slot)
+        return w, w_partner, cos, sin, data, scales
+
+    def tile_sum(self, x: cute.Tensor):
+        """This tile's partial sum of squares, SPEC's tree over its channels (per-lane tree, xor
+        butterfly 1..16: the lanes hold consecutive aligned chunks); meaningful in the warp
+        that holds ``x``."""
+        return butterfly_sum(sum_of_squares(x, self.lane_channels), 1, 16)
 
     @cute.jit
     def finish(
