@@ -4,8 +4,9 @@
   window of its own request; state block size 8; 2 entries per page.
 - C4 sweep: 1 ... 16384 decode-boundary tokens; state block size 4; 64 entries per page.
 - A realistic mixed step: decode tokens of many requests at random positions plus a chunked
-  prefill of a few thousand tokens; and a C128 serving decode step (512 requests at random
-  positions, so only the few at a window boundary are active).
+  prefill of a few thousand tokens; C128 serving decode steps (512 requests at random
+  positions, so only the few at a window boundary are active; 64 requests of which exactly
+  one closes a window); and a C128 prefill step (one 16384-token chunk: 128 windows close).
 - The save-partial-states pass over T tokens.
 - The lightning indexer's compressor (SPEC §12, head width 128): the C4 decode sweep with state
   block size 16 and 64 entries per page, a mixed step, and the save pass, for ``indexer_fp8``
@@ -40,10 +41,16 @@ class Case:
     block_size: int
     entries_per_page: int
     token_num: int  # the x axis
-    kind: str  # "decode" (every token active), "decode_step" (serving decode), "mixed" or "save"
+    kind: str  # "decode" (every token active), "decode_step" (serving decode), "prefill", "mixed" or "save"
     layout: str = "flashmla_fp8"
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer (SPEC §12)
     hadamard: bool = False  # indexer layouts only
+    active: int | None = None  # decode_step: exactly this many tokens close a window (None: random positions)
+
+    def __post_init__(self):
+        if self.active is not None and (self.kind != "decode_step" or not 0 <= self.active <= self.token_num):
+            raise ValueError(f"Case.active: expected None, or 0..token_num={self.token_num} on a decode_step case, "
+                             f"got {self.active!r} on kind {self.kind!r}")
 
     @property
     def config(self):
@@ -54,8 +61,14 @@ class Case:
         if self.kind == "mixed":
             prefill = self.token_num - 512
             requests = B.mixed_requests(rng, r, num_decode=512, prefill_tokens=(prefill,), max_entries=64)
+        elif self.kind == "decode_step" and self.active is not None:  # one token per request, `active` at a boundary
+            requests = (B.decode_requests(self.active, r, rng, boundary=True, max_entries=64)
+                        + B.decode_requests(self.token_num - self.active, r, rng, boundary=False, max_entries=64))
+            requests = [requests[i] for i in rng.permutation(len(requests))]
         elif self.kind == "decode_step":  # one decode token per request at a random position
             requests = B.mixed_requests(rng, r, num_decode=self.token_num, prefill_tokens=(), max_entries=64)
+        elif self.kind == "prefill":  # one chunk starting on a window boundary: token_num // r windows close
+            requests = [B.chunked_prefill(r * int(rng.integers(0, 4)), self.token_num)]
         elif self.kind == "save":
             requests = B.decode_requests(self.token_num, r, rng, boundary=False, max_entries=64)
         else:
@@ -87,9 +100,12 @@ def c4_decode_sweep(sizes=C4_SWEEP, layout="flashmla_fp8") -> list[Case]:
 
 
 def mixed_steps() -> list[Case]:
-    """Steps where few tokens are active: a serving decode step (C128: about 1 in 128 decode
-    tokens closes a window) and decode plus a prefill chunk."""
-    return [Case("c128_decode_step", "compress", 128, 8, 2, 512, "decode_step"),
+    """Steps where few tokens are active: serving decode steps (C128: about 1 in 128 decode
+    tokens closes a window; 64 tokens with exactly one active), a C128 prefill chunk of 16384
+    tokens (128 active) and decode plus a prefill chunk."""
+    return [Case("c128_decode_step", "compress", 128, 8, 2, 64, "decode_step", active=1),
+            Case("c128_decode_step", "compress", 128, 8, 2, 512, "decode_step"),
+            Case("c128_prefill_step", "compress", 128, 8, 2, 16384, "prefill"),
             Case("c128_mixed", "compress", 128, 8, 2, 4096 + 512, "mixed"),
             Case("c4_mixed", "compress", 4, 4, 64, 4096 + 512, "mixed")]
 

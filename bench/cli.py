@@ -1,6 +1,6 @@
 """``python -m dsv4_compressor bench [--ratio 128|4] [--impl ...] [--mode eager|graph]``.
 
-Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the mixed step and the
+Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the serving steps and the
 save pass) for every available implementation; ``--head 128`` runs the indexer's compressor
 instead (SPEC §12: the C4 decode sweep for each ``--layout``, default both, ``--hadamard``
 for the rotation; with ``--extra`` its mixed steps and save pass), prints Markdown tables (token_num | µs per
@@ -24,10 +24,10 @@ def add_arguments(parser) -> None:
                         "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-bound (a bound layer), cutedsl-op and "
                         "triton-op (the torch custom ops), triton-indexer_bc<c>_w<w> and cutedsl-indexer_* (indexer knobs, "
                         "--head 128), or module:attribute (default: triton, cutedsl and its split_block8, cluster8, "
-                        "cluster16, stream16; triton and cutedsl with --head 128)")
+                        "cluster16; triton and cutedsl with --head 128)")
     parser.add_argument("--mode", choices=("eager", "graph"), action="append", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="*", help="token_num values (default: the full sweep)")
-    parser.add_argument("--extra", action="store_true", help="also the mixed steps and the save-partial-states pass")
+    parser.add_argument("--extra", action="store_true", help="also the serving steps (decode, prefill, mixed) and the save-partial-states pass")
     parser.add_argument("--baseline", default="triton", help="implementation the speedups are measured against")
     parser.add_argument("--out", default="bench/out", help="folder for CSV, JSON and PNG")
     parser.add_argument("--trials", type=int, default=5)
@@ -60,7 +60,7 @@ def _versions() -> dict:
     return versions
 
 
-DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16", "cutedsl-stream16"],
+DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16"],
                  128: ["triton", "cutedsl"]}
 
 

@@ -18,14 +18,14 @@ import statistics
 import sys
 
 
-def _setting(path: str, *, cluster=None, stream=None, split=None, **fields):
+def _setting(path: str, *, cluster=None, split=None, **fields):
     """``(c128_path, Policy)``: the default policy with pool-shape fields and policy fields replaced."""
     from dataclasses import replace
 
     from ..impl.cutedsl.dispatch import DEFAULT_POLICY
 
     shapes = DEFAULT_POLICY.shapes
-    for name, changes in (("cluster", cluster), ("stream", stream), ("split", split)):
+    for name, changes in (("cluster", cluster), ("split", split)):
         if changes:
             fields[name] = replace(getattr(shapes, name), **changes)
     return path, DEFAULT_POLICY.with_overrides(**fields)
@@ -44,15 +44,6 @@ def _c128() -> dict:
         "cluster16-regkv": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "kv_in_smem": False}),
         "cluster16-w4": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "warps": 4}),
         "cluster16-w16": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "warps": 16}),
-        "stream": _setting("fused_stream", stream={"tile": 64}),
-        "stream-w4": _setting("fused_stream", stream={"tile": 64, "warps": 4}),
-        "stream16": _setting("fused_stream", stream={"tile": 32}),
-        "stream16-c1": _setting("fused_stream", stream={"tile": 32}, stream_ctas_per_sm=1),
-        "stream16-c2": _setting("fused_stream", stream={"tile": 32}, stream_ctas_per_sm=2),
-        "stream16-w4": _setting("fused_stream", stream={"tile": 32, "warps": 4}),
-        **{f"stream-g{g}": _setting("fused_stream", stream={"tile": 64}, stream_clusters=g) for g in (16, 15, 14, 12, 10)},
-        **{f"stream16-g{g}": _setting("fused_stream", stream={"tile": 32}, stream_clusters=g)
-           for g in (24, 21, 18, 16, 14, 12)},
         "cluster-late": _setting("fused_cluster", cluster={"tile": 64, "kv_after_max": True}),
         "cluster-late-regkv": _setting("fused_cluster", cluster={"tile": 64, "kv_after_max": True, "kv_in_smem": False}),
         "cluster16-late": _setting("fused_cluster", cluster={"tile": 32, "kv_after_max": True}),

@@ -79,16 +79,8 @@ for s in "$@"; do
       step bench-extra 200 $PY -m dsv4_compressor bench --extra --sizes 1 64 1024 --trials 3 --tag extra --out "$LOGS" ;;
     conformance-cluster16)
       step conformance-cluster16 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16 --size all ;;
-    conformance-stream)
-      step conformance-stream 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:stream --impl dsv4_compressor.impl.cutedsl.variants:stream16 --size all --no-errors ;;
     tune-c128)
       step tune-c128 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
-    tune-stream-grid)
-      step tune-stream-grid 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 128 1024 --trials 3 --settings stream-g16 stream-g15 stream-g14 stream-g12 stream-g10 stream16-g24 stream16-g21 stream16-g18 stream16-g16 stream16-g14 stream16-g12 block8 ;;
-    tune-stream-short)
-      step tune-stream-short 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings cluster cluster16 stream stream16 stream16-c2 block8 ;;
-    tune-stream)
-      step tune-stream 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --settings cluster cluster16 stream stream-w4 stream16 stream16-c1 stream16-c2 stream16-w4 block8 ;;
     conformance-nopdl)
       step conformance-nopdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:nopdl --size all ;;
     conformance-handoff)
@@ -100,9 +92,9 @@ for s in "$@"; do
     probe-noexp)
       step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
     probe-chunks)
-      step probe-chunks 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 stream16 ;;
+      step probe-chunks 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 ;;
     bench-c128-final)
-      step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-stream16 --trials 3 --tag c128-final3 --out "$LOGS" ;;
+      step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-handoff --trials 3 --tag c128-final3 --out "$LOGS" ;;
     bench-c128-third)
       step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
     bench-c4-third)

@@ -81,7 +81,7 @@ def _no_launches(on_gpu: bool):
     from ..impl.cutedsl import launch
 
     compile_cache = launch.kernels()
-    names = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_stream", "compile_c128_pool",
+    names = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
              "compile_c128_store", "compile_save")
     saved = {name: getattr(compile_cache, name) for name in names}
     saved_launch = {name: getattr(launch, name) for name in ("_require_cuda", "sm_count", "_current_stream")}

@@ -53,7 +53,7 @@ def test_cli_selects_the_sweeps_of_each_head():
     ratios, cases = cli.selected_cases(parser.parse_args(["--sizes", "8"]))
     assert ratios == [128, 4] and [(c.compress_ratio, c.token_num, c.head_dim) for c in cases] == [(128, 8, 512), (4, 8, 512)]
     _, cases = cli.selected_cases(parser.parse_args(["--ratio", "4", "--extra"]))
-    assert all(c.head_dim == 512 for c in cases) and {c.kind for c in cases} == {"decode", "decode_step", "mixed", "save"}
+    assert all(c.head_dim == 512 for c in cases) and {c.kind for c in cases} == {"decode", "decode_step", "prefill", "mixed", "save"}
 
 
 @pytest.mark.parametrize("layout", ["flashmla_fp8", "indexer_fp8", "indexer_mxfp4", "bf16", "fp8_per_tensor"])

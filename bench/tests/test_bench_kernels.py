@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 CALLS = 20
-IMPLS = ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-stream16"]
+IMPLS = ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-handoff"]
 
 
 def _cases():

@@ -4,8 +4,7 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 
 - :func:`save_partial_states` (SPEC §4)
 - :func:`compress_norm_rope_store` (SPEC §5-§7; C4 fused kernel; C128 cluster-fused,
-  handoff-fused (no cluster), stream-fused or split compress + store kernels, chosen by
-  ``c128_path``)
+  handoff-fused (no cluster) or split compress + store kernels, chosen by ``c128_path``)
 - :func:`save_and_compress_norm_rope_store` (SPEC §4 then §5-§7, the two calls back to back:
   with PDL the compress kernel reads its metadata while the save kernel runs)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
@@ -24,13 +23,14 @@ bytes written equal the NumPy specification's. Module map:
 
 - :mod:`.exact_math` exact ops, exp2s, trees, format helpers (device side)
 - :mod:`.memory` 64-bit byte addressing and vector loads/stores
-- :mod:`.entry` RMSNorm, RoPE, quantization and the three cache layouts (device side)
-- :mod:`.pooling_c4` C4 fused and pooling-only kernels
-- :mod:`.pooling_c128` C128 tile pooling, the split path's compress kernel (Block8/generic)
+- :mod:`.activity` which tokens write an entry (SPEC §5), one token or a chunk (device side)
+- :mod:`.postprocess` the finishing stage: RMSNorm, RoPE, quantization and the three cache
+  layouts, in the two thread mappings the kernels use (device side)
+- :mod:`.pooling_c4` C4 window pooling stage, the C4 fused and pooling-only kernels
+- :mod:`.pooling_c128` C128 tile pooling stage, the split path's compress kernel (Block8/generic)
 - :mod:`.store` C128 split path's store kernel
 - :mod:`.fused_c128_cluster` C128 single-launch kernel, a cluster of 8 or 16 CTAs per token
 - :mod:`.fused_c128_handoff` C128 single-launch kernel without clusters (the last CTA finishes)
-- :mod:`.fused_c128_stream` C128 single-launch kernel on persistent, pipelined clusters
 - :mod:`.dependent_launch` programmatic dependent launch (every kernel waits before its first access)
 - :mod:`.save_states` save_partial_states (both head widths)
 - :mod:`.indexer_config`, :mod:`.indexer_entry`, :mod:`.indexer_kernel`, :mod:`.indexer_launch`

@@ -40,7 +40,6 @@ from .config import (
     HandoffConfig,
     SaveConfig,
     StoreConfig,
-    StreamConfig,
 )
 
 _LOCK = threading.RLock()
@@ -231,20 +230,6 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
         )
 
     return cached(("c128_handoff", config, keep_ptx), build)
-
-
-def compile_c128_stream(config: StreamConfig, *, keep_ptx: bool = False):
-    """C128 single-launch kernel on persistent clusters (two-stage cp.async pipeline)."""
-
-    def build():
-        from .fused_c128_stream import C128StreamKernel
-
-        return cute.compile(
-            C128StreamKernel(config), *fused_c128_inputs(config),
-            Float32(1e-6), Float32(1.0), Int32(1), Int32(1), fake_stream(), options=_options(keep_ptx),
-        )
-
-    return cached(("c128_stream", config, keep_ptx), build)
 
 
 def compile_save(config: SaveConfig, *, keep_ptx: bool = False):

@@ -218,32 +218,9 @@ class ClusterConfig:
         return f"c128cluster_{self.pool.tag}_{self.entry.tag}"
 
 
-@dataclass(frozen=True)
-class StreamConfig(ClusterConfig):
-    """C128 single-launch kernel on persistent clusters with a two-stage ``cp.async`` pipeline
-    (scores and kv of the next token land in shared memory while this one is pooled); the
-    cluster shapes of :class:`ClusterConfig` (``pool.kv_in_smem`` is unused)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.pool.early_metadata:
-            _fail("pool.early_metadata", "False (the stream kernel waits before its metadata)", True)
-
-    @property
-    def smem_bytes(self) -> int:
-        """Two stages of scores and kv, the per-warp partials, the exchange slots and mbarriers."""
-        stages = 2 * 2 * self.pool.rows_per_lane * 32 * self.pool.warps * 16
-        return stages + 3 * 4 * self.pool.warps * self.pool.tile + 4 * 2 * (self.cluster_size + 32) + 16
-
-    @property
-    def tag(self) -> str:
-        pool = self.pool.tag.replace("_kvsmem", "")
-        return f"c128stream_{pool}_{self.entry.tag}"
-
-
 HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm), also the host's grid sizing
 HANDOFF_CTAS_PER_TOKEN = HEAD_DIM // 64  # its 64-channel tiles (HandoffConfig requires pool.tile 64)
-MAX_CHUNK_TOKENS = 32  # tokens a chunked CTA (handoff, stream) takes at most: one ballot, a token per lane
+MAX_CHUNK_TOKENS = 32  # tokens a chunked handoff CTA takes at most: one ballot, a token per lane
 
 
 @dataclass(frozen=True)

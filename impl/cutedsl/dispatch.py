@@ -19,9 +19,6 @@ the number of tokens ``T``:
   (``save_and_compress_norm_rope_store``): then ``fused_handoff``, because real C128 steps
   are sparse (about one token in 128 closes a window) and a chunked CTA skips inactive
   tokens for a ballot bit.
-
-``fused_stream`` (persistent pipelined clusters) is never chosen by ``auto``; it is there to
-be forced (``c128_path="fused_stream"``) on steps with few active tokens among many.
 """
 
 from __future__ import annotations
@@ -30,11 +27,10 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from .config import (HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, HEAD_DIM, MAX_CHUNK_TOKENS, C4Config,
-                     C128PoolConfig, EntryFormat, SaveConfig, StoreConfig, StreamConfig)
+                     C128PoolConfig, EntryFormat, SaveConfig, StoreConfig)
 from .indexer_config import IndexerConfig
 
-C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic")
-SMEM_PER_SM = 227 * 1024  # bytes a CTA may opt in to on sm_90, and about what an SM holds
+C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "split_block8", "split_generic")
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,6 @@ class KernelShapes:
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
-    stream: PoolShape = PoolShape(8, 32)  # stream kernel: 32 (16-CTA clusters) or 64 (8-CTA) channels
     indexer_c4_warps: int = 4  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8)
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
     indexer_c4_staging: str = "registers"  # indexer C4 kernel: where rows wait in flight (IndexerConfig.c4_staging)
@@ -83,8 +78,6 @@ class Policy:
     handoff_waves: int | None = 16  # handoff grid: tokens per CTA grow to keep about this many waves (None: 1)
     early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
     #                               on the previous kernel; see :mod:`.dependent_launch`)
-    stream_ctas_per_sm: int | None = None  # stream grid: CTAs per SM (None: as shared memory allows)
-    stream_clusters: int | None = None  # stream grid: clusters (None: from stream_ctas_per_sm)
     shapes: KernelShapes = field(default_factory=KernelShapes)
 
     def __post_init__(self):
@@ -123,16 +116,14 @@ def cluster_tile(num_tokens: int, policy: Policy) -> int:
 def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: int = 1, pdl: bool = True,
                      early_metadata: bool = False) -> C128PoolConfig:
     """The :class:`.config.C128PoolConfig` of a C128 path (``fused_*``/``split_*``); with ``pdl``
-    its metadata is read before the wait if ``early_metadata`` or ``policy.early_metadata``
-    (never on the stream path). Raises ``ValueError`` if ``split_block8`` cannot take ``block_size``."""
+    its metadata is read before the wait if ``early_metadata`` or ``policy.early_metadata``.
+    Raises ``ValueError`` if ``split_block8`` cannot take ``block_size``."""
     shapes = policy.shapes
     if path == "fused_cluster":
         shape = shapes.cluster
         warps, tile, staged, late = shape.warps, cluster_tile(num_tokens, policy), shape.kv_in_smem, shape.kv_after_max
     elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
         warps, tile, staged, late = 8, 64, True, shapes.handoff_kv_after_max
-    elif path == "fused_stream":
-        warps, tile, staged, late = shapes.stream.warps, shapes.stream.tile, False, False
     else:
         shape = shapes.split
         warps, tile, staged, late = shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max
@@ -146,7 +137,7 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
         rows_per_lookup = rows_per_lane
     else:  # generic lookups: runs of gcd(bs, rows per lane) rows share a block (Block8's when bs allows)
         rows_per_lookup = math.gcd(block_size, rows_per_lane)
-    early = pdl and (early_metadata or policy.early_metadata) and path != "fused_stream"
+    early = pdl and (early_metadata or policy.early_metadata)
     return C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, pdl, early)
 
 
@@ -160,21 +151,6 @@ def handoff_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
         return 1
     slots = waves * HANDOFF_CTAS_PER_SM * sm_count
     return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
-
-
-def stream_grid(stream_config: StreamConfig, num_tokens: int, sm_count: int, policy: Policy) -> tuple[int, int]:
-    """``(clusters, chunk)`` of the stream kernel: about one wave of clusters, each taking
-    chunks of up to 32 consecutive tokens (fewer when there are few tokens per cluster).
-
-    The estimate counts SMs, not GPCs: 8-CTA clusters of one CTA per SM may fit one cluster
-    fewer than ``SMs // 8`` at a time (set ``policy.stream_clusters`` to pin the count)."""
-    per_sm = policy.stream_ctas_per_sm
-    if per_sm is None:
-        per_sm = max(1, min(SMEM_PER_SM // (stream_config.smem_bytes + 1024), 2048 // (32 * stream_config.pool.warps)))
-    clusters = policy.stream_clusters or sm_count * per_sm // stream_config.cluster_size
-    clusters = max(1, min(num_tokens, clusters))
-    chunk = max(1, min(MAX_CHUNK_TOKENS, -(-num_tokens // clusters)))
-    return clusters, chunk
 
 
 def check_c128_path(c128_path) -> None:

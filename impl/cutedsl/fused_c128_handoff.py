@@ -19,7 +19,7 @@ CTA on this SM may have cached an older row in L1):
 1. warp ``w``'s tile partial ``ss_w`` = SPEC's tree over the block (per-lane pair, xor
    butterfly 1..16), through shared memory to every warp;
 2. ``ss = tree(ss_0..ss_7)`` (the tree over 512 channels is the tree over these 8), ``rr``;
-3. :meth:`.fused_c128_cluster.C128ClusterKernel.finish_block` with tile ``w``.
+3. the finishing stage of the cluster kernel, :class:`.postprocess.TileFinish`, with tile ``w``.
 
 It then resets the counter to 0, so the counters are all zero between calls (and a CUDA
 graph replays from zero). Activity is per token: inactive tokens touch nothing. The
@@ -48,21 +48,28 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS
+from .activity import chunk_tokens, lowest_set_bit, token_activity
+from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS, HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import chunk_tokens, entry_addresses, load_cos_sin, lowest_set_bit, sum_of_squares, token_activity
-from .exact_math import butterfly_sum
-from .fused_c128_cluster import C128ClusterKernel
 from .memory import GMEM, element_address, load_pair_from_l2, store_fragment, store_scalar
+from .pooling_c128 import RATIO, C128TilePooling
+from .postprocess import TileFinish
 
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
 
 
-class C128HandoffKernel(C128ClusterKernel):
+class C128HandoffKernel:
     """Grid ``8 * ceil(T / chunk)`` (1-D; CTAs ``8c .. 8c+7`` are the 8 tiles of chunk ``c``,
-    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster; built from a
-    :class:`.config.HandoffConfig`."""
+    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster."""
+
+    def __init__(self, config: HandoffConfig):
+        self.config = config
+        self.pool = config.pool
+        self.pdl = config.pool.pdl
+        self.pooling = C128TilePooling(config.pool)
+        self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
+        self.tiles = self.pooling.num_tiles  # CTAs per token (8)
 
     @cute.jit
     def __call__(
@@ -86,8 +93,8 @@ class C128HandoffKernel(C128ClusterKernel):
         chunks = (mPos.shape[0] + chunk - 1) // chunk
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
-                    fp8_inv, chunk).launch(grid=(self.cluster * chunks, 1, 1), block=(self.threads, 1, 1), stream=stream,
-                                           use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
+                    fp8_inv, chunk).launch(grid=(self.tiles * chunks, 1, 1), block=(self.pooling.threads, 1, 1),
+                                           stream=stream, use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
                                            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
@@ -97,14 +104,14 @@ class C128HandoffKernel(C128ClusterKernel):
                chunk: Int32):
         wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
-        tile, chunk_index = self.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
+        tile, chunk_index = self.pooling.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
         smem = SmemAllocator()
-        sMax, sNum, sDen, sKv = self.allocate_smem(smem)
-        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.cluster), byte_alignment=16)
+        sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
+        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.tiles), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
         if cutlass.const_expr(not self.config.chunked):  # one token per CTA (chunk == 1)
             tok = chunk_index
-            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, self.ratio)
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]  # loaded with the activity metadata, not after it
             if active:
                 self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv, tok,
@@ -118,7 +125,7 @@ class C128HandoffKernel(C128ClusterKernel):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             # the chunk's metadata, one token per lane (every warp ballots the same mask), kept in smem
             mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
-                                                        Int32(mPos.shape[0]), lane, self.ratio)
+                                                        Int32(mPos.shape[0]), lane, RATIO)
             if warp == 0:
                 sPositions[lane] = position
                 sKvSlots[lane] = kv_slot
@@ -161,19 +168,19 @@ class C128HandoffKernel(C128ClusterKernel):
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        n = self.lane_channels  # 2
+        n = self.finishing.lane_channels  # 2
         x = cute.make_rmem_tensor((n,), Float32)
         x.fill(0.0)
-        self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+        self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
         if warp == 0:
-            store_fragment(x, element_address(mX, tok, tile * self.tile + lane * n), 4 * n)
+            store_fragment(x, element_address(mX, tok, tile * self.pooling.tile + lane * n), 4 * n)
             cute.arch.fence_acq_rel_gpu()  # this thread's x stores before the arrival below
         cute.arch.sync_threads()
         counter = cute.make_ptr(Int32, element_address(mCounters, tok), GMEM, assumed_align=4)
         if tidx == 0:
             sArrivals[0] = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
         cute.arch.sync_threads()
-        if sArrivals[0] == self.cluster - 1:  # the token's last tile: every x is in the scratch
+        if sArrivals[0] == self.tiles - 1:  # the token's last tile: every x is in the scratch
             cute.arch.fence_acq_rel_gpu()
             self.finish_from_scratch(mX, mWeight, mCosSin, mCache, sTileSums, tok, position, kv_slot, warp, lane,
                                      eps, fp8_inv)
@@ -197,16 +204,13 @@ class C128HandoffKernel(C128ClusterKernel):
         fp8_inv: Float32,
     ):
         """Every warp of the last CTA: block ``warp`` of the token's entry."""
-        n = self.lane_channels
-        w, _, pair = self.finish_inputs(mWeight, warp, lane)
-        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, pair, 1)
-        data, scales = entry_addresses(self.entry, mCache, kv_slot)
-        x = load_pair_from_l2(element_address(mX, tok, warp * self.tile + lane * n))
-        block_sum = butterfly_sum(sum_of_squares(x, n), 1, 16)
+        w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, warp, lane)
+        x = load_pair_from_l2(element_address(mX, tok, warp * self.pooling.tile + lane * self.finishing.lane_channels))
+        block_sum = self.finishing.tile_sum(x)
         if lane == 0:
             sTileSums[warp] = block_sum
         cute.arch.sync_threads()
-        self.finish_token(x, w, w, sTileSums, None, cos, sin, lane, warp, data, scales, eps, fp8_inv)
+        self.finishing.finish(x, w, w, sTileSums, None, cos, sin, lane, warp, data, scales, eps, fp8_inv)
 
 
 __all__ = ["C128HandoffKernel"]

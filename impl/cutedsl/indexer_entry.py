@@ -31,7 +31,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
 from ...spec.constants import HADAMARD_SCALE
-from .entry import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
+from .postprocess import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
 from .exact_math import (
     abs_max_fragment,
     bf16_round_fragment,

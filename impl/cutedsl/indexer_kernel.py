@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import token_activity
+from .activity import token_activity
 from .exact_math import fadd, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, IndexerEntryWriter

@@ -22,7 +22,7 @@ import torch
 from ...spec.constants import HEAD_DIMS
 from ..frontend import validate_compress_norm_rope_store, validate_save_partial_states
 from . import dispatch, indexer_launch
-from .config import ClusterConfig, EntryFormat, HandoffConfig, StreamConfig
+from .config import ClusterConfig, EntryFormat, HandoffConfig
 
 SUPPORTED_DEVICES = ("cuda",)
 HEAD_DIM = 512
@@ -198,12 +198,12 @@ class LaunchPlan:
     launches them (the subclasses below: one per kind of path)."""
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
-    path: str  # "c4", "fused_cluster", "fused_handoff", "fused_stream", "split_block8", "split_generic" or "indexer"
+    path: str  # "c4", "fused_cluster", "fused_handoff", "split_block8", "split_generic" or "indexer"
     eps: float
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
-    grid: tuple = ()  # fused_stream: (clusters, chunk); fused_handoff: (chunk,)
+    grid: tuple = ()  # fused_handoff: (chunk,)
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -221,7 +221,7 @@ class LaunchPlan:
 
 @dataclass(frozen=True)
 class SingleLaunch(LaunchPlan):
-    """C4, ``fused_cluster`` and ``fused_stream``: one kernel on the call's tensors."""
+    """C4 and ``fused_cluster``: one kernel on the call's tensors."""
 
     def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -280,7 +280,7 @@ def entry_format(layout: str, entries_per_page: int, weight_dtype: torch.dtype, 
 def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFormat, policy: dispatch.Policy,
                      pdl: bool, early_metadata: bool, sms: int | None) -> tuple[tuple, tuple]:
     """``(((compile function name, static config), ...), grid)`` of one C4 (``path="c4"``) or
-    C128 path at ``num_tokens``, in launch order (``sms`` sizes the handoff and stream grids)."""
+    C128 path at ``num_tokens``, in launch order (``sms`` sizes the handoff grid)."""
     if path == "c4":
         return (("compile_c4", dispatch.c4_config(block_size, entry, policy, pdl)),), ()
     if path == "fused_cluster":
@@ -291,9 +291,6 @@ def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFo
         chunk = dispatch.handoff_chunk(num_tokens, sms, policy)  # 1 <= chunk <= MAX_CHUNK_TOKENS
         pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
         return (("compile_c128_handoff", HandoffConfig(pool, entry, chunked=chunk > 1)),), (chunk,)
-    if path == "fused_stream":
-        stream_config = StreamConfig(dispatch.c128_pool_config(path, block_size, policy, pdl=pdl), entry)
-        return (("compile_c128_stream", stream_config),), dispatch.stream_grid(stream_config, num_tokens, sms, policy)
     pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
     return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl))), ()
 

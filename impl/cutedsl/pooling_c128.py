@@ -1,8 +1,9 @@
 """C128 pooling: one CTA pools one channel tile of one token's 128-row window.
 
-This is the split path's compress kernel (Block8 and generic share the code; they differ
-only in how many rows one block-table lookup serves) and the first half of the cluster
-kernel (:mod:`.fused_c128_cluster`).
+:class:`C128TilePooling` is the stage every C128 kernel pools with: the split path's
+compress kernel (:class:`C128PoolKernel`; Block8 and generic share the code, they differ
+only in how many rows one block-table lookup serves) and the first half of the fused
+kernels (:mod:`.fused_c128_cluster`, :mod:`.fused_c128_handoff`).
 
 Thread mapping (``warps`` warps; ``tile`` channels; defaults 8 and 64): a warp's lanes form
 ``32 / (tile/4)`` row groups of ``tile/4`` lanes; lane ``(g, l)`` of warp ``w`` owns
@@ -54,9 +55,9 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
+from .activity import token_activity
 from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import token_activity
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses
 
@@ -65,14 +66,13 @@ STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
 
 
 class C128TilePooling:
-    """Device code shared by the C128 pooling kernels (see the module docstring)."""
+    """The pooling stage of the C128 kernels: one CTA, one channel tile of one token's window
+    (see the module docstring); the kernels hold one and call it."""
 
-    ratio = RATIO
     vec = 4
 
     def __init__(self, pool: C128PoolConfig):
         self.pool = pool
-        self.pdl = pool.pdl
         self.block_size = pool.block_size
         self.warps = pool.warps
         self.threads = 32 * pool.warps
@@ -254,11 +254,16 @@ def store_smem(sBuf: cute.Tensor, row, first, frag: cute.Tensor) -> None:
     cute.autovec_copy(frag, cute.local_tile(sBuf[row, None], (count,), (first // count,)))
 
 
-class C128PoolKernel(C128TilePooling):
+class C128PoolKernel:
     """C128 split path, compress kernel: grid ``(512 / tile) * T``; writes ``x`` of active tokens.
 
     ``x`` rows are exactly SPEC §5's bits, so the store kernel can finish them separately.
     """
+
+    def __init__(self, pool: C128PoolConfig):
+        self.pool = pool
+        self.pdl = pool.pdl
+        self.pooling = C128TilePooling(pool)
 
     @cute.jit
     def __call__(
@@ -273,7 +278,8 @@ class C128PoolKernel(C128TilePooling):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(self.num_tiles * mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=(self.pooling.num_tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
+            use_pdl=self.pdl
         )
 
     @cute.kernel
@@ -281,14 +287,14 @@ class C128PoolKernel(C128TilePooling):
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
-        tile, tok = self.tile_and_token(cta)
-        sMax, sNum, sDen, sKv = self.allocate_smem(SmemAllocator())
+        tile, tok = self.pooling.tile_and_token(cta)
+        sMax, sNum, sDen, sKv = self.pooling.allocate_smem(SmemAllocator())
         position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
         req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
-            x = cute.make_rmem_tensor((self.final_channels,), Float32)
-            self.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+            x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
+            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
-                channel = tile * self.tile + cute.arch.lane_idx() * self.final_channels
-                store_fragment(x, element_address(mOut, tok, channel), 4 * self.final_channels)
+                channel = tile * self.pooling.tile + cute.arch.lane_idx() * self.pooling.final_channels
+                store_fragment(x, element_address(mOut, tok, channel), 4 * self.pooling.final_channels)

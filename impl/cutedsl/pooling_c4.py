@@ -32,11 +32,12 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
+from .activity import token_activity
 from .config import HEAD_DIM, C4Config
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import EntryWriter, token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, load_into, load_scalar, store_fragment
+from .postprocess import GroupFinish
 
 RATIO = 4
 WINDOW = 8
@@ -52,19 +53,15 @@ def pool_channel(kv, sc, c: int, rows: int):
 
 
 class C4Window:
-    """Device code shared by the C4 kernels: one token's window -> 4 channels of ``x``."""
+    """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
+    thread of a 128-thread token group."""
 
-    ratio = RATIO
     group_threads = 128
     vec = 4
 
     def __init__(self, config: C4Config):
-        self.config = config
-        self.pdl = config.pdl
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
-        self.tokens_per_cta = config.tokens_per_cta
-        self.threads = self.group_threads * self.tokens_per_cta
 
     @cute.jit
     def pool_window(
@@ -102,8 +99,15 @@ class C4Window:
             x[c] = pool_channel(kv, sc, c, WINDOW)
 
 
-class C4PoolKernel(C4Window):
+class C4PoolKernel:
     """C4 pooling only: writes the fp32 compressed vector of active tokens to ``mOut``."""
+
+    def __init__(self, config: C4Config):
+        self.config = config
+        self.pdl = config.pdl
+        self.tokens_per_cta = config.tokens_per_cta
+        self.threads = C4Window.group_threads * self.tokens_per_cta
+        self.window = C4Window(config)
 
     @cute.jit
     def __call__(
@@ -129,25 +133,29 @@ class C4PoolKernel(C4Window):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
-        t = tidx % self.group_threads
-        tok = cta * self.tokens_per_cta + tidx // self.group_threads
+        t = tidx % C4Window.group_threads
+        tok = cta * self.tokens_per_cta + tidx // C4Window.group_threads
         if tok < mPos.shape[0]:
             position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
-                x = cute.make_rmem_tensor((self.vec,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, t, x)
-                store_fragment(x, element_address(mOut, tok, t * self.vec), 16)
+                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x)
+                store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
 
 
-class C4FusedKernel(C4Window, EntryWriter):
+class C4FusedKernel:
     """C4 in one launch: pool, RMSNorm, RoPE, quantize and store each active token's entry."""
 
     def __init__(self, config: C4Config):
-        super().__init__(config)
         if config.entry is None:
             raise ValueError("C4FusedKernel: expected a C4Config with an entry format, got entry=None")
-        self.entry = config.entry
+        self.config = config
+        self.pdl = config.pdl
+        self.tokens_per_cta = config.tokens_per_cta
+        self.threads = C4Window.group_threads * self.tokens_per_cta
+        self.window = C4Window(config)
+        self.finishing = GroupFinish(config.entry, RATIO, config.tokens_per_cta)
 
     @cute.jit
     def __call__(
@@ -176,12 +184,12 @@ class C4FusedKernel(C4Window, EntryWriter):
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        group, t, tok, sPartial = self.token_group(SmemAllocator())
+        group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
-                x = cute.make_rmem_tensor((self.vec,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, t, x)
-                self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                    position, kv_slot, eps, fp8_inv)
+                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x)
+                self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
+                                      position, kv_slot, eps, fp8_inv)

@@ -21,8 +21,7 @@ _LAYOUT_ALIGNS = (("flashmla_fp8", 16), ("bf16", 8), ("bf16", 2), ("fp8_per_tens
 
 def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """``(variant name, kernel kind, static config, streams state rows)`` for every CI variant."""
-    from .config import (C4Config, C128PoolConfig, ClusterConfig, EntryFormat, HandoffConfig, SaveConfig, StoreConfig,
-                         StreamConfig)
+    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, HandoffConfig, SaveConfig, StoreConfig
 
     def entry(layout="flashmla_fp8", align=16, weight="bfloat16", pages=64):
         return EntryFormat(layout, pages, weight, align)
@@ -35,8 +34,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for tile in (64, 32):  # 8- and 16-CTA clusters
             cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True, kv_after_max=True), e)
             yield cfg.tag, "c128_cluster", cfg, True
-            stream = StreamConfig(C128PoolConfig(8, tile // 8, tile=tile), e)
-            yield stream.tag, "c128_stream", stream, False  # rows arrive by cp.async, not ld.global
         for chunked in (False, True):
             handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e, chunked)
             yield handoff.tag, "c128_handoff", handoff, True
@@ -72,10 +69,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(16, 8, kv_in_smem=True)):
         cfg = HandoffConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_handoff", cfg, True
-    for pool in (C128PoolConfig(5, 1), C128PoolConfig(4, 4, tile=32), C128PoolConfig(8, 8, warps=4, tile=32),
-                 C128PoolConfig(16, 4, warps=16)):
-        cfg = StreamConfig(pool, entry(pages=1))
-        yield cfg.tag, "c128_stream", cfg, False
     for ratio in (4, 128):
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
@@ -88,7 +81,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_pool", C128PoolConfig(8, 8, pdl=True), True), ("c128_store", StoreConfig(entry(), pdl=True), False),
         ("c128_cluster", ClusterConfig(pdl_pool, entry()), True),
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
-        ("c128_stream", StreamConfig(C128PoolConfig(8, 4, tile=32, pdl=True), entry()), False),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
         # metadata and block table read before the wait (Policy.early_metadata)
@@ -150,7 +142,6 @@ def compile_variant(kind: str, config, *, keep_ptx: bool = True):
         "c128_pool": compile_cache.compile_c128_pool,
         "c128_store": compile_cache.compile_c128_store,
         "c128_cluster": compile_cache.compile_c128_cluster,
-        "c128_stream": compile_cache.compile_c128_stream,
         "c128_handoff": compile_cache.compile_c128_handoff,
         "save": compile_cache.compile_save,
         "indexer": compile_indexer,

@@ -1,8 +1,8 @@
 """C128 split path, store kernel: the compressed vector ``x`` -> RMSNorm, RoPE, quantization, store.
 
 One 128-thread group per token (``tokens_per_cta`` groups per CTA, each with its own named
-barrier); thread ``t`` loads ``x[4t..4t+3]`` with one 128-bit load and runs the shared
-entry writer (:class:`.entry.EntryWriter`, SPEC §6-§7). ``B`` (entries per page) is a
+barrier); thread ``t`` loads ``x[4t..4t+3]`` with one 128-bit load and runs the finishing
+stage of that mapping (:class:`.postprocess.GroupFinish`, SPEC §6-§7). ``B`` (entries per page) is a
 compile-time constant, so ``slot // B`` and ``slot % B`` are shifts or multiply-highs.
 Tokens that are not active (SPEC §5) write nothing; their scratch rows are never read.
 """
@@ -18,25 +18,24 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
+from .activity import token_activity
 from .config import StoreConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .entry import EntryWriter, token_activity
 from .memory import element_address, load_fragment
+from .postprocess import GroupFinish
 
 RATIO = 128
 
 
-class C128StoreKernel(EntryWriter):
+class C128StoreKernel:
     """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
-
-    ratio = RATIO
 
     def __init__(self, config: StoreConfig):
         self.config = config
         self.pdl = config.pdl
-        self.entry = config.entry
         self.tokens_per_cta = config.tokens_per_cta
-        self.threads = self.group_threads * self.tokens_per_cta
+        self.finishing = GroupFinish(config.entry, RATIO, config.tokens_per_cta)
+        self.threads = GroupFinish.group_threads * self.tokens_per_cta
 
     @cute.jit
     def __call__(
@@ -62,10 +61,10 @@ class C128StoreKernel(EntryWriter):
     def kernel(self, mX: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor,
                mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor, eps: Float32, fp8_inv: Float32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        group, t, tok, sPartial = self.token_group(SmemAllocator())
+        group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             if active:
-                x = load_fragment(Float32, element_address(mX, tok, t * self.vec), self.vec, 16)
-                self.write_entry_x4(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                    position, kv_slot, eps, fp8_inv)
+                x = load_fragment(Float32, element_address(mX, tok, t * GroupFinish.vec), GroupFinish.vec, 16)
+                self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
+                                      position, kv_slot, eps, fp8_inv)

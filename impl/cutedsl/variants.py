@@ -73,8 +73,6 @@ cluster8 = Variant("cluster8", "fused_cluster", _cluster(tile=64))  # 8-CTA clus
 cluster16 = Variant("cluster16", "fused_cluster", _cluster(tile=32))  # 16-CTA clusters, 32-channel tiles
 cluster16_w4 = Variant("cluster16_w4", "fused_cluster", _cluster(tile=32, warps=4))
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", _cluster(tile=32, warps=16))
-stream = Variant("stream", "fused_stream", _policy(stream=PoolShape(8, 64)))  # persistent 8-CTA clusters, two stages
-stream16 = Variant("stream16", "fused_stream", _policy(stream=PoolShape(8, 32)))  # persistent 16-CTA clusters
 cluster_early = Variant("cluster_early", "fused_cluster", _cluster(kv_after_max=False))  # kv with the scores
 split_block8 = Variant("split_block8", "split_block8")
 # Block8 whenever the block size allows, generic otherwise, kv loads after the window max
@@ -94,8 +92,8 @@ cluster8_nopdl = Variant("cluster8_nopdl", "fused_cluster", _cluster(tile=64), p
 cluster16_nopdl = Variant("cluster16_nopdl", "fused_cluster", _cluster(tile=32), pdl=False)
 split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", pdl=False)
 
-VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early, stream,
-                                 stream16, split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
+VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early,
+                                 split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
                                  split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
                                  early_metadata, split_block8_early)}
 

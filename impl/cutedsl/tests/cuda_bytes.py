@@ -1,6 +1,8 @@
-"""The GPU tests' harness: the mix of requests their batches hold, NumPy arrays on CUDA with
-identical strides and padding, the byte comparison of whole spans, and the metadata moves that
-a CUDA graph replay is checked with."""
+"""The indexer GPU tests' harness: NumPy arrays on CUDA with identical strides and padding, the
+byte comparison of whole spans, and the metadata moves that a CUDA graph replay is checked with.
+
+The other CuTe DSL GPU tests run on the conformance suite's buffers and runner
+(:mod:`cutedsl_steps`), whose request mix this harness shares."""
 
 from __future__ import annotations
 
@@ -10,22 +12,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from cutedsl_steps import mixed_requests  # also the indexer tests' request mix
+
 from dsv4_compressor.spec import batch as B
 
 NP_TO_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
                np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.bfloat16}
-
-
-def mixed_requests(ratio: int, rng) -> list[B.Request]:
-    """Decode requests at and off a boundary, the first window (C4 ``p = 3``: invalid rows 0..3)
-    and a prefill chunk."""
-    if ratio == 4:
-        return (B.decode_requests(6, 4, rng, boundary=True, max_entries=40)
-                + B.decode_requests(3, 4, rng, boundary=False, max_entries=40)
-                + [B.Request(0, 13), B.Request(21, 30)])  # p = 3 (invalid rows 0..3) and a prefill chunk
-    return (B.decode_requests(5, 128, rng, boundary=True, max_entries=8)
-            + B.decode_requests(2, 128, rng, boundary=False, max_entries=8)
-            + [B.Request(100, 300), B.Request(0, 128)])
 
 
 def span(a: np.ndarray) -> np.ndarray:

@@ -44,6 +44,6 @@ def no_compile(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("compiled before rejecting the call")
     monkeypatch.setattr(indexer_launch, "compile_indexer", refuse)
-    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_stream",
-                 "compile_c128_handoff", "compile_save"):
+    for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_handoff",
+                 "compile_save"):
         monkeypatch.setattr(compile_cache, name, refuse)

@@ -46,9 +46,9 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_stream", "save", "indexer"}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "save", "indexer"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
-        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_", "c128stream_"):
+        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_"):
             assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
     assert {kind for name, kind, _, _ in variant_configs() if "_pdl" in name} == kinds  # PDL on every kernel kind
 
@@ -137,19 +137,12 @@ def test_cluster_sizes_follow_the_tile():
     assert sixteen.cluster_size == 16 and sixteen.pool.rows_per_lane == 4 and sixteen.pool.is_block8
 
 
-def test_stream_grid_is_about_one_wave():
-    from dsv4_compressor.impl.cutedsl import config as C
-
-    eight = C.StreamConfig(C.C128PoolConfig(8, 8), C.EntryFormat("bf16", 4, "float32", 8))
-    sixteen = C.StreamConfig(C.C128PoolConfig(8, 4, tile=32), C.EntryFormat("bf16", 4, "float32", 8))
-    assert eight.smem_bytes > 128 * 1024 and sixteen.smem_bytes < 70 * 1024
-    grid = dispatch.stream_grid
-    assert grid(eight, 1, 132, DEFAULT_POLICY) == (1, 1)
-    assert grid(eight, 128, 132, DEFAULT_POLICY) == (16, 8)  # one 128 KiB CTA per SM: 16 clusters of 8
-    assert grid(eight, 16374, 132, DEFAULT_POLICY) == (16, 32)
-    assert grid(sixteen, 4096, 132, DEFAULT_POLICY) == (24, 32)  # three CTAs per SM
-    assert grid(sixteen, 100, 132, Policy(stream_ctas_per_sm=2)) == (16, 7)
-    assert grid(sixteen, 100, 132, Policy(stream_clusters=5)) == (5, 20)
+def test_the_retired_stream_path_is_an_unknown_c128_path():
+    with pytest.raises(ValueError, match="c128_path: expected one of 'auto', 'fused_cluster', 'fused_handoff', "
+                                         "'split_block8', 'split_generic', got 'fused_stream'"):
+        dispatch.choose("fused_stream", 8, 8)
+    with pytest.raises(ValueError, match="expected fields of Policy or KernelShapes, got \\['stream'\\]"):
+        DEFAULT_POLICY.with_overrides(stream=PoolShape(8, 32))
 
 
 def _pool(path, block_size, num_tokens=1, policy=DEFAULT_POLICY, **kwargs):
@@ -181,7 +174,6 @@ def test_pdl_and_early_metadata_are_explicit_choices():
     assert _pool("fused_handoff", 8, early_metadata=True).early_metadata
     assert not _pool("fused_handoff", 8, pdl=False, early_metadata=True).early_metadata  # no wait to read ahead of
     assert _pool("fused_cluster", 8, policy=Policy(early_metadata=True)).early_metadata
-    assert not _pool("fused_stream", 8, policy=Policy(early_metadata=True)).early_metadata
 
 
 def test_auto_dispatch():

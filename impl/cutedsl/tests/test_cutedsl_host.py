@@ -23,7 +23,7 @@ from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
 
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
 
-COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_stream",
+COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff",
                      "compile_c128_pool", "compile_c128_store", "compile_save")
 
 

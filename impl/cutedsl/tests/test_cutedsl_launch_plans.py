@@ -30,7 +30,7 @@ class Recorder:
 def launches(monkeypatch):
     log = []
     compile_cache = launch.kernels()
-    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_stream", "compile_c128_pool",
+    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
                  "compile_c128_store"):
         monkeypatch.setattr(compile_cache, name, lambda config, _n=name: Recorder(_n, log))
     monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
@@ -57,7 +57,7 @@ def _fresh_copies(args):
 
 
 @pytest.mark.parametrize("name, path", [("c4_decode_boundary", "auto"), ("c128_decode_boundary", "fused_cluster"),
-                                        ("c128_decode_boundary", "fused_handoff"), ("c128_decode_boundary", "fused_stream"),
+                                        ("c128_decode_boundary", "fused_handoff"),
                                         ("c128_decode_boundary", "split_block8"), ("c128_bs4_b64", "split_generic")])
 def test_a_cached_plan_launches_exactly_what_a_fresh_one_does(launches, name, path):
     args, kwargs = _arguments(name)
