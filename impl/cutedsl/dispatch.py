@@ -57,11 +57,8 @@ class KernelShapes:
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
-    indexer_c4_warps: int = 4  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8)
+    indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
-    indexer_c4_staging: str = "registers"  # indexer C4 kernel: where rows wait in flight (IndexerConfig.c4_staging)
-    indexer_c4_early_request: bool = False  # indexer C4 kernel: request index read with the metadata
-    indexer_c4_warps_per_token: int = 1  # indexer C4 kernel: 1, or 2 (a warp per half of the window)
 
 
 @dataclass(frozen=True)
@@ -197,10 +194,5 @@ def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, polic
 def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: bool, entries_per_page: int,
                    weight_dtype: str, policy: Policy, pdl: bool) -> IndexerConfig:
     """The indexer compressor's kernel (SPEC §12): a warp per token (C4) or a CTA per token (C128)."""
-    shapes = policy.shapes
-    if compress_ratio != 4:
-        return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
-                             shapes.indexer_c128_warps, pdl)
-    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
-                         shapes.indexer_c4_warps, pdl, shapes.indexer_c4_staging, shapes.indexer_c4_early_request,
-                         shapes.indexer_c4_warps_per_token)
+    warps = policy.shapes.indexer_c4_warps if compress_ratio == 4 else policy.shapes.indexer_c128_warps
+    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl)

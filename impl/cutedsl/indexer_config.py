@@ -15,18 +15,13 @@ from ...spec.constants import INDEXER_ROPE_START as INDEXER_ROPE_FIRST  # RoPE o
 from .config import WEIGHT_DTYPES, _fail, _flag, _pdl_tag, _power_of_two
 
 ENTRY_LAYOUTS = {layout.name: layout for layout in (INDEXER_FP8, INDEXER_MXFP4)}  # E = 132 / 68
-# C4: "registers" (16 ld.global.v4 a lane), "kv_smem" (scores in registers, kv by cp.async into
-# shared memory), "smem" (scores and kv by cp.async; the lane reads back only its own copies)
-C4_STAGINGS = ("registers", "kv_smem", "smem")
 
 
 @dataclass(frozen=True)
 class IndexerConfig:
     """One ``compress_norm_rope_store`` kernel of the indexer compressor.
 
-    C4: one warp per token (lane ``l`` owns channels ``4l..4l+3``), ``warps`` tokens per CTA;
-    ``c4_staging`` and ``early_request`` change only the order and path of its loads;
-    ``c4_warps_per_token=2`` pools each half of the window in its own warp.
+    C4: one warp per token (lane ``l`` owns channels ``4l..4l+3``), ``warps`` tokens per CTA.
     C128: one CTA of ``warps`` warps per token; warp ``w`` pools window rows
     ``w*R .. w*R+R-1`` (``R = 128 / warps``), warp 0 finishes the entry.
     """
@@ -39,9 +34,6 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    c4_staging: str = "registers"  # C4: where the rows wait while in flight (see C4_STAGINGS)
-    early_request: bool = False  # the request index loaded with the activity metadata, not after the test
-    c4_warps_per_token: int = 1  # C4: 1, or 2 (warp h pools window rows 4h..4h+3, warp 0 finishes)
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -57,15 +49,6 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
-        if self.c4_staging not in C4_STAGINGS or (self.ratio == 128 and self.c4_staging != "registers"):
-            _fail("c4_staging", "one of " + ", ".join(C4_STAGINGS) + " (C128: registers)", self.c4_staging)
-        _flag("early_request", self.early_request)
-        if self.ratio == 128 and self.early_request:
-            _fail("early_request", "False for C128 (a C4 knob)", self.early_request)
-        if self.c4_warps_per_token not in ((1, 2) if self.ratio == 4 else (1,)):
-            _fail("c4_warps_per_token", "1 or 2 (C128: 1)", self.c4_warps_per_token)
-        if self.c4_warps_per_token == 2 and self.c4_staging != "registers":
-            _fail("c4_staging", "registers with c4_warps_per_token=2", self.c4_staging)
 
     @property
     def state_width(self) -> int:
@@ -83,9 +66,8 @@ class IndexerConfig:
 
     @property
     def rows_per_warp(self) -> int:
-        """Window rows a warp pools: 8 (C4: the whole window; 4 with two warps per token) or
-        ``128 / warps`` (C128)."""
-        return 8 // self.c4_warps_per_token if self.ratio == 4 else 128 // self.warps
+        """Window rows a warp pools: 8 (C4: the whole window) or ``128 / warps`` (C128)."""
+        return 8 if self.ratio == 4 else 128 // self.warps
 
     @property
     def rows_per_lookup(self) -> int:
@@ -98,8 +80,5 @@ class IndexerConfig:
     def tag(self) -> str:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
-        staging = "" if self.c4_staging == "registers" else f"_{self.c4_staging}"
-        request = "_earlyreq" if self.early_request else ""
-        split = "_split2" if self.c4_warps_per_token == 2 else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{split}{staging}{request}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

@@ -1,26 +1,22 @@
 """The indexer compressor's ``compress_norm_rope_store`` kernels (SPEC §12, head width 128).
 
-**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA. Lane ``l``
-owns channels ``4l..4l+3`` and holds all 8 window rows of them in registers: row ``i``
-(position ``p-7+i``, half ``h = i // 4``) reads ``kv[h*128 + 4l ..]`` and
-``score[256 + h*128 + 4l ..]`` of its 512-float state row, two 128-bit loads, so a warp
-reads each half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4
-positions from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table
-read; all of those reads, the norm weights and the cos/sin row are issued before any state
-row, so the rows wait for one table round trip. At ``p = 3`` rows 0..3 are invalid (their
-lookup reads column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0``
-in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
-row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
-no barrier: a warp whose token is inactive (or past ``T``) does nothing.
-
-Where the rows wait while in flight (``IndexerConfig.c4_staging``): in registers (16
-``ld.global.v4`` a lane; ptxas may hold some of them back until the scores are in, to save
-registers), or, for the kv rows or for all rows, in the warp's own shared memory through
-``cp.async`` (the requests cannot be held back, and each lane reads back only its own
-copies after ``cp.async.wait_group``, so no barrier); staged kv is read only once the
-exps of the 4 channels are done (the same operations, in a different issue order).
-``early_request`` reads the token's request index with its metadata, by a load ptxas keeps
-ahead of the activity test, instead of after it (one dependent round trip fewer).
+**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA (1 by
+default). Lane ``l`` owns channels ``4l..4l+3`` of all 8 window rows: row ``i`` (position
+``p-7+i``, half ``h = i // 4``) holds them at ``kv[h*128 + 4l ..]`` and
+``score[256 + h*128 + 4l ..]`` of its 512-float state row, 16 bytes each, so a warp reads each
+half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4 positions
+from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table read. The
+token's request index is read with its metadata (a load the compilers keep ahead of the
+activity test, one dependent round trip fewer); every block-table read, the norm weights and
+the cos/sin row are issued before any state row, so the rows wait for one table round trip.
+The scores come into registers (8 ``ld.global.v4`` a lane); the kv rows go by ``cp.async``
+into the warp's own shared memory, so the copies cannot be held back to save registers and
+are in flight while the exps run; each lane reads back only its own copies after
+``cp.async.wait_group``, so no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads
+column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0`` in the trees).
+Per channel: the exact max, ``exp2s``, and the 8-leaf trees in row order (SPEC §5). The whole
+token lives in one warp, so there is no barrier: a warp whose token is inactive (or past
+``T``) does nothing.
 
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
@@ -51,7 +47,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from .dependent_launch import wait_for_prerequisite_grids
 from .activity import token_activity
-from .exact_math import fadd, fdiv, fmul, softmax_weight, tree_max, tree_sum
+from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, IndexerEntryWriter
 from .memory import element_address, load_into, load_scalar, window_row_addresses
@@ -69,7 +65,7 @@ class IndexerKernel(IndexerEntryWriter):
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.warps = config.warps
-        self.threads = 32 * config.warps * config.c4_warps_per_token
+        self.threads = 32 * config.warps
         self.state_width = config.state_width
 
     def num_ctas(self, num_tokens):
@@ -102,13 +98,8 @@ class IndexerC4Kernel(IndexerKernel):
         return (num_tokens + self.warps - 1) // self.warps
 
     def allocate_smem(self, smem):
-        """``c4_staging`` "kv_smem" / "smem": per warp, the staged kinds' 8 rows of 128 floats,
-        ``[warps, kinds * 8, 128]`` fp32 (4 or 8 KiB a warp); None for "registers"."""
-        kinds = 2 - FIRST_STAGED_KIND[self.config.c4_staging]
-        if kinds == 0:
-            return None
-        layout = cute.make_layout((self.warps, kinds * 8, INDEXER_HEAD_DIM),
-                                  stride=(kinds * 8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
+        """Per warp, the kv of the 8 window rows: ``[warps, 8, 128]`` fp32 (4 KiB a warp)."""
+        layout = cute.make_layout((self.warps, 8, INDEXER_HEAD_DIM), stride=(8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
         return smem.allocate_tensor(Float32, layout, byte_alignment=16)
 
     @cute.jit
@@ -119,12 +110,11 @@ class IndexerC4Kernel(IndexerKernel):
         req: Int32,  # block_table row of the token
         position: Int64,  # p, a boundary position (p % 4 == 3)
         lane: Int32,  # 0..31
-        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128] (staged rows; None for "registers")
+        sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]: the staged kv rows
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
     ):
         bs, run = self.block_size, self.rows_per_lookup
-        first_staged_kind = FIRST_STAGED_KIND[self.config.c4_staging]
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         for i in cutlass.range_constexpr(8):
@@ -143,145 +133,24 @@ class IndexerC4Kernel(IndexerKernel):
                 column = looked_up // bs
                 block = load_scalar(mBlockTable, req, column)
                 runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
-        for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
+        for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, row_address in runs:
-                rows = sc if kind == 0 else kv
                 byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
                 if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
-                        self.issue_row(rows[first_row + i], row_address + row_stride_bytes * i + byte,
-                                       sRows, warp, lane, kind, first_row + i)
+                        issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp, lane,
+                                  first_row + i)
                 else:
                     if pos >= Int64(0):  # false only for rows 0..3 at p = 3
                         for i in cutlass.range_constexpr(run):
-                            self.issue_row(rows[first_row + i], row_address + row_stride_bytes * i + byte,
-                                           sRows, warp, lane, kind, first_row + i)
-            if cutlass.const_expr(kind >= first_staged_kind):
-                cute.arch.cp_async_commit_group()  # one group per staged kind: scores, then kv
-        if cutlass.const_expr(first_staged_kind == 2):
-            for c in cutlass.range_constexpr(VEC):
-                x[c] = pool_channel(kv, sc, c, 8)
-        else:  # the exps run while the kv copies are still in flight; only u waits for them
-            if cutlass.const_expr(first_staged_kind == 0):
-                cute.arch.cp_async_wait_group(1)  # the lane's own score copies (it reads back only those)
-                self.read_staged_rows(sc, sRows, warp, lane, 0, window_start)
-            e = [window_weights(sc, c) for c in range(VEC)]
-            cute.arch.cp_async_wait_group(0)
-            self.read_staged_rows(kv, sRows, warp, lane, 1 - first_staged_kind, window_start)
-            for c in cutlass.range_constexpr(VEC):
-                x[c] = pooled(kv, e[c], c)
-
-    def allocate_half_exchange(self, smem):
-        """``c4_warps_per_token=2``: the halves' row maxima ``[2 * warps, 128]`` (row ``2 * slot + h``)
-        and the second half's ``tree(u)`` and ``tree(e)`` ``[warps, 128]`` each, fp32; None otherwise."""
-        if self.config.c4_warps_per_token == 1:
-            return None
-        row_major = lambda rows: cute.make_layout((rows, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))  # noqa: E731
-        return tuple(smem.allocate_tensor(Float32, row_major(rows), byte_alignment=16)
-                     for rows in (2 * self.warps, self.warps, self.warps))
-
-    @cute.jit
-    def pool_half_window(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 4 == 3)
-        lane: Int32,  # 0..31
-        half: Int32,  # this warp's half of the window: rows 4*half .. 4*half+3
-        slot: Int32,  # the token's index in the CTA, 0..warps-1
-        sMax: cute.Tensor,  # fp32 smem [2 * warps, 128]
-        sNum: cute.Tensor,  # fp32 smem [warps, 128]
-        sDen: cute.Tensor,  # fp32 smem [warps, 128]
-        x: cute.Tensor,  # fp32 (4,) out, valid in half 0: channels 4*lane..4*lane+3
-    ):
-        """``c4_warps_per_token=2``: warp ``h`` holds rows ``4h..4h+3``; the window max meets in
-        shared memory (exact, any order), each warp builds the 4-leaf trees of its rows, and
-        half 0 adds half 1's: ``tree`` over 8 rows is ``add(tree(rows 0..3), tree(rows 4..7))``.
-        Both warps of an active token reach the named barrier ``1 + slot`` twice (the second
-        time half 1 only arrives)."""
-        bs, run = self.block_size, self.rows_per_lookup
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(4)]
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(4)]
-        for i in cutlass.range_constexpr(4):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
-        first_pos = (position // 4) * 4 - 4 + Int64(half * 4)  # p - 7 (half 0) or p - 3 (half 1)
-        looked_up = Int64(cutlass.select_(first_pos >= Int64(0), first_pos, Int64(0)))  # half 0 at p = 3: column 0
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        kv_byte = (lane * VEC + half * INDEXER_HEAD_DIM) * 4
-        runs = []  # (first row, row address) per lookup, every block-table read before any row
-        for r in cutlass.range_constexpr(4 // run):
-            column = (looked_up + r * run) // bs
-            block = load_scalar(mBlockTable, req, column)
-            runs.append((r * run, element_address(mState, block, looked_up + r * run - column * bs, 0)))
-        if first_pos >= Int64(0):  # false only for half 0 at p = 3 (positions -4..-1)
-            for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
-                rows = sc if kind == 0 else kv
-                byte = kv_byte + (self.state_width * 4 if kind == 0 else 0)
-                for first_row, row_address in runs:
-                    for i in cutlass.range_constexpr(run):
-                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
-        barrier = 1 + slot  # 0 is the CTA's
-        half_max = cute.make_rmem_tensor((VEC,), Float32)
+                            issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
+                                      lane, first_row + i)
+        cute.arch.cp_async_commit_group()
+        e = [window_weights(sc, c) for c in range(VEC)]  # while the kv copies are in flight
+        cute.arch.cp_async_wait_group(0)  # the lane's own copies (it reads back only those)
+        read_staged_kv(kv, sKv, warp, lane, window_start)
         for c in cutlass.range_constexpr(VEC):
-            half_max[c] = tree_max([sc[i][c] for i in range(4)])
-        store_smem(sMax, 2 * slot + half, lane * VEC, half_max)
-        cute.arch.barrier(barrier_id=barrier, number_of_threads=64)
-        other_max = load_smem(sMax, 2 * slot + 1 - half, lane * VEC, VEC)
-        num = cute.make_rmem_tensor((VEC,), Float32)
-        den = cute.make_rmem_tensor((VEC,), Float32)
-        for c in cutlass.range_constexpr(VEC):
-            row_max = cute.arch.fmax(half_max[c], other_max[c])
-            e = [softmax_weight(sc[i][c], row_max) for i in range(4)]
-            num[c] = tree_sum([fmul(kv[i][c], e[i]) for i in range(4)])
-            den[c] = tree_sum(e)
-        if half == 1:
-            store_smem(sNum, slot, lane * VEC, num)
-            store_smem(sDen, slot, lane * VEC, den)
-            cute.arch.barrier_arrive(barrier_id=barrier, number_of_threads=64)
-        else:
-            cute.arch.barrier(barrier_id=barrier, number_of_threads=64)
-            num_upper = load_smem(sNum, slot, lane * VEC, VEC)
-            den_upper = load_smem(sDen, slot, lane * VEC, VEC)
-            for c in cutlass.range_constexpr(VEC):
-                x[c] = fdiv(fadd(num[c], num_upper[c]), fadd(den[c], den_upper[c]))
-
-    @cute.jit
-    def read_staged_rows(
-        self,
-        rows: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
-        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128]
-        warp: Int32,
-        lane: Int32,
-        kind: int,  # staged kind index
-        window_start: Int64,  # p - 7
-    ):
-        """The lane's staged rows back into registers; rows 0..3 keep their fill at ``p = 3``."""
-        for i in cutlass.range_constexpr(4, 8):
-            cute.autovec_copy(staged_row(sRows, warp, lane, kind, i), rows[i])
-        if window_start >= Int64(0):
-            for i in cutlass.range_constexpr(4):
-                cute.autovec_copy(staged_row(sRows, warp, lane, kind, i), rows[i])
-
-    @cute.jit
-    def issue_row(
-        self,
-        frag: cute.Tensor,  # fp32 (4,): the row's registers ("registers")
-        byte_address: Int64,  # the lane's 16 bytes of the row in global memory
-        sRows: cute.Tensor,  # fp32 smem [warps, kinds * 8, 128] or None
-        warp: Int32,
-        lane: Int32,
-        kind: int,  # 0 scores, 1 kv
-        row: int,  # window row 0..7
-    ):
-        """One row's 16 bytes: a 128-bit load into ``frag``, or ``cp.async`` into ``sRows`` if
-        ``c4_staging`` stages this kind."""
-        first_staged_kind = FIRST_STAGED_KIND[self.config.c4_staging]
-        if cutlass.const_expr(kind >= first_staged_kind):
-            copy_row_async(byte_address, staged_row(sRows, warp, lane, kind - first_staged_kind, row))
-        else:
-            load_into(frag, byte_address, 16)
+            x[c] = pooled(kv, e[c], c)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -291,29 +160,16 @@ class IndexerC4Kernel(IndexerKernel):
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        smem = SmemAllocator()
-        sRows = self.allocate_smem(smem)
-        halves = self.allocate_half_exchange(smem)
-        split = self.config.c4_warps_per_token
-        slot = warp if cutlass.const_expr(split == 1) else warp // 2  # the token's index in the CTA
-        tok = cta * self.warps + slot
+        sKv = self.allocate_smem(SmemAllocator())
+        tok = cta * self.warps + warp
         if tok < mPos.shape[0]:
-            if cutlass.const_expr(self.config.early_request):  # issued with the metadata, never sunk past the test
-                req = load_int32_unsunk(element_address(mTokenReq, tok))
+            req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
-            if cutlass.const_expr(not self.config.early_request):
-                req = mTokenReq[tok]
             if active:
                 w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                if cutlass.const_expr(split == 1):
-                    self.pool_window(mState, mBlockTable, req, position, lane, sRows, warp, x)
-                    self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
-                else:
-                    half = warp - 2 * slot
-                    self.pool_half_window(mState, mBlockTable, req, position, lane, half, slot, *halves, x)
-                    if half == 0:
-                        self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
+                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 class IndexerC128Kernel(IndexerKernel):
@@ -416,9 +272,6 @@ class IndexerC128Kernel(IndexerKernel):
                 self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
-FIRST_STAGED_KIND = {"registers": 2, "kv_smem": 1, "smem": 0}  # C4: kinds (0 scores, 1 kv) >= this go by cp.async
-
-
 def window_weights(sc: list, c: int) -> list:
     """``e_i = exp2s(mul(sub(s_i, M), L))`` of channel ``c`` over the 8 register rows (SPEC §5)."""
     row_max = tree_max([sc[i][c] for i in range(8)])
@@ -430,9 +283,42 @@ def pooled(kv: list, e: list, c: int):
     return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(8)]), tree_sum(e))
 
 
-def staged_row(sRows: cute.Tensor, warp, lane, kind: int, row: int) -> cute.Tensor:
-    """The lane's 4 floats of window row ``row`` of staged kind ``kind`` (smem)."""
-    return cute.local_tile(sRows[warp, kind * 8 + row, None], (VEC,), (lane,))
+def staged_kv(sKv: cute.Tensor, warp, lane, row: int) -> cute.Tensor:
+    """The lane's 4 kv floats of window row ``row`` (smem)."""
+    return cute.local_tile(sKv[warp, row, None], (VEC,), (lane,))
+
+
+@cute.jit
+def issue_row(
+    kind: int,  # 0 scores, 1 kv
+    frag: cute.Tensor,  # fp32 (4,): the score row's registers
+    byte_address: Int64,  # the lane's 16 bytes of the row in global memory
+    sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]
+    warp: Int32,
+    lane: Int32,
+    row: int,  # window row 0..7
+):
+    """One row's 16 bytes: scores by a 128-bit load into ``frag``, kv by ``cp.async`` into ``sKv``."""
+    if cutlass.const_expr(kind == 1):
+        copy_row_async(byte_address, staged_kv(sKv, warp, lane, row))
+    else:
+        load_into(frag, byte_address, 16)
+
+
+@cute.jit
+def read_staged_kv(
+    kv: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
+    sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]
+    warp: Int32,
+    lane: Int32,
+    window_start: Int64,  # p - 7
+):
+    """The lane's staged kv back into registers; rows 0..3 keep their fill at ``p = 3``."""
+    for i in cutlass.range_constexpr(4, 8):
+        cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
+    if window_start >= Int64(0):
+        for i in cutlass.range_constexpr(4):
+            cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
 
 
 @dsl_user_op

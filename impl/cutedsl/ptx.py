@@ -98,14 +98,14 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
 def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """The indexer compressor (SPEC §12): both layouts with and without the rotation, C4 and
     C128, lookup runs of 1, 2 and 4 (C4) and 1, 4, 8 and 16 rows (C128), both weight dtypes, ``B``
-    of 1, a few and many, every mapping width, PDL, the C4 row staging, early request read and
-    two warps per token;
-    and the save kernel at the indexer's state widths."""
+    of 1, a few and many, every mapping width, PDL; and the save kernel at the indexer's
+    state widths."""
     from .config import SaveConfig
     from .indexer_config import IndexerConfig
 
     for ratio, bs, layout, hadamard, pages, weight, warps, pdl in (
-        (4, 16, "indexer_fp8", False, 64, "bfloat16", 4, True),  # the production configuration
+        (4, 16, "indexer_fp8", False, 64, "bfloat16", 1, True),  # the production configuration
+        (4, 16, "indexer_mxfp4", True, 64, "bfloat16", 4, True),
         (4, 8, "indexer_fp8", True, 1, "float32", 8, False),
         (4, 3, "indexer_mxfp4", False, 7, "bfloat16", 2, False),
         (4, 2, "indexer_mxfp4", True, 64, "bfloat16", 1, True),
@@ -116,17 +116,6 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     ):
         cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
         yield cfg.tag, "indexer", cfg, True
-    for bs, layout, hadamard, pages, weight, warps, pdl, staging, early, split in (  # C4 load-issue knobs
-        (16, "indexer_fp8", False, 64, "bfloat16", 4, True, "smem", True, 1),
-        (16, "indexer_mxfp4", True, 64, "bfloat16", 4, True, "kv_smem", True, 1),
-        (3, "indexer_fp8", True, 7, "float32", 1, False, "kv_smem", False, 1),
-        (2, "indexer_mxfp4", False, 1, "bfloat16", 2, True, "smem", False, 1),
-        (8, "indexer_fp8", False, 64, "bfloat16", 8, True, "registers", True, 1),
-        (16, "indexer_fp8", True, 64, "bfloat16", 4, True, "registers", True, 2),  # a warp per half
-        (3, "indexer_mxfp4", False, 2, "float32", 8, False, "registers", False, 2),
-    ):
-        cfg = IndexerConfig(4, bs, layout, hadamard, pages, weight, warps, pdl, staging, early, split)
-        yield cfg.tag, "indexer", cfg, staging != "smem"  # "smem": every row by cp.async, no ld.global.v4
     for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
         cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)
         yield cfg.tag, "save", cfg, vector

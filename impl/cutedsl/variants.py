@@ -99,24 +99,10 @@ VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4
 
 
 # the indexer compressor's mappings (SPEC §12), timed against each other on the indexer's compress cases:
-#     python -m dsv4_compressor bench --head 128 --impl cutedsl --impl cutedsl-indexer_c4_w1
-indexer_c4_w1 = Variant("indexer_c4_w1", policy=_policy(indexer_c4_warps=1))  # one token (warp) per CTA
+#     python -m dsv4_compressor bench --head 128 --impl cutedsl --impl cutedsl-indexer_c4_w4
 indexer_c4_w2 = Variant("indexer_c4_w2", policy=_policy(indexer_c4_warps=2))
+indexer_c4_w4 = Variant("indexer_c4_w4", policy=_policy(indexer_c4_warps=4))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-# C4: the request index read with the metadata (one dependent round trip fewer before the rows) ...
-indexer_early_request = Variant("indexer_early_request", policy=_policy(indexer_c4_early_request=True))
-# ... and the rows staged by cp.async, so that all 16 of a lane's row requests are in flight at once
-indexer_kv_smem = Variant("indexer_kv_smem", policy=_policy(indexer_c4_early_request=True,
-                                                            indexer_c4_staging="kv_smem"))
-indexer_smem = Variant("indexer_smem", policy=_policy(indexer_c4_early_request=True, indexer_c4_staging="smem"))
-indexer_kv_smem_w1 = Variant("indexer_kv_smem_w1", policy=_policy(indexer_c4_early_request=True,
-                                                                  indexer_c4_staging="kv_smem", indexer_c4_warps=1))
-# ... or each half of the window in its own warp (8 row requests a lane, half the pooling each)
-indexer_split2 = Variant("indexer_split2", policy=_policy(indexer_c4_early_request=True, indexer_c4_warps_per_token=2))
-indexer_split2_w1 = Variant("indexer_split2_w1", policy=_policy(indexer_c4_early_request=True,
-                                                                indexer_c4_warps_per_token=2, indexer_c4_warps=1))
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
-                                         indexer_early_request, indexer_kv_smem, indexer_smem, indexer_kv_smem_w1,
-                                         indexer_split2, indexer_split2_w1)}
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}

@@ -63,19 +63,18 @@ def test_indexer_variants_pass_the_ptx_rules(indexer_ptx):
 
 
 _ROW_REQUEST = re.compile(r"\bld\.global(?:\.\w+)*|\bcp\.async\.cg\.shared\.global\b")
-_STAGED_KINDS = {"registers": 0, "kv_smem": 1, "smem": 2}  # of the two (scores, kv)
 
 
 def test_state_rows_stream_as_128_bit_requests(indexer_ptx):
-    """A lane requests its 4 kv and 4 score channels of each of its rows with one 16-byte load
-    each (8 rows for C4, ``128 / warps`` for C128), or, for the kinds a C4 ``c4_staging``
-    stages, one 16-byte ``cp.async`` each; nothing else is a 16-byte request."""
+    """A lane requests its 4 kv and 4 score channels of each of its rows (8 rows for C4,
+    ``128 / warps`` for C128) with one 16-byte request each: C128 two loads; C4 a load for the
+    scores and a ``cp.async`` for the kv, waited for once; nothing else is a 16-byte request."""
     for cfg, ptx, report in indexer_ptx:
-        staged = _STAGED_KINDS[cfg.c4_staging] * cfg.rows_per_warp
+        staged = cfg.rows_per_warp if cfg.ratio == 4 else 0
         assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp - staged, cfg.tag
         assert len(re.findall(r"\bcp\.async\.cg\.shared\.global\s+\[[^]]+\], \[[^]]+\], 16\b",
                               _body(ptx))) == staged, cfg.tag
-        assert ("cp.async.wait_group" in ptx) == (staged > 0), cfg.tag
+        assert _body(ptx).count("cp.async.wait_group") == (staged > 0), cfg.tag
 
 
 def test_every_other_load_precedes_the_state_rows(indexer_ptx):
@@ -89,15 +88,15 @@ def test_every_other_load_precedes_the_state_rows(indexer_ptx):
         assert all(rows[first_row:]), (cfg.tag, requests[first_row:])
 
 
-def test_early_request_is_read_before_the_activity_test(indexer_ptx):
-    """``early_request``: the request index is loaded by a load the compiler keeps in place
+def test_c4_request_is_read_before_the_activity_test(indexer_ptx):
+    """C4: the request index is loaded by a load the compiler keeps in place
     (``ld.relaxed.gpu``), before the branch on the token's activity, so it travels with the
     metadata instead of costing a round trip of its own (with PDL, after the wait)."""
     for cfg, ptx, _ in indexer_ptx:
         body = _body(ptx)
         early = body.find("ld.relaxed.gpu.global.b32")
-        assert (early >= 0) == cfg.early_request, cfg.tag
-        if cfg.early_request:
+        assert (early >= 0) == (cfg.ratio == 4), cfg.tag
+        if cfg.ratio == 4:
             branches = [m.start() for m in re.finditer(r"@%p\d+ bra\b", body)]
             assert branches[0] < early < branches[1], cfg.tag  # after the tok < T test, before the activity one
             assert (body.find("griddepcontrol.wait") < early) if cfg.pdl else "griddepcontrol" not in body, cfg.tag
@@ -140,16 +139,10 @@ def test_two_stores_per_lane(indexer_ptx):
 
 
 def test_only_c128_synchronizes_the_cta(indexer_ptx):
-    """C4 tokens live in one warp (or, with two warps per token, meet on a named barrier of 64
-    threads after the row maxima and, half 1 only arriving, after its trees); a C128 CTA meets
-    after the row maxima, the per-warp partials and the trees over the warps."""
-    for cfg, ptx, report in indexer_ptx:
-        if cfg.ratio == 128:
-            assert report.counts["bar.sync"] == 3, cfg.tag
-        else:
-            named = re.findall(r"\b(?:bar|barrier)(?:\.cta)?\.(sync|arrive)(?:\.aligned)?\s+%r\d+, 64;", _body(ptx))
-            assert report.counts["bar.sync"] == len(named) - named.count("arrive"), cfg.tag
-            assert sorted(named) == (["arrive", "sync", "sync"] if cfg.c4_warps_per_token == 2 else []), cfg.tag
+    """C4 tokens live in one warp (no barrier: each lane reads back only its own kv copies); a
+    C128 CTA meets after the row maxima, the per-warp partials and the trees over the warps."""
+    for cfg, _, report in indexer_ptx:
+        assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 3), cfg.tag
 
 
 # ---- configurations ------------------------------------------------------------------------------
@@ -164,13 +157,6 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
-    (dict(c4_staging="global"), "c4_staging"),
-    (dict(ratio=128, warps=16, c4_staging="kv_smem"), "c4_staging"),
-    (dict(early_request=1), "early_request"),
-    (dict(ratio=128, warps=16, early_request=True), "early_request"),
-    (dict(c4_warps_per_token=4), "c4_warps_per_token"),
-    (dict(ratio=128, warps=16, c4_warps_per_token=2), "c4_warps_per_token"),
-    (dict(c4_warps_per_token=2, c4_staging="smem"), "c4_staging"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
@@ -185,7 +171,6 @@ def test_indexer_config_shapes():
     c128 = IndexerConfig(128, 5, "indexer_mxfp4", False, 2, "float32", 16)
     assert (c128.state_width, c128.entry_bytes, c128.data_record_bytes, c128.rows_per_warp, c128.rows_per_lookup) == (128, 68, 64, 8, 1)
     assert IndexerConfig(128, 12, "indexer_fp8", False, 1, "float32", 8).rows_per_lookup == 4
-    assert IndexerConfig(4, 16, "indexer_fp8", True, 64, "bfloat16", c4_warps_per_token=2).rows_per_warp == 4
     assert IndexerConfig(4, 6, "indexer_fp8", False, 1, "float32").rows_per_lookup == 2
     assert c4.tag != IndexerConfig(4, 16, "indexer_fp8", False, 64, "bfloat16").tag
 
@@ -265,7 +250,7 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     from dsv4_compressor.impl.cutedsl import dispatch, variants
 
     default = dispatch.DEFAULT_POLICY
-    assert variants.indexer_c4_w1.policy.shapes.indexer_c4_warps == 1
+    assert variants.indexer_c4_w4.policy.shapes.indexer_c4_warps == 4
     assert variants.indexer_c128_w8.policy.shapes.indexer_c128_warps == 8
     assert variants.indexer_nopdl.pdl is False and variants.indexer_nopdl.policy == default
     config = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", variants.indexer_c4_w8.policy, True)
@@ -273,14 +258,14 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     config = dispatch.indexer_config(128, 8, "indexer_mxfp4", True, 64, "float32", default, False)
     assert (config.warps, config.pdl) == (default.shapes.indexer_c128_warps, False)
     with pytest.raises(FrozenInstanceError):
-        variants.indexer_c4_w1.pdl = False  # type: ignore[misc]
+        variants.indexer_c4_w4.pdl = False  # type: ignore[misc]
     with pytest.raises(ValueError, match="indexer_c4_warp"):
         default.with_overrides(indexer_c4_warp=2)
     with pytest.raises(ValueError, match="warps"):  # the kernel configuration checks the mapping
         dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", default.with_overrides(indexer_c4_warps=3),
                                 True)
     with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):  # validated, then refused on CPU
-        variants.indexer_c4_w1.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
+        variants.indexer_c4_w4.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
     assert default == dispatch.Policy()
 
 

@@ -150,7 +150,7 @@ def test_indexer_matches_spec(case):
 
 
 @pytest.mark.parametrize("choices, case", [
-    (dict(indexer_c4_warps=1), C4_CASES[1]),
+    (dict(indexer_c4_warps=4), C4_CASES[1]),
     (dict(indexer_c4_warps=2), C4_CASES[3]),
     (dict(indexer_c4_warps=8), C4_CASES[5]),  # a partial last CTA
     (dict(indexer_c128_warps=8), C128_CASES[0]),
@@ -165,22 +165,6 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     choices = dict(choices)
     pdl = choices.pop("pdl", True)
     _run_and_compare(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
-
-
-# the C4 kernel's variants: the staged and split ones on every C4 case, the others on a few
-_C4_VARIANT_CASES = [(name, case) for name in ("indexer_kv_smem", "indexer_smem", "indexer_split2") for case in C4_CASES] + [
-    (name, C4_CASES[i]) for name in ("indexer_early_request", "indexer_kv_smem_w1", "indexer_split2_w1") for i in (0, 3, 5, 10)]
-
-
-@pytest.mark.parametrize("variant, case", _C4_VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.name)
-def test_indexer_c4_variants_match_spec(variant, case):
-    """The C4 variants (request index with the metadata; rows staged through shared memory; a
-    warp per half of the window) write the spec's bytes, the ``p = 3`` windows and inactive
-    tokens included."""
-    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
-
-    chosen = INDEXER_VARIANTS[variant]
-    _run_and_compare(case, pdl=chosen.pdl, policy=chosen.policy)
 
 
 def test_indexer_bad_arguments_write_nothing():
