@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from .pooling import pool_channel_tile, window_row_of
-from .postprocess import BLOCK_W, BLOCKS, load_norm_weight, rms_norm, rope_rotate, store_entry
+from .postprocess import (BLOCK_W, BLOCKS, INV_HEAD_DIM, LOG2_HEAD_DIM, load_norm_weight, rms_norm, rope_rotate,
+                          store_entry)
 
 
 @triton.jit
@@ -45,6 +46,45 @@ def window_row_offsets(state_block_stride4, state_row_stride4, block_table_ptr, 
     offsets4 = block.to(tl.int64) * state_block_stride4 + row_in_block * state_row_stride4
     half = window_row // RATIO  # C4: 0 for rows 0..3, 1 for rows 4..7; C128: always 0
     return offsets4 * 4 + half * HEAD, valid
+
+
+@triton.jit
+def token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr, token_to_req_ptr, RATIO: tl.constexpr):
+    """SPEC §5's activity rule for ``token``: ``(position, request (int64), kv_slot, active)``.
+    The request index is loaded with the other metadata: one round trip less before the block table."""
+    slot = tl.load(slot_mapping_ptr + token)
+    kv_slot = tl.load(kv_slot_mapping_ptr + token)
+    position = tl.load(positions_ptr + token)
+    request = tl.load(token_to_req_ptr + token).to(tl.int64)
+    active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+    return position, request, kv_slot, active
+
+
+@triton.jit
+def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: tl.constexpr,
+                      BLOCK_C: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
+                      LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """SPEC §5's pooled vector of one token, fp32 ``[HEAD / BLOCK_C, BLOCK_C]`` (row-major = channel
+    order), from its window rows (:func:`window_row_offsets`), one ``[W, BLOCK_C]`` channel tile at a
+    time (:func:`.pooling.pool_channel_tile`): a static unrolled loop, or a runtime loop with
+    ``TILE_STAGES`` software-pipelining stages (None: Triton's default)."""
+    OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
+    STATE_WIDTH: tl.constexpr = OVERLAP * HEAD
+    W: tl.constexpr = OVERLAP * RATIO
+    NUM_TILES: tl.constexpr = HEAD // BLOCK_C
+    tile_index = tl.arange(0, NUM_TILES)[:, None]
+    pooled = tl.zeros((NUM_TILES, BLOCK_C), tl.float32)
+    if UNROLL_TILES:
+        for tile in tl.static_range(NUM_TILES):
+            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
+                                       OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
+    else:
+        for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
+            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
+                                       OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
+    return pooled
 
 
 @triton.jit
@@ -80,37 +120,19 @@ def compress_norm_rope_store_kernel(
     REG_BITS: tl.constexpr,
 ):
     HEAD: tl.constexpr = 512
-    OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
-    STATE_WIDTH: tl.constexpr = OVERLAP * HEAD
-    W: tl.constexpr = OVERLAP * RATIO
-    NUM_TILES: tl.constexpr = HEAD // BLOCK_C
-
     token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token)
-    kv_slot = tl.load(kv_slot_mapping_ptr + token)
-    position = tl.load(positions_ptr + token)
-    request = tl.load(token_to_req_ptr + token).to(tl.int64)  # issued with the loads above: one round trip less
-    active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+    position, request, kv_slot, active = token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr,
+                                                        token_to_req_ptr, RATIO)
     if active:
+        W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
         kv_row_offsets, row_valid = window_row_offsets(
             state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
             RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-
-        tile_index = tl.arange(0, NUM_TILES)[:, None]
-        pooled = tl.zeros((NUM_TILES, BLOCK_C), tl.float32)
-        if UNROLL_TILES:
-            for tile in tl.static_range(NUM_TILES):
-                x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
-                pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
-        else:
-            for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
-                x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
-                pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
-
+        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, UNROLL_TILES,
+                                   TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
         x8 = tl.reshape(pooled, (BLOCKS, BLOCK_W))
-        y8 = rms_norm(x8, load_norm_weight(weight_ptr, WEIGHT_BF16), eps)
+        y8 = rms_norm(x8, load_norm_weight(weight_ptr, BLOCKS, BLOCK_W, WEIGHT_BF16), eps, HEAD, LOG2_HEAD_DIM,
+                      INV_HEAD_DIM)
         rope_row = (position // RATIO) * RATIO
         rope8 = rope_rotate(y8, cos_sin_ptr + rope_row * cos_sin_stride)
         store_entry(y8, rope8, cache_u8_ptr, cache_i16_ptr, kv_slot, entries_per_page, cache_page_stride,

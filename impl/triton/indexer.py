@@ -2,20 +2,20 @@
 per token, the same pooling stages as the 512-wide kernel on a 128-wide head.
 
 An active token's program resolves its W window rows (:func:`.fused.window_row_offsets`), pools
-the 128 channels in ``128 / BLOCK_C`` tiles of ``[W, BLOCK_C]`` (:func:`.pooling.pool_channel_tile`),
-then normalizes, rotates (RoPE, optionally Hadamard), quantizes and stores the entry
-(:mod:`.indexer_postprocess`). Inactive tokens return at once and write nothing.
+the 128 channels in ``128 / BLOCK_C`` tiles of ``[W, BLOCK_C]`` (:func:`.fused.pool_window_tiles`),
+then normalizes (:func:`.postprocess.rms_norm` at width 128), rotates (RoPE, optionally Hadamard),
+quantizes and stores the entry (:mod:`.indexer_postprocess`). Inactive tokens return at once and write nothing.
 """
 
 
 import triton
 import triton.language as tl
 
-from .fused import window_row_offsets
+from .fused import pool_window_tiles, token_activity, window_row_offsets
 from .indexer_postprocess import (
-    ROW_W, ROWS, hadamard_rotate, indexer_rms_norm, indexer_rope, load_indexer_norm_weight, store_indexer_entry,
+    INV_INDEXER_HEAD, LOG2_INDEXER_HEAD, ROW_W, ROWS, hadamard_rotate, indexer_rope, store_indexer_entry,
 )
-from .pooling import pool_channel_tile
+from .postprocess import load_norm_weight, rms_norm
 
 
 @triton.jit
@@ -48,36 +48,19 @@ def indexer_compress_norm_rope_store_kernel(
     REG_BITS: tl.constexpr,
 ):
     HEAD: tl.constexpr = 128
-    OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
-    STATE_WIDTH: tl.constexpr = OVERLAP * HEAD
-    W: tl.constexpr = OVERLAP * RATIO
-    NUM_TILES: tl.constexpr = HEAD // BLOCK_C
-
     token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token)
-    kv_slot = tl.load(kv_slot_mapping_ptr + token)
-    position = tl.load(positions_ptr + token)
-    request = tl.load(token_to_req_ptr + token).to(tl.int64)
-    active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+    position, request, kv_slot, active = token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr,
+                                                        token_to_req_ptr, RATIO)
     if active:
+        W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
         kv_row_offsets, row_valid = window_row_offsets(
             state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
             RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-        tile_index = tl.arange(0, NUM_TILES)[:, None]
-        pooled = tl.zeros((NUM_TILES, BLOCK_C), tl.float32)
-        if UNROLL_TILES:
-            for tile in tl.static_range(NUM_TILES):
-                x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
-                pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
-        else:
-            for tile in tl.range(0, NUM_TILES):
-                x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                           OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
-                pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
-
+        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, UNROLL_TILES, None,
+                                   LANE_BITS, WARP_BITS, REG_BITS)
         x4 = tl.reshape(pooled, (ROWS, ROW_W))
-        y4 = indexer_rms_norm(x4, load_indexer_norm_weight(weight_ptr, WEIGHT_BF16), eps)
+        y4 = rms_norm(x4, load_norm_weight(weight_ptr, ROWS, ROW_W, WEIGHT_BF16), eps, HEAD, LOG2_INDEXER_HEAD,
+                      INV_INDEXER_HEAD)
         rope_row = (position // RATIO) * RATIO
         z4 = indexer_rope(y4, cos_sin_ptr + rope_row * cos_sin_stride)
         if HADAMARD:

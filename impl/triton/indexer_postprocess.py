@@ -11,13 +11,14 @@ import triton
 import triton.language as tl
 
 from ...spec.constants import HADAMARD_SCALE
-from .exact_math import bf16_rne_bits, e2m1_code, e4m3_code, mxfp4_scale, tree_sum_of_squares, ue8m0_scale
+from .exact_math import bf16_rne_bits, e2m1_code, e4m3_code, mxfp4_scale, ue8m0_scale
 
 INDEXER_HEAD = tl.constexpr(128)
 ROWS = tl.constexpr(4)  # MXFP4 blocks of 32 channels
 ROW_W = tl.constexpr(32)
 ROPE_FIRST_ROW = tl.constexpr(2)  # channels 64..127
 INV_INDEXER_HEAD = tl.constexpr(2.0**-7)
+LOG2_INDEXER_HEAD = tl.constexpr(7)
 HADAMARD_SCALE_F32 = tl.constexpr(float(HADAMARD_SCALE))  # 0x3DB504F3, exactly representable
 FP8_DATA_BYTES = tl.constexpr(128)
 FP8_SCALE_BYTES = tl.constexpr(4)
@@ -25,28 +26,6 @@ MXFP4_DATA_BYTES = tl.constexpr(64)
 MXFP4_SCALE_BYTES = tl.constexpr(4)
 
 INDEXER_LAYOUT_CODES = {"indexer_fp8": 0, "indexer_mxfp4": 1}
-
-
-@triton.jit
-def load_indexer_norm_weight(weight_ptr, WEIGHT_BF16: tl.constexpr):
-    """The RMSNorm weight as fp32 ``[4, 32]``. ``weight_ptr``: fp32 [128], or int16 [128] of bf16
-    bit patterns (converted exactly: the pattern is the top half of the fp32)."""
-    channels = tl.arange(0, ROWS)[:, None] * ROW_W + tl.arange(0, ROW_W)[None, :]
-    if WEIGHT_BF16:
-        bits = tl.load(weight_ptr + channels).to(tl.uint16, bitcast=True).to(tl.uint32)
-        return (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(weight_ptr + channels)
-
-
-@triton.jit
-def indexer_rms_norm(x4, weight4, eps):
-    """SPEC §12: ``y = (x * rr) * w`` with ``rr = 1 / sqrt(tree(x*x) * 2^-7 + eps)`` over 128 channels."""
-    squares = tl.reshape(x4 * x4, (INDEXER_HEAD, ))
-    mean_square = tree_sum_of_squares(squares, 128, 7) * INV_INDEXER_HEAD
-    one = tl.full((), 1.0, tl.float32)
-    rr = tl.div_rn(one, tl.sqrt_rn(mean_square + eps))
-    return (x4 * rr) * weight4
 
 
 @triton.jit

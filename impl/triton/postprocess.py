@@ -21,6 +21,7 @@ ROPE_PAIRS = tl.constexpr(32)
 DATA_RECORD_BYTES = tl.constexpr(576)
 SCALE_RECORD_BYTES = tl.constexpr(8)
 INV_HEAD_DIM = tl.constexpr(2.0**-9)
+LOG2_HEAD_DIM = tl.constexpr(9)
 
 LAYOUT_FLASHMLA_FP8 = 0
 LAYOUT_BF16 = 1
@@ -29,10 +30,11 @@ LAYOUT_CODES = {"flashmla_fp8": LAYOUT_FLASHMLA_FP8, "bf16": LAYOUT_BF16, "fp8_p
 
 
 @triton.jit
-def load_norm_weight(weight_ptr, WEIGHT_BF16: tl.constexpr):
-    """The RMSNorm weight as fp32 ``[8, 64]``. ``weight_ptr``: fp32 [512], or int16 [512] holding
-    bf16 bit patterns (converted exactly: the pattern is the top half of the fp32)."""
-    channels = tl.arange(0, BLOCKS)[:, None] * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
+def load_norm_weight(weight_ptr, ROWS: tl.constexpr, ROW_W: tl.constexpr, WEIGHT_BF16: tl.constexpr):
+    """The RMSNorm weight as fp32 ``[ROWS, ROW_W]`` (row-major = channel order). ``weight_ptr``:
+    fp32 [ROWS*ROW_W], or int16 of bf16 bit patterns (converted exactly: the pattern is the top
+    half of the fp32)."""
+    channels = tl.arange(0, ROWS)[:, None] * ROW_W + tl.arange(0, ROW_W)[None, :]
     if WEIGHT_BF16:
         bits = tl.load(weight_ptr + channels).to(tl.uint16, bitcast=True).to(tl.uint32)
         return (bits << 16).to(tl.float32, bitcast=True)
@@ -41,18 +43,19 @@ def load_norm_weight(weight_ptr, WEIGHT_BF16: tl.constexpr):
 
 
 @triton.jit
-def rms_norm(x8, weight8, eps):
-    """SPEC §6: ``y = (x * rr) * w`` with ``rr = 1 / sqrt(tree(x*x) * 2^-9 + eps)``.
+def rms_norm(x, weight, eps, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, INV_WIDTH: tl.constexpr):
+    """SPEC §6 (and §12 at width 128): ``y = (x * rr) * w`` with
+    ``rr = 1 / sqrt(tree(x*x) * 2^-LOG2_WIDTH + eps)``.
 
-    The tree runs over the 512 channels in channel order (flattening ``[8, 64]`` row-major is
-    channel order); ``div_rn``/``sqrt_rn`` are the correctly rounded PTX ``div.rn``/``sqrt.rn``.
+    ``x``/``weight``: fp32 ``[rows, WIDTH / rows]``; the tree runs over the ``WIDTH`` channels in
+    channel order (flattening row-major is channel order); ``INV_WIDTH = 2^-LOG2_WIDTH`` (exact);
+    ``div_rn``/``sqrt_rn`` are the correctly rounded PTX ``div.rn``/``sqrt.rn``.
     """
-    squares = tl.reshape(x8 * x8, (HEAD_DIM, ))
-    sum_squares = tree_sum_of_squares(squares, 512, 9)
-    mean_square = sum_squares * INV_HEAD_DIM
+    squares = tl.reshape(x * x, (WIDTH, ))
+    mean_square = tree_sum_of_squares(squares, WIDTH, LOG2_WIDTH) * INV_WIDTH
     one = tl.full((), 1.0, tl.float32)
     rr = tl.div_rn(one, tl.sqrt_rn(mean_square + eps))
-    return (x8 * rr) * weight8
+    return (x * rr) * weight
 
 
 @triton.jit
