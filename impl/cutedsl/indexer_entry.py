@@ -20,8 +20,7 @@ Mapping: lane ``l`` holds channels ``4l..4l+3`` (consecutive aligned 4-channel c
   comparisons (:func:`.exact_math.e2m1_code`); the lane stores its two bytes of code pairs
   and lanes 0, 8, 16, 24 the block's scale byte.
 
-Every lane of the warp must call :meth:`IndexerEntryWriter.write_indexer_entry` (shuffles),
-with the same token.
+Every lane of the warp must call :meth:`WarpFinish.finish` (shuffles), with the same token.
 """
 
 from __future__ import annotations
@@ -101,8 +100,11 @@ def indexer_entry_addresses(config: IndexerConfig, mCache: cute.Tensor, slot):
     return data, scales
 
 
-class IndexerEntryWriter:
-    """Mixin for the indexer kernels: ``self.config`` is an :class:`IndexerConfig`."""
+class WarpFinish:
+    """The finishing stage of a token held by one warp, 4 channels a lane (both indexer kernels)."""
+
+    def __init__(self, config: IndexerConfig):
+        self.config = config
 
     @cute.jit
     def store_fp8_record(self, data: Int64, scales: Int64, q: cute.Tensor, lane: Int32):
@@ -131,7 +133,7 @@ class IndexerEntryWriter:
         if lane % MXFP4_BLOCK_LANES == 0:
             store_scalar(Uint8, scales + Int64(lane // MXFP4_BLOCK_LANES), scale_byte.to(Uint8))
 
-    def load_entry_inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
+    def inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
         """The lane's 4 norm weights and its 2 RoPE pairs' ``(cos, sin)`` (fp32 fragments), loaded
         before the pooling so that their latency hides behind the state rows'.
 
@@ -144,7 +146,7 @@ class IndexerEntryWriter:
         return w, cos, sin
 
     @cute.jit
-    def write_indexer_entry(
+    def finish(
         self,
         x: cute.Tensor,  # fp32 (4,): channels 4*lane..4*lane+3 of the compressed vector
         lane: Int32,  # lane index, 0..31
@@ -171,5 +173,5 @@ class IndexerEntryWriter:
             self.store_mxfp4_record(data, scales, q, lane)
 
 
-__all__ = ["IndexerEntryWriter", "hadamard_rotation", "indexer_entry_addresses", "INDEXER_HEAD_DIM",
+__all__ = ["WarpFinish", "hadamard_rotation", "indexer_entry_addresses", "INDEXER_HEAD_DIM",
            "HADAMARD_SCALE_F32"]

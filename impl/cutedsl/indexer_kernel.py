@@ -27,8 +27,8 @@ consecutive aligned row ranges), and warp 0 divides. Runs of ``gcd(bs, R)`` rows
 lookup, all issued before the rows. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
-Both finish in one warp with :class:`.indexer_entry.IndexerEntryWriter` (norm, RoPE, the
-optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
+Both hold the finishing stage :class:`.indexer_entry.WarpFinish` and call it in one warp
+(norm, RoPE, the optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
 """
 
 from __future__ import annotations
@@ -49,32 +49,29 @@ from .dependent_launch import wait_for_prerequisite_grids
 from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
-from .indexer_entry import VEC, IndexerEntryWriter
+from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pool_channel
 from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
-class IndexerKernel(IndexerEntryWriter):
-    """Launch shape and arguments shared by the two kernels."""
+class IndexerC4Kernel:
+    """Grid ``ceil(T / warps)``, one warp per token."""
 
     def __init__(self, config: IndexerConfig):
         self.config = config
         self.pdl = config.pdl
-        self.ratio = config.ratio
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.warps = config.warps
         self.threads = 32 * config.warps
         self.state_width = config.state_width
-
-    def num_ctas(self, num_tokens):
-        raise NotImplementedError
+        self.finishing = WarpFinish(config)
 
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (C4: 512 floats a row, C128: 256)
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (512 floats a row)
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -87,15 +84,8 @@ class IndexerKernel(IndexerEntryWriter):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=(self.num_ctas(mPos.shape[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
-
-
-class IndexerC4Kernel(IndexerKernel):
-    """Grid ``ceil(T / warps)``, one warp per token."""
-
-    def num_ctas(self, num_tokens):
-        return (num_tokens + self.warps - 1) // self.warps
 
     def allocate_smem(self, smem):
         """Per warp, the kv of the 8 window rows: ``[warps, 8, 128]`` fp32 (4 KiB a warp)."""
@@ -166,17 +156,43 @@ class IndexerC4Kernel(IndexerKernel):
             req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
             if active:
-                w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
+                w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
                 self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
-                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
-class IndexerC128Kernel(IndexerKernel):
+class IndexerC128Kernel:
     """Grid ``T``, one CTA of ``warps`` warps per token."""
 
-    def num_ctas(self, num_tokens):
-        return num_tokens
+    def __init__(self, config: IndexerConfig):
+        self.config = config
+        self.pdl = config.pdl
+        self.block_size = config.block_size
+        self.rows_per_lookup = config.rows_per_lookup
+        self.warps = config.warps
+        self.threads = 32 * config.warps
+        self.state_width = config.state_width
+        self.finishing = WarpFinish(config)
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (256 floats a row)
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [128]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
+            grid=(mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+        )
 
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, 128]`` fp32 (the row maxima, tree(u), tree(e)) and the
@@ -265,11 +281,11 @@ class IndexerC128Kernel(IndexerKernel):
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
         req = mTokenReq[tok]
         if active:
-            w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
+            w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
-                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
 def window_weights(sc: list, c: int) -> list:
@@ -333,6 +349,6 @@ def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
     return Int32(value)
 
 
-def indexer_kernel(config: IndexerConfig) -> IndexerKernel:
+def indexer_kernel(config: IndexerConfig) -> IndexerC4Kernel | IndexerC128Kernel:
     """The kernel object of a configuration (C4 or C128)."""
     return IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config)
