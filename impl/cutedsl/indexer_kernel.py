@@ -67,6 +67,10 @@ class IndexerC4Kernel:
         self.threads = 32 * config.warps
         self.state_width = config.state_width
         self.finishing = WarpFinish(config)
+        # c4_ctas_per_sm: .minnctapersm caps the registers; the carveout given (all of it to shared
+        # memory, room for 32 x 5 KiB) spares the compiler a device query
+        self.occupancy = (dict(min_blocks_per_mp=config.c4_ctas_per_sm, preferred_smem_carveout=100)
+                          if config.c4_ctas_per_sm else {})
 
     @cute.jit
     def __call__(
@@ -84,7 +88,8 @@ class IndexerC4Kernel:
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream,
+            use_pdl=self.pdl, **self.occupancy
         )
 
     def allocate_smem(self, smem):
