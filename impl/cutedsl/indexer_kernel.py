@@ -7,12 +7,13 @@ default). Lane ``l`` owns channels ``4l..4l+3`` of all 8 window rows: row ``i`` 
 half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4 positions
 from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table read. The
 token's request index is read with its metadata (a load the compilers keep ahead of the
-activity test, one dependent round trip fewer); every block-table read, the norm weights and
-the cos/sin row are issued before any state row, so the rows wait for one table round trip.
-The scores come into registers (8 ``ld.global.v4`` a lane); the kv rows go by ``cp.async``
-into the warp's own shared memory, so the copies cannot be held back to save registers and
-are in flight while the exps run; each lane reads back only its own copies after
-``cp.async.wait_group``, so no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads
+activity test, one dependent round trip fewer); every block-table read is issued before any
+state row, so the rows wait for one table round trip (the norm weights and the cos/sin row
+too in the PTX, but ptxas sinks those loads to their use after the pooling; the opt-in
+``prefetch_inputs`` prefetches their lines first). The scores come into registers (8
+``ld.global.v4`` a lane); the kv rows go by ``cp.async`` into the warp's own shared memory,
+requests ptxas cannot hold back to save registers as it does plain loads of late-used values;
+each lane reads back only its own copies after ``cp.async.wait_group``, so no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads
 column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0`` in the trees).
 Per channel: the exact max, ``exp2s``, and the 8-leaf trees in row order (SPEC §5). The whole
 token lives in one warp, so there is no barrier: a warp whose token is inactive (or past
@@ -51,7 +52,6 @@ from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
-from .pooling_c4 import pool_channel
 from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
@@ -141,7 +141,7 @@ class IndexerC4Kernel:
                             issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
                                       lane, first_row + i)
         cute.arch.cp_async_commit_group()
-        e = [window_weights(sc, c) for c in range(VEC)]  # while the kv copies are in flight
+        e = [window_weights(sc, c) for c in range(VEC)]
         cute.arch.cp_async_wait_group(0)  # the lane's own copies (it reads back only those)
         read_staged_kv(kv, sKv, warp, lane, window_start)
         for c in cutlass.range_constexpr(VEC):
