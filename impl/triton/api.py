@@ -84,9 +84,7 @@ def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, 
     _check_device("state_cache", state_cache)
     knobs = save_config(config)
     row_width = call.config.state_row_width
-    block = min(knobs.block, call.config.state_width)  # a chunk is all kv or all score
-    # a block capped at the indexer's SW keeps 4 floats (one 128-bit access) per thread
-    num_warps = knobs.num_warps if block == knobs.block else max(1, min(knobs.num_warps, block // 128))
+    block, num_warps = knobs.launch_shape(call.config.state_width)
     strides = (kv_score.stride(0), ape.stride(0), state_cache.stride(0) // 4, state_cache.stride(1) // 4, call.block_size)
     constants = dict(RATIO=call.config.ratio, STATE_WIDTH=call.config.state_width, BLOCK=block,
                      num_warps=num_warps, enable_fp_fusion=False)

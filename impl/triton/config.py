@@ -56,6 +56,12 @@ class SaveConfig:
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
             raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
 
+    def launch_shape(self, state_width: int) -> tuple[int, int]:
+        """``(block, num_warps)`` for state rows of ``SW = state_width`` floats: a block never spans
+        kv and score (capped at ``SW``), and a capped block keeps 4 floats (one 128-bit access) a thread."""
+        block = min(self.block, state_width)
+        return block, self.num_warps if block == self.block else max(1, min(self.num_warps, block // 128))
+
 
 DEFAULT_FUSED = {
     # [8, 256] x 2 steps; 2 tree levels in registers, 1 across the 2 row warps (fastest C4 config on the H200)

@@ -146,8 +146,7 @@ def variants() -> list[Variant]:
                            _SAVE_TYPES, DEFAULT_SAVE.num_warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
     out += indexer_variants()
     for ratio, state_width in ((4, 256), (128, 128)):  # the indexer's state rows: the launch caps BLOCK at SW
-        block = min(DEFAULT_SAVE.block, state_width)
-        warps = max(1, min(DEFAULT_SAVE.num_warps, block // 128))
+        block, warps = DEFAULT_SAVE.launch_shape(state_width)
         out.append(Variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", "save",
                            dict(RATIO=ratio, STATE_WIDTH=state_width, BLOCK=block),
                            _SAVE_TYPES, warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
