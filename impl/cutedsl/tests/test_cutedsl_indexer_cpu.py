@@ -4,9 +4,10 @@
   memory;
 - the PTX has the structure the kernels are built on: exactly the streamed state rows as
   128-bit requests (C4: kv by ``cp.async``), issued after every other load (C4: the request
-  index with the metadata; opt-in prefetches before the table reads), one ``sqrt.rn``, the division per channel, the lane butterflies of the sum
-  of squares, the amax (32 or 8 lanes) and the Hadamard spans 64..4, E4M3 conversions only
-  for ``indexer_fp8`` (E2M1 codes are integer work), two stores per lane;
+  index with the metadata; opt-in prefetches before the table reads), one ``sqrt.rn``, the
+  division per channel, the lane butterflies of the sum of squares, the amax (32 or 8 lanes)
+  and the Hadamard spans 64..4, E4M3 conversions only for ``indexer_fp8`` (E2M1 codes are
+  integer work), two stores per lane;
 - configurations reject bad values; the save kernel's widths follow the head width;
 - the public wrappers reject bad indexer arguments with ``ValueError`` before anything is
   compiled or launched.
