@@ -1,17 +1,23 @@
 """The indexer compressor's ``compress_norm_rope_store`` kernels (SPEC §12, head width 128).
 
-**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA. Lane ``l``
-owns channels ``4l..4l+3`` and holds all 8 window rows of them in registers: row ``i``
-(position ``p-7+i``, half ``h = i // 4``) reads ``kv[h*128 + 4l ..]`` and
-``score[256 + h*128 + 4l ..]`` of its 512-float state row, two 128-bit loads, so a warp
-reads each half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4
-positions from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table
-read; all of those reads, the norm weights and the cos/sin row are issued before any state
-row, so the rows wait for one table round trip. At ``p = 3`` rows 0..3 are invalid (their
-lookup reads column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0``
-in the trees). Per channel: the exact max, ``exp2s``, and the 8-leaf trees in
-row order (:func:`.pooling_c4.pool_channel`). The whole token lives in one warp, so there is
-no barrier: a warp whose token is inactive (or past ``T``) does nothing.
+**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA (1 by
+default). Lane ``l`` owns channels ``4l..4l+3`` of all 8 window rows: row ``i`` (position
+``p-7+i``, half ``h = i // 4``) holds them at ``kv[h*128 + 4l ..]`` and
+``score[256 + h*128 + 4l ..]`` of its 512-float state row, 16 bytes each, so a warp reads each
+half-row as two contiguous 512-byte runs. As in :mod:`.pooling_c4`, each half is 4 positions
+from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table read. The
+token's request index is read with its metadata (a load the compilers keep ahead of the
+activity test, one dependent round trip fewer); every block-table read is issued before any
+state row, so the rows wait for one table round trip (the norm weights and the cos/sin row
+too in the PTX, but ptxas sinks those loads to their use after the pooling; the opt-in
+``prefetch_inputs`` prefetches their lines first). The scores come into registers (8
+``ld.global.v4`` a lane); the kv rows go by ``cp.async`` into the warp's own shared memory,
+requests ptxas cannot hold back to save registers as it does plain loads of late-used values;
+each lane reads back only its own copies after ``cp.async.wait_group``, so no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads
+column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0`` in the trees).
+Per channel: the exact max, ``exp2s``, and the 8-leaf trees in row order (SPEC §5). The whole
+token lives in one warp, so there is no barrier: a warp whose token is inactive (or past
+``T``) does nothing.
 
 **C128** (:class:`IndexerC128Kernel`): one CTA of ``warps`` warps per token. Warp ``w`` pools
 window rows ``w*R .. w*R+R-1`` (``R = 128 / warps``) of lane ``l``'s 4 channels: row maxima
@@ -22,8 +28,8 @@ consecutive aligned row ranges), and warp 0 divides. Runs of ``gcd(bs, R)`` rows
 lookup, all issued before the rows. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
-Both finish in one warp with :class:`.indexer_entry.IndexerEntryWriter` (norm, RoPE, the
-optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
+Both hold the finishing stage :class:`.indexer_entry.WarpFinish` and call it in one warp
+(norm, RoPE, the optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -42,32 +50,32 @@ from .dependent_launch import wait_for_prerequisite_grids
 from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
-from .indexer_entry import VEC, IndexerEntryWriter
+from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
-from .pooling_c4 import pool_channel
-from .pooling_c128 import load_smem, store_smem
+from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
-class IndexerKernel(IndexerEntryWriter):
-    """Launch shape and arguments shared by the two kernels."""
+class IndexerC4Kernel:
+    """Grid ``ceil(T / warps)``, one warp per token."""
 
     def __init__(self, config: IndexerConfig):
         self.config = config
         self.pdl = config.pdl
-        self.ratio = config.ratio
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.warps = config.warps
         self.threads = 32 * config.warps
         self.state_width = config.state_width
-
-    def num_ctas(self, num_tokens):
-        raise NotImplementedError
+        self.finishing = WarpFinish(config)
+        # c4_ctas_per_sm: .minnctapersm caps the registers; the carveout given (all of it to shared
+        # memory, room for 32 x 5 KiB) spares the compiler a device query
+        self.occupancy = (dict(min_blocks_per_mp=config.c4_ctas_per_sm, preferred_smem_carveout=100)
+                          if config.c4_ctas_per_sm else {})
 
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (C4: 512 floats a row, C128: 256)
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (512 floats a row)
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -80,15 +88,14 @@ class IndexerKernel(IndexerEntryWriter):
         stream: cuda.CUstream,
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=(self.num_ctas(mPos.shape[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream,
+            use_pdl=self.pdl, **self.occupancy
         )
 
-
-class IndexerC4Kernel(IndexerKernel):
-    """Grid ``ceil(T / warps)``, one warp per token."""
-
-    def num_ctas(self, num_tokens):
-        return (num_tokens + self.warps - 1) // self.warps
+    def allocate_smem(self, smem):
+        """Per warp, the kv of the 8 window rows: ``[warps, 8, 128]`` fp32 (4 KiB a warp)."""
+        layout = cute.make_layout((self.warps, 8, INDEXER_HEAD_DIM), stride=(8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
+        return smem.allocate_tensor(Float32, layout, byte_alignment=16)
 
     @cute.jit
     def pool_window(
@@ -98,6 +105,8 @@ class IndexerC4Kernel(IndexerKernel):
         req: Int32,  # block_table row of the token
         position: Int64,  # p, a boundary position (p % 4 == 3)
         lane: Int32,  # 0..31
+        sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]: the staged kv rows
+        warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
     ):
         bs, run = self.block_size, self.rows_per_lookup
@@ -119,19 +128,24 @@ class IndexerC4Kernel(IndexerKernel):
                 column = looked_up // bs
                 block = load_scalar(mBlockTable, req, column)
                 runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
-        for kind in cutlass.range_constexpr(2):  # scores first: the max can start earlier
+        for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, row_address in runs:
-                rows = sc if kind == 0 else kv
                 byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
                 if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
-                        load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
+                        issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp, lane,
+                                  first_row + i)
                 else:
                     if pos >= Int64(0):  # false only for rows 0..3 at p = 3
                         for i in cutlass.range_constexpr(run):
-                            load_into(rows[first_row + i], row_address + row_stride_bytes * i + byte, 16)
+                            issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
+                                      lane, first_row + i)
+        cute.arch.cp_async_commit_group()
+        e = [window_weights(sc, c) for c in range(VEC)]
+        cute.arch.cp_async_wait_group(0)  # the lane's own copies (it reads back only those)
+        read_staged_kv(kv, sKv, warp, lane, window_start)
         for c in cutlass.range_constexpr(VEC):
-            x[c] = pool_channel(kv, sc, c, 8)
+            x[c] = pooled(kv, e[c], c)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
@@ -141,22 +155,49 @@ class IndexerC4Kernel(IndexerKernel):
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        sKv = self.allocate_smem(SmemAllocator())
         tok = cta * self.warps + warp
         if tok < mPos.shape[0]:
+            req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
-            req = mTokenReq[tok]
             if active:
-                w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)
+                w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, lane, x)
-                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
+                self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
-class IndexerC128Kernel(IndexerKernel):
+class IndexerC128Kernel:
     """Grid ``T``, one CTA of ``warps`` warps per token."""
 
-    def num_ctas(self, num_tokens):
-        return num_tokens
+    def __init__(self, config: IndexerConfig):
+        self.config = config
+        self.pdl = config.pdl
+        self.block_size = config.block_size
+        self.rows_per_lookup = config.rows_per_lookup
+        self.warps = config.warps
+        self.threads = 32 * config.warps
+        self.state_width = config.state_width
+        self.finishing = WarpFinish(config)
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (256 floats a row)
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [128]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
+            grid=(mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+        )
 
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, 128]`` fp32 (the row maxima, tree(u), tree(e)) and the
@@ -245,13 +286,74 @@ class IndexerC128Kernel(IndexerKernel):
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
         req = mTokenReq[tok]
         if active:
-            w, cos, sin = self.load_entry_inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
+            w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
-                self.write_indexer_entry(x, lane, w, cos, sin, mCache, kv_slot, eps)
+                self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
-def indexer_kernel(config: IndexerConfig) -> IndexerKernel:
+def window_weights(sc: list, c: int) -> list:
+    """``e_i = exp2s(mul(sub(s_i, M), L))`` of channel ``c`` over the 8 register rows (SPEC §5)."""
+    row_max = tree_max([sc[i][c] for i in range(8)])
+    return [softmax_weight(sc[i][c], row_max) for i in range(8)]
+
+
+def pooled(kv: list, e: list, c: int):
+    """``x[c] = div(tree(u), tree(e))``, ``u_i = mul(kv_i, e_i)`` (SPEC §5)."""
+    return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(8)]), tree_sum(e))
+
+
+def staged_kv(sKv: cute.Tensor, warp, lane, row: int) -> cute.Tensor:
+    """The lane's 4 kv floats of window row ``row`` (smem)."""
+    return cute.local_tile(sKv[warp, row, None], (VEC,), (lane,))
+
+
+@cute.jit
+def issue_row(
+    kind: int,  # 0 scores, 1 kv
+    frag: cute.Tensor,  # fp32 (4,): the score row's registers
+    byte_address: Int64,  # the lane's 16 bytes of the row in global memory
+    sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]
+    warp: Int32,
+    lane: Int32,
+    row: int,  # window row 0..7
+):
+    """One row's 16 bytes: scores by a 128-bit load into ``frag``, kv by ``cp.async`` into ``sKv``."""
+    if cutlass.const_expr(kind == 1):
+        copy_row_async(byte_address, staged_kv(sKv, warp, lane, row))
+    else:
+        load_into(frag, byte_address, 16)
+
+
+@cute.jit
+def read_staged_kv(
+    kv: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
+    sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]
+    warp: Int32,
+    lane: Int32,
+    window_start: Int64,  # p - 7
+):
+    """The lane's staged kv back into registers; rows 0..3 keep their fill at ``p = 3``."""
+    for i in cutlass.range_constexpr(4, 8):
+        cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
+    if window_start >= Int64(0):
+        for i in cutlass.range_constexpr(4):
+            cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
+
+
+@dsl_user_op
+def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
+    """A 4-byte global load the compilers keep where it is written (a side-effecting
+    ``ld.relaxed.gpu.global.b32``: LLVM and ptxas sink a plain load into the branch that
+    uses it), so that it is in flight with the loads beside it. The value was written before
+    this grid's dependencies resolved, so relaxed ordering reads it as a plain load would."""
+    value = llvm.inline_asm(Int32.mlir_type, [Int64(byte_address).ir_value(loc=loc, ip=ip)],
+                            "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True, is_align_stack=False,
+                            asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Int32(value)
+
+
+def indexer_kernel(config: IndexerConfig) -> IndexerC4Kernel | IndexerC128Kernel:
     """The kernel object of a configuration (C4 or C128)."""
     return IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config)

@@ -3,7 +3,8 @@
 A :class:`Case` is a conformance :class:`~dsv4_compressor.conformance.scenarios.StepRecipe`
 (a vLLM-style batch: shuffled block tables, padding tokens, non-boundary and dropped tokens,
 padded state rows and blocks, canary-filled caches with padded pages or entries, a value
-profile of the suite). Its inputs are built by the suite's ``build_step`` and the spec's bytes
+profile of the suite; the indexer layouts at head width 128, with or without the rotation).
+Its inputs are built by the suite's ``build_step`` and the spec's bytes
 by the suite's ``run_spec``; a :class:`DeviceStep` holds CUDA copies of the same allocations
 (:meth:`Buffer.torch_copy`, padding included), so every comparison covers a whole allocation
 and a stray write shows as a changed canary; :func:`assert_bytes` names the first differing
@@ -22,6 +23,7 @@ from dsv4_compressor import spec
 from dsv4_compressor.conformance.runner import Expected, first_difference, run_spec, to_torch
 from dsv4_compressor.conformance.scenarios import StepInputs, StepRecipe, build_step
 from dsv4_compressor.spec import batch as B
+from dsv4_compressor.spec.constants import INDEXER_HEAD_DIM, INDEXER_LAYOUTS
 
 METADATA = ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")
 FP8_SCALE = 0.0371  # fp8_per_tensor's scale in every case
@@ -55,22 +57,26 @@ class Case:
     unsaved_fraction: float = 0.0  # tokens whose state is not saved (slot -1)
     row_pad: int = 4  # floats after each state row
     block_pad_rows: int = 1  # rows after each state block
+    hadamard: bool = False  # SPEC §12's rotation (indexer layouts)
+    slots_for_all: bool = False  # non-boundary tokens carry their group's kv slot too (they still write nothing)
 
     @property
     def name(self) -> str:
-        return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}-"
+        return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}{'-hadamard' if self.hadamard else ''}-"
                 f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-odd' if self.odd_cache_stride else ''}"
-                f"{'-strided' if self.strided_inputs else ''}")
+                f"{'-strided' if self.strided_inputs else ''}{'-slots' if self.slots_for_all else ''}")
 
     def recipe(self) -> StepRecipe:
+        indexer = self.layout in INDEXER_LAYOUTS
         return StepRecipe(
             requests=partial(mixed_requests, self.ratio), compress_ratio=self.ratio, block_size=self.block_size,
             entries_per_page=self.entries, layout=self.layout, bf16_weight=self.bf16_weight,
             fp8_scale=FP8_SCALE if self.layout == "fp8_per_tensor" else None, num_padding=3, padding_at_end=False,
             row_pad=self.row_pad, block_pad_rows=self.block_pad_rows,
-            page_pad_bytes=32 if self.layout == "flashmla_fp8" else 0, drop_entry_fraction=0.15,
-            unsaved_fraction=self.unsaved_fraction, values=self.values, strided_inputs=self.strided_inputs,
-            entry_pad=1 if self.odd_cache_stride else 0,
+            page_pad_bytes=32 if self.layout == "flashmla_fp8" or indexer else 0, drop_entry_fraction=0.15,
+            unsaved_fraction=self.unsaved_fraction, slot_for_non_boundary=self.slots_for_all, values=self.values,
+            strided_inputs=self.strided_inputs, entry_pad=1 if self.odd_cache_stride else 0,
+            **(dict(head_dim=INDEXER_HEAD_DIM, hadamard=self.hadamard) if indexer else {}),
         )
 
     def inputs(self) -> StepInputs:
@@ -106,7 +112,7 @@ class DeviceStep:
 
     def layout_kwargs(self) -> dict:
         return dict(compress_ratio=self.batch.compress_ratio, layout=self.inputs.layout,
-                    fp8_scale=self.inputs.fp8_scale)
+                    fp8_scale=self.inputs.fp8_scale, **({"hadamard": True} if self.inputs.hadamard else {}))
 
     def save_args(self) -> tuple:
         """``save_partial_states``'s arguments."""
@@ -154,7 +160,7 @@ def spec_store(inputs: StepInputs, state_owner: np.ndarray, batch: B.Batch) -> n
                                   batch.block_table, batch.block_size, inputs.rms_norm_weight, inputs.rms_norm_eps,
                                   inputs.cos_sin_cache, k_cache, batch.kv_slot_mapping,
                                   compress_ratio=batch.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
-                                  debug=True)
+                                  debug=True, **({"hadamard": True} if inputs.hadamard else {}))
     return k_owner
 
 

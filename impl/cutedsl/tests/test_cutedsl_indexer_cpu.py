@@ -3,9 +3,11 @@
 - every indexer variant compiles for sm_90a, passes SPEC §2's PTX rules and uses no local
   memory;
 - the PTX has the structure the kernels are built on: exactly the streamed state rows as
-  128-bit loads, one ``sqrt.rn``, the division per channel, the lane butterflies of the sum
-  of squares, the amax (32 or 8 lanes) and the Hadamard spans 64..4, E4M3 conversions only
-  for ``indexer_fp8`` (E2M1 codes are integer work), two stores per lane;
+  128-bit requests (C4: kv by ``cp.async``), issued after every other load (C4: the request
+  index with the metadata; opt-in prefetches before the table reads), one ``sqrt.rn``, the
+  division per channel, the lane butterflies of the sum of squares, the amax (32 or 8 lanes)
+  and the Hadamard spans 64..4, E4M3 conversions only for ``indexer_fp8`` (E2M1 codes are
+  integer work), two stores per lane;
 - configurations reject bad values; the save kernel's widths follow the head width;
 - the public wrappers reject bad indexer arguments with ``ValueError`` before anything is
   compiled or launched.
@@ -62,11 +64,19 @@ def test_indexer_variants_pass_the_ptx_rules(indexer_ptx):
     assert all(r.counts["local memory"] == 0 for _, _, r in indexer_ptx), [r.variant for _, _, r in indexer_ptx]
 
 
-def test_state_rows_stream_as_128_bit_loads(indexer_ptx):
-    """A lane reads its 4 kv and 4 score channels of each of its rows with one 16-byte load each:
-    8 rows for C4, ``128 / warps`` for C128; nothing else is a 16-byte load."""
-    for cfg, _, report in indexer_ptx:
-        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp, cfg.tag
+_ROW_REQUEST = re.compile(r"\bld\.global(?:\.\w+)*|\bcp\.async\.cg\.shared\.global\b")
+
+
+def test_state_rows_stream_as_128_bit_requests(indexer_ptx):
+    """A lane requests its 4 kv and 4 score channels of each of its rows (8 rows for C4,
+    ``128 / warps`` for C128) with one 16-byte request each: C128 two loads; C4 a load for the
+    scores and a ``cp.async`` for the kv, waited for once; nothing else is a 16-byte request."""
+    for cfg, ptx, report in indexer_ptx:
+        staged = cfg.rows_per_warp if cfg.ratio == 4 else 0
+        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp - staged, cfg.tag
+        assert len(re.findall(r"\bcp\.async\.cg\.shared\.global\s+\[[^]]+\], \[[^]]+\], 16\b",
+                              _body(ptx))) == staged, cfg.tag
+        assert _body(ptx).count("cp.async.wait_group") == (staged > 0), cfg.tag
 
 
 def test_every_other_load_precedes_the_state_rows(indexer_ptx):
@@ -74,9 +84,40 @@ def test_every_other_load_precedes_the_state_rows(indexer_ptx):
     first state row, so the rows wait for one block-table round trip and nothing else waits
     for the rows but the arithmetic."""
     for cfg, ptx, _ in indexer_ptx:
-        loads = re.findall(r"\bld\.global(?:\.\w+)*", _body(ptx))
-        first_row = next(i for i, op in enumerate(loads) if ".v4" in op)
-        assert all(".v4" in op for op in loads[first_row:]), (cfg.tag, loads[first_row:])
+        requests = _ROW_REQUEST.findall(_body(ptx))
+        rows = [".v4" in op or op.startswith("cp.async") for op in requests]
+        first_row = rows.index(True)
+        assert all(rows[first_row:]), (cfg.tag, requests[first_row:])
+
+
+def test_c4_request_is_read_before_the_activity_test(indexer_ptx):
+    """C4: the request index is loaded by a load the compiler keeps in place
+    (``ld.relaxed.gpu``), before the branch on the token's activity, so it travels with the
+    metadata instead of costing a round trip of its own (with PDL, after the wait)."""
+    for cfg, ptx, _ in indexer_ptx:
+        body = _body(ptx)
+        early = body.find("ld.relaxed.gpu.global.b32")
+        assert (early >= 0) == (cfg.ratio == 4), cfg.tag
+        if cfg.ratio == 4:
+            branches = [m.start() for m in re.finditer(r"@%p\d+ bra\b", body)]
+            assert branches[0] < early < branches[1], cfg.tag  # after the tok < T test, before the activity one
+            assert (body.find("griddepcontrol.wait") < early) if cfg.pdl else "griddepcontrol" not in body, cfg.tag
+
+
+def test_prefetch_and_register_cap(indexer_ptx):
+    """``prefetch_inputs``: three ``prefetch.global.L1`` a lane (its weights, its cos and its sin
+    lines) before the first state row (C4: before the first block-table read);
+    ``c4_ctas_per_sm``: the kernel's ``.minnctapersm``."""
+    assert any(c.prefetch_inputs for c, _, _ in indexer_ptx) and any(c.c4_ctas_per_sm for c, _, _ in indexer_ptx)
+    for cfg, ptx, _ in indexer_ptx:
+        body = _body(ptx)
+        prefetches = [m.start() for m in re.finditer(r"\bprefetch\.global\.L1\b", body)]
+        assert len(prefetches) == (3 if cfg.prefetch_inputs else 0), cfg.tag
+        if cfg.prefetch_inputs:
+            first = re.search(r"\bld\.global\.s32\b" if cfg.ratio == 4 else r"\bld\.global\.v4\b", body)
+            assert max(prefetches) < first.start(), cfg.tag
+        cap = re.search(r"\.minnctapersm\s+(\d+)", ptx)
+        assert (int(cap.group(1)) if cap else 0) == cfg.c4_ctas_per_sm, cfg.tag
 
 
 def test_exact_finishing_arithmetic(indexer_ptx):
@@ -116,8 +157,8 @@ def test_two_stores_per_lane(indexer_ptx):
 
 
 def test_only_c128_synchronizes_the_cta(indexer_ptx):
-    """C4 tokens live in one warp; a C128 CTA meets after the row maxima, the per-warp
-    partials and the trees over the warps."""
+    """C4 tokens live in one warp (no barrier: each lane reads back only its own kv copies); a
+    C128 CTA meets after the row maxima, the per-warp partials and the trees over the warps."""
     for cfg, _, report in indexer_ptx:
         assert report.counts["bar.sync"] == (0 if cfg.ratio == 4 else 3), cfg.tag
 
@@ -134,6 +175,10 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
+    (dict(prefetch_inputs=1), "prefetch_inputs"),
+    (dict(c4_ctas_per_sm=33), "c4_ctas_per_sm"),
+    (dict(warps=4, c4_ctas_per_sm=32), "c4_ctas_per_sm"),  # 128 warps
+    (dict(ratio=128, warps=16, c4_ctas_per_sm=2), "c4_ctas_per_sm"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,
@@ -227,7 +272,7 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     from dsv4_compressor.impl.cutedsl import dispatch, variants
 
     default = dispatch.DEFAULT_POLICY
-    assert variants.indexer_c4_w1.policy.shapes.indexer_c4_warps == 1
+    assert variants.indexer_c4_w4.policy.shapes.indexer_c4_warps == 4
     assert variants.indexer_c128_w8.policy.shapes.indexer_c128_warps == 8
     assert variants.indexer_nopdl.pdl is False and variants.indexer_nopdl.policy == default
     config = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", variants.indexer_c4_w8.policy, True)
@@ -235,14 +280,14 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     config = dispatch.indexer_config(128, 8, "indexer_mxfp4", True, 64, "float32", default, False)
     assert (config.warps, config.pdl) == (default.shapes.indexer_c128_warps, False)
     with pytest.raises(FrozenInstanceError):
-        variants.indexer_c4_w1.pdl = False  # type: ignore[misc]
+        variants.indexer_c4_w4.pdl = False  # type: ignore[misc]
     with pytest.raises(ValueError, match="indexer_c4_warp"):
         default.with_overrides(indexer_c4_warp=2)
     with pytest.raises(ValueError, match="warps"):  # the kernel configuration checks the mapping
         dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", default.with_overrides(indexer_c4_warps=3),
                                 True)
     with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):  # validated, then refused on CPU
-        variants.indexer_c4_w1.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
+        variants.indexer_c4_w4.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
     assert default == dispatch.Policy()
 
 

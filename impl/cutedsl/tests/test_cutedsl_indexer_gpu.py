@@ -1,18 +1,18 @@
 """GPU checks of the indexer compressor's CuTe DSL kernels (SPEC §12): byte-identical to the spec.
 
-Every case builds a vLLM-style batch with :mod:`dsv4_compressor.spec.batch` (shuffled block
-tables, scattered padding tokens, non-boundary and dropped tokens, the ``p = 3`` window
-with invalid rows, padded state strides, canary-filled caches with padded pages) at head
-width 128, runs the spec on NumPy copies and the kernels on CUDA copies of the same bytes,
-and compares the whole memory span of every buffer, so a stray write shows as a changed
-canary and an inactive token's write as a changed entry. The MXFP4 encoders (E2M1 code,
-scale byte, ``2^-k``) are also checked element by element against the spec's.
+Every case is a conformance step at head width 128 (:mod:`cutedsl_steps`: vLLM-style batches
+with shuffled block tables, scattered padding tokens, non-boundary and dropped tokens, the
+``p = 3`` window with invalid rows, padded state rows and blocks, canary-filled caches with
+padded pages, a value profile of the suite), run by the spec and by the kernels on CUDA
+copies of the same allocations; every comparison covers a whole allocation, so a stray write
+shows as a changed canary and an inactive token's write as a changed entry. The MXFP4
+encoders (E2M1 code, scale byte, ``2^-k``) are also checked element by element against the
+spec's.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -24,147 +24,93 @@ pytest.importorskip("cutlass")
 import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-from dsv4_compressor import spec  # noqa: E402
-from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import (assert_same_bytes, capture_after_warm_up, check_save_partial_states, cuda_args,  # noqa: E402
-                        mixed_requests, replay_with_moved_metadata, span, span_bytes, storage, to_cuda)
+from cutedsl_steps import METADATA, Case, DeviceStep, assert_bytes, case_id, run_step, spec_store  # noqa: E402
+
+from dsv4_compressor.conformance.runner import run_spec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-HEAD = 128
-
-
-# ---- cases --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Case:
-    ratio: int
-    block_size: int
-    entries: int  # B
-    layout: str = "indexer_fp8"
-    hadamard: bool = False
-    bf16_weight: bool = True
-    values: str = "normal"
-    seed: int = 0
-    slots_for_all: bool = False  # non-boundary tokens carry their group's kv slot too (they still write nothing)
-
-    @property
-    def name(self) -> str:
-        return (f"r{self.ratio}-bs{self.block_size}-B{self.entries}-{self.layout}{'-hadamard' if self.hadamard else ''}-"
-                f"{'wbf16' if self.bf16_weight else 'wf32'}-{self.values}{'-slots' if self.slots_for_all else ''}")
-
-
-def _values(case: Case, state: np.ndarray, weight: np.ndarray, rng) -> np.ndarray:
-    """Edge-case value profiles (in place on the state; returns the weight)."""
-    half = state.shape[-1] // 2
-    if case.values == "spread":  # most exp2s arguments below -126 (+0) or subnormal results
-        state[..., half:] *= F32(30.0)
-    elif case.values == "signed_zeros":  # +0/-0 everywhere: every value and code is a signed zero
-        state[...] = np.where(rng.random(state.shape) < 0.5, F32(-0.0), F32(0.0))
-        state[::2, :, :half] = F32(-0.0)
-    elif case.values == "tiny_weight":  # amax below the FP8 floor, MXFP4 blocks at and below 6*2^-126, zeros
-        assert weight.dtype == np.float32
-        weight = weight.copy()
-        for block, factor in ((0, 1e-9), (1, 1e-39), (2, 0.0), (3, 3e-38)):
-            weight[32 * block:32 * (block + 1)] *= F32(factor)
-    elif case.values == "huge":  # large scale bytes; one block far above the others
-        assert weight.dtype == np.float32
-        weight = weight.copy()
-        weight[:32] *= F32(1e30)
-        weight[96:] *= F32(1e-20)
-    return weight
-
-
-def build(case: Case):
-    rng = np.random.default_rng(case.seed)
-    batch = B.build_batch(mixed_requests(case.ratio, rng), compress_ratio=case.ratio, block_size=case.block_size,
-                          entries_per_page=case.entries, rng=rng, num_padding=3, padding_at_end=False,
-                          drop_entry_fraction=0.15, slot_for_non_boundary=case.slots_for_all)
-    state = B.random_state_cache(batch.num_state_blocks, case.block_size, case.ratio, rng, row_pad=4, block_pad_rows=1,
-                                 head_dim=HEAD)
-    weight = _values(case, state, B.random_norm_weight(rng, bf16=case.bf16_weight, head_dim=HEAD), rng)
-    k_cache = B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
-    cos_sin = B.rope_cos_sin_cache(int(batch.positions.max()) + 1)
-    return batch, state, weight, cos_sin, k_cache
-
-
-def fresh_k_cache(case: Case, batch) -> np.ndarray:
-    return B.canary_k_cache(case.layout, batch.num_pages, case.entries, page_pad_bytes=32)
-
-
-def spec_run(case: Case, batch, state, weight, cos_sin) -> np.ndarray:
-    """The spec's k_cache bytes (whole span) after compress_norm_rope_store."""
-    k = fresh_k_cache(case, batch)
-    spec.compress_norm_rope_store(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping,
-                                  batch.block_table, batch.block_size, weight, 1e-6, cos_sin, k, batch.kv_slot_mapping,
-                                  compress_ratio=batch.compress_ratio, layout=case.layout, hadamard=case.hadamard,
-                                  debug=True)
-    return span(k).copy()
-
+FP8, MXFP4 = "indexer_fp8", "indexer_mxfp4"
 
 C4_CASES = [
-    Case(4, 16, 64),  # production: bs 16
-    Case(4, 16, 64, hadamard=True),
-    Case(4, 16, 64, layout="indexer_mxfp4"),
-    Case(4, 16, 7, layout="indexer_mxfp4", hadamard=True),
-    Case(4, 4, 1, bf16_weight=False, values="spread"),
-    Case(4, 3, 2, hadamard=True, values="spread", seed=1),
-    Case(4, 1, 64, layout="indexer_mxfp4", values="signed_zeros"),
-    Case(4, 2, 64, hadamard=True, values="signed_zeros"),
-    Case(4, 6, 3, bf16_weight=False, values="tiny_weight"),
-    Case(4, 5, 64, layout="indexer_mxfp4", hadamard=True, bf16_weight=False, values="tiny_weight"),
-    Case(4, 8, 2, layout="indexer_mxfp4", bf16_weight=False, values="huge"),
-    Case(4, 12, 64, hadamard=True, bf16_weight=False, values="huge"),
-    Case(4, 16, 4, layout="indexer_mxfp4", slots_for_all=True, seed=2),
+    Case(4, 16, 64, FP8),  # production: bs 16
+    Case(4, 16, 64, FP8, hadamard=True),
+    Case(4, 16, 64, MXFP4),
+    Case(4, 16, 7, MXFP4, hadamard=True),
+    Case(4, 4, 1, FP8, bf16_weight=False, values="spread_scores"),  # most exp2s arguments below -126 or subnormal
+    Case(4, 3, 2, FP8, hadamard=True, values="spread_scores", seed=1),
+    Case(4, 1, 64, MXFP4, values="signed_zeros"),  # every value and code a signed zero
+    Case(4, 2, 64, FP8, hadamard=True, values="signed_zeros"),
+    Case(4, 6, 3, FP8, bf16_weight=False, values="indexer_tiny"),  # amax below the FP8 floor, MXFP4 blocks below 6*2^-126
+    Case(4, 5, 64, MXFP4, hadamard=True, bf16_weight=False, values="indexer_tiny"),
+    Case(4, 8, 2, MXFP4, bf16_weight=False, values="huge"),  # large scale bytes
+    Case(4, 12, 64, FP8, hadamard=True, bf16_weight=False, values="huge"),
+    Case(4, 16, 4, MXFP4, slots_for_all=True, seed=2),
+    Case(4, 16, 4, MXFP4, hadamard=True, values="hadamard_cancel"),  # the rotation's stage order shows
 ]
 C128_CASES = [
-    Case(128, 8, 64),  # production: bs 8
-    Case(128, 8, 2, layout="indexer_mxfp4", hadamard=True),
-    Case(128, 5, 3, hadamard=True, bf16_weight=False, values="spread"),
-    Case(128, 16, 1, layout="indexer_mxfp4", values="signed_zeros"),
-    Case(128, 12, 64, layout="indexer_mxfp4", bf16_weight=False, values="tiny_weight"),
-    Case(128, 4, 2, hadamard=True, bf16_weight=False, values="huge"),
-    Case(128, 8, 3, slots_for_all=True, seed=2),
+    Case(128, 8, 64, FP8),  # production: bs 8
+    Case(128, 8, 2, MXFP4, hadamard=True),
+    Case(128, 5, 3, FP8, hadamard=True, bf16_weight=False, values="spread_scores"),
+    Case(128, 16, 1, MXFP4, values="signed_zeros"),
+    Case(128, 12, 64, MXFP4, bf16_weight=False, values="indexer_tiny"),
+    Case(128, 4, 2, FP8, hadamard=True, bf16_weight=False, values="huge"),
+    Case(128, 8, 3, FP8, slots_for_all=True, seed=2),
 ]
 
 
-def _run_and_compare(case: Case, **kwargs):
-    from dsv4_compressor.impl import cutedsl
-
-    batch, state, weight, cos_sin, k_cache = build(case)
-    assert batch.num_active > 0 and (~batch.active).any()
-    expected = spec_run(case, batch, state, weight, cos_sin)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    state_before = span_bytes(args["state_cache"]).copy()
-    cutedsl.compress_norm_rope_store(**args, compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard,
-                                     **kwargs)
-    torch.cuda.synchronize()
-    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
-    assert_same_bytes(f"{case.name} state_cache", span_bytes(args["state_cache"]), state_before)
-    return args
+def _store_matches_spec(case: Case, **choices):
+    """:func:`cutedsl_steps.run_step` (the save, then the store on the spec's post-save state;
+    both allocations compared whole) on a batch with active and inactive tokens."""
+    step, _ = run_step(case, **choices)
+    assert step.batch.num_active > 0 and (~step.batch.active).any()
 
 
-@pytest.mark.parametrize("case", C4_CASES + C128_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", C4_CASES + C128_CASES, ids=case_id)
 def test_indexer_matches_spec(case):
-    _run_and_compare(case)
+    _store_matches_spec(case)
 
 
 @pytest.mark.parametrize("choices, case", [
-    (dict(indexer_c4_warps=1), C4_CASES[1]),
+    (dict(indexer_c4_warps=4), C4_CASES[1]),
     (dict(indexer_c4_warps=2), C4_CASES[3]),
     (dict(indexer_c4_warps=8), C4_CASES[5]),  # a partial last CTA
+    (dict(indexer_c4_warps=8), C4_CASES[10]),
     (dict(indexer_c128_warps=8), C128_CASES[0]),
     (dict(indexer_c128_warps=8), C128_CASES[2]),
     (dict(pdl=False), C4_CASES[0]),
     (dict(pdl=False), C128_CASES[1]),
-], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else v.name)
+], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else case_id(v))
 def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
     from dsv4_compressor.impl import cutedsl
 
     choices = dict(choices)
     pdl = choices.pop("pdl", True)
-    _run_and_compare(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
+    _store_matches_spec(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
+
+
+# the opt-in variants: entry inputs prefetched (both ratios), and with the C4 register cap
+_VARIANT_CASES = ([(name, case) for name in ("indexer_prefetch_inputs", "indexer_prefetch_occ32") for case in C4_CASES]
+                  + [("indexer_prefetch_inputs", case) for case in C128_CASES[:3]])
+
+
+@pytest.mark.parametrize("variant, case", _VARIANT_CASES, ids=case_id)
+def test_indexer_variants_match_spec(variant, case):
+    """The named indexer variants write the spec's bytes, the ``p = 3`` windows and inactive
+    tokens included."""
+    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
+
+    chosen = INDEXER_VARIANTS[variant]
+    _store_matches_spec(case, pdl=chosen.pdl, policy=chosen.policy)
+
+
+def _argument_bytes(args: dict) -> dict:
+    """Host bytes of every tensor argument (whole, contiguous tensors)."""
+    torch.cuda.synchronize()
+    return {k: v.contiguous().view(torch.uint8).cpu().numpy().copy() for k, v in args.items()
+            if isinstance(v, torch.Tensor)}
 
 
 def test_indexer_bad_arguments_write_nothing():
@@ -172,9 +118,9 @@ def test_indexer_bad_arguments_write_nothing():
     from dsv4_compressor.impl import cutedsl
 
     case = C4_CASES[0]
-    batch, state, weight, cos_sin, k_cache = build(case)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    before = {k: span_bytes(v).copy() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    step = DeviceStep(case.inputs())
+    args = step.compress_args()
+    state_before, k_before, before = step.state_bytes(), step.k_bytes(), _argument_bytes(args)
     bad_calls = [
         (dict(layout="flashmla_fp8"), {}, "layout"),  # a 512-wide layout on the 128-wide state
         (dict(layout="indexer_mxfp4"), {}, "k_cache"),  # 132-byte entries given for a 68-byte layout
@@ -193,23 +139,23 @@ def test_indexer_bad_arguments_write_nothing():
             cutedsl.compress_norm_rope_store(**call, **keywords)
     with pytest.raises(ValueError, match="hadamard"):
         cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout="indexer_fp8", hadamard="yes")
-    torch.cuda.synchronize()
-    for key, value in before.items():
-        assert_same_bytes(f"bad calls: {key}", span_bytes(args[key]), value)
+    assert_bytes("bad calls: state", step.inputs, "state", step.state_bytes(), state_before)
+    assert_bytes("bad calls: k_cache", step.inputs, "k_cache", step.k_bytes(), k_before)
+    for key, value in _argument_bytes(args).items():
+        assert np.array_equal(value, before[key]), f"bad calls: {key} changed"
 
 
 def test_indexer_empty_call_writes_nothing():
     from dsv4_compressor.impl import cutedsl
 
     case = C4_CASES[0]
-    batch, state, weight, cos_sin, k_cache = build(case)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    step = DeviceStep(case.inputs())
+    args = step.compress_args()
     for key in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping"):
         args[key] = args[key][:0]
-    before = span_bytes(args["k_cache"]).copy()
+    before = step.k_bytes()
     cutedsl.compress_norm_rope_store(**args, compress_ratio=4, layout=case.layout)
-    torch.cuda.synchronize()
-    assert_same_bytes("T = 0", span_bytes(args["k_cache"]), before)
+    assert_bytes("T = 0", step.inputs, "k_cache", step.k_bytes(), before)
 
 
 # ---- the MXFP4 device encoders, element by element ---------------------------------------------
@@ -291,106 +237,108 @@ def test_mxfp4_encoders_match_spec_element_by_element():
 # ---- save_partial_states at the indexer's state widths ------------------------------------------------
 @pytest.mark.parametrize("ratio, block_size, misaligned", [(4, 16, False), (128, 8, False), (4, 3, True), (128, 5, True)])
 def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned):
-    check_save_partial_states(ratio, block_size, misaligned, head_dim=HEAD)
+    """The save kernel at the indexer's state widths (512 and 256 floats a row): the spec's
+    bytes in a padded state cache, padding untouched, some tokens unsaved; ``misaligned``:
+    every input a view whose base and rows are not 16-byte aligned (the scalar-load variant)."""
+    run_step(Case(ratio, block_size, 4, FP8, unsaved_fraction=0.1, row_pad=8, block_pad_rows=2,
+                  strided_inputs=misaligned))
 
 
-@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=case_id)
 def test_indexer_save_and_compress_in_one_graph(case):
     """``save_and_compress_norm_rope_store`` captured in a CUDA graph and replayed, PDL on:
     the compress kernel pools the rows the save kernel has just written (spec's bytes)."""
     from dsv4_compressor.impl import cutedsl
 
-    batch, state, weight, cos_sin, k_cache = build(case)
-    rng = np.random.default_rng(11)
-    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng, head_dim=HEAD), B.random_ape(case.ratio, rng, head_dim=HEAD)
-    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
-    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
-    assert not np.array_equal(span(saved), span(state))
-    expected = spec_run(case, batch, saved, weight, cos_sin)
-
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    state_clean, k_clean = span_bytes(args["state_cache"]).copy(), span_bytes(args["k_cache"]).copy()
-    kv_t, ape_t = to_cuda(kv), to_cuda(ape)
-    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
-    cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)  # compiles both before the capture
+    inputs = case.inputs()
+    expected = run_spec(inputs)
+    assert not np.array_equal(expected.state_after_save, inputs.state_cache.owner)  # the save changes rows
+    step = DeviceStep(inputs)
+    state_clean, k_clean = step.state_owner.clone(), step.k_owner.clone()
+    kwargs = step.layout_kwargs()
+    cutedsl.save_and_compress_norm_rope_store(step.kv_score, step.ape, **step.compress_args(), **kwargs)  # compiles
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cutedsl.save_and_compress_norm_rope_store(kv_t, ape_t, **args, **kwargs)
+        cutedsl.save_and_compress_norm_rope_store(step.kv_score, step.ape, **step.compress_args(), **kwargs)
     for replay in range(2):
-        for key, clean in (("state_cache", state_clean), ("k_cache", k_clean)):
-            storage(args[key]).copy_(torch.from_numpy(clean).cuda())
+        step.state_owner.copy_(state_clean)
+        step.k_owner.copy_(k_clean)
         graph.replay()
-        torch.cuda.synchronize()
-        assert_same_bytes(f"replay {replay}: k_cache", span_bytes(args["k_cache"]), expected)
+        assert_bytes(f"replay {replay}: k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
+        assert_bytes(f"replay {replay}: state", inputs, "state", step.state_bytes(), expected.state_after_save)
 
 
-@pytest.mark.parametrize("case", [C4_CASES[2], C128_CASES[0]], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [C4_CASES[2], C128_CASES[0]], ids=case_id)
 def test_indexer_graph_replay_with_new_metadata(case):
     """Capture once, then change the metadata in place and replay: the spec's bytes."""
     from dsv4_compressor.impl import cutedsl
 
-    batch, state, weight, cos_sin, k_cache = build(case)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    k_clean = args["k_cache"].clone()
-    kwargs = dict(compress_ratio=case.ratio, layout=case.layout, hadamard=case.hadamard)
-    graph = capture_after_warm_up(cutedsl.compress_norm_rope_store, args, kwargs)
-    moved, moved_state = replay_with_moved_metadata(graph, args, batch, state, case.entries, k_clean)
-    assert_same_bytes("graph replay vs spec", span_bytes(args["k_cache"]), spec_run(case, moved, moved_state, weight, cos_sin))
+    step = DeviceStep(case.inputs())
+    k_clean = step.k_owner.clone()
+    kwargs = step.layout_kwargs()
+    cutedsl.compress_norm_rope_store(**step.compress_args(), **kwargs)  # compiles: no compile during capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutedsl.compress_norm_rope_store(**step.compress_args(), **kwargs)
+    moved = step.move_metadata()
+    assert not np.array_equal(moved.block_table, step.inputs.batch.block_table)  # the replay reads other blocks
+    step.k_owner.copy_(k_clean)
+    graph.replay()
+    expected = spec_store(step.inputs, step.state_bytes(), moved)
+    assert_bytes("graph replay vs spec", step.inputs, "k_cache", step.k_bytes(), expected)
 
 
 # ---- the host path: bound layers, warm-up, torch custom ops ----------------------------------------------
-@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[2], C128_CASES[1]], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[2], C128_CASES[1]], ids=case_id)
 def test_indexer_bound_layer_after_warm_up_in_a_graph(case):
     """A bound indexer layer, warmed up, captured right after (no compile during capture) and
     replayed: the spec's bytes."""
     from dsv4_compressor.impl import cutedsl
     from dsv4_compressor.impl.cutedsl import compile_cache
 
-    batch, state, weight, cos_sin, k_cache = build(case)
-    expected = spec_run(case, batch, state, weight, cos_sin)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
-    layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
-                         block_size=batch.block_size, compress_ratio=case.ratio, rms_norm_eps=1e-6,
-                         layout=case.layout, hadamard=case.hadamard)
+    inputs = case.inputs()
+    expected = run_spec(inputs)
+    step = DeviceStep(inputs)
+    step.load_state(expected.state_after_save)  # the store alone, on the spec's post-save state
+    layer = cutedsl.bind(step.state, step.k_cache, step.weight, step.cos_sin, block_size=step.batch.block_size,
+                         compress_ratio=case.ratio, rms_norm_eps=inputs.rms_norm_eps, layout=inputs.layout,
+                         hadamard=inputs.hadamard)
     layer.warm_up()
     compiled = len(compile_cache._CACHE)
-    per_token = [args[n] for n in ("token_to_req_indices", "positions", "slot_mapping", "block_table",
-                                   "kv_slot_mapping")]
+    per_token = [step.meta[n] for n in METADATA]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         layer.compress_norm_rope_store(*per_token)
     graph.replay()
     torch.cuda.synchronize()
     assert len(compile_cache._CACHE) == compiled
-    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+    assert_bytes(f"{case.name} k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
 
 
-@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=case_id)
 def test_indexer_compiled_custom_ops_match_spec(case):
     """torch.compile(fullgraph=True) over the save and compress ops with an indexer layout and
-    ``hadamard``: the spec's bytes."""
+    ``hadamard``: the spec's bytes, in the state cache and the k_cache."""
     import dsv4_compressor.impl.cutedsl  # noqa: F401  (registers the ops)
 
     torch._dynamo.reset()
-    batch, state, weight, cos_sin, k_cache = build(case)
-    rng = np.random.default_rng(5)
-    kv, ape = B.random_kv_score(batch.num_tokens, case.ratio, rng, head_dim=HEAD), B.random_ape(case.ratio, rng, head_dim=HEAD)
-    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(F32), state.shape, state.strides)
-    spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, batch.block_size, debug=True)
-    expected = spec_run(case, batch, saved, weight, cos_sin)
-    args = cuda_args(batch, state, weight, cos_sin, k_cache)
+    inputs = case.inputs()
+    expected = run_spec(inputs)
+    step = DeviceStep(inputs)
+    b = step.batch
     ops = torch.ops.dsv4_compressor
 
     @torch.compile(fullgraph=True)
-    def step(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
-        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, batch.block_size)
-        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, batch.block_size, weight,
-                                             1e-6, cos_sin, k_cache, kv_slots, case.ratio, case.layout,
-                                             hadamard=case.hadamard)
+    def run(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
+        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, b.block_size)
+        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, b.block_size, weight,
+                                             inputs.rms_norm_eps, cos_sin, k_cache, kv_slots, case.ratio,
+                                             inputs.layout, hadamard=inputs.hadamard)
 
-    step(to_cuda(kv), to_cuda(ape), *(args[n] for n in ("state_cache", "token_to_req_indices", "positions",
-                                                         "slot_mapping", "block_table", "rms_norm_weight",
-                                                         "cos_sin_cache", "k_cache", "kv_slot_mapping")))
-    torch.cuda.synchronize()
-    assert_same_bytes(f"{case.name} k_cache", span_bytes(args["k_cache"]), expected)
+    m = step.meta
+    run(step.kv_score, step.ape, step.state, m["token_to_req_indices"], m["positions"], m["slot_mapping"],
+        m["block_table"], step.weight, step.cos_sin, step.k_cache, m["kv_slot_mapping"])
+    assert_bytes(f"{case.name} state", inputs, "state", step.state_bytes(), expected.state_after_save)
+    assert_bytes(f"{case.name} k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)

@@ -15,7 +15,8 @@ from dsv4_compressor.conformance.runner import run_spec  # noqa: E402
 from dsv4_compressor.conformance.torch_reference import TorchReference  # noqa: E402
 
 CASES = [C4_CASES[4], C128_CASES[6][0], Case(128, 5, 4, unsaved_fraction=0.1, row_pad=8, block_pad_rows=2,
-                                            strided_inputs=True)]
+                                            strided_inputs=True),
+         Case(4, 16, 7, "indexer_mxfp4", hadamard=True), Case(128, 8, 3, "indexer_fp8", slots_for_all=True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
