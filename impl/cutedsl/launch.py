@@ -117,6 +117,33 @@ def _scratch(workspace, num_tokens: int, device: torch.device) -> torch.Tensor:
     return workspace[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
 
 
+def bound_scratch(workspace, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """The x scratch of a bound layer's eager call, checked here only where TVM-FFI does not
+    check it: the rows (``S >= T``, a row stride that keeps rows 16-byte aligned) of a 2-D
+    workspace, the length of a 1-D one; dtype, width, unit last stride, base alignment and
+    device are the kernel's TVM-FFI checks. Raises ``ValueError`` for anything else: the
+    caller then validates the call the long way (:func:`x_buffer` names what is wrong)."""
+    if workspace is None:
+        return torch.empty((num_tokens, HEAD_DIM), dtype=torch.float32, device=device)
+    dims = workspace.dim()
+    if dims == 2:
+        rows = workspace.shape[0]
+        if rows >= num_tokens and (rows == 1 or workspace.stride(0) % 4 == 0):
+            return workspace
+    elif dims == 1 and workspace.numel() >= num_tokens * HEAD_DIM and workspace.is_contiguous():
+        return workspace[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
+    raise ValueError("workspace: not a scratch the bound path takes as it is")
+
+
+def held_tensors(*tensors: torch.Tensor) -> tuple:
+    """TVM-FFI tensors of a bound layer's fixed tensors, made once: a call then converts only
+    its per-token arrays (each kernel still gets at least one torch tensor per call, from
+    which TVM-FFI takes the device's current stream)."""
+    import tvm_ffi
+
+    return tuple(tvm_ffi.from_dlpack(tensor) for tensor in tensors)
+
+
 # ---- device facts and the handoff kernel's counters -------------------------------------------
 _SM_COUNTS: dict = {}
 _COUNTERS: dict = {}  # (device, stream) -> _CounterArray: the handoff kernel's arrival counters
@@ -218,6 +245,14 @@ class LaunchPlan:
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         """No tokens: nothing to launch."""
 
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        """A bound layer's eager call: the kernels on ``held`` (the layer's state cache, norm
+        weight, cos/sin cache and k_cache as TVM-FFI tensors, then its torch device) and the
+        call's per-token arrays as given, checked by TVM-FFI at the launch (see
+        :mod:`.api`'s ``BoundLayer``). Never called for ``T = 0``."""
+        raise ValueError("a plan without tokens has no bound launch")
+
 
 @dataclass(frozen=True)
 class SingleLaunch(LaunchPlan):
@@ -225,6 +260,12 @@ class SingleLaunch(LaunchPlan):
 
     def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
+
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
@@ -240,6 +281,13 @@ class HandoffLaunch(LaunchPlan):
                         cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
                         handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
 
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
+                        handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+
 
 @dataclass(frozen=True)
 class SplitLaunch(LaunchPlan):
@@ -253,6 +301,18 @@ class SplitLaunch(LaunchPlan):
         store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
               self.fp8_inv)
 
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        """The store kernel takes nothing the compress kernel has not checked already (the same
+        per-token arrays and scratch; the layer's fixed tensors): once the first launch passed
+        TVM-FFI's checks, the second passes them too."""
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
+        scratch = bound_scratch(workspace, self.num_tokens, device)
+        pool, store = self.kernels
+        pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
+        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
+              self.fp8_inv)
+
 
 @dataclass(frozen=True)
 class IndexerLaunch(LaunchPlan):
@@ -260,6 +320,12 @@ class IndexerLaunch(LaunchPlan):
 
     def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
+        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
+
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
@@ -363,6 +429,7 @@ class SavePlan:
 
     kernel: object
     restride: bool
+    vector_inputs: bool = False  # the kernel of 16-byte aligned kv_score and ape rows
 
     def run(self, kv_score, ape, positions, slot_mapping, state_cache) -> None:
         if self.kernel is None:
@@ -388,4 +455,4 @@ def build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_s
         and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
     )
     config = dispatch.save_config(call.config.ratio, call.block_size, vector_inputs, policy, pdl, call.config.head_dim)
-    return SavePlan(kernels().compile_save(config), restride)
+    return SavePlan(kernels().compile_save(config), restride, vector_inputs)
