@@ -375,7 +375,7 @@ class BoundLayer:
         plan.run(kv_score, ape, positions, slot_mapping, self.state_cache)
         if plan.vector_inputs and not debug:
             self._hold()
-            self._save_kernel = plan.kernel
+            self._save_kernel = launch.ffi_function(plan.kernel)
 
     def save_and_compress_norm_rope_store(self, kv_score, ape, token_to_req_indices, positions, slot_mapping,
                                           block_table, kv_slot_mapping, *, workspace=None, debug: bool = False) -> None:

@@ -135,6 +135,19 @@ def bound_scratch(workspace, num_tokens: int, device: torch.device) -> torch.Ten
     raise ValueError("workspace: not a scratch the bound path takes as it is")
 
 
+def ffi_function(kernel):
+    """The positional TVM-FFI function under a compiled CuTe DSL kernel: the compiled object's
+    own ``__call__`` runs two Python frames (its pointer-argument check and a keyword wrapper)
+    before it; the bound path passes every argument positionally and no raw pointer, so it
+    calls the function itself (which keeps the kernel's module alive). Anything else (a kernel
+    without that function, one that takes raw pointers) is returned as it is."""
+    function = getattr(kernel, "__tvm_ffi_object__", None)
+    takes_pointers = getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", True)
+    if function is None or takes_pointers:
+        return kernel
+    return function() or kernel
+
+
 def held_tensors(*tensors: torch.Tensor) -> tuple:
     """TVM-FFI tensors of a bound layer's fixed tensors, made once: a call then converts only
     its per-token arrays (each kernel still gets at least one torch tensor per call, from
@@ -231,6 +244,10 @@ class LaunchPlan:
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
     grid: tuple = ()  # fused_stream: (clusters, chunk); fused_handoff: (chunk,)
+    ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_bound)
+
+    def __post_init__(self):
+        object.__setattr__(self, "ffi", tuple(ffi_function(kernel) for kernel in self.kernels))
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -266,7 +283,7 @@ class SingleLaunch(LaunchPlan):
     def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
 
@@ -284,7 +301,7 @@ class HandoffLaunch(LaunchPlan):
     def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
                         handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
 
@@ -308,7 +325,7 @@ class SplitLaunch(LaunchPlan):
         TVM-FFI's checks, the second passes them too."""
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
         scratch = bound_scratch(workspace, self.num_tokens, device)
-        pool, store = self.kernels
+        pool, store = self.ffi
         pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
         store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
               self.fp8_inv)
@@ -326,7 +343,7 @@ class IndexerLaunch(LaunchPlan):
     def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 

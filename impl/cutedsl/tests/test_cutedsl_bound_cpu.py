@@ -314,3 +314,25 @@ def test_an_indexer_layer_runs_unvalidated_and_rejects_uint(indexer_recorded, un
     unvalidated()
     layer.compress_norm_rope_store(*per_token)
     assert launches == [launches[0]] * 3 and launches[0][0] == "compile_indexer"
+
+
+# ---- the TVM-FFI function under a compiled kernel ----------------------------------------------------
+class _Compiled:
+    """A compiled kernel's shape as CuTe DSL builds it: ``__tvm_ffi_object__`` and its argument specs."""
+
+    def __init__(self, takes_pointers):
+        self.function = object()
+        if takes_pointers is not None:
+            self.execution_args = type("ExecutionArgs", (), {"has_pointer_address_arg_specs": takes_pointers})()
+
+    def __tvm_ffi_object__(self):
+        return self.function
+
+
+def test_the_bound_path_calls_the_tvm_ffi_function_where_every_argument_is_positional():
+    plain = _Compiled(False)
+    assert launch.ffi_function(plain) is plain.function
+    for kernel in (_Compiled(True), _Compiled(None), lambda *args: None):
+        assert launch.ffi_function(kernel) is kernel
+    plan = launch.SingleLaunch((plain,), "c4", 1e-6, 1.0, 1, False)
+    assert plan.ffi == (plain.function,) and plan.kernels == (plain,)
