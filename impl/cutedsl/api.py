@@ -14,8 +14,9 @@ Order of work in every call (SPEC §8/§9):
 
 Steps 1-3 run once per argument layout and token count (a :class:`.launch.LaunchPlan`);
 later calls with the same layout pay a key of tensor metadata, a dictionary lookup and the
-launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and its calls
-key only the per-token arrays.
+launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and once a
+token count has been validated its calls pay a lookup, five dtype checks and the launches,
+TVM-FFI checking the rest (:class:`BoundLayer`).
 
 Every kernel is launched with programmatic dependent launch (``pdl=True``, see
 :mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
@@ -408,7 +409,8 @@ def bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size: in
          c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY) -> BoundLayer:
     """A layer's operator: its state cache, compressed cache, norm weight, cos/sin cache and
     scalars validated now (``ValueError`` as in the unbound calls), so that each call checks
-    only the per-token arrays, the block table and the workspace.
+    only the per-token arrays, the block table and the workspace (after the first call of a
+    token count, mostly in TVM-FFI's C wrapper: see :class:`BoundLayer`).
 
     ``op = bind(...); op.save_partial_states(kv_score, ape, positions, slot_mapping)``,
     ``op.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table,

@@ -9,6 +9,9 @@ dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
 :class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
 pay that key, a dictionary lookup and the FFI launches. The indexer layouts (SPEC §12) get
 :mod:`.indexer_launch`'s kernel in an :class:`IndexerLaunch`, after the same validation.
+A bound layer's eager calls use ``launch_bound`` instead of ``run``: the kernels' TVM-FFI
+functions (:func:`ffi_function`) on its held fixed tensors (:func:`held_tensors`) and the
+call's per-token arrays as given, TVM-FFI checking them (see :class:`.api.BoundLayer`).
 """
 
 from __future__ import annotations
