@@ -14,10 +14,11 @@ that is not timed, so device-bound sizes still show their host time):
 - ``run``: the plan's own Python (stride fix-ups, scratch, counters) with the kernels replaced
   by a no-op;
 - ``ffi``: the plan's TVM-FFI launches alone, on pre-built arguments (scratch and counters
-  made beforehand; GPU only), through the TVM-FFI functions themselves (without the compiled
-  objects' Python ``__call__``; ``ffi, compiled object``: through it, as unbound calls launch); ``ffi, fixed held``: the same with the layer's fixed tensors
-  converted to TVM-FFI tensors once, as a bound layer holds them: the launch floor of a
-  bound call; ``ffi, all held`` (one-kernel paths): every tensor converted beforehand;
+  made beforehand; GPU only), through the TVM-FFI functions themselves, without the compiled
+  objects' Python ``__call__`` (``ffi, compiled object``: through it, as unbound calls
+  launch); ``ffi, fixed held``: the same with the layer's fixed tensors converted to TVM-FFI
+  tensors once, as a bound layer holds them: the launch floor of a bound call; ``ffi, all
+  held`` (one-kernel paths): every tensor converted beforehand;
 - ``bound python``: a bound layer's eager call with its kernels replaced by a no-op (the
   token-count lookup, the dtype checks, the scratch and counters; on a GPU the workspace is
   passed, as an engine should);
@@ -224,9 +225,9 @@ def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed)
     return out
 
 
-COLUMNS = ("path", "validate", "key", "run", "ffi, compiled object", "ffi", "ffi, fixed held", "ffi, all held", "bound python", "call",
-           "bound call", "bound call, no workspace", "torch.ops", "save call", "save ffi, held", "bound save python",
-           "bound save", "triton call", "triton save")
+COLUMNS = ("path", "validate", "key", "run", "ffi, compiled object", "ffi", "ffi, fixed held", "ffi, all held",
+           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "save call", "save ffi, held",
+           "bound save python", "bound save", "triton call", "triton save")
 
 
 def main(argv=None) -> int:

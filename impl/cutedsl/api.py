@@ -294,13 +294,16 @@ class BoundLayer:
         self._held = None  # (state cache, norm weight, cos/sin, k_cache) as TVM-FFI tensors, then the device
         self._save_kernel = None  # save_partial_states' kernel of 16-byte aligned inputs, once compiled
 
-    def _hold(self) -> tuple:
-        """The layer's fixed tensors as TVM-FFI tensors (made at the first launch: CuTe DSL is
-        imported by then)."""
+    def _hold(self) -> None:
+        """The layer's fixed tensors as TVM-FFI tensors, then its device (made after the first
+        launch: CuTe DSL is imported by then; the torch tensors where a conversion fails)."""
         if self._held is None:
-            self._held = (*launch.held_tensors(self.state_cache, self.rms_norm_weight, self.cos_sin_cache, self.k_cache),
-                          self.state_cache.device)
-        return self._held
+            fixed = (self.state_cache, self.rms_norm_weight, self.cos_sin_cache, self.k_cache)
+            try:
+                fixed = launch.held_tensors(*fixed)
+            except Exception:  # noqa: BLE001 - TVM-FFI converts them at each launch instead
+                log.debug("cutedsl: bound layer keeps torch tensors for its fixed arguments", exc_info=True)
+            self._held = (*fixed, self.state_cache.device)
 
     def _tensors(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping) -> tuple:
         return (self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,

@@ -75,7 +75,8 @@ class FfiStub:
         tensor = _as_torch(value)
         if tensor is None:
             raise TypeError(f"argument {index}: Mismatched type {type(value).__name__}, expected Tensor")
-        if param.data_alignment is not None and tensor.device.type != "meta" and tensor.data_ptr() % param.data_alignment:
+        align = param.data_alignment
+        if align is not None and tensor.device.type != "meta" and tensor.data_ptr() % align:
             raise ValueError(f"argument {index}: Misaligned Tensor data, expected {param.data_alignment} bytes")
         self._bind(bound, param.device_id, tensor.device.index, f"argument {index} device index")
         if tensor.dim() != len(param.shape):

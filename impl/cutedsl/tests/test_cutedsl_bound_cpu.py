@@ -336,3 +336,18 @@ def test_the_bound_path_calls_the_tvm_ffi_function_where_every_argument_is_posit
         assert launch.ffi_function(kernel) is kernel
     plan = launch.SingleLaunch((plain,), "c4", 1e-6, 1.0, 1, False)
     assert plan.ffi == (plain.function,) and plan.kernels == (plain,)
+
+
+def test_fixed_tensors_that_tvm_ffi_cannot_hold_are_passed_as_torch_tensors(recorded, unvalidated, monkeypatch):
+    launches, _ = recorded
+
+    def refuse(*tensors):
+        raise BufferError("no DLPack export")
+
+    monkeypatch.setattr(launch, "held_tensors", refuse)
+    args, kwargs = _arguments("c4_decode_boundary")
+    layer, per_token = _layer(args, kwargs)
+    layer.compress_norm_rope_store(*per_token)
+    unvalidated()
+    layer.compress_norm_rope_store(*per_token)
+    assert layer._held[0] is args[0] and launches[0] == launches[1]

@@ -41,6 +41,10 @@ class Step:
     path: str = "auto"
 
     @property
+    def fp8_scale(self) -> float | None:
+        return 0.0371 if self.layout == "fp8_per_tensor" else None
+
+    @property
     def head_dim(self) -> int:
         return 128 if self.layout.startswith("indexer") else 512
 
@@ -68,24 +72,35 @@ def _numpy_step(step: Step):
     state = B.random_state_cache(batch.num_state_blocks, step.block_size, step.ratio, rng, row_pad=4, block_pad_rows=1,
                                  head_dim=step.head_dim)
     weight = B.random_norm_weight(rng, bf16=True, head_dim=step.head_dim)
-    k_cache = B.canary_k_cache(step.layout, batch.num_pages, 64, page_pad_bytes=32)
+    k_cache = _canary_k_cache(step, batch.num_pages)
     cos_sin = B.rope_cos_sin_cache(int(batch.positions.max()) + 1)
     canary = span(k_cache).copy()
     expected = canary
     if step.tokens:
-        k = B.canary_k_cache(step.layout, batch.num_pages, 64, page_pad_bytes=32)
+        k = _canary_k_cache(step, batch.num_pages)
         spec.compress_norm_rope_store(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping,
                                       batch.block_table, batch.block_size, weight, 1e-6, cos_sin, k,
                                       batch.kv_slot_mapping, compress_ratio=step.ratio, layout=step.layout,
-                                      hadamard=step.hadamard, debug=True)
+                                      fp8_scale=step.fp8_scale, hadamard=step.hadamard, debug=True)
         expected = span(k).copy()
     return batch, state, weight, cos_sin, k_cache, expected, canary
+
+
+def _canary_k_cache(step: Step, num_pages: int) -> np.ndarray:
+    if step.layout in ("bf16", "fp8_per_tensor"):  # [P, B, 512], an entry of padding after each page
+        dtype = np.uint16 if step.layout == "bf16" else np.uint8
+        fill = B.CANARY_BYTE * (0x0101 if dtype == np.uint16 else 1)
+        return B.padded_view((num_pages, 64, 512), dtype, (0, 1, 0), fill)
+    return B.canary_k_cache(step.layout, num_pages, 64, page_pad_bytes=32)
+
+
+K_DTYPE = {"bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}  # else uint8
 
 
 def build(step: Step):
     """``(CUDA arguments (fresh copies), the spec's k_cache bytes, the canary k_cache bytes)``."""
     batch, state, weight, cos_sin, k_cache, expected, canary = _numpy_step(step)
-    return cuda_args(batch, state, weight, cos_sin, k_cache), expected, canary
+    return cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE.get(step.layout)), expected, canary
 
 
 def bind(step: Step, args: dict):
@@ -93,7 +108,7 @@ def bind(step: Step, args: dict):
 
     return cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
                         block_size=step.block_size, compress_ratio=step.ratio, rms_norm_eps=1e-6, layout=step.layout,
-                        hadamard=step.hadamard, c128_path=step.path)
+                        fp8_scale=step.fp8_scale, hadamard=step.hadamard, c128_path=step.path)
 
 
 def per_token(args: dict, tokens: int) -> list:
@@ -140,6 +155,7 @@ STEPS = [
     *(Step(128, t) for t in (1, 2, 64, 1024)),
     *(Step(128, 64, path=p) for p in ("fused_cluster", "fused_handoff", "split_block8", "split_generic")),
     Step(128, 2048),  # the handoff kernel with chunks of tokens (past about 16 waves of CTAs)
+    Step(4, 64, "bf16"), Step(4, 64, "fp8_per_tensor"), Step(128, 64, "bf16"), Step(128, 1024, "fp8_per_tensor"),
     *(Step(4, t, "indexer_fp8") for t in (1, 64, 1024)),
     Step(4, 64, "indexer_mxfp4", hadamard=True),
     *(Step(128, t, "indexer_mxfp4", hadamard=True) for t in (2, 64)),
@@ -166,8 +182,8 @@ def test_bound_calls_write_the_spec_bytes_on_the_eager_path(step, workspace_kind
     check(step.name, args, expected, state_before)
 
 
-@pytest.mark.parametrize("step", [Step(4, 64), Step(128, 64), Step(128, 1024), Step(4, 64, "indexer_fp8")],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("step", [Step(4, 64), Step(128, 64), Step(128, 1024), Step(4, 64, "indexer_fp8"),
+                                  Step(128, 2, "bf16")], ids=lambda s: s.name)
 def test_the_eager_path_replays_in_a_cuda_graph(step, unvalidated):
     """Captured on the capture's side stream (TVM-FFI takes torch's current stream from a
     per-token array: the held fixed tensors carry none)."""
@@ -246,7 +262,8 @@ BAD = [  # (per-token argument, change, the ValueError's start)
     ("block_table", lambda t: t.cpu(), "block_table: expected a tensor on cuda"),
     ("positions", lambda t: t.tolist(), "positions: expected a torch.Tensor, got list"),
 ]
-REFUSING_STEPS = [Step(4, 64), Step(128, 2), Step(128, 64), Step(128, 1024), Step(4, 64, "indexer_fp8")]
+REFUSING_STEPS = [Step(4, 64), Step(128, 2), Step(128, 64), Step(128, 1024), Step(4, 64, "indexer_fp8"),
+                  Step(128, 64, "fp8_per_tensor")]
 
 
 @pytest.mark.parametrize("step", REFUSING_STEPS, ids=lambda s: s.name)
