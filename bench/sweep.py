@@ -35,32 +35,30 @@ def _cutedsl_variant(variant, **belongs):
 
 
 def _cutedsl_bound():
-    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`: one bound layer per (state
-    cache, compressed cache) pair, bound at its first call, and one per state cache for
-    ``save_partial_states`` (:func:`_save_layer`)."""
+    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`, as an engine calls it: one
+    bound layer per input set (for a save case, :func:`_save_layer`), and each set's call
+    made beforehand (``layer.compress_norm_rope_store(per-token arrays, workspace=...)`` or
+    ``layer.save_partial_states(...)``), so the eager loop's host time is the bound call's."""
     def load():
         cutedsl = importlib.import_module("dsv4_compressor.impl.cutedsl")
-        layers, savers = {}, {}
 
-        def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
-                     rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
-                     layout="flashmla_fp8", fp8_scale=None, hadamard=False, workspace=None):
-            layer = layers.get((id(state_cache), id(k_cache)))
-            if layer is None or layer.state_cache is not state_cache or layer.k_cache is not k_cache:
-                layer = layers[(id(state_cache), id(k_cache))] = cutedsl.bind(
-                    state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
-                    compress_ratio=compress_ratio, rms_norm_eps=rms_norm_eps, layout=layout, fp8_scale=fp8_scale,
-                    hadamard=hadamard)
-            layer.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                                           workspace=workspace)
+        def prepare_calls(prepared: Prepared) -> dict:
+            case, calls = prepared.case, {}
+            for s in prepared.sets:
+                if case.operation == "save":
+                    kv_score, ape, positions, slot_mapping, state_cache, block_size = s.args
+                    layer = _save_layer(cutedsl, state_cache, block_size, ape.shape[0])
+                    calls[id(s)] = functools.partial(layer.save_partial_states, kv_score, ape, positions, slot_mapping)
+                    continue
+                (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+                 rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping) = s.args
+                layer = cutedsl.bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
+                                     rms_norm_eps=rms_norm_eps, **s.kwargs)
+                calls[id(s)] = functools.partial(layer.compress_norm_rope_store, token_to_req_indices, positions,
+                                                 slot_mapping, block_table, kv_slot_mapping, workspace=s.workspace)
+            return calls
 
-        def save(kv_score, ape, positions, slot_mapping, state_cache, block_size):
-            layer = savers.get(id(state_cache))
-            if layer is None or layer.state_cache is not state_cache:
-                layer = savers[id(state_cache)] = _save_layer(cutedsl, state_cache, block_size, ape.shape[0])
-            layer.save_partial_states(kv_score, ape, positions, slot_mapping)
-
-        return BenchImpl("cutedsl-bound", compress, save)
+        return BenchImpl("cutedsl-bound", None, None, prepare_calls=prepare_calls)
     return load
 
 
