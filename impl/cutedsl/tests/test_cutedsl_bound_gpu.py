@@ -2,8 +2,8 @@
 
 A bound call whose token count is prepared launches its kernels through TVM-FFI with no
 validation in Python but a few dtype checks (see ``dsv4_compressor.impl.cutedsl.api.BoundLayer``).
-Here, with the real TVM-FFI checks: bound calls write the spec's bytes (whole spans, padding
-and canaries included) for T = 0, 1, 2, 64, 1024 on the C4, C128 (cluster, handoff, split)
+Here, with the real TVM-FFI checks: bound calls write the spec's bytes (the caches' whole
+allocations, padding and canaries included: the conformance suite's buffers) for T = 0, 1, 2, 64, 1024 on the C4, C128 (cluster, handoff, split)
 and indexer paths, eagerly and inside a CUDA graph; every bad per-token argument, block
 table, workspace or save input raises SPEC §9's ``ValueError`` naming it, with nothing
 written; and the layer keeps working after a refused call.
@@ -22,8 +22,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
 
 from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
+from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
-from cuda_bytes import assert_same_bytes, cuda_args, span, span_bytes, storage, to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +62,8 @@ class Step:
 
 @functools.lru_cache(maxsize=None)
 def _numpy_step(step: Step):
-    """The step's NumPy inputs and the spec's k_cache bytes (computed once per step)."""
+    """The step's NumPy inputs (the caches as conformance Buffers: whole allocations, padding
+    included) and the spec's k_cache allocation after the call (computed once per step)."""
     rng = np.random.default_rng(0)
     tokens = max(step.tokens, 1)  # T = 0 calls take the per-token arrays' empty slices
     closing = max(1, tokens // 8 if tokens >= 1024 else (tokens + 1) // 2)
@@ -69,41 +71,53 @@ def _numpy_step(step: Step):
                 + B.decode_requests(tokens - closing, step.ratio, rng, boundary=False, max_entries=8))
     batch = B.build_batch(requests, compress_ratio=step.ratio, block_size=step.block_size, entries_per_page=64,
                           rng=rng, drop_entry_fraction=0.1 if tokens > 2 else 0.0)
-    state = B.random_state_cache(batch.num_state_blocks, step.block_size, step.ratio, rng, row_pad=4, block_pad_rows=1,
-                                 head_dim=step.head_dim)
+    state = Buffer.of(B.random_state_cache(batch.num_state_blocks, step.block_size, step.ratio, rng, row_pad=4,
+                                           block_pad_rows=1, head_dim=step.head_dim))
     weight = B.random_norm_weight(rng, bf16=True, head_dim=step.head_dim)
     k_cache = _canary_k_cache(step, batch.num_pages)
     cos_sin = B.rope_cos_sin_cache(int(batch.positions.max()) + 1)
-    canary = span(k_cache).copy()
-    expected = canary
+    expected, k = k_cache.numpy_copy()
     if step.tokens:
-        k = _canary_k_cache(step, batch.num_pages)
-        spec.compress_norm_rope_store(state, batch.token_to_req_indices, batch.positions, batch.slot_mapping,
-                                      batch.block_table, batch.block_size, weight, 1e-6, cos_sin, k,
-                                      batch.kv_slot_mapping, compress_ratio=step.ratio, layout=step.layout,
+        spec.compress_norm_rope_store(state.numpy_copy()[1], batch.token_to_req_indices, batch.positions,
+                                      batch.slot_mapping, batch.block_table, batch.block_size, weight, 1e-6, cos_sin,
+                                      k, batch.kv_slot_mapping, compress_ratio=step.ratio, layout=step.layout,
                                       fp8_scale=step.fp8_scale, hadamard=step.hadamard, debug=True)
-        expected = span(k).copy()
-    return batch, state, weight, cos_sin, k_cache, expected, canary
+    return batch, state, weight, cos_sin, k_cache, expected
 
 
-def _canary_k_cache(step: Step, num_pages: int) -> np.ndarray:
+def _canary_k_cache(step: Step, num_pages: int) -> Buffer:
     if step.layout in ("bf16", "fp8_per_tensor"):  # [P, B, 512], an entry of padding after each page
         dtype = np.uint16 if step.layout == "bf16" else np.uint8
         fill = B.CANARY_BYTE * (0x0101 if dtype == np.uint16 else 1)
-        return B.padded_view((num_pages, 64, 512), dtype, (0, 1, 0), fill)
-    return B.canary_k_cache(step.layout, num_pages, 64, page_pad_bytes=32)
+        view = B.padded_view((num_pages, 64, 512), dtype, (0, 1, 0), fill)
+        return Buffer.of(view, "bfloat16" if step.layout == "bf16" else "float8_e4m3fn")
+    return Buffer.of(B.canary_k_cache(step.layout, num_pages, 64, page_pad_bytes=32))
 
 
-K_DTYPE = {"bf16": torch.bfloat16, "fp8_per_tensor": torch.float8_e4m3fn}  # else uint8
+@dataclass
+class Arguments:
+    """One step's CUDA arguments: the caches' whole allocations (uint8) and the call's tensors."""
+
+    state_owner: torch.Tensor
+    k_owner: torch.Tensor
+    tensors: dict  # compress_norm_rope_store's tensor arguments by name
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
 
 
 def build(step: Step):
-    """``(CUDA arguments (fresh copies), the spec's k_cache bytes, the canary k_cache bytes)``."""
-    batch, state, weight, cos_sin, k_cache, expected, canary = _numpy_step(step)
-    return cuda_args(batch, state, weight, cos_sin, k_cache, K_DTYPE.get(step.layout)), expected, canary
+    """``(fresh CUDA arguments, the spec's k_cache allocation, the canary one)``."""
+    batch, state, weight, cos_sin, k_cache, expected = _numpy_step(step)
+    state_owner, state_view = state.torch_copy("cuda")
+    k_owner, k_view = k_cache.torch_copy("cuda")
+    tensors = {name: to_torch(getattr(batch, name), "cuda") for name in PER_TOKEN}
+    tensors.update(state_cache=state_view, k_cache=k_view, rms_norm_weight=to_torch(weight, "cuda"),
+                   cos_sin_cache=to_torch(cos_sin, "cuda"))
+    return Arguments(state_owner, k_owner, tensors), expected, k_cache.owner
 
 
-def bind(step: Step, args: dict):
+def bind(step: Step, args: Arguments):
     from dsv4_compressor.impl import cutedsl
 
     return cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
@@ -111,21 +125,29 @@ def bind(step: Step, args: dict):
                         fp8_scale=step.fp8_scale, hadamard=step.hadamard, c128_path=step.path)
 
 
-def per_token(args: dict, tokens: int) -> list:
+def per_token(args: Arguments, tokens: int) -> list:
     arrays = [args[n] for n in PER_TOKEN]
     if tokens == 0:
         arrays = [a[:0] if n != "block_table" else a for n, a in zip(PER_TOKEN, arrays)]
     return arrays
 
 
-def reset(args: dict, canary: np.ndarray) -> None:
-    storage(args["k_cache"]).copy_(torch.from_numpy(canary))
+def reset(args: Arguments, canary: np.ndarray) -> None:
+    args.k_owner.copy_(torch.from_numpy(canary))
 
 
-def check(name: str, args: dict, expected: np.ndarray, state_before: np.ndarray) -> None:
+def assert_same_bytes(name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.shape == expected.shape, (name, got.shape, expected.shape)
+    diff = np.flatnonzero(got != expected)
+    assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at byte {diff[0]}: got {got[diff[0]]}, " \
+                           f"expected {expected[diff[0]]}"
+
+
+def check(name: str, args: Arguments, expected: np.ndarray, state_before: np.ndarray) -> None:
+    """The k_cache allocation is ``expected`` and the state cache's is unchanged, byte for byte."""
     torch.cuda.synchronize()
-    assert_same_bytes(f"{name} k_cache", span_bytes(args["k_cache"]), expected)
-    assert_same_bytes(f"{name} state_cache", span_bytes(args["state_cache"]), state_before)
+    assert_same_bytes(f"{name} k_cache", args.k_owner.cpu().numpy(), expected)
+    assert_same_bytes(f"{name} state_cache", args.state_owner.cpu().numpy(), state_before)
 
 
 @pytest.fixture
@@ -170,7 +192,7 @@ def test_bound_calls_write_the_spec_bytes_on_the_eager_path(step, workspace_kind
     if workspace_kind != "2d" and not scratch:
         pytest.skip("no scratch on this path: the workspace is not used")
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     arrays = per_token(args, step.tokens)
     workspace = _workspace(workspace_kind, step.tokens)
@@ -188,7 +210,7 @@ def test_the_eager_path_replays_in_a_cuda_graph(step, unvalidated):
     """Captured on the capture's side stream (TVM-FFI takes torch's current stream from a
     per-token array: the held fixed tensors carry none)."""
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     arrays = per_token(args, step.tokens)
     workspace = _workspace("2d", step.tokens)
@@ -206,7 +228,7 @@ def test_the_eager_path_replays_in_a_cuda_graph(step, unvalidated):
 def test_a_call_of_no_tokens_writes_nothing_and_is_validated():
     step = Step(128, 0)
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     empty = per_token(args, 0)
     layer.compress_norm_rope_store(*empty)
@@ -270,7 +292,7 @@ REFUSING_STEPS = [Step(4, 64), Step(128, 2), Step(128, 64), Step(128, 1024), Ste
 @pytest.mark.parametrize("name, change, needle", BAD, ids=[f"{i}-{n}" for i, (n, _, _) in enumerate(BAD)])
 def test_a_bad_per_token_argument_is_named_and_nothing_written(step, name, change, needle):
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     arrays = per_token(args, step.tokens)
     workspace = _workspace("2d", step.tokens)
@@ -304,7 +326,7 @@ BAD_WORKSPACES = [
 @pytest.mark.parametrize("make, needle", BAD_WORKSPACES)
 def test_a_bad_workspace_is_named_and_nothing_written(step, make, needle):
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     arrays = per_token(args, step.tokens)
     layer.compress_norm_rope_store(*arrays, workspace=_workspace("2d", step.tokens))
@@ -320,7 +342,7 @@ def test_a_bad_workspace_is_named_and_nothing_written(step, make, needle):
 def test_a_per_token_argument_on_another_device_is_named_and_nothing_written(name):
     step = Step(128, 64)
     args, expected, canary = build(step)
-    state_before = span_bytes(args["state_cache"]).copy()
+    state_before = args.state_owner.cpu().numpy()
     layer = bind(step, args)
     arrays = per_token(args, step.tokens)
     layer.compress_norm_rope_store(*arrays)
@@ -335,25 +357,35 @@ def test_a_per_token_argument_on_another_device_is_named_and_nothing_written(nam
 
 # ---- save_partial_states ----------------------------------------------------------------------------
 def _save_step(ratio: int, tokens: int, head_dim: int = 512, seed: int = 3):
+    """``(a layer bound to a fresh CUDA state cache, its Arguments, kv_score, ape, the spec's
+    state allocation after the save)``."""
     rng = np.random.default_rng(seed)
     block_size = 8 if ratio == 128 else 4
     batch = B.build_batch(B.decode_requests(tokens, ratio, rng, boundary=False, max_entries=8), compress_ratio=ratio,
                           block_size=block_size, entries_per_page=4, rng=rng, unsaved_fraction=0.1)
-    state = B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
-                                 head_dim=head_dim)
+    state = Buffer.of(B.random_state_cache(batch.num_state_blocks, block_size, ratio, rng, row_pad=8, block_pad_rows=2,
+                                           head_dim=head_dim))
     kv = B.random_kv_score(batch.num_tokens, ratio, rng, head_dim=head_dim)
     ape = B.random_ape(ratio, rng, head_dim=head_dim)
-    saved = np.lib.stride_tricks.as_strided(span(state).copy().view(np.float32), state.shape, state.strides)
+    expected, saved = state.numpy_copy()
     spec.save_partial_states(kv, ape, batch.positions, batch.slot_mapping, saved, block_size, debug=True)
     layout = "flashmla_fp8" if head_dim == 512 else "indexer_fp8"
-    k_cache = B.canary_k_cache(layout, 1, 1)
-    args = cuda_args(batch, state, B.random_norm_weight(rng, bf16=True, head_dim=head_dim),
-                     B.rope_cos_sin_cache(int(batch.positions.max()) + 1), k_cache)
+    state_owner, state_view = state.torch_copy("cuda")
+    k_owner, k_view = Buffer.of(B.canary_k_cache(layout, 1, 1)).torch_copy("cuda")
+    tensors = {name: to_torch(getattr(batch, name), "cuda") for name in PER_TOKEN}
+    tensors.update(state_cache=state_view, k_cache=k_view,
+                   rms_norm_weight=to_torch(B.random_norm_weight(rng, bf16=True, head_dim=head_dim), "cuda"),
+                   cos_sin_cache=to_torch(B.rope_cos_sin_cache(int(batch.positions.max()) + 1), "cuda"))
     from dsv4_compressor.impl import cutedsl
 
-    layer = cutedsl.bind(args["state_cache"], args["k_cache"], args["rms_norm_weight"], args["cos_sin_cache"],
+    layer = cutedsl.bind(state_view, k_view, tensors["rms_norm_weight"], tensors["cos_sin_cache"],
                          block_size=block_size, compress_ratio=ratio, rms_norm_eps=1e-6, layout=layout)
-    return layer, args, to_cuda(kv), to_cuda(ape), span(saved).copy()
+    return layer, Arguments(state_owner, k_owner, tensors), to_torch(kv, "cuda"), to_torch(ape, "cuda"), expected
+
+
+def _state_is(name: str, args: Arguments, expected: np.ndarray) -> None:
+    torch.cuda.synchronize()
+    assert_same_bytes(name, args.state_owner.cpu().numpy(), expected)
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -366,29 +398,24 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
                                                      (128, 64, 128)])
 def test_a_bound_save_writes_the_spec_bytes_on_the_eager_path(ratio, tokens, head_dim, unvalidated):
     layer, args, kv, ape, expected = _save_step(ratio, tokens, head_dim)
-    state = args["state_cache"]
-    before = storage(state).clone()
+    before = args.state_owner.clone()
     layer.save_partial_states(kv, ape, args["positions"], args["slot_mapping"])  # validated: prepares the kernel
-    torch.cuda.synchronize()
-    assert_same_bytes("first call state_cache", span_bytes(state), expected)
-    storage(state).copy_(before)
+    _state_is("first call state_cache", args, expected)
+    args.state_owner.copy_(before)
     unvalidated()
     layer.save_partial_states(kv, ape, args["positions"], args["slot_mapping"])
-    torch.cuda.synchronize()
-    assert_same_bytes("state_cache", span_bytes(state), expected)
+    _state_is("state_cache", args, expected)
 
 
 def test_a_bound_save_of_misaligned_inputs_takes_the_validated_path_and_writes_the_spec_bytes():
     layer, args, kv, ape, expected = _save_step(128, 64)
-    state = args["state_cache"]
-    before = storage(state).clone()
+    before = args.state_owner.clone()
     layer.save_partial_states(kv, ape, args["positions"], args["slot_mapping"])
     rows_apart = torch.empty(kv.shape[0], kv.shape[1] + 1, device="cuda")[:, :-1].copy_(kv)  # rows 4 bytes off
     for kv_in, ape_in in ((_misaligned(kv), ape), (kv, _misaligned(ape)), (rows_apart, ape)):
-        storage(state).copy_(before)
+        args.state_owner.copy_(before)
         layer.save_partial_states(kv_in, ape_in, args["positions"], args["slot_mapping"])
-        torch.cuda.synchronize()
-        assert_same_bytes("state_cache", span_bytes(state), expected)
+        _state_is("state_cache", args, expected)
 
 
 BAD_SAVES = [
@@ -410,15 +437,12 @@ BAD_SAVES = [
 @pytest.mark.parametrize("change, needle", BAD_SAVES)
 def test_a_bad_save_argument_is_named_and_nothing_written(change, needle):
     layer, args, kv, ape, expected = _save_step(128, 64)
-    state = args["state_cache"]
-    before = storage(state).clone()
+    before = args.state_owner.clone()
     layer.save_partial_states(kv, ape, args["positions"], args["slot_mapping"])  # prepares the kernel
     torch.cuda.synchronize()
-    storage(state).copy_(before)
+    args.state_owner.copy_(before)
     with pytest.raises(ValueError, match=needle):
         layer.save_partial_states(*change(kv, ape, args["positions"], args["slot_mapping"]))
-    torch.cuda.synchronize()
-    assert torch.equal(storage(state), before)
+    _state_is("refused: state_cache", args, before.cpu().numpy())
     layer.save_partial_states(kv, ape, args["positions"], args["slot_mapping"])  # the layer keeps working
-    torch.cuda.synchronize()
-    assert_same_bytes("state_cache", span_bytes(state), expected)
+    _state_is("state_cache", args, expected)
