@@ -18,7 +18,8 @@ that is not timed, so device-bound sizes still show their host time):
   objects' Python ``__call__`` (``ffi, compiled object``: through it, as unbound calls
   launch); ``ffi, fixed held``: the same with the layer's fixed tensors converted to TVM-FFI
   tensors once, as a bound layer holds them: the launch floor of a bound call; ``ffi, all
-  held`` (one-kernel paths): every tensor converted beforehand;
+  held`` (one-kernel paths): every tensor converted beforehand (no torch tensor left to name
+  a stream: it launches on the default stream);
 - ``bound python``: a bound layer's eager call with its kernels replaced by a no-op (the
   token-count lookup, the dtype checks, the scratch and counters; on a GPU the workspace is
   passed, as an engine should);
