@@ -287,7 +287,7 @@ class SingleLaunch(LaunchPlan):
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
 
 @dataclass(frozen=True)
@@ -305,8 +305,8 @@ class HandoffLaunch(LaunchPlan):
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
-                        handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+                    cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
+                    handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ class IndexerLaunch(LaunchPlan):
                      workspace) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
 def _plan_class(path: str) -> type:
