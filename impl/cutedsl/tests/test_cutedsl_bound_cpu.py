@@ -55,8 +55,7 @@ def _without_scratch(kind, config, args):
 
 
 CASES = [("c4_decode_boundary", "auto"), ("c128_decode_boundary", "fused_cluster"),
-         ("c128_decode_boundary", "fused_handoff"), ("c128_decode_boundary", "fused_stream"),
-         ("c128_chunked_prefill", "auto"), ("c128_bs4_b64", "split_generic")]
+         ("c128_decode_boundary", "fused_handoff"), ("c128_chunked_prefill", "auto"), ("c128_bs4_b64", "split_generic")]
 
 
 @pytest.mark.parametrize("workspace_kind", ["none", "2d", "1d"])
@@ -79,7 +78,7 @@ def test_a_prepared_call_launches_what_the_unbound_call_does_unvalidated(recorde
     else:
         assert launches == unbound * 2
     assert {kind for kind, _, _ in unbound} <= {"compile_c4", "compile_c128_cluster", "compile_c128_handoff",
-                                                "compile_c128_stream", "compile_c128_pool", "compile_c128_store"}
+                                                "compile_c128_pool", "compile_c128_store"}
 
 
 def _uint(tensor):
@@ -193,7 +192,7 @@ def test_no_tokens_take_the_validated_path(recorded):
 
 
 def test_debug_calls_validate_every_time(recorded, monkeypatch):
-    """``debug=True`` validates (and checks values) every call, and prepares nothing."""
+    """``debug=True`` validates (and checks values) every call, a prepared token count too."""
     launches, _ = recorded
     args, kwargs = _arguments("c4_decode_boundary")
     layer, per_token = _layer(args, kwargs)
