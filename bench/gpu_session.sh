@@ -55,6 +55,12 @@ for s in "$@"; do
       step tests-floors 120 $PY -m pytest -p no:cacheprovider -q -m gpu bench/tests/test_floor_kernels.py ;;
     bench-eager)
       step bench-eager 200 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --trials 3 --tag eager --out "$LOGS" ;;
+    bench-eager-bound)
+      step bench-eager-bound 300 $PY -m dsv4_compressor bench --mode eager --sizes 1 64 1024 --impl cutedsl --impl cutedsl-bound --trials 3 --tag eager-bound --out "$LOGS" ;;
+    host-time-bound)
+      step host-time-bound 240 $PY -m dsv4_compressor.bench.host_time --ratio 4 128 --sizes 1 64 1024 ;;
+    tests-bound)
+      step tests-bound 400 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_bound_gpu.py ;;
     tests-handoff)
       step tests-handoff 200 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k handoff ;;
     tests-early)

@@ -4,19 +4,31 @@
     python -m dsv4_compressor.bench.probe host ...   (the same)
 
 For the CuTe DSL implementation, per operation and token count (µs per call, median of
-several rounds of ``--calls`` calls, host clock only):
+several rounds of ``--calls`` calls, host clock only; on a GPU the calls are issued in
+batches short enough never to fill the launch queue, with a synchronization between batches
+that is not timed, so device-bound sizes still show their host time):
 
 - ``validate``: the SPEC §9 checks of the shared front end, uncached (what the first call
   with a layout pays, and every call without a plan cache);
 - ``key``: building the plan key and finding the cached plan (an unbound call);
-- ``bound key``: the same for a :func:`bind` operator (only per-token arrays keyed);
 - ``run``: the plan's own Python (stride fix-ups, scratch, counters) with the kernels replaced
   by a no-op;
-- ``ffi``: the TVM-FFI launches alone (GPU only); for a one-kernel path also with the layer's
-  fixed tensors (``ffi, fixed held``) or every tensor (``ffi, all held``) converted to TVM-FFI
-  tensors once, beforehand: what the torch-to-DLPack conversion costs per call;
+- ``ffi``: the plan's TVM-FFI launches alone, on pre-built arguments (scratch and counters
+  made beforehand; GPU only), through the TVM-FFI functions themselves, without the compiled
+  objects' Python ``__call__`` (``ffi, compiled object``: through it, as unbound calls
+  launch); ``ffi, fixed held``: the same with the layer's fixed tensors converted to TVM-FFI
+  tensors once, as a bound layer holds them: the launch floor of a bound call; ``ffi, all
+  held`` (one-kernel paths): every tensor converted beforehand (no torch tensor left to name
+  a stream: it launches on the default stream);
+- ``bound python``: a bound layer's eager call with its kernels replaced by a no-op (the
+  token-count lookup, the dtype checks, the scratch and counters; on a GPU the workspace is
+  passed, as an engine should);
 - ``call``, ``bound call``, ``torch.ops``: whole calls (the kernels run on a GPU; on a CPU
-  they are replaced by a no-op, so the totals leave out the FFI cost);
+  they are replaced by a no-op, so the totals leave out the FFI cost); ``bound call, no
+  workspace``: a bound call of a scratch path (C128 handoff and split) without a workspace,
+  which allocates the scratch per call;
+- ``save call``, ``save ffi, held`` (the save kernel on pre-built arguments with the state
+  cache held), ``bound save python`` and ``bound save``: the same for ``save_partial_states``;
 - Triton ``call``: a whole call of the Triton implementation (GPU only).
 
 On a CPU the tensors are CPU tensors and the CUDA-only checks are skipped, so validation,
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import sys
 import time
@@ -34,14 +47,25 @@ import time
 import numpy as np
 
 
-def _per_call_us(fn, calls: int, rounds: int = 5) -> float:
+QUEUE_BATCH = 200  # calls issued between untimed synchronizations (a few launches each: the launch queue never fills)
+
+
+def _per_call_us(fn, calls: int, rounds: int = 5, sync=None) -> float:
+    """Median over ``rounds`` of the host time per call of ``calls`` calls of ``fn``; with
+    ``sync`` (a GPU), in batches of :data:`QUEUE_BATCH` with an untimed ``sync()`` between them."""
     fn()
+    batch = calls if sync is None else min(calls, QUEUE_BATCH)
     samples = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
+        elapsed = 0.0
+        for first in range(0, calls, batch):
+            if sync is not None:
+                sync()
+            start = time.perf_counter()
+            for _ in range(min(batch, calls - first)):
+                fn()
+            elapsed += time.perf_counter() - start
+        samples.append(elapsed / calls * 1e6)
     return statistics.median(samples)
 
 
@@ -111,76 +135,100 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
     args, kv_score, ape, workspace = _arguments(ratio, tokens, device)
     state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots = args
     tensors = (state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots)
+    per_token = (token_req, positions, slots, table, kv_slots)
     kw = dict(compress_ratio=ratio, layout="flashmla_fp8", fp8_scale=None)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    timed = (lambda fn: _per_call_us(fn, calls, sync=sync)) if on_gpu else (lambda fn: _per_call_us(fn, calls))
     out = {}
     with _no_launches(on_gpu):
         api.compress_norm_rope_store(*args, **kw, workspace=workspace)  # builds (and compiles) the plan
         layer = api.bind(state, k_cache, weight, cos_sin, block_size=bs, compress_ratio=ratio, rms_norm_eps=eps)
-        layer.compress_norm_rope_store(token_req, positions, slots, table, kv_slots, workspace=workspace)
-        layer.save_partial_states(kv_score, ape, positions, slots)
+        layer.compress_norm_rope_store(*per_token, workspace=workspace)  # validated: prepares this T
+        layer.save_partial_states(kv_score, ape, positions, slots)  # the same for the save kernel
         api.save_partial_states(kv_score, ape, positions, slots, state, bs)
         sync()
-        out["validate"] = _per_call_us(lambda: frontend._validate_compress_norm_rope_store(
-            state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots, **kw), calls)
+        out["validate"] = timed(lambda: frontend._validate_compress_norm_rope_store(
+            state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots, **kw))
         plan_args = (tensors, bs, eps, ratio, "flashmla_fp8", None, False, False, workspace, "auto", True, api.DEFAULT_POLICY,
                      False)
-        out["key"] = _per_call_us(lambda: api._compress_plan(*plan_args), calls)
-        out["bound key"] = _per_call_us(lambda: layer._compress_plan(token_req, positions, slots, table, kv_slots,
-                                                                     workspace, False, False), calls)
+        out["key"] = timed(lambda: api._compress_plan(*plan_args))
         plan = api._compress_plan(*plan_args)
         out["path"] = plan.path
+        noop_plan = dataclasses.replace(plan, kernels=tuple((lambda *a: None) for _ in plan.kernels))
+        out["run"] = timed(lambda: noop_plan.run(*tensors, workspace))
         if on_gpu:
-            kernels = plan.kernels
-            object.__setattr__(plan, "kernels", tuple((lambda *a: None) for _ in kernels))
-            out["run"] = _per_call_us(lambda: plan.run(*tensors, workspace), calls)
-            object.__setattr__(plan, "kernels", kernels)
-            if len(kernels) == 1:
-                extra = plan.grid
-                if plan.path == "fused_handoff":
-                    from ..impl.cutedsl import launch
-
-                    counters = launch.handoff_counters(device, tokens)
-                    out["ffi"] = _per_call_us(lambda: kernels[0](*tensors, workspace, counters, plan.eps, plan.fp8_inv,
-                                                                 *extra), calls)
-                else:
-                    out["ffi"] = _per_call_us(lambda: kernels[0](*tensors, plan.eps, plan.fp8_inv, *extra), calls)
-                    # the same launch with TVM-FFI tensors made once: the layer's fixed tensors, then all of them
-                    import tvm_ffi
-
-                    fixed = {0, 5, 6, 7}  # state cache, norm weight, cos/sin, k_cache
-                    held = [tvm_ffi.from_dlpack(t) if i in fixed else t for i, t in enumerate(tensors)]
-                    out["ffi, fixed held"] = _per_call_us(lambda: kernels[0](*held, plan.eps, plan.fp8_inv, *extra),
-                                                          calls)
-                    every = [tvm_ffi.from_dlpack(t) for t in tensors]
-                    out["ffi, all held"] = _per_call_us(lambda: kernels[0](*every, plan.eps, plan.fp8_inv, *extra),
-                                                        calls)
-                sync()
-        else:
-            out["run"] = _per_call_us(lambda: plan.run(*tensors, workspace), calls)
-        out["call"] = _per_call_us(lambda: api.compress_norm_rope_store(*args, **kw, workspace=workspace), calls)
-        out["bound call"] = _per_call_us(lambda: layer.compress_norm_rope_store(
-            token_req, positions, slots, table, kv_slots, workspace=workspace), calls)
+            out.update(_launch_floors(plan, layer, tensors, workspace, kv_score, ape, timed))
+        prepared, save_kernel = layer._launches[tokens], layer._save_kernel
+        try:  # the bound calls' own Python: their kernels replaced by a no-op
+            layer._launches[tokens] = noop_plan.launch_bound
+            layer._save_kernel = lambda *a: None
+            out["bound python"] = timed(lambda: layer.compress_norm_rope_store(*per_token, workspace=workspace))
+            out["bound save python"] = timed(lambda: layer.save_partial_states(kv_score, ape, positions, slots))
+        finally:
+            layer._launches[tokens], layer._save_kernel = prepared, save_kernel
+        out["call"] = timed(lambda: api.compress_norm_rope_store(*args, **kw, workspace=workspace))
+        out["bound call"] = timed(lambda: layer.compress_norm_rope_store(*per_token, workspace=workspace))
+        if plan.path == "fused_handoff" or plan.path.startswith("split"):
+            out["bound call, no workspace"] = timed(lambda: layer.compress_norm_rope_store(*per_token))
         op = torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store
-        out["torch.ops"] = _per_call_us(lambda: op(*args, ratio, workspace=workspace), calls)
-        out["save call"] = _per_call_us(lambda: api.save_partial_states(kv_score, ape, positions, slots, state, bs),
-                                        calls)
-        out["bound save"] = _per_call_us(lambda: layer.save_partial_states(kv_score, ape, positions, slots), calls)
+        out["torch.ops"] = timed(lambda: op(*args, ratio, workspace=workspace))
+        out["save call"] = timed(lambda: api.save_partial_states(kv_score, ape, positions, slots, state, bs))
+        out["bound save"] = timed(lambda: layer.save_partial_states(kv_score, ape, positions, slots))
         sync()
     if on_gpu:
         from ..impl import triton as triton_impl
 
         triton_impl.compress_norm_rope_store(*args, **kw)
         triton_impl.save_partial_states(kv_score, ape, positions, slots, state, bs)
-        out["triton call"] = _per_call_us(lambda: triton_impl.compress_norm_rope_store(*args, **kw), calls)
-        out["triton save"] = _per_call_us(lambda: triton_impl.save_partial_states(kv_score, ape, positions, slots,
-                                                                                  state, bs), calls)
+        out["triton call"] = timed(lambda: triton_impl.compress_norm_rope_store(*args, **kw))
+        out["triton save"] = timed(lambda: triton_impl.save_partial_states(kv_score, ape, positions, slots, state, bs))
         sync()
     return out
 
 
-COLUMNS = ("path", "validate", "key", "bound key", "run", "ffi", "ffi, fixed held", "ffi, all held", "call",
-           "bound call", "torch.ops", "save call", "bound save", "triton call", "triton save")
+def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed) -> dict[str, float]:
+    """The TVM-FFI launches of ``plan`` and of the layer's save kernel on pre-built arguments
+    (the TVM-FFI functions a bound call calls, :func:`dsv4_compressor.impl.cutedsl.launch.ffi_function`):
+    with torch tensors, with the layer's fixed tensors held as TVM-FFI tensors (a bound call's
+    floor), and (one-kernel paths) with every tensor held."""
+    import tvm_ffi
+
+    from ..impl.cutedsl import launch
+
+    state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots = tensors
+    tokens = positions.shape[0]
+    counters = launch.handoff_counters(state.device, tokens) if plan.path == "fused_handoff" else None
+
+    def launches(state, weight, cos_sin, k_cache, token_req=token_req, positions=positions, slots=slots, table=table,
+                 kv_slots=kv_slots):
+        if plan.path.startswith("split"):
+            pool, store = plan.ffi
+            return lambda: (pool(state, token_req, positions, slots, table, kv_slots, workspace),
+                            store(workspace, positions, slots, kv_slots, weight, cos_sin, k_cache, plan.eps,
+                                  plan.fp8_inv))
+        if plan.path == "fused_handoff":
+            return lambda: plan.ffi[0](state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots,
+                                       workspace, counters, plan.eps, plan.fp8_inv, *plan.grid)
+        return lambda: plan.ffi[0](state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots,
+                                   plan.eps, plan.fp8_inv, *plan.grid)
+
+    held = layer._held[:4]
+    out = {"ffi": timed(launches(state, weight, cos_sin, k_cache)), "ffi, fixed held": timed(launches(*held))}
+    if len(plan.kernels) == 1 and plan.path != "fused_handoff":
+        compiled = plan.kernels[0]
+        out["ffi, compiled object"] = timed(lambda: compiled(state, token_req, positions, slots, table, weight, cos_sin,
+                                                             k_cache, kv_slots, plan.eps, plan.fp8_inv, *plan.grid))
+    if len(plan.kernels) == 1 and plan.path != "fused_handoff":
+        every = [tvm_ffi.from_dlpack(t) for t in (token_req, positions, slots, table, kv_slots)]
+        out["ffi, all held"] = timed(launches(*held, *every))
+    save = layer._save_kernel
+    out["save ffi, held"] = timed(lambda: save(kv_score, ape, positions, slots, held[0]))
+    return out
+
+
+COLUMNS = ("path", "validate", "key", "run", "ffi, compiled object", "ffi", "ffi, fixed held", "ffi, all held",
+           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "save call", "save ffi, held",
+           "bound save python", "bound save", "triton call", "triton save")
 
 
 def main(argv=None) -> int:

@@ -35,26 +35,45 @@ def _cutedsl_variant(variant, **belongs):
 
 
 def _cutedsl_bound():
-    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`: one bound layer per (state
-    cache, compressed cache) pair, bound at its first call; ``save_partial_states`` unbound."""
+    """CuTe DSL through :func:`dsv4_compressor.impl.cutedsl.bind`, as an engine calls it: one
+    bound layer per input set (for a save case, :func:`_save_layer`), and each set's call
+    made beforehand (``layer.compress_norm_rope_store(per-token arrays, workspace=...)`` or
+    ``layer.save_partial_states(...)``), so the eager loop's host time is the bound call's."""
     def load():
         cutedsl = importlib.import_module("dsv4_compressor.impl.cutedsl")
-        layers = {}
 
-        def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
-                     rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
-                     layout="flashmla_fp8", fp8_scale=None, hadamard=False, workspace=None):
-            layer = layers.get((id(state_cache), id(k_cache)))
-            if layer is None or layer.state_cache is not state_cache or layer.k_cache is not k_cache:
-                layer = layers[(id(state_cache), id(k_cache))] = cutedsl.bind(
-                    state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
-                    compress_ratio=compress_ratio, rms_norm_eps=rms_norm_eps, layout=layout, fp8_scale=fp8_scale,
-                    hadamard=hadamard)
-            layer.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                                           workspace=workspace)
+        def prepare_calls(prepared: Prepared) -> dict:
+            case, calls = prepared.case, {}
+            for s in prepared.sets:
+                if case.operation == "save":
+                    kv_score, ape, positions, slot_mapping, state_cache, block_size = s.args
+                    layer = _save_layer(cutedsl, state_cache, block_size, ape.shape[0])
+                    calls[id(s)] = functools.partial(layer.save_partial_states, kv_score, ape, positions, slot_mapping)
+                    continue
+                (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+                 rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping) = s.args
+                layer = cutedsl.bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
+                                     rms_norm_eps=rms_norm_eps, **s.kwargs)
+                calls[id(s)] = functools.partial(layer.compress_norm_rope_store, token_to_req_indices, positions,
+                                                 slot_mapping, block_table, kv_slot_mapping, workspace=s.workspace)
+            return calls
 
-        return BenchImpl("cutedsl-bound", compress, cutedsl.save_partial_states)
+        return BenchImpl("cutedsl-bound", None, None, prepare_calls=prepare_calls)
     return load
+
+
+def _save_layer(cutedsl, state_cache, block_size: int, compress_ratio: int):
+    """A layer bound for its ``save_partial_states`` alone (the save cases have a state cache
+    and no compressed cache): the compressed cache, norm weight and cos/sin cache are minimal
+    stand-ins of the state's head width, which the save never reads."""
+    from ..spec.constants import HEAD_DIMS, PAGED_LAYOUTS, ratio_config
+
+    head_dim = next(h for h in HEAD_DIMS if ratio_config(compress_ratio, h).state_row_width == state_cache.shape[2])
+    layout = "flashmla_fp8" if head_dim == 512 else "indexer_fp8"
+    device = state_cache.device
+    k_cache = torch.zeros((1, 1, PAGED_LAYOUTS[layout].entry_bytes), dtype=torch.uint8, device=device)
+    return cutedsl.bind(state_cache, k_cache, torch.ones(head_dim, device=device), torch.zeros((1, 64), device=device),
+                        block_size=block_size, compress_ratio=compress_ratio, rms_norm_eps=1e-6, layout=layout)
 
 
 def _custom_ops(prefix: str):

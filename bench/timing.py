@@ -100,6 +100,7 @@ class BenchImpl:
     save: Callable | None
     c128_compress_only: bool = False  # a named variant: it differs from its implementation only on C128 compress
     indexer_compress_only: bool = False  # a named variant: it differs only on the indexer's compress (SPEC §12)
+    prepare_calls: Callable | None = None  # Prepared -> {id(input set): its call, no arguments} (bound layers)
 
     def runs(self, case) -> bool:
         """Whether this row belongs in ``case`` (a variant elsewhere would time the same kernel again)."""
@@ -108,6 +109,9 @@ class BenchImpl:
         return not self.c128_compress_only or (case.compress_ratio == 128 and case.operation == "compress")
 
     def caller(self, prepared: Prepared) -> Callable[[InputSet], None]:
+        if self.prepare_calls is not None:  # each set's call made beforehand: the loop times the call alone
+            calls = self.prepare_calls(prepared)
+            return lambda s: calls[id(s)]()
         if prepared.case.operation == "save":
             if self.save is None:
                 raise NotImplementedError(f"{self.name} has no save_partial_states")

@@ -44,3 +44,42 @@ def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
         impl = load_bench_impl(f"cutedsl-{name}")
         assert impl.runs(indexer_decode_sweep((1,))[0]), name
         assert not any(impl.runs(c) for c in c4_decode_sweep((1,)) + save_sweep((1,)) + indexer_save_sweep((1,))), name
+
+
+@pytest.mark.parametrize("ratio, tokens", [(4, 8), (128, 64)])
+def test_the_bound_impl_calls_one_bound_layer_per_input_set(ratio, tokens, monkeypatch):
+    """``cutedsl-bound`` (on CPU: kernels stubbed as in host_time): each set's call is its
+    own layer's, the compress with the set's workspace, the save through a layer too, and
+    from the second call on the bound layers' eager path."""
+    pytest.importorskip("cutlass")
+    import torch
+
+    from dsv4_compressor.bench.cases import c4_decode_sweep, c128_decode_sweep, save_sweep
+    from dsv4_compressor.bench.host_time import _arguments, _no_launches
+    from dsv4_compressor.bench.sweep import load_bench_impl
+    from dsv4_compressor.bench.timing import InputSet, Prepared
+    from dsv4_compressor.impl.cutedsl import api
+
+    layers = []
+    real_bind = api.bind
+    monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
+    monkeypatch.setattr("dsv4_compressor.impl.cutedsl.bind", lambda *a, **k: layers.append(real_bind(*a, **k))
+                        or layers[-1])
+    impl = load_bench_impl("cutedsl-bound")
+    compress_case = (c4_decode_sweep if ratio == 4 else c128_decode_sweep)((tokens,))[0]
+    save_case = [c for c in save_sweep((tokens,)) if c.compress_ratio == ratio][0]
+    compress_sets, save_sets = [], []
+    for seed in range(2):
+        args, kv_score, ape, workspace = _arguments(ratio, tokens, torch.device("cpu"))
+        compress_sets.append(InputSet(args, {"compress_ratio": ratio, "layout": "flashmla_fp8", "fp8_scale": None},
+                                      workspace))
+        save_sets.append(InputSet((kv_score, ape, args[2], args[3], args[0], args[5]), {}))
+    with _no_launches(False):
+        for case, sets in ((compress_case, compress_sets), (save_case, save_sets)):
+            call = impl.caller(Prepared(case, sets, 0, 0))
+            for s in sets * 2:
+                call(s)
+    assert len(layers) == 4
+    assert [layer.state_cache is s.args[0] for layer, s in zip(layers, compress_sets)] == [True, True]
+    assert [layer.state_cache is s.args[4] for layer, s in zip(layers[2:], save_sets)] == [True, True]
+    assert tokens in layers[0]._launches and all(layer._save_kernel is not None for layer in layers[2:])

@@ -13,6 +13,8 @@ def test_breakdown_reports_every_part_on_cpu(ratio):
     from dsv4_compressor.bench.host_time import measure
 
     parts = measure(ratio, 1, 5, torch.device("cpu"))
-    for name in ("validate", "key", "bound key", "run", "call", "bound call", "save call"):
+    for name in ("validate", "key", "run", "bound python", "call", "bound call", "save call", "bound save python",
+                 "bound save"):
         assert parts[name] > 0, name
-    assert parts["bound key"] < parts["validate"]  # a plan-cache hit costs less than validating
+    assert parts["key"] < parts["validate"]  # a plan-cache hit costs less than validating
+    assert parts["bound python"] < parts["key"]  # a bound call's eager path costs less than an unbound key

@@ -14,8 +14,9 @@ Order of work in every call (SPEC §8/§9):
 
 Steps 1-3 run once per argument layout and token count (a :class:`.launch.LaunchPlan`);
 later calls with the same layout pay a key of tensor metadata, a dictionary lookup and the
-launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and its calls
-key only the per-token arrays.
+launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and once a
+token count has been validated its calls pay a lookup, five dtype checks and the launches,
+TVM-FFI checking the rest (:class:`BoundLayer`).
 
 Every kernel is launched with programmatic dependent launch (``pdl=True``, see
 :mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
@@ -48,6 +49,8 @@ log = logging.getLogger("dsv4_compressor")
 
 _PLANS = PlanCache()  # compress_norm_rope_store and save_partial_states plans, by argument layout
 _LAYER_LAYOUTS: dict = {}  # a bound layer's fixed arguments' layout -> a small int, its plans' key prefix
+_BOUND_LAUNCHES: dict = {}  # that int -> PlanCache of T -> the plan's launch_bound (bound layers' eager path)
+_INT32, _INT64 = torch.int32, torch.int64
 
 
 # ---- public operations ----------------------------------------------------------------------
@@ -252,11 +255,24 @@ def compress(
 class BoundLayer:
     """The operations of one attention layer with its fixed tensors bound (see :func:`bind`).
 
-    Each call keys only its per-token arrays (and the block table and workspace); the first
-    call with a new layout or token count validates every argument through the shared front
-    end, exactly like the unbound operations. Layers whose fixed arguments have the same
-    layout share their plans. The bound tensors must keep their storage, shape and strides
-    (bind again after reallocating a cache).
+    The first call with a token count validates every argument through the shared front end,
+    exactly like the unbound operations, and prepares that count's launch. Later calls with
+    that count take the eager path: ``T = positions.shape[0]``, the dtypes of the per-token
+    arrays and the block table (``is`` int32/int64), a dictionary lookup, and the TVM-FFI
+    launch with the layer's fixed tensors converted once. Everything else SPEC §9 asks of
+    the per-token arrays, the block table and the workspace, TVM-FFI checks in C before it
+    launches: tensor type, rank, device type and index (every tensor on the state cache's
+    device), dtype width and kind (int and uint of one width alike: hence the ``is`` checks
+    here), static extents, one length ``T`` for every per-token array, unit last strides
+    (where the extent is above 1) and base alignment; :func:`.launch.bound_scratch` checks the
+    workspace's rows. When TVM-FFI refuses an argument, nothing has been launched, and the
+    call is validated the long way, which raises SPEC §9's ``ValueError`` (or, for a layout
+    SPEC allows that the eager path does not take, runs the validated plan). ``debug=True``,
+    ``T = 0`` and :meth:`save_and_compress_norm_rope_store` always take the validated,
+    keyed path.
+
+    Layers whose fixed arguments have the same layout share their plans. The bound tensors
+    must keep their storage, shape and strides (bind again after reallocating a cache).
     """
 
     def __init__(self, state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size, compress_ratio,
@@ -274,6 +290,20 @@ class BoundLayer:
                  block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, self.hadamard, c128_path, pdl, policy,
                  type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(pdl))
         self._layout = _LAYER_LAYOUTS.setdefault(fixed, len(_LAYER_LAYOUTS))  # plans' key prefix
+        self._launches = _BOUND_LAUNCHES.setdefault(self._layout, PlanCache())  # T -> plan.launch_bound
+        self._held = None  # (state cache, norm weight, cos/sin, k_cache) as TVM-FFI tensors, then the device
+        self._save_kernel = None  # save_partial_states' kernel of 16-byte aligned inputs, once compiled
+
+    def _hold(self) -> None:
+        """The layer's fixed tensors as TVM-FFI tensors, then its device (made after the first
+        launch: CuTe DSL is imported by then; the torch tensors where a conversion fails)."""
+        if self._held is None:
+            fixed = (self.state_cache, self.rms_norm_weight, self.cos_sin_cache, self.k_cache)
+            try:
+                fixed = launch.held_tensors(*fixed)
+            except Exception:  # noqa: BLE001 - TVM-FFI converts them at each launch instead
+                log.debug("cutedsl: bound layer keeps torch tensors for its fixed arguments", exc_info=True)
+            self._held = (*fixed, self.state_cache.device)
 
     def _tensors(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping) -> tuple:
         return (self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
@@ -313,16 +343,43 @@ class BoundLayer:
 
     def compress_norm_rope_store(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, *,
                                  workspace=None, debug: bool = False) -> None:
-        """:func:`compress_norm_rope_store` with this layer's fixed arguments."""
-        self._compress_plan(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, workspace,
-                            debug, False).run(self.state_cache, token_to_req_indices, positions, slot_mapping,
-                                              block_table, self.rms_norm_weight, self.cos_sin_cache, self.k_cache,
-                                              kv_slot_mapping, workspace)
+        """:func:`compress_norm_rope_store` with this layer's fixed arguments (``workspace``:
+        pass a 2-D ``[S >= T, 512]`` one for the C128 scratch, see :func:`.launch.bound_scratch`)."""
+        if not debug:
+            try:  # the eager path (see the class): a KeyError for a token count not prepared yet
+                launch_bound = self._launches[positions.shape[0]]
+                if (token_to_req_indices.dtype is _INT32 and positions.dtype is _INT64 and slot_mapping.dtype is _INT64
+                        and block_table.dtype is _INT32 and kv_slot_mapping.dtype is _INT64):
+                    launch_bound(self._held, token_to_req_indices, positions, slot_mapping, block_table,
+                                 kv_slot_mapping, workspace)
+                    return
+            except Exception:  # noqa: BLE001 - refused before any launch: the validation below names the argument
+                pass
+        plan = self._compress_plan(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                                   workspace, debug, False)
+        plan.run(self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
+                 self.cos_sin_cache, self.k_cache, kv_slot_mapping, workspace)
+        if plan.kernels and not debug:  # validated and launched: later calls with this T take the eager path
+            self._hold()
+            self._launches.put(plan.num_tokens, plan.launch_bound)
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, *, debug: bool = False) -> None:
-        """:func:`save_partial_states` into this layer's state cache."""
-        self._save_plan(kv_score, ape, positions, slot_mapping, debug).run(kv_score, ape, positions, slot_mapping,
-                                                                          self.state_cache)
+        """:func:`save_partial_states` into this layer's state cache (the eager path, as for
+        :meth:`compress_norm_rope_store`, for ``kv_score`` and ``ape`` with 16-byte aligned rows)."""
+        kernel = self._save_kernel
+        if kernel is not None and not debug:
+            try:  # TVM-FFI checks the rest, the base alignments included (see the class)
+                if (positions.shape[0] and positions.dtype is _INT64 and slot_mapping.dtype is _INT64
+                        and not kv_score.stride(0) % 4 and not ape.stride(0) % 4):
+                    kernel(kv_score, ape, positions, slot_mapping, self._held[0])
+                    return
+            except Exception:  # noqa: BLE001 - refused before any launch: the validation below names the argument
+                pass
+        plan = self._save_plan(kv_score, ape, positions, slot_mapping, debug)
+        plan.run(kv_score, ape, positions, slot_mapping, self.state_cache)
+        if plan.vector_inputs and not debug:
+            self._hold()
+            self._save_kernel = launch.ffi_function(plan.kernel)
 
     def save_and_compress_norm_rope_store(self, kv_score, ape, token_to_req_indices, positions, slot_mapping,
                                           block_table, kv_slot_mapping, *, workspace=None, debug: bool = False) -> None:
@@ -355,7 +412,8 @@ def bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size: in
          c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY) -> BoundLayer:
     """A layer's operator: its state cache, compressed cache, norm weight, cos/sin cache and
     scalars validated now (``ValueError`` as in the unbound calls), so that each call checks
-    only the per-token arrays, the block table and the workspace.
+    only the per-token arrays, the block table and the workspace (after the first call of a
+    token count, mostly in TVM-FFI's C wrapper: see :class:`BoundLayer`).
 
     ``op = bind(...); op.save_partial_states(kv_score, ape, positions, slot_mapping)``,
     ``op.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table,
@@ -378,8 +436,8 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     """Compile every kernel a layer's configuration can dispatch to, before CUDA-graph capture.
 
     The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
-    (``k_cache.shape[1]``), ``weight_dtype`` (bf16 or fp32), ``device`` (the handoff and stream
-    grids depend on its SM count), ``store_align`` (bf16/fp8 layouts: the byte alignment of the
+    (``k_cache.shape[1]``), ``weight_dtype`` (bf16 or fp32), ``device`` (the handoff
+    grid depends on its SM count), ``store_align`` (bf16/fp8 layouts: the byte alignment of the
     cache's rows; default the aligned one: 8 for bf16, 4 for fp8_per_tensor), ``c128_path``,
     ``pdl`` and ``policy``. ``token_counts``: the step sizes to prepare (None: every count from
     1 to 16384). ``save`` also compiles ``save_partial_states`` (16-byte aligned inputs);

@@ -9,6 +9,9 @@ dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
 :class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
 pay that key, a dictionary lookup and the FFI launches. The indexer layouts (SPEC §12) get
 :mod:`.indexer_launch`'s kernel in an :class:`IndexerLaunch`, after the same validation.
+A bound layer's eager calls use ``launch_bound`` instead of ``run``: the kernels' TVM-FFI
+functions (:func:`ffi_function`) on its held fixed tensors (:func:`held_tensors`) and the
+call's per-token arrays as given, TVM-FFI checking them (see :class:`.api.BoundLayer`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,46 @@ def _scratch(workspace, num_tokens: int, device: torch.device) -> torch.Tensor:
     return workspace[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
 
 
+def bound_scratch(workspace, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """The x scratch of a bound layer's eager call, checked here only where TVM-FFI does not
+    check it: the rows (``S >= T``, a row stride that keeps rows 16-byte aligned) of a 2-D
+    workspace, the length of a 1-D one; dtype, width, unit last stride, base alignment and
+    device are the kernel's TVM-FFI checks. Raises ``ValueError`` for anything else: the
+    caller then validates the call the long way (:func:`x_buffer` names what is wrong)."""
+    if workspace is None:
+        return torch.empty((num_tokens, HEAD_DIM), dtype=torch.float32, device=device)
+    dims = workspace.dim()
+    if dims == 2:
+        rows = workspace.shape[0]
+        if rows >= num_tokens and (rows == 1 or workspace.stride(0) % 4 == 0):
+            return workspace
+    elif dims == 1 and workspace.numel() >= num_tokens * HEAD_DIM and workspace.is_contiguous():
+        return workspace[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
+    raise ValueError("workspace: not a scratch the bound path takes as it is")
+
+
+def ffi_function(kernel):
+    """The positional TVM-FFI function under a compiled CuTe DSL kernel: the compiled object's
+    own ``__call__`` runs two Python frames (its pointer-argument check and a keyword wrapper)
+    before it; the bound path passes every argument positionally and no raw pointer, so it
+    calls the function itself (which keeps the kernel's module alive). Anything else (a kernel
+    without that function, one that takes raw pointers) is returned as it is."""
+    function = getattr(kernel, "__tvm_ffi_object__", None)
+    takes_pointers = getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", True)
+    if function is None or takes_pointers:
+        return kernel
+    return function() or kernel
+
+
+def held_tensors(*tensors: torch.Tensor) -> tuple:
+    """TVM-FFI tensors of a bound layer's fixed tensors, made once: a call then converts only
+    its per-token arrays (each kernel still gets at least one torch tensor per call, from
+    which TVM-FFI takes the device's current stream)."""
+    import tvm_ffi
+
+    return tuple(tvm_ffi.from_dlpack(tensor) for tensor in tensors)
+
+
 # ---- device facts and the handoff kernel's counters -------------------------------------------
 _SM_COUNTS: dict = {}
 _COUNTERS: dict = {}  # (device, stream) -> _CounterArray: the handoff kernel's arrival counters
@@ -204,6 +247,10 @@ class LaunchPlan:
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
     grid: tuple = ()  # fused_handoff: (chunk,)
+    ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_bound)
+
+    def __post_init__(self):
+        object.__setattr__(self, "ffi", tuple(ffi_function(kernel) for kernel in self.kernels))
 
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
@@ -218,6 +265,14 @@ class LaunchPlan:
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         """No tokens: nothing to launch."""
 
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        """A bound layer's eager call: the kernels on ``held`` (the layer's state cache, norm
+        weight, cos/sin cache and k_cache as TVM-FFI tensors, then its torch device) and the
+        call's per-token arrays as given, checked by TVM-FFI at the launch (see
+        :mod:`.api`'s ``BoundLayer``). Never called for ``T = 0``."""
+        raise ValueError("a plan without tokens has no bound launch")
+
 
 @dataclass(frozen=True)
 class SingleLaunch(LaunchPlan):
@@ -227,6 +282,12 @@ class SingleLaunch(LaunchPlan):
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
+
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
 
 @dataclass(frozen=True)
@@ -239,6 +300,13 @@ class HandoffLaunch(LaunchPlan):
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
                         handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                    cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
+                    handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
 
 
 @dataclass(frozen=True)
@@ -253,6 +321,18 @@ class SplitLaunch(LaunchPlan):
         store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
               self.fp8_inv)
 
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        """The store kernel takes nothing the compress kernel has not checked already (the same
+        per-token arrays and scratch; the layer's fixed tensors): once the first launch passed
+        TVM-FFI's checks, the second passes them too."""
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
+        scratch = bound_scratch(workspace, self.num_tokens, device)
+        pool, store = self.ffi
+        pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
+        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
+              self.fp8_inv)
+
 
 @dataclass(frozen=True)
 class IndexerLaunch(LaunchPlan):
@@ -262,6 +342,12 @@ class IndexerLaunch(LaunchPlan):
                        cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
         self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                         cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
+
+    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                     workspace) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
+        self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
 def _plan_class(path: str) -> type:
@@ -360,6 +446,7 @@ class SavePlan:
 
     kernel: object
     restride: bool
+    vector_inputs: bool = False  # the kernel of 16-byte aligned kv_score and ape rows
 
     def run(self, kv_score, ape, positions, slot_mapping, state_cache) -> None:
         if self.kernel is None:
@@ -385,4 +472,4 @@ def build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_s
         and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
     )
     config = dispatch.save_config(call.config.ratio, call.block_size, vector_inputs, policy, pdl, call.config.head_dim)
-    return SavePlan(kernels().compile_save(config), restride)
+    return SavePlan(kernels().compile_save(config), restride, vector_inputs)

@@ -21,6 +21,7 @@ from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
 from dsv4_compressor.impl.cutedsl.dispatch import Policy  # noqa: E402
 from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
 
+from ffi_stub import stub_compiler  # noqa: E402
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
 
 COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff",
@@ -30,24 +31,18 @@ COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff
 @pytest.fixture
 def recorded(monkeypatch):
     """``(launches, compiled)``: every launch as (kernel kind, config, tensor pointers and scalars),
-    and every static configuration handed to a compile function."""
+    and every static configuration handed to a compile function. The kernels are
+    ffi_stub.FfiStub objects (TVM-FFI's checks, then the record)."""
     launches, compiled = [], []
     compile_cache = launch.kernels()
-
-    def fake(kind):
-        def compile_fn(config, **_):
-            compiled.append((kind, config))
-            return lambda *args: launches.append((kind, config, tuple(
-                a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
-        return compile_fn
-
     for name in COMPILE_FUNCTIONS:
-        monkeypatch.setattr(compile_cache, name, fake(name))
+        monkeypatch.setattr(compile_cache, name, stub_compiler(getattr(compile_cache, name), name, launches, compiled))
     monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     monkeypatch.setattr(launch, "_current_stream", lambda device: 0)
     monkeypatch.setattr(launch, "_COUNTERS", {})
     monkeypatch.setattr(api, "_PLANS", PlanCache())
+    monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
     return launches, compiled
 
 
@@ -249,13 +244,8 @@ def indexer_recorded(recorded, monkeypatch):
     from dsv4_compressor.impl.cutedsl import indexer_launch
 
     launches, compiled = recorded
-
-    def compile_indexer(config, **_):
-        compiled.append(("compile_indexer", config))
-        return lambda *args: launches.append(("compile_indexer", config, tuple(
-            a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)))
-
-    monkeypatch.setattr(indexer_launch, "compile_indexer", compile_indexer)
+    monkeypatch.setattr(indexer_launch, "compile_indexer",
+                        stub_compiler(indexer_launch.compile_indexer, "compile_indexer", launches, compiled))
     return launches, compiled
 
 
