@@ -59,8 +59,6 @@ class KernelShapes:
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
-    indexer_prefetch_inputs: bool = False  # indexer kernels: IndexerConfig.prefetch_inputs
-    indexer_c4_ctas_per_sm: int = 0  # indexer C4 kernel: IndexerConfig.c4_ctas_per_sm (a register cap; 0: none)
 
 
 @dataclass(frozen=True)
@@ -197,6 +195,4 @@ def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: 
                    weight_dtype: str, policy: Policy, pdl: bool) -> IndexerConfig:
     """The indexer compressor's kernel (SPEC §12): a warp per token (C4) or a CTA per token (C128)."""
     warps = policy.shapes.indexer_c4_warps if compress_ratio == 4 else policy.shapes.indexer_c128_warps
-    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl,
-                         policy.shapes.indexer_prefetch_inputs,
-                         policy.shapes.indexer_c4_ctas_per_sm if compress_ratio == 4 else 0)
+    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl)

@@ -34,8 +34,6 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    prefetch_inputs: bool = False  # norm weights and cos/sin rows prefetched into L1 before the pooling
-    c4_ctas_per_sm: int = 0  # C4: CTAs per SM the registers must allow (.minnctapersm; 0: no cap)
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -51,11 +49,6 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
-        _flag("prefetch_inputs", self.prefetch_inputs)
-        caps = (0,) + tuple(n for n in range(1, 33) if n * self.warps <= 64) if self.ratio == 4 else (0,)
-        if self.c4_ctas_per_sm not in caps:
-            _fail("c4_ctas_per_sm", f"0, or 1..{max(caps)} for C4 with {self.warps} warps per CTA (C128: 0)",
-                  self.c4_ctas_per_sm)
 
     @property
     def state_width(self) -> int:
@@ -88,4 +81,4 @@ class IndexerConfig:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{'_prefetch' if self.prefetch_inputs else ''}{f'_occ{self.c4_ctas_per_sm}' if self.c4_ctas_per_sm else ''}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

@@ -28,8 +28,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from ...spec.constants import HADAMARD_SCALE
 from .postprocess import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
@@ -47,7 +45,7 @@ from .exact_math import (
     ue8m0_scale_byte,
 )
 from .indexer_config import INDEXER_HEAD_DIM, INDEXER_ROPE_FIRST, IndexerConfig
-from .memory import element_address, store_fragment, store_scalar
+from .memory import store_fragment, store_scalar
 
 VEC = 4  # channels per lane
 ROPE_FIRST_LANE = INDEXER_ROPE_FIRST // VEC  # 16
@@ -88,23 +86,6 @@ def hadamard_rotation(z: cute.Tensor, lane) -> cute.Tensor:
     for i in range(VEC):
         out[i] = fmul(out[i], Float32(HADAMARD_SCALE_F32))
     return out
-
-
-@dsl_user_op
-def prefetch_l1(byte_address, *, loc=None, ip=None) -> None:
-    """``prefetch.global.L1``: the line of ``byte_address`` into L1 (and L2); no register, no wait."""
-    llvm.inline_asm(None, [Int64(byte_address).ir_value(loc=loc, ip=ip)], "prefetch.global.L1 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-def prefetch_entry_inputs(mWeight: cute.Tensor, mCosSin: cute.Tensor, first_channel, cos_sin_row, lane):
-    """The lines of the lane's norm weights and of its cos and sin pairs (lanes 0..15 the
-    row's first ones), prefetched. ``mWeight``: fp32 or bf16 ``[128]``; ``mCosSin``: fp32
-    ``[max_pos, 64]``."""
-    first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-    prefetch_l1(element_address(mWeight, first_channel))
-    prefetch_l1(element_address(mCosSin, cos_sin_row, first_pair))
-    prefetch_l1(element_address(mCosSin, cos_sin_row, first_pair + mCosSin.shape[1] // 2))
 
 
 def indexer_entry_addresses(config: IndexerConfig, mCache: cute.Tensor, slot):
@@ -155,14 +136,11 @@ class WarpFinish:
     def inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
         """The lane's 4 norm weights and its 2 RoPE pairs' ``(cos, sin)`` (fp32 fragments), loaded
         before the pooling so that their latency hides behind the state rows' (ptxas sinks
-        these loads to their use, after the pooling; ``prefetch_inputs`` first prefetches their
-        lines into L1, which nothing sinks).
+        these loads to their use, after the pooling).
 
         ``mWeight``: fp32 or bf16 ``[128]``; ``mCosSin``: fp32 ``[max_pos, 64]``, row ``(p // r) * r``.
         Lanes 0..15 (no RoPE) read pair 0's, unused."""
         ratio = self.config.ratio
-        if cutlass.const_expr(self.config.prefetch_inputs):
-            prefetch_entry_inputs(mWeight, mCosSin, lane * VEC, (position // ratio) * ratio, lane)
         w = load_weight(mWeight, lane * VEC, VEC)
         first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
         cos, sin = load_cos_sin(mCosSin, (position // ratio) * ratio, first_pair, VEC // 2)

@@ -9,12 +9,12 @@ from a multiple of 4, and runs of ``gcd(bs, 4)`` of them share one block-table r
 token's request index is read with its metadata (a load the compilers keep ahead of the
 activity test, one dependent round trip fewer); every block-table read is issued before any
 state row, so the rows wait for one table round trip (the norm weights and the cos/sin row
-too in the PTX, but ptxas sinks those loads to their use after the pooling; the opt-in
-``prefetch_inputs`` prefetches their lines first). The scores come into registers (8
-``ld.global.v4`` a lane); the kv rows go by ``cp.async`` into the warp's own shared memory,
-requests ptxas cannot hold back to save registers as it does plain loads of late-used values;
-each lane reads back only its own copies after ``cp.async.wait_group``, so no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads
-column 0, they are not loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0`` in the trees).
+too in the PTX, but ptxas sinks those loads to their use after the pooling). The scores come
+into registers (8 ``ld.global.v4`` a lane); the kv rows go by ``cp.async`` into the warp's own
+shared memory, requests ptxas cannot hold back to save registers as it does plain loads of
+late-used values; each lane reads back only its own copies after ``cp.async.wait_group``, so
+no barrier. At ``p = 3`` rows 0..3 are invalid (their lookup reads column 0, they are not
+loaded; score ``-inf`` and kv ``+0``, so ``e = u = +0`` in the trees).
 Per channel: the exact max, ``exp2s``, and the 8-leaf trees in row order (SPEC §5). The whole
 token lives in one warp, so there is no barrier: a warp whose token is inactive (or past
 ``T``) does nothing.
@@ -67,10 +67,6 @@ class IndexerC4Kernel:
         self.threads = 32 * config.warps
         self.state_width = config.state_width
         self.finishing = WarpFinish(config)
-        # c4_ctas_per_sm: .minnctapersm caps the registers; the carveout given (all of it to shared
-        # memory, room for 32 x 5 KiB) spares the compiler a device query
-        self.occupancy = (dict(min_blocks_per_mp=config.c4_ctas_per_sm, preferred_smem_carveout=100)
-                          if config.c4_ctas_per_sm else {})
 
     @cute.jit
     def __call__(
@@ -89,7 +85,7 @@ class IndexerC4Kernel:
     ):
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
             grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream,
-            use_pdl=self.pdl, **self.occupancy
+            use_pdl=self.pdl
         )
 
     def allocate_smem(self, smem):

@@ -116,14 +116,6 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     ):
         cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
         yield cfg.tag, "indexer", cfg, True
-    for ratio, bs, layout, hadamard, pages, weight, warps, pdl, ctas_per_sm in (  # opt-in: prefetch, register cap
-        (4, 16, "indexer_fp8", False, 64, "bfloat16", 1, True, 0),
-        (4, 16, "indexer_mxfp4", True, 64, "bfloat16", 1, True, 32),
-        (4, 3, "indexer_fp8", True, 7, "float32", 4, False, 8),
-        (128, 8, "indexer_mxfp4", True, 64, "bfloat16", 16, True, 0),
-    ):
-        cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl, True, ctas_per_sm)
-        yield cfg.tag, "indexer", cfg, True
     for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
         cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)
         yield cfg.tag, "save", cfg, vector

@@ -105,10 +105,4 @@ indexer_c4_w4 = Variant("indexer_c4_w4", policy=_policy(indexer_c4_warps=4))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-# the norm weights and cos/sin row prefetched before the pooling (ptxas sinks their loads past it)
-indexer_prefetch_inputs = Variant("indexer_prefetch_inputs", policy=_policy(indexer_prefetch_inputs=True))
-# ... and registers capped at 64 (32 one-warp CTAs per SM instead of 28; a few spilled)
-indexer_prefetch_occ32 = Variant("indexer_prefetch_occ32", policy=_policy(indexer_prefetch_inputs=True,
-                                                                          indexer_c4_ctas_per_sm=32))
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
-                                         indexer_prefetch_inputs, indexer_prefetch_occ32)}
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}

@@ -4,10 +4,9 @@
   memory;
 - the PTX has the structure the kernels are built on: exactly the streamed state rows as
   128-bit requests (C4: kv by ``cp.async``), issued after every other load (C4: the request
-  index with the metadata; opt-in prefetches before the table reads), one ``sqrt.rn``, the
-  division per channel, the lane butterflies of the sum of squares, the amax (32 or 8 lanes)
-  and the Hadamard spans 64..4, E4M3 conversions only for ``indexer_fp8`` (E2M1 codes are
-  integer work), two stores per lane;
+  index with the metadata), one ``sqrt.rn``, the division per channel, the lane butterflies
+  of the sum of squares, the amax (32 or 8 lanes) and the Hadamard spans 64..4, E4M3
+  conversions only for ``indexer_fp8`` (E2M1 codes are integer work), two stores per lane;
 - configurations reject bad values; the save kernel's widths follow the head width;
 - the public wrappers reject bad indexer arguments with ``ValueError`` before anything is
   compiled or launched.
@@ -104,22 +103,6 @@ def test_c4_request_is_read_before_the_activity_test(indexer_ptx):
             assert (body.find("griddepcontrol.wait") < early) if cfg.pdl else "griddepcontrol" not in body, cfg.tag
 
 
-def test_prefetch_and_register_cap(indexer_ptx):
-    """``prefetch_inputs``: three ``prefetch.global.L1`` a lane (its weights, its cos and its sin
-    lines) before the first state row (C4: before the first block-table read);
-    ``c4_ctas_per_sm``: the kernel's ``.minnctapersm``."""
-    assert any(c.prefetch_inputs for c, _, _ in indexer_ptx) and any(c.c4_ctas_per_sm for c, _, _ in indexer_ptx)
-    for cfg, ptx, _ in indexer_ptx:
-        body = _body(ptx)
-        prefetches = [m.start() for m in re.finditer(r"\bprefetch\.global\.L1\b", body)]
-        assert len(prefetches) == (3 if cfg.prefetch_inputs else 0), cfg.tag
-        if cfg.prefetch_inputs:
-            first = re.search(r"\bld\.global\.s32\b" if cfg.ratio == 4 else r"\bld\.global\.v4\b", body)
-            assert max(prefetches) < first.start(), cfg.tag
-        cap = re.search(r"\.minnctapersm\s+(\d+)", ptx)
-        assert (int(cap.group(1)) if cap else 0) == cfg.c4_ctas_per_sm, cfg.tag
-
-
 def test_exact_finishing_arithmetic(indexer_ptx):
     for cfg, ptx, report in indexer_ptx:
         body = _body(ptx)
@@ -175,10 +158,6 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
-    (dict(prefetch_inputs=1), "prefetch_inputs"),
-    (dict(c4_ctas_per_sm=33), "c4_ctas_per_sm"),
-    (dict(warps=4, c4_ctas_per_sm=32), "c4_ctas_per_sm"),  # 128 warps
-    (dict(ratio=128, warps=16, c4_ctas_per_sm=2), "c4_ctas_per_sm"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,

@@ -91,21 +91,6 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     _store_matches_spec(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
 
 
-# the opt-in variants: entry inputs prefetched (both ratios), and with the C4 register cap
-_VARIANT_CASES = ([(name, case) for name in ("indexer_prefetch_inputs", "indexer_prefetch_occ32") for case in C4_CASES]
-                  + [("indexer_prefetch_inputs", case) for case in C128_CASES[:3]])
-
-
-@pytest.mark.parametrize("variant, case", _VARIANT_CASES, ids=case_id)
-def test_indexer_variants_match_spec(variant, case):
-    """The named indexer variants write the spec's bytes, the ``p = 3`` windows and inactive
-    tokens included."""
-    from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
-
-    chosen = INDEXER_VARIANTS[variant]
-    _store_matches_spec(case, pdl=chosen.pdl, policy=chosen.policy)
-
-
 def _argument_bytes(args: dict) -> dict:
     """Host bytes of every tensor argument (whole, contiguous tensors)."""
     torch.cuda.synchronize()
