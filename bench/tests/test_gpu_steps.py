@@ -1,4 +1,4 @@
-"""The names that bench/gpu_session.sh passes to the tools (tuning settings, kernel variants,
+"""The names that bench/gpu_steps.sh passes to the tools (tuning settings, kernel variants,
 bench implementations) all exist: a retired variant or setting fails here, not on the GPU."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "gpu_session.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "gpu_steps.sh"
 
 
 def _step_commands() -> list[list[str]]:
@@ -45,7 +45,7 @@ def test_tuning_settings_exist():
     named = set(_values("--settings"))
     assert {"block8", "cluster16", "handoff-w16", "handoff-chunk1"} <= named
     unknown = named - set(settings(128)) - set(settings(4))
-    assert not unknown, f"gpu_session.sh names tuning settings that bench/cutedsl_tune.py lacks: {sorted(unknown)}"
+    assert not unknown, f"gpu_steps.sh names tuning settings that bench/cutedsl_tune.py lacks: {sorted(unknown)}"
 
 
 def test_variants_and_implementations_exist():

@@ -2,7 +2,7 @@
 # One run on a GPU machine that checks and times everything. Logs, CSV/JSON and plots go to a
 # work folder and are packed into one archive, $OUT/gpu-run.tgz.
 #
-#   bash bench/gpu_session.sh STEP...    STEP: see the case list below (env, conformance-*,
+#   bash bench/gpu_steps.sh STEP...    STEP: see the case list below (env, conformance-*,
 #                                              tests-*, tune-c128, bench*, pytest-bench)
 #
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
