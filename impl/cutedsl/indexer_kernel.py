@@ -60,37 +60,15 @@ class IndexerC4Kernel:
 
     def __init__(self, config: IndexerConfig):
         self.config = config
-        self.pdl = config.pdl
-        self.block_size = config.block_size
-        self.rows_per_lookup = config.rows_per_lookup
-        self.warps = config.warps
-        self.threads = 32 * config.warps
-        self.state_width = config.state_width
         self.finishing = WarpFinish(config)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (512 floats a row)
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        stream: cuda.CUstream,
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=((mPos.shape[0] + self.warps - 1) // self.warps, 1, 1), block=(self.threads, 1, 1), stream=stream,
-            use_pdl=self.pdl
-        )
+    def num_ctas(self, num_tokens):
+        return (num_tokens + self.config.warps - 1) // self.config.warps
 
     def allocate_smem(self, smem):
         """Per warp, the kv of the 8 window rows: ``[warps, 8, 128]`` fp32 (4 KiB a warp)."""
-        layout = cute.make_layout((self.warps, 8, INDEXER_HEAD_DIM), stride=(8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
+        layout = cute.make_layout((self.config.warps, 8, INDEXER_HEAD_DIM),
+                                  stride=(8 * INDEXER_HEAD_DIM, INDEXER_HEAD_DIM, 1))
         return smem.allocate_tensor(Float32, layout, byte_alignment=16)
 
     @cute.jit
@@ -105,7 +83,7 @@ class IndexerC4Kernel:
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
     ):
-        bs, run = self.block_size, self.rows_per_lookup
+        bs, run = self.config.block_size, self.config.rows_per_lookup
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         for i in cutlass.range_constexpr(8):
@@ -126,7 +104,8 @@ class IndexerC4Kernel:
                 runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, row_address in runs:
-                byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + (self.state_width * 4 if kind == 0 else 0)
+                score_offset = self.config.state_width * 4 if kind == 0 else 0
+                byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + score_offset
                 if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
                         issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp, lane,
@@ -147,12 +126,12 @@ class IndexerC4Kernel:
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32):
-        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         sKv = self.allocate_smem(SmemAllocator())
-        tok = cta * self.warps + warp
+        tok = cta * self.config.warps + warp
         if tok < mPos.shape[0]:
             req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 4)
@@ -168,37 +147,15 @@ class IndexerC128Kernel:
 
     def __init__(self, config: IndexerConfig):
         self.config = config
-        self.pdl = config.pdl
-        self.block_size = config.block_size
-        self.rows_per_lookup = config.rows_per_lookup
-        self.warps = config.warps
-        self.threads = 32 * config.warps
-        self.state_width = config.state_width
         self.finishing = WarpFinish(config)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (256 floats a row)
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        stream: cuda.CUstream,
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
-            grid=(mPos.shape[0], 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-        )
+    def num_ctas(self, num_tokens):
+        return num_tokens
 
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, 128]`` fp32 (the row maxima, tree(u), tree(e)) and the
         window sums ``[2, 128]`` (tree(u), tree(e))."""
-        layout = cute.make_layout((self.warps, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))
+        layout = cute.make_layout((self.config.warps, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))
         partials = [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
         sums = smem.allocate_tensor(Float32, cute.make_layout((2, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1)),
                                     byte_alignment=16)
@@ -219,11 +176,11 @@ class IndexerC128Kernel:
         sSum: cute.Tensor,  # fp32 smem [2, 128]
         x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
     ):
-        R, run, bs = self.config.rows_per_warp, self.rows_per_lookup, self.block_size
+        R, run, bs = self.config.rows_per_warp, self.config.rows_per_lookup, self.config.block_size
         window_start = (position // 128) * 128  # p - 127 for a boundary token
         first_row = warp * R
         kv_byte = lane * (VEC * 4)
-        score_byte = kv_byte + self.state_width * 4
+        score_byte = kv_byte + self.config.state_width * 4
         row_stride_bytes = Int64(mState.stride[1]) * 4
         rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs)
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
@@ -240,7 +197,7 @@ class IndexerC128Kernel:
         store_smem(sMax, warp, lane * VEC, lane_max)
         cute.arch.sync_threads()
         row_max = load_smem(sMax, 0, lane * VEC, VEC)
-        for w in cutlass.range(1, self.warps):  # a loop, not unrolled: 4 registers in flight, not 4 * warps
+        for w in cutlass.range(1, self.config.warps):  # a loop, not unrolled: 4 registers in flight, not 4 * warps
             other = load_smem(sMax, w, lane * VEC, VEC)
             for c in cutlass.range_constexpr(VEC):
                 row_max[c] = cute.arch.fmax(row_max[c], other[c])
@@ -260,9 +217,10 @@ class IndexerC128Kernel:
         # channel t - 128 of tree(e) (one leaf per warp in a register, not 4 * 2 * warps)
         tidx = warp * 32 + lane
         if tidx < INDEXER_HEAD_DIM:
-            sSum[0, tidx] = tree_sum([sNum[w, tidx] for w in range(self.warps)])
+            sSum[0, tidx] = tree_sum([sNum[w, tidx] for w in range(self.config.warps)])
         elif tidx < 2 * INDEXER_HEAD_DIM:
-            sSum[1, tidx - INDEXER_HEAD_DIM] = tree_sum([sDen[w, tidx - INDEXER_HEAD_DIM] for w in range(self.warps)])
+            sSum[1, tidx - INDEXER_HEAD_DIM] = tree_sum([sDen[w, tidx - INDEXER_HEAD_DIM]
+                                                         for w in range(self.config.warps)])
         cute.arch.sync_threads()
         if warp == 0:
             num = load_smem(sSum, 0, lane * VEC, VEC)
@@ -274,7 +232,7 @@ class IndexerC128Kernel:
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32):
-        wait_for_prerequisite_grids(self.pdl)  # first: before any global access
+        wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         tok, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -350,6 +308,36 @@ def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
     return Int32(value)
 
 
-def indexer_kernel(config: IndexerConfig) -> IndexerC4Kernel | IndexerC128Kernel:
-    """The kernel object of a configuration (C4 or C128)."""
-    return IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config)
+class IndexerLauncher:
+    """The host entry of either indexer kernel: one launch of ``body.num_ctas(T)`` CTAs of
+    ``32 * warps`` threads on the given stream, with programmatic dependent launch when
+    configured (the kernels differ only in their grid)."""
+
+    def __init__(self, body: IndexerC4Kernel | IndexerC128Kernel):
+        self.body = body
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (C4: 512 floats a row, C128: 256)
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [128]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        stream: cuda.CUstream,
+    ):
+        body = self.body
+        body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
+            grid=(body.num_ctas(mPos.shape[0]), 1, 1), block=(32 * body.config.warps, 1, 1), stream=stream,
+            use_pdl=body.config.pdl
+        )
+
+
+def indexer_kernel(config: IndexerConfig) -> IndexerLauncher:
+    """The launcher of a configuration's kernel (C4 or C128)."""
+    return IndexerLauncher(IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config))
