@@ -52,6 +52,16 @@ def nearest_grid_code(magnitude: np.ndarray, table: np.ndarray) -> np.ndarray:
     return code.astype(np.uint8)
 
 
+def signed_grid_code(v: np.ndarray, table: np.ndarray, code_bits: int) -> np.ndarray:
+    """The ``code_bits``-bit code of binary32 ``v`` on a sign-magnitude grid, as ``uint8``: the
+    magnitude saturated at ``table[-1]`` and rounded by :func:`nearest_grid_code`, the sign of
+    ``v`` (of ``-0`` too) in the top bit."""
+    v = np.asarray(v, dtype=F32)
+    magnitude = np.minimum(np.abs(v), table[-1])
+    sign = ((v.view(np.uint32) >> np.uint32(31)) << np.uint32(code_bits - 1)).astype(np.uint8)
+    return nearest_grid_code(magnitude, table) | sign
+
+
 # ---- E4M3FN ---------------------------------------------------------------------------
 def _e4m3_magnitudes() -> np.ndarray:
     """The 127 finite non-negative E4M3FN values, indexed by their 7-bit code (0x00..0x7E)."""
@@ -73,11 +83,7 @@ def e4m3_bits(v: np.ndarray) -> np.ndarray:
     subnormals kept (smallest 2^-9), magnitudes beyond 448 saturate to 448 (code 0x7E; the
     NaN code 0x7F is never produced), and the sign is kept, so ``-0`` gives ``0x80``.
     """
-    v = np.asarray(v, dtype=F32)
-    magnitude = np.minimum(np.abs(v), F32(FP8_MAX))
-    code = nearest_grid_code(magnitude, E4M3_MAGNITUDES)
-    sign = (v.view(np.uint32) >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80)
-    return code | sign
+    return signed_grid_code(v, E4M3_MAGNITUDES, 8)
 
 
 def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
@@ -123,11 +129,7 @@ def e2m1_bits(v: np.ndarray) -> np.ndarray:
     (mantissa bit 0), magnitudes beyond 6 saturate to 6 (code 7), and the sign bit is kept,
     so ``-0`` gives ``0x8``.
     """
-    v = np.asarray(v, dtype=F32)
-    magnitude = np.minimum(np.abs(v), F32(E2M1_MAX))
-    code = nearest_grid_code(magnitude, E2M1_MAGNITUDES)
-    sign = (v.view(np.uint32) >> np.uint32(28)).astype(np.uint8) & np.uint8(0x8)
-    return code | sign
+    return signed_grid_code(v, E2M1_MAGNITUDES, 4)
 
 
 def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:
