@@ -252,40 +252,45 @@ class LaunchPlan:
     def __post_init__(self):
         object.__setattr__(self, "ffi", tuple(ffi_function(kernel) for kernel in self.kernels))
 
+    uses_scratch = False  # the path's kernels take the x scratch (a ClassVar: not a field)
+
     def run(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
             cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        """Restore the unit strides where needed, then :meth:`launch_kernels`."""
+        """A validated call: restore the unit strides where needed, take the scratch from the
+        workspace whose layout the plan's key holds, then :meth:`launch_kernels`."""
         if self.restride:
             token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping = _metadata(
                 token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-        self.launch_kernels(state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                            cos_sin_cache, k_cache, kv_slot_mapping, workspace)
-
-    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        """No tokens: nothing to launch."""
+        device = state_cache.device
+        scratch = _scratch(workspace, self.num_tokens, device) if self.uses_scratch else None
+        self.launch_kernels((state_cache, rms_norm_weight, cos_sin_cache, k_cache, device), token_to_req_indices,
+                            positions, slot_mapping, block_table, kv_slot_mapping, scratch)
 
     def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
                      workspace) -> None:
         """A bound layer's eager call: the kernels on ``held`` (the layer's state cache, norm
         weight, cos/sin cache and k_cache as TVM-FFI tensors, then its torch device) and the
         call's per-token arrays as given, checked by TVM-FFI at the launch (see
-        :mod:`.api`'s ``BoundLayer``). Never called for ``T = 0``."""
-        raise ValueError("a plan without tokens has no bound launch")
+        :mod:`.api`'s ``BoundLayer``); the workspace is checked by :func:`bound_scratch`."""
+        if not self.kernels:
+            raise ValueError("a plan without tokens has no bound launch")
+        scratch = bound_scratch(workspace, self.num_tokens, held[4]) if self.uses_scratch else None
+        self.launch_kernels(held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
+
+    def launch_kernels(self, fixed, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                       scratch) -> None:
+        """The kernels' TVM-FFI functions on ``fixed`` (state cache, norm weight, cos/sin cache,
+        k_cache, then the torch device), the per-token arrays and ``scratch`` (fp32 ``[T, 512]``
+        where the path uses one). No tokens: nothing to launch."""
 
 
 @dataclass(frozen=True)
 class SingleLaunch(LaunchPlan):
     """C4 and ``fused_cluster``: one kernel on the call's tensors."""
 
-    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
-
-    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                     workspace) -> None:
-        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
+    def launch_kernels(self, fixed, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                       scratch) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                     cos_sin_cache, k_cache, kv_slot_mapping, self.eps, self.fp8_inv, *self.grid)
 
@@ -294,40 +299,28 @@ class SingleLaunch(LaunchPlan):
 class HandoffLaunch(LaunchPlan):
     """``fused_handoff``: one kernel, plus the x scratch and this stream's arrival counters."""
 
-    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        device = state_cache.device
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, _scratch(workspace, self.num_tokens, device),
-                        handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+    uses_scratch = True
 
-    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                     workspace) -> None:
-        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
+    def launch_kernels(self, fixed, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                       scratch) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = fixed
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                    cos_sin_cache, k_cache, kv_slot_mapping, bound_scratch(workspace, self.num_tokens, device),
-                    handoff_counters(device, self.num_tokens), self.eps, self.fp8_inv, *self.grid)
+                    cos_sin_cache, k_cache, kv_slot_mapping, scratch, handoff_counters(device, self.num_tokens),
+                    self.eps, self.fp8_inv, *self.grid)
 
 
 @dataclass(frozen=True)
 class SplitLaunch(LaunchPlan):
-    """``split_block8`` / ``split_generic``: the compress kernel into the x scratch, then the store kernel."""
+    """``split_block8`` / ``split_generic``: the compress kernel into the x scratch, then the
+    store kernel. The store kernel takes nothing the compress kernel has not checked already
+    (the same per-token arrays and scratch, the layer's fixed tensors): once the first launch
+    passed TVM-FFI's checks, the second passes them too."""
 
-    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        scratch = _scratch(workspace, self.num_tokens, state_cache.device)
-        pool, store = self.kernels
-        pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
-        store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
-              self.fp8_inv)
+    uses_scratch = True
 
-    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                     workspace) -> None:
-        """The store kernel takes nothing the compress kernel has not checked already (the same
-        per-token arrays and scratch; the layer's fixed tensors): once the first launch passed
-        TVM-FFI's checks, the second passes them too."""
-        state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = held
-        scratch = bound_scratch(workspace, self.num_tokens, device)
+    def launch_kernels(self, fixed, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                       scratch) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
         pool, store = self.ffi
         pool(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, scratch)
         store(scratch, positions, slot_mapping, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache, self.eps,
@@ -338,14 +331,9 @@ class SplitLaunch(LaunchPlan):
 class IndexerLaunch(LaunchPlan):
     """The indexer compressor (SPEC §12): one kernel on the call's tensors (no ``fp8_inv``, no scratch)."""
 
-    def launch_kernels(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                       cos_sin_cache, k_cache, kv_slot_mapping, workspace) -> None:
-        self.kernels[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                        cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
-
-    def launch_bound(self, held, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                     workspace) -> None:
-        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = held
+    def launch_kernels(self, fixed, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                       scratch) -> None:
+        state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                     cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
