@@ -15,8 +15,8 @@ that is not timed, so device-bound sizes still show their host time):
   by a no-op;
 - ``ffi``: the plan's TVM-FFI launches alone, on pre-built arguments (scratch and counters
   made beforehand; GPU only), through the TVM-FFI functions themselves, without the compiled
-  objects' Python ``__call__`` (``ffi, compiled object``: through it, as unbound calls
-  launch); ``ffi, fixed held``: the same with the layer's fixed tensors converted to TVM-FFI
+  objects' Python ``__call__``, as every plan launches (``ffi, compiled object``: through
+  that ``__call__``); ``ffi, fixed held``: the same with the layer's fixed tensors converted to TVM-FFI
   tensors once, as a bound layer holds them: the launch floor of a bound call; ``ffi, all
   held`` (one-kernel paths): every tensor converted beforehand (no torch tensor left to name
   a stream: it launches on the default stream);

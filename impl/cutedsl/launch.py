@@ -9,9 +9,10 @@ dispatch, compile-cache lookups), and :mod:`.api` keeps it in a
 :class:`dsv4_compressor.impl.frontend.PlanCache` keyed by the tensors' metadata: later calls
 pay that key, a dictionary lookup and the FFI launches. The indexer layouts (SPEC §12) get
 :mod:`.indexer_launch`'s kernel in an :class:`IndexerLaunch`, after the same validation.
-A bound layer's eager calls use ``launch_bound`` instead of ``run``: the kernels' TVM-FFI
-functions (:func:`ffi_function`) on its held fixed tensors (:func:`held_tensors`) and the
-call's per-token arrays as given, TVM-FFI checking them (see :class:`.api.BoundLayer`).
+Both ``run`` (a validated call) and ``launch_bound`` (a bound layer's eager call: its held
+fixed tensors, :func:`held_tensors`, and the call's per-token arrays as given, TVM-FFI checking
+them; see :class:`.api.BoundLayer`) end in one ``launch_kernels`` per path, which calls the
+kernels' TVM-FFI functions (:func:`ffi_function`).
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ def bound_scratch(workspace, num_tokens: int, device: torch.device) -> torch.Ten
 def ffi_function(kernel):
     """The positional TVM-FFI function under a compiled CuTe DSL kernel: the compiled object's
     own ``__call__`` runs two Python frames (its pointer-argument check and a keyword wrapper)
-    before it; the bound path passes every argument positionally and no raw pointer, so it
-    calls the function itself (which keeps the kernel's module alive). Anything else (a kernel
+    before it; the plans pass every argument positionally and no raw pointer, so they call
+    the function itself (which keeps the kernel's module alive). Anything else (a kernel
     without that function, one that takes raw pointers) is returned as it is."""
     function = getattr(kernel, "__tvm_ffi_object__", None)
     takes_pointers = getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", True)
@@ -247,7 +248,7 @@ class LaunchPlan:
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
     grid: tuple = ()  # fused_handoff: (chunk,)
-    ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_bound)
+    ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_kernels)
 
     def __post_init__(self):
         object.__setattr__(self, "ffi", tuple(ffi_function(kernel) for kernel in self.kernels))
