@@ -10,7 +10,8 @@
 - The save-partial-states pass over T tokens.
 - The lightning indexer's compressor (SPEC §12, head width 128): the C4 decode sweep with state
   block size 16 and 64 entries per page, a mixed step, and the save pass, for ``indexer_fp8``
-  and ``indexer_mxfp4`` (optionally with the Hadamard rotation).
+  and ``indexer_mxfp4`` (optionally with the Hadamard rotation); its C128 decode sweep for the
+  Triton knob sweep.
 
 Metadata comes from NumPy builders; the large buffers are filled on the GPU.
 """
@@ -115,15 +116,22 @@ def save_sweep(sizes=(1, 64, 1024, 16384)) -> list[Case]:
             + [Case("c4_save", "save", 4, 4, 64, n, "save") for n in sizes])
 
 
-def _indexer_compress(kind: str, layout: str, hadamard: bool, token_num: int) -> Case:
-    name = f"indexer_c4_{kind}_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}"
-    return Case(name, "compress", 4, INDEXER_BLOCK_SIZE, 64, token_num, kind, layout, INDEXER_HEAD_DIM, hadamard)
+def _indexer_compress(kind: str, layout: str, hadamard: bool, token_num: int, ratio: int = 4) -> Case:
+    name = f"indexer_c{ratio}_{kind}_{layout.removeprefix('indexer_')}{'_hadamard' if hadamard else ''}"
+    return Case(name, "compress", ratio, B.INDEXER_STATE_BLOCK_SIZE[ratio], 64, token_num, kind, layout,
+                INDEXER_HEAD_DIM, hadamard)
 
 
 def indexer_decode_sweep(sizes=C4_SWEEP, layout="indexer_fp8", hadamard=False) -> list[Case]:
     """The indexer's C4 decode sweep: every token closes a window; per active token 8 KiB of state
     (8 rows x 128 kv + 128 score floats) in, one entry out."""
     return [_indexer_compress("decode", layout, hadamard, n) for n in sizes]
+
+
+def indexer_c128_decode_sweep(sizes=C128_SWEEP, layout="indexer_fp8", hadamard=False) -> list[Case]:
+    """The indexer kernel's C128 path on decode-boundary tokens (the knob sweep's; production
+    indexers are C4): per active token 128 KiB of state (128 rows x 128 kv + 128 score floats) in."""
+    return [_indexer_compress("decode", layout, hadamard, n, ratio=128) for n in sizes]
 
 
 def indexer_mixed_steps(layouts=INDEXER_LAYOUTS, hadamard=False) -> list[Case]:

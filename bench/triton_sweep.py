@@ -8,21 +8,28 @@ the same ``k_cache`` bytes as the default one, and prints effective bandwidth ag
 device-to-device copy. It also reports the host cost of one eager call. Bytes counted: the state rows read (W rows x 4 KiB per token,
 read once) plus the entry written. ``--check-spec`` also compares the default config with the
 NumPy spec on the smallest batch of each ratio.
+
+``--head 128`` sweeps the indexer kernel (SPEC §12) instead, per layout (``--layout``,
+``--hadamard``), on the main bench's indexer cases (:mod:`.cases`, which also count the bytes:
+per active token its W window rows' own kv and score halves, the entry, the cos/sin row and
+the metadata); C4 by default, ``--ratio 128`` for the C128 path.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
-from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
+from ..impl.triton.config import DEFAULT_FUSED, DEFAULT_INDEXER, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
-from ..spec.constants import ENTRY_BYTES
-from .timing import copy_bandwidth_gbs
+from ..spec.constants import ENTRY_BYTES, INDEXER_LAYOUTS
+from .cases import Case, indexer_c128_decode_sweep, indexer_decode_sweep
+from .timing import InputSet, copy_bandwidth_gbs, prepare
 
 C128_CONFIGS = [
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
@@ -42,10 +49,34 @@ C4_CONFIGS = [
     FusedConfig(block_c=128, num_warps=1),
 ]
 
+# The indexer kernel (SPEC §12, head 128): block_c <= 128, tile_stages 1. A one-token program is
+# small, so registers can bound the programs per SM (and the state bytes in flight): the
+# max_registers rows cap them at the counts that let 25 or 32 two-warp programs share an SM.
+INDEXER_C4_CONFIGS = [
+    FusedConfig(block_c=128, num_warps=2),
+    FusedConfig(block_c=128, num_warps=1),
+    FusedConfig(block_c=128, num_warps=4),
+    FusedConfig(block_c=64, num_warps=1),
+    FusedConfig(block_c=64, num_warps=2),
+    FusedConfig(block_c=64, num_warps=2, unroll_tiles=False),
+    FusedConfig(block_c=128, num_warps=2, max_registers=40),
+    FusedConfig(block_c=128, num_warps=2, max_registers=32),
+    FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32),
+]
+INDEXER_C128_CONFIGS = [
+    FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
+    FusedConfig(block_c=32, num_warps=8, unroll_tiles=False),
+    FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
+    FusedConfig(block_c=16, num_warps=4, unroll_tiles=False),
+    FusedConfig(block_c=32, num_warps=2, unroll_tiles=False),
+]
+INDEXER_TOKENS = {4: (1024, 4096, 16384), 128: (256, 1024, 4096)}
+
 
 def config_name(config: FusedConfig) -> str:
     loop = "unrolled" if config.unroll_tiles else f"loop{config.tile_stages}"
-    return f"bc{config.block_c}_w{config.num_warps}_{loop}"
+    cap = "" if config.max_registers is None else f"_r{config.max_registers}"
+    return f"bc{config.block_c}_w{config.num_warps}_{loop}{cap}"
 
 
 def decode_batch(ratio: int, num_tokens: int, block_size: int, rng: np.random.Generator, entries_per_page: int = 64):
@@ -73,6 +104,11 @@ def run_compress(ratio, b, state, cos_sin, weight, k_cache, meta, config):
 ROTATION_BYTES = 256 << 20  # inputs touched per graph pass, well above the 60 MB L2
 
 
+def rotation_sets(bytes_per_call: int) -> int:
+    """Input sets to rotate through so one graph pass touches about :data:`ROTATION_BYTES` (1 to 8)."""
+    return max(1, min(8, -(-ROTATION_BYTES // max(bytes_per_call, 1))))
+
+
 def graph_time_ms(calls, repeats: int = 4) -> float:
     """Median time of one call (ms) by replaying a CUDA graph of ``repeats`` passes over ``calls``."""
     import triton
@@ -91,8 +127,7 @@ def graph_time_ms(calls, repeats: int = 4) -> float:
 def sweep_ratio(ratio: int, token_counts, configs, block_size: int, copy_bw: float, check_spec: bool) -> None:
     window = 8 if ratio == 4 else 128
     for num_tokens in token_counts:
-        bytes_per_call = num_tokens * window * 4096
-        num_sets = max(1, min(8, -(-ROTATION_BYTES // bytes_per_call)))
+        num_sets = rotation_sets(num_tokens * window * 4096)
         sets = [decode_batch(ratio, num_tokens, block_size, np.random.default_rng(num_tokens + ratio + 1000 * i)) for i in range(num_sets)]
         b, state, cos_sin, weight, k_cache, meta = sets[0]
         nbytes = b.num_active * (window * 4096 + ENTRY_BYTES)
@@ -127,6 +162,96 @@ def sweep_ratio(ratio: int, token_counts, configs, block_size: int, copy_bw: flo
         torch.cuda.empty_cache()
 
 
+@dataclass(frozen=True)
+class IndexerSweep:
+    """One indexer sweep: a ratio and layout (and rotation), its token counts and configs."""
+
+    ratio: int
+    layout: str
+    hadamard: bool
+    token_counts: tuple
+    configs: tuple
+
+    def cases(self) -> list[Case]:
+        """The main bench's indexer decode cases (their batches and byte counts)."""
+        sweep = indexer_decode_sweep if self.ratio == 4 else indexer_c128_decode_sweep
+        return sweep(self.token_counts, layout=self.layout, hadamard=self.hadamard)
+
+    def label(self) -> str:
+        return f"idx C{self.ratio} {self.layout.removeprefix('indexer_')}{'+H' if self.hadamard else ''}"
+
+
+def indexer_sweeps(ratios, layouts, hadamard: bool, token_counts, default_only: bool) -> list[IndexerSweep]:
+    """The ``--head 128`` sweeps: C4 unless ``ratios`` says otherwise, both layouts unless ``layouts`` does."""
+    out = []
+    for ratio in ratios or (4,):
+        configs = (DEFAULT_INDEXER[ratio],) if default_only else tuple(INDEXER_C4_CONFIGS if ratio == 4 else INDEXER_C128_CONFIGS)
+        for layout in layouts or INDEXER_LAYOUTS:
+            out.append(IndexerSweep(ratio, layout, hadamard, tuple(token_counts or INDEXER_TOKENS[ratio]), configs))
+    return out
+
+
+K_CACHE_ARG = 9  # k_cache's place in compress_norm_rope_store's positional arguments
+
+
+def _run_indexer(input_set: InputSet, config: FusedConfig | None) -> None:
+    compress_norm_rope_store(*input_set.args, **input_set.kwargs, config=config)
+
+
+def sweep_indexer(sweep: IndexerSweep, copy_bw: float, check_spec: bool) -> None:
+    """Time every config of ``sweep`` on each of its cases; bytes compared with the default config's."""
+    for case in sweep.cases():
+        seed = case.token_num + sweep.ratio
+        num_sets = rotation_sets(case.bytes_moved(case.batch(np.random.default_rng(seed))))  # prepare's first batch
+        prepared = prepare(case, num_sets, seed)
+        first = prepared.sets[0]
+        k_cache = first.args[K_CACHE_ARG]
+        k_cache.fill_(spec_batch.CANARY_BYTE)
+        _run_indexer(first, None)
+        torch.cuda.synchronize()
+        reference = k_cache.clone()
+        if check_spec and case.token_num == sweep.token_counts[0]:
+            _check_indexer_against_spec(sweep.label(), case, first, reference)
+        for config in sweep.configs:
+            k_cache.fill_(spec_batch.CANARY_BYTE)
+            start = time.perf_counter()
+            _run_indexer(first, config)
+            torch.cuda.synchronize()
+            first_call = time.perf_counter() - start
+            same = torch.equal(k_cache, reference)
+            ms = graph_time_ms([lambda s=s, c=config: _run_indexer(s, c) for s in prepared.sets])
+            bw = prepared.bytes_moved / (ms * 1e-3)
+            print(f"{sweep.label():18s} T={case.token_num:6d} {config_name(config):26s} {ms * 1e3:9.1f} us "
+                  f"{bw / 1e12:6.3f} TB/s {100 * bw / copy_bw:5.1f}% of copy  bytes={'same' if same else 'DIFFERENT'}  "
+                  f"(first call {first_call:.1f}s, {num_sets} input sets)", flush=True)
+        if case.token_num == sweep.token_counts[0]:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(50):
+                _run_indexer(first, None)
+            host_us = (time.perf_counter() - start) / 50 * 1e6
+            torch.cuda.synchronize()
+            print(f"{sweep.label()} host cost of one eager call (validation + launch): {host_us:.1f} us", flush=True)
+        del prepared, first, k_cache, reference
+        torch.cuda.empty_cache()
+
+
+def _check_indexer_against_spec(label: str, case: Case, input_set: InputSet, k_cache_after) -> None:
+    """The default config's ``k_cache`` bytes against the NumPy spec on the same inputs."""
+    from .. import spec
+
+    host = [a.cpu().numpy() if isinstance(a, torch.Tensor) else a for a in input_set.args]
+    k_cache = input_set.args[K_CACHE_ARG]
+    host[K_CACHE_ARG] = spec_batch.canary_k_cache(case.layout, k_cache.shape[0], k_cache.shape[1])
+    spec.compress_norm_rope_store(*host, compress_ratio=case.compress_ratio, layout=case.layout, hadamard=case.hadamard)
+    _print_spec_check(f"{label} T={case.token_num}", host[K_CACHE_ARG], k_cache_after.cpu().numpy())
+
+
+def _print_spec_check(what: str, expected: np.ndarray, got: np.ndarray) -> None:
+    differing = int(np.count_nonzero(expected != got))
+    print(f"{what}: spec check: {'IDENTICAL' if differing == 0 else f'{differing} DIFFERENT bytes'}", flush=True)
+
+
 def _check_against_spec(ratio, b, state, cos_sin, weight, k_cache_after) -> None:
     from .. import spec
 
@@ -136,9 +261,7 @@ def _check_against_spec(ratio, b, state, cos_sin, weight, k_cache_after) -> None
         weight.view(torch.int16).cpu().numpy().view(np.uint16), 1e-6, cos_sin.cpu().numpy(), cache, b.kv_slot_mapping,
         compress_ratio=ratio,
     )
-    got = k_cache_after.cpu().numpy()
-    differing = int(np.count_nonzero(cache != got))
-    print(f"C{ratio} T={b.num_tokens}: spec check: {'IDENTICAL' if differing == 0 else f'{differing} DIFFERENT bytes'}", flush=True)
+    _print_spec_check(f"C{ratio} T={b.num_tokens}", cache, k_cache_after.cpu().numpy())
 
 
 def sweep_save(copy_bw: float) -> None:
@@ -162,16 +285,33 @@ def sweep_save(copy_bw: float) -> None:
                   f"{100 * bw / copy_bw:5.1f}% of copy", flush=True)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratio", type=int, choices=(4, 128), action="append")
     parser.add_argument("--tokens", type=int, action="append", help="token counts (default: per ratio)")
     parser.add_argument("--default-only", action="store_true", help="time only the default config")
     parser.add_argument("--check-spec", action="store_true")
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--head", type=int, choices=(512, 128), default=512,
+                        help="512: the KV compressor's kernel and the save pass; 128: the indexer kernel (SPEC §12, "
+                             "C4 unless --ratio 128; no save pass)")
+    parser.add_argument("--layout", choices=INDEXER_LAYOUTS, action="append",
+                        help="with --head 128: the indexer layout(s) (default: both)")
+    parser.add_argument("--hadamard", action="store_true", help="with --head 128: apply the Hadamard rotation")
     args = parser.parse_args(argv)
+    if args.head == 512 and (args.layout or args.hadamard):
+        parser.error("--layout and --hadamard need --head 128")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     copy_bw = copy_bandwidth_gbs() * 1e9  # bytes/s
     print(f"device-to-device copy: {copy_bw / 1e12:.3f} TB/s", flush=True)
+    if args.head == 128:
+        for sweep in indexer_sweeps(args.ratio, args.layout, args.hadamard, args.tokens, args.default_only):
+            sweep_indexer(sweep, copy_bw, args.check_spec)
+        return 0
     for ratio in args.ratio or (128, 4):
         configs = [DEFAULT_FUSED[ratio]] if args.default_only else (C128_CONFIGS if ratio == 128 else C4_CONFIGS)
         tokens = args.tokens or ((256, 1024, 4096) if ratio == 128 else (1024, 4096, 16384, 65536))

@@ -184,7 +184,7 @@ def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, b
         RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=LAYOUT_CODES[store.layout],
         WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         TILE_STAGES=knobs.tile_stages, LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
-        num_warps=knobs.num_warps, enable_fp_fusion=False,
+        **knobs.launch_options(), enable_fp_fusion=False,
     )
     if pooling.num_tokens == 0:
         return None
@@ -205,7 +205,7 @@ def _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache
         RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=INDEXER_LAYOUT_CODES[store.layout],
         HADAMARD=store.hadamard, WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
-        num_warps=knobs.num_warps, enable_fp_fusion=False,
+        **knobs.launch_options(), enable_fp_fusion=False,
     )
     if pooling.num_tokens == 0:
         return None

@@ -23,12 +23,16 @@ class FusedConfig:
     - ``num_warps``: warps per token program.
     - ``unroll_tiles``: unroll the channel-tile loop at compile time (True) or keep a runtime loop
       (False), which ``tile_stages > 1`` software-pipelines (cp.async into shared memory).
+    - ``max_registers``: a cap on registers per thread (PTX ``.maxnreg``; None: the compiler's
+      choice). A one-token program is small, so its registers can bound how many programs an SM
+      holds, and with them the state bytes in flight; a cap trades a few spills for occupancy.
     """
 
     block_c: int
     num_warps: int
     unroll_tiles: bool = True
     tile_stages: int = 1
+    max_registers: int | None = None
 
     def __post_init__(self):
         if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):
@@ -37,10 +41,16 @@ class FusedConfig:
             raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
         if self.tile_stages < 1:
             raise ValueError(f"tile_stages: expected >= 1, got {self.tile_stages}")
+        if self.max_registers is not None and not (isinstance(self.max_registers, int) and 16 <= self.max_registers <= 255):
+            raise ValueError(f"max_registers: expected None or an int in [16, 255], got {self.max_registers!r}")
 
     def plan(self, window: int) -> RowPlan:
         """Which window-row bits sit on lanes, warps and registers (see :mod:`.pooling`)."""
         return row_plan(window, self.block_c, self.num_warps)
+
+    def launch_options(self) -> dict:
+        """Triton's launch options for these knobs: ``num_warps``, and ``maxnreg`` when capped."""
+        return {"num_warps": self.num_warps, **({} if self.max_registers is None else {"maxnreg": self.max_registers})}
 
 
 @dataclass(frozen=True)

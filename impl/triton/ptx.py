@@ -41,6 +41,7 @@ class Variant:
     num_warps: int
     require_vector_loads: bool
     divisible_ints: tuple = ()  # integer arguments assumed multiples of 16 (Triton's JIT specializes such values)
+    max_registers: int | None = None  # the launch's maxnreg (FusedConfig.max_registers)
 
 
 def _fused_types(layout: str, weight_bf16: bool) -> dict:
@@ -72,12 +73,13 @@ def indexer_variant(ratio: int, block_size: int, layout: str, hadamard: bool, we
     window = 2 * ratio if ratio == 4 else ratio
     plan = config.plan(window)
     name = (f"indexer_c{ratio}_bs{block_size}_{layout}{'_hadamard' if hadamard else ''}_{'bf16w' if weight_bf16 else 'f32w'}"
-            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else '_loop'}")
+            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else '_loop'}"
+            f"{'' if config.max_registers is None else f'_r{config.max_registers}'}")
     constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=INDEXER_LAYOUT_CODES[layout], HADAMARD=hadamard,
                       WEIGHT_BF16=weight_bf16, BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles,
                       LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
     types = {**_INDEXER_TYPES, "weight_ptr": "*i16" if weight_bf16 else "*fp32"}
-    return Variant(name, "indexer", constexprs, types, config.num_warps, True)
+    return Variant(name, "indexer", constexprs, types, config.num_warps, True, max_registers=config.max_registers)
 
 
 def indexer_variants() -> list[Variant]:
@@ -89,7 +91,8 @@ def indexer_variants() -> list[Variant]:
         for layout in ("indexer_fp8", "indexer_mxfp4"):
             for hadamard in (False, True):
                 out.append(indexer_variant(ratio, block_size, layout, hadamard, block_size != 4, DEFAULT_INDEXER[ratio]))
-    for config in (FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=128, num_warps=4)):
+    for config in (FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=128, num_warps=4),
+                   FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)):
         out.append(indexer_variant(4, 16, "indexer_mxfp4", True, True, config))
     return out
 
@@ -172,7 +175,8 @@ def _compile(variant: Variant) -> str:
              if signature[name].startswith("*") or name in variant.divisible_ints}
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
-                              options={"num_warps": variant.num_warps, "enable_fp_fusion": False})
+                              options={"num_warps": variant.num_warps, "enable_fp_fusion": False,
+                                       **({} if variant.max_registers is None else {"maxnreg": variant.max_registers})})
     return compiled.asm["ptx"]
 
 

@@ -23,6 +23,8 @@ def test_every_variant_passes_the_ptx_rules():
         for layout in ("indexer_fp8_", "indexer_mxfp4_", "indexer_fp8_hadamard_", "indexer_mxfp4_hadamard_"):
             assert any(n.startswith(f"indexer_{ratio}_") and f"_{layout}" in n for n in names), (ratio, layout)
         assert any(n.startswith(f"save_indexer_{ratio}_") for n in names)
+    capped = [ptx for name, ptx, _ in results if name.startswith("indexer_") and name.endswith("_r32")]
+    assert capped and all(re.search(r"^\s*\.maxnreg 32\b", ptx, re.M) for ptx in capped)  # max_registers reaches the PTX
 
     failures = []
     for name, ptx, options in results:

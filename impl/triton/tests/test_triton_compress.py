@@ -211,6 +211,17 @@ def test_invalid_configs_are_rejected(kwargs):
         FusedConfig(**kwargs)
 
 
+@pytest.mark.parametrize("max_registers", [8, 256, 32.0, "32"])
+def test_invalid_register_caps_are_rejected(max_registers):
+    with pytest.raises(ValueError, match="max_registers"):
+        FusedConfig(block_c=64, num_warps=2, max_registers=max_registers)
+
+
+def test_max_registers_becomes_the_maxnreg_launch_option():
+    assert FusedConfig(block_c=64, num_warps=2).launch_options() == {"num_warps": 2}
+    assert FusedConfig(block_c=64, num_warps=2, max_registers=32).launch_options() == {"num_warps": 2, "maxnreg": 32}
+
+
 @pytest.mark.parametrize("fp8_scale, codes", [(0.002, (0x7E, 0xFE)), (300.0, tuple(range(1, 8)))], ids=["saturating", "subnormal"])
 def test_fp8_per_tensor_saturation_and_subnormal_codes(fp8_scale, codes):
     """A tiny scale drives most values past 448 (saturated to 0x7E/0xFE); a huge one into E4M3's

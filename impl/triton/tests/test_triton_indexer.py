@@ -59,7 +59,8 @@ def test_signed_zeros_tiny_and_huge_blocks(layout):
 
 
 @pytest.mark.parametrize("config", [FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=32, num_warps=1),
-                                    FusedConfig(block_c=128, num_warps=4, unroll_tiles=False)])
+                                    FusedConfig(block_c=128, num_warps=4, unroll_tiles=False),
+                                    FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)])
 def test_knobs_do_not_change_bytes(config):
     for make, bs in ((_c4, 16), (_c128, 8)):
         scenario = make("indexer_mxfp4", bs, 21, entries_per_page=4, hadamard=True)

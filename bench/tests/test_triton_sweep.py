@@ -1,0 +1,64 @@
+"""The Triton knob sweep's indexer part (``--head 128``) without a GPU: its configs are valid for
+the indexer kernel, its cases and byte counts are the main bench's, its arguments select the
+right sweeps."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from dsv4_compressor.bench import triton_sweep as ts
+from dsv4_compressor.bench.cases import indexer_decode_sweep
+from dsv4_compressor.impl.triton.config import DEFAULT_INDEXER, indexer_config
+
+
+@pytest.mark.parametrize("ratio, configs", [(4, ts.INDEXER_C4_CONFIGS), (128, ts.INDEXER_C128_CONFIGS)])
+def test_indexer_configs_are_valid_distinct_and_hold_the_default(ratio, configs):
+    assert all(indexer_config(ratio, c) is c for c in configs)  # raises on block_c > 128 or tile_stages != 1
+    names = [ts.config_name(c) for c in configs]
+    assert len(set(names)) == len(names) == len(set(configs))
+    assert DEFAULT_INDEXER[ratio] in configs
+    assert len(configs) <= 10  # the whole default sweep stays within a few minutes on one GPU
+
+
+def test_config_names_show_every_knob():
+    from dsv4_compressor.impl.triton.config import FusedConfig
+
+    assert ts.config_name(FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)) == "bc64_w2_loop1_r32"
+    assert ts.config_name(FusedConfig(block_c=128, num_warps=1)) == "bc128_w1_unrolled"
+
+
+def test_default_indexer_sweeps_are_c4_over_both_layouts():
+    sweeps = ts.indexer_sweeps(None, None, False, None, False)
+    assert [(s.ratio, s.layout, s.hadamard) for s in sweeps] == [(4, "indexer_fp8", False), (4, "indexer_mxfp4", False)]
+    assert all(s.token_counts == (1024, 4096, 16384) and s.configs == tuple(ts.INDEXER_C4_CONFIGS) for s in sweeps)
+    only = ts.indexer_sweeps([128], ["indexer_mxfp4"], True, [64], True)
+    assert [(s.ratio, s.layout, s.hadamard, s.token_counts, s.configs) for s in only] == [
+        (128, "indexer_mxfp4", True, (64,), (DEFAULT_INDEXER[128],))]
+
+
+def test_indexer_cases_and_bytes_are_the_main_benchs():
+    c4 = ts.IndexerSweep(4, "indexer_mxfp4", True, (64, 1024), ())
+    assert c4.cases() == indexer_decode_sweep((64, 1024), layout="indexer_mxfp4", hadamard=True)
+    c128 = ts.IndexerSweep(128, "indexer_fp8", False, (16,), ()).cases()[0]
+    assert (c128.compress_ratio, c128.head_dim, c128.block_size, c128.layout) == (128, 128, 8, "indexer_fp8")
+    batch = c128.batch(np.random.default_rng(0))
+    assert batch.num_active == 16
+    # per active token: 128 window rows x (128 kv + 128 score) fp32, a 132-byte entry, a cos/sin row, 28 bytes of
+    # metadata; the weight once
+    assert c128.bytes_moved(batch) == 16 * (128 * 256 * 4 + 132 + 64 * 4 + 28) + 128 * 4
+
+
+def test_rotation_sets_cover_the_l2_and_stay_few():
+    big = indexer_decode_sweep((16384,))[0]
+    assert ts.rotation_sets(big.bytes_moved(big.batch(np.random.default_rng(0)))) == 2  # 16384 x 8 KiB: 2 sets
+    assert ts.rotation_sets(1 << 20) == 8 and ts.rotation_sets(ts.ROTATION_BYTES) == 1 and ts.rotation_sets(0) == 8
+
+
+def test_arguments():
+    args = ts.parse_args(["--head", "128", "--layout", "indexer_fp8", "--hadamard", "--check-spec"])
+    assert (args.head, args.layout, args.hadamard, args.check_spec, args.ratio) == (128, ["indexer_fp8"], True, True, None)
+    assert ts.parse_args([]).head == 512
+    for bad in (["--layout", "indexer_fp8"], ["--hadamard"], ["--head", "128", "--layout", "flashmla_fp8"]):
+        with pytest.raises(SystemExit):
+            ts.parse_args(bad)
