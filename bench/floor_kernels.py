@@ -1,4 +1,4 @@
-"""Read floors of a C128 step: Triton kernels that only read what the step must read.
+"""Read floors: Triton kernels that only read what a step must read (C128, and the indexer's C4).
 
 Every kernel reads T windows of 128 state rows (kv ``[0:512]`` and score ``[512:1024]``,
 fp32) and stores one float per CTA (the sum of what it read, so no load is dropped); none
@@ -19,7 +19,10 @@ Paged windows (the benchmark case's own state cache, block table and metadata):
 - :func:`paged_tile_read`: position and request, the 16 block-table entries, then the
   gather: every dependent load of the fused kernels, no arithmetic;
 - :func:`paged_tile_read_tma`: the same with one ``[8, 64]`` TMA box per state block
-  (block size 8) for kv and for score, in a software-pipelined loop.
+  (block size 8) for kv and for score, in a software-pipelined loop;
+- :func:`paged_indexer_read`: the indexer compressor's C4 window (SPEC §12), one program per
+  token: position and request, the 8 rows' block-table entries, then each row's own half
+  (128 kv and 128 score floats: 8 KiB a token, as two 512-byte runs of every 2 KiB row).
 """
 
 from __future__ import annotations
@@ -117,3 +120,27 @@ def paged_tile_read_tma(state_desc, token_req_ptr, positions_ptr, block_table_pt
         total += state_desc.load([block * BLOCK_SIZE, tile * TILE])
         total += state_desc.load([block * BLOCK_SIZE, HALF + tile * TILE])
     tl.store(out_ptr + pid, tl.sum(tl.sum(total, axis=1), axis=0))
+
+
+@triton.jit
+def paged_indexer_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr, out_ptr, block_table_stride,
+                       block_stride, row_stride, BLOCK_SIZE: tl.constexpr):
+    # state_ptr: fp32 [num_blocks, BLOCK_SIZE, 512] (block_stride, row_stride in floats; a row is
+    # kv[0:256] then score[256:512], two halves of 128); token_req_ptr: int32 [T]; positions_ptr:
+    # int64 [T] (boundary positions p); block_table_ptr: int32 [num_reqs, max_blocks]; out_ptr: fp32 [T].
+    # Rows p-7..p-4 read half 0, rows p-3..p half 1; rows before position 0 are not read.
+    token = tl.program_id(0)
+    position = tl.load(positions_ptr + token)
+    request = tl.load(token_req_ptr + token)
+    row = tl.arange(0, 8)
+    pos = (position // 4) * 4 - 4 + row
+    valid = pos >= 0
+    pos = tl.where(valid, pos, 0)
+    blocks = tl.load(block_table_ptr + request.to(tl.int64) * block_table_stride + pos // BLOCK_SIZE)
+    starts = blocks.to(tl.int64) * block_stride + (pos % BLOCK_SIZE) * row_stride + (row // 4) * 128
+    columns = tl.arange(0, 128)
+    offsets = starts[:, None] + columns[None, :]
+    in_window = valid[:, None] & (columns[None, :] < 128)
+    kv = tl.load(state_ptr + offsets, mask=in_window, other=0.0, cache_modifier=".cg")
+    score = tl.load(state_ptr + offsets + 256, mask=in_window, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + token, tl.sum(tl.sum(kv + score, axis=1), axis=0))

@@ -1,6 +1,7 @@
-"""Where the C128 time goes: floors and leave-one-stage-out timings, on a GPU.
+"""Where the time goes: floors and leave-one-stage-out timings, on a GPU.
 
     python -m dsv4_compressor.bench.probe floor [--sizes 1 32 64 128 1024]
+    python -m dsv4_compressor.bench.probe indexer-floor [--sizes 1024 4096 16384]
     python -m dsv4_compressor.bench.probe variants [--sizes ...] [--variants nopdl cluster8 ...]
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
     python -m dsv4_compressor.bench.probe pairs [--sizes ...]
@@ -13,6 +14,8 @@
   the fused kernels' tile pattern (with 16-byte loads and with TMA), one 512-thread CTA per
   token, and through the benchmark's own paged state cache and metadata (16-byte loads,
   TMA). What no kernel with that access pattern can beat.
+- ``indexer-floor``: the same for the indexer compressor's C4 decode sweep: its bytes read
+  contiguously, and through the benchmark's paged state with exactly the kernel's reads.
 - ``variants``: the C128 decode sweep over named CuTe DSL variants
   (:mod:`dsv4_compressor.impl.cutedsl.variants`), each in its own graph, interleaved.
 - ``no-exp``: the same, with SPEC's ``exp2s`` replaced by one subtraction in the CuTe DSL
@@ -128,6 +131,47 @@ def floor(sizes) -> None:
         torch.cuda.empty_cache()
 
 
+INDEXER_TOKEN_BYTES = 8 * 2 * 128 * 4  # a C4 indexer token: 8 rows' own halves, kv and score
+
+
+def indexer_floor(sizes) -> None:
+    """The indexer's C4 decode sweep (the benchmark's own cases): a plain streaming read of the
+    same bytes, and the paged window read (:func:`.floor_kernels.paged_indexer_read`) with one
+    and two warps per token."""
+    import torch
+
+    from . import floor_kernels as K
+    from .cases import indexer_decode_sweep
+    from .timing import copy_bandwidth_gbs, prepare
+
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s\n")
+    print("| T | MB read | stream 32 KiB/CTA | paged window, 1 warp/token | paged window, 2 warps/token |\n"
+          "|---:|---:|---:|---:|---:|")
+    for case in indexer_decode_sweep(tuple(sizes)):
+        t = case.token_num
+        prepared = prepare(case)
+        nbytes = t * INDEXER_TOKEN_BYTES
+        out = torch.empty(max(t, nbytes // 4 // STREAM_BLOCK + 1), device="cuda")
+        flat = [torch.randn(max(nbytes // 4, STREAM_BLOCK), device="cuda") for _ in range(4)]
+
+        def paged(warps):
+            def launch(s):
+                state, token_req, positions, _, block_table = s.args[:5]
+                K.paged_indexer_read[(t,)](state, token_req, positions, block_table, out, block_table.stride(0),
+                                           state.stride(0), state.stride(1), BLOCK_SIZE=case.block_size,
+                                           num_warps=warps)
+            return launch
+
+        timings = [_graph_us(lambda w: K.stream_read[(max(1, nbytes // 4 // STREAM_BLOCK),)](
+                       w, out, BLOCK=STREAM_BLOCK, num_warps=8), flat),
+                   _graph_us(paged(1), prepared.sets), _graph_us(paged(2), prepared.sets)]
+        cells = [f"{us:.2f} ({100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs:.1f}%)" for us in timings]
+        print(f"| {t} | {nbytes / 1e6:.1f} | " + " | ".join(cells) + " |", flush=True)
+        del prepared, flat
+        torch.cuda.empty_cache()
+
+
 def patch_out_exp2s() -> None:
     """Make the CuTe DSL pooling compute ``e = s - M`` instead of ``exp2s((s - M) * L)``."""
     from ..impl.cutedsl import exact_math, pooling_c128
@@ -214,7 +258,7 @@ def main(argv=None) -> int:
 
         return host_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.bench.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("floor", "variants", "no-exp", "pairs", "profile-one", "host"))
+    parser.add_argument("what", choices=("floor", "indexer-floor", "variants", "no-exp", "pairs", "profile-one", "host"))
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
     parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
     parser.add_argument("--tokens", type=int, default=64)
@@ -227,6 +271,8 @@ def main(argv=None) -> int:
         return 2
     if args.what == "floor":
         floor(args.sizes)
+    elif args.what == "indexer-floor":
+        indexer_floor(args.sizes)
     elif args.what == "pairs":
         time_pairs(args.sizes)
     elif args.what == "profile-one":

@@ -107,3 +107,38 @@ def test_tma_floors_cover_every_window_byte():
                                          torch.from_numpy(batch.positions).cuda(), block_table, out,
                                          block_table.stride(0), BLOCK_SIZE=8, TILE=TILE, STAGES=8, num_warps=4)
     _close(out, _tile_sums(_paged_windows(batch, state)))
+
+
+def test_indexer_floor_reads_each_rows_own_half():
+    """One program per C4 indexer token sums rows p-7..p-4's first halves and p-3..p's second
+    halves (kv and score), 8 KiB, through the block table; a token at p = 3 skips rows before 0."""
+    from dsv4_compressor.bench import floor_kernels as K
+    from dsv4_compressor.bench.cases import indexer_decode_sweep
+
+    rng = np.random.default_rng(3)
+    case = indexer_decode_sweep((5,))[0]
+    batch = case.batch(rng)
+    positions, block_table_host = batch.positions.copy(), batch.block_table.copy()
+    positions[0] = 3  # the first window: rows 0..3 before position 0
+    block_table_host[batch.token_to_req_indices[0], 0] = batch.num_state_blocks - 1  # positions 0..3 mapped
+    bs = case.block_size
+    state = rng.standard_normal((batch.num_state_blocks, bs, 512)).astype(np.float32)
+    want = []
+    for t in range(batch.num_tokens):
+        p, req, total = int(positions[t]), int(batch.token_to_req_indices[t]), 0.0
+        for i in range(8):
+            pos = p // 4 * 4 - 4 + i
+            if pos < 0:
+                continue
+            row = state[block_table_host[req, pos // bs], pos % bs].astype(np.float64)
+            half = i // 4
+            total += row[half * 128:(half + 1) * 128].sum() + row[256 + half * 128:256 + (half + 1) * 128].sum()
+        want.append(total)
+    device = _device()
+    out = torch.full((batch.num_tokens,), float("nan"), device=device)
+    state_t = torch.from_numpy(state).to(device)
+    block_table = torch.from_numpy(block_table_host).to(device)
+    K.paged_indexer_read[(batch.num_tokens,)](
+        state_t, torch.from_numpy(batch.token_to_req_indices).to(device), torch.from_numpy(positions).to(device),
+        block_table, out, block_table.stride(0), state_t.stride(0), state_t.stride(1), BLOCK_SIZE=bs, num_warps=1)
+    _close(out, np.asarray(want))

@@ -195,7 +195,7 @@ def _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache
                   config: FusedConfig | None) -> tuple | None:
     """SPEC §12: the indexer kernel's plan for a validated call (tensors as in :func:`compress_norm_rope_store`)."""
     pooling, store = call.pooling, call.store
-    knobs = indexer_config(pooling.config.ratio, config)
+    knobs = indexer_config(pooling.config.ratio, config, pooling.num_tokens)
     plan = knobs.plan(pooling.config.window)
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
     page_stride = flashmla_page_view(k_cache).stride(0)  # the kernel addresses page * page_stride + byte

@@ -88,6 +88,9 @@ DEFAULT_INDEXER = {
     # [128, 32] x 4 steps in a runtime loop
     128: FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
 }
+# C4 from this many tokens: [8, 64] x 2 steps in one warp (faster from 4096 tokens on the H200, slower at 1024)
+INDEXER_C4_MANY_TOKENS = 4096
+INDEXER_C4_MANY = FusedConfig(block_c=64, num_warps=1)
 INDEXER_HEAD_DIM = 128
 
 
@@ -99,9 +102,13 @@ def save_config(config: SaveConfig | None) -> SaveConfig:
     return DEFAULT_SAVE if config is None else config
 
 
-def indexer_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig:
-    """Knobs of the indexer kernel (SPEC §12): a :class:`FusedConfig` whose ``block_c`` divides 128."""
+def indexer_config(compress_ratio: int, config: FusedConfig | None, num_tokens: int = 0) -> FusedConfig:
+    """Knobs of the indexer kernel (SPEC §12): a :class:`FusedConfig` whose ``block_c`` divides 128;
+    without one, the default of the ratio (C4: :data:`INDEXER_C4_MANY` from
+    :data:`INDEXER_C4_MANY_TOKENS` tokens)."""
     if config is None:
+        if compress_ratio == 4 and num_tokens >= INDEXER_C4_MANY_TOKENS:
+            return INDEXER_C4_MANY
         return DEFAULT_INDEXER[compress_ratio]
     if config.block_c > INDEXER_HEAD_DIM or config.tile_stages != 1:
         raise ValueError(f"config: expected block_c <= {INDEXER_HEAD_DIM} and tile_stages 1 for the indexer's head, "

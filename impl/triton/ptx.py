@@ -84,7 +84,7 @@ def indexer_variant(ratio: int, block_size: int, layout: str, hadamard: bool, we
 
 def indexer_variants() -> list[Variant]:
     """The indexer kernel's defaults for both layouts with and without the rotation, plus a knob sweep."""
-    from .config import DEFAULT_INDEXER, FusedConfig
+    from .config import DEFAULT_INDEXER, INDEXER_C4_MANY, FusedConfig
 
     out = []
     for ratio, block_size in ((4, 16), (4, 4), (128, 8)):
@@ -92,7 +92,7 @@ def indexer_variants() -> list[Variant]:
             for hadamard in (False, True):
                 out.append(indexer_variant(ratio, block_size, layout, hadamard, block_size != 4, DEFAULT_INDEXER[ratio]))
     for config in (FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=128, num_warps=4),
-                   FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)):
+                   FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32), INDEXER_C4_MANY):
         out.append(indexer_variant(4, 16, "indexer_mxfp4", True, True, config))
     return out
 

@@ -9,6 +9,7 @@ import torch
 
 from dsv4_compressor.impl import triton as triton_impl
 from dsv4_compressor.impl.triton import FusedConfig
+from dsv4_compressor.impl.triton.config import DEFAULT_INDEXER, INDEXER_C4_MANY, INDEXER_C4_MANY_TOKENS, indexer_config
 from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
 
@@ -60,11 +61,20 @@ def test_signed_zeros_tiny_and_huge_blocks(layout):
 
 @pytest.mark.parametrize("config", [FusedConfig(block_c=64, num_warps=4), FusedConfig(block_c=32, num_warps=1),
                                     FusedConfig(block_c=128, num_warps=4, unroll_tiles=False),
-                                    FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)])
+                                    FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32),
+                                    INDEXER_C4_MANY])
 def test_knobs_do_not_change_bytes(config):
     for make, bs in ((_c4, 16), (_c128, 8)):
         scenario = make("indexer_mxfp4", bs, 21, entries_per_page=4, hadamard=True)
         assert_identical(run_spec_and_triton(scenario, DEVICE, config=config))
+
+
+def test_the_c4_default_follows_the_token_count():
+    assert indexer_config(4, None, INDEXER_C4_MANY_TOKENS - 1) is DEFAULT_INDEXER[4]
+    assert indexer_config(4, None, INDEXER_C4_MANY_TOKENS) is INDEXER_C4_MANY
+    assert indexer_config(128, None, 10**6) is DEFAULT_INDEXER[128]
+    given = FusedConfig(block_c=32, num_warps=1)
+    assert indexer_config(4, given, 10**6) is given
 
 
 def test_no_active_token_writes_nothing():
@@ -112,4 +122,17 @@ def test_gpu_engine_sized_batches(ratio, block_size, layout, hadamard):
     scenario = build_scenario(decode + mixed, ratio=ratio, block_size=block_size, entries_per_page=64, layout=layout,
                               seed=ratio + block_size, bf16_weight=block_size % 8 == 0, row_pad=4, page_pad_bytes=64,
                               num_padding=5, padding_at_end=False, head_dim=128, hadamard=hadamard)
+    assert_identical(run_spec_and_triton(scenario, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_c4_batches_past_the_default_switch(layout):
+    """From ``INDEXER_C4_MANY_TOKENS`` tokens the C4 default is :data:`INDEXER_C4_MANY`: the same bytes."""
+    rng = np.random.default_rng(11)
+    decode = spec_batch.decode_requests(INDEXER_C4_MANY_TOKENS, 4, rng, max_entries=64)
+    scenario = build_scenario(decode, ratio=4, block_size=16, entries_per_page=64, layout=layout, seed=12,
+                              bf16_weight=True, row_pad=4, page_pad_bytes=64, num_padding=3, padding_at_end=False,
+                              head_dim=128, hadamard=layout == "indexer_mxfp4")
+    assert indexer_config(4, None, scenario.batch.num_tokens) is INDEXER_C4_MANY
     assert_identical(run_spec_and_triton(scenario, "cuda"))
