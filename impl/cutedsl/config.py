@@ -93,17 +93,12 @@ class C4Config:
     entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
     tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    kv_in_smem: bool = False  # kv rows staged in shared memory by cp.async (16 KiB a token)
-    ctas_per_sm: int = 0  # registers capped so that this many CTAs fit an SM (0: the compiler's choice)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
-        _flag("kv_in_smem", self.kv_in_smem)
-        if isinstance(self.ctas_per_sm, bool) or self.ctas_per_sm not in range(0, 17):
-            _fail("ctas_per_sm", "an integer in 0..16", self.ctas_per_sm)
 
     @property
     def rows_per_lookup(self) -> int:
@@ -114,9 +109,7 @@ class C4Config:
     @property
     def tag(self) -> str:
         out = self.entry.tag if self.entry is not None else "x"
-        staged = "_kvsmem" if self.kv_in_smem else ""
-        occupancy = f"_occ{self.ctas_per_sm}" if self.ctas_per_sm else ""
-        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{staged}{occupancy}{_pdl_tag(self.pdl)}"
+        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)

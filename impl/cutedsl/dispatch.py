@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from .config import (HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, HEAD_DIM, MAX_CHUNK_TOKENS, C4Config,
                      C128PoolConfig, EntryFormat, SaveConfig, StoreConfig)
-from .indexer_config import INDEXER_PIPELINE_WARPS_PER_SM, IndexerConfig
+from .indexer_config import IndexerConfig
 
 C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "split_block8", "split_generic")
 
@@ -52,15 +52,12 @@ class KernelShapes:
     """
 
     c4_tokens_per_cta: int = 1  # C4 fused: token groups of 128 threads per CTA (1, 2, 4)
-    c4_kv_in_smem: bool = False  # C4: kv rows staged in shared memory (cp.async) instead of registers
-    c4_ctas_per_sm: int = 0  # C4: registers capped for this many CTAs per SM (0: the compiler's choice)
     save_tokens_per_cta: int = 1  # save_partial_states (1, 2, 4)
     store_tokens_per_cta: int = 1  # split path's store kernel (1, 2, 4)
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
-    indexer_c4_pipelined: bool = False  # indexer C4: warps take chunks of tokens, rows of the next one in flight
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
 
@@ -182,8 +179,7 @@ def choose(c128_path: str, num_tokens: int, block_size: int, policy: Policy = DE
 
 # ---- the static configuration of every launch ---------------------------------------------
 def c4_config(block_size: int, entry: EntryFormat | None, policy: Policy, pdl: bool) -> C4Config:
-    return C4Config(block_size, entry, policy.shapes.c4_tokens_per_cta, pdl, policy.shapes.c4_kv_in_smem,
-                    policy.shapes.c4_ctas_per_sm)
+    return C4Config(block_size, entry, policy.shapes.c4_tokens_per_cta, pdl)
 
 
 def store_config(entry: EntryFormat, policy: Policy, pdl: bool) -> StoreConfig:
@@ -199,15 +195,4 @@ def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: 
                    weight_dtype: str, policy: Policy, pdl: bool) -> IndexerConfig:
     """The indexer compressor's kernel (SPEC §12): a warp per token (C4) or a CTA per token (C128)."""
     warps = policy.shapes.indexer_c4_warps if compress_ratio == 4 else policy.shapes.indexer_c128_warps
-    pipelined = compress_ratio == 4 and policy.shapes.indexer_c4_pipelined
-    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl,
-                         pipelined)
-
-
-def indexer_chunk(num_tokens: int, sm_count: int | None) -> int:
-    """Tokens per warp of the pipelined indexer C4 kernel: 1 while every warp fits the GPU at
-    once (``INDEXER_PIPELINE_WARPS_PER_SM`` per SM), then as many as keep it at one wave, at
-    most 32 (one ballot); ``sm_count`` None (no device): 1."""
-    if sm_count is None:
-        return 1
-    return max(1, min(MAX_CHUNK_TOKENS, -(-num_tokens // (INDEXER_PIPELINE_WARPS_PER_SM * sm_count))))
+    return IndexerConfig(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype, warps, pdl)

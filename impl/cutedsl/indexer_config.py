@@ -14,7 +14,6 @@ from ...spec.constants import INDEXER_FP8, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, IN
 from ...spec.constants import INDEXER_ROPE_START as INDEXER_ROPE_FIRST  # RoPE on channels 64..127
 from .config import WEIGHT_DTYPES, _fail, _flag, _pdl_tag, _power_of_two
 
-INDEXER_PIPELINE_WARPS_PER_SM = 13  # the pipelined C4 kernel: 13 warps' two 8 KiB stages fit an SM's 227 KiB
 ENTRY_LAYOUTS = {layout.name: layout for layout in (INDEXER_FP8, INDEXER_MXFP4)}  # E = 132 / 68
 
 
@@ -35,7 +34,6 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    pipelined: bool = False  # C4: a warp takes a chunk of tokens, the next one's rows in flight while it pools
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -51,9 +49,6 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
-        _flag("pipelined", self.pipelined)
-        if self.pipelined and self.ratio != 4:
-            _fail("pipelined", "False for compress_ratio 128 (a CTA per token)", self.pipelined)
 
     @property
     def state_width(self) -> int:
@@ -86,4 +81,4 @@ class IndexerConfig:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{'_pipe' if self.pipelined else ''}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

@@ -46,55 +46,14 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import chunk_tokens, lowest_set_bit, token_activity
-from .config import MAX_CHUNK_TOKENS
 from .dependent_launch import wait_for_prerequisite_grids
+from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pooled, read_staged_kv, staged_kv, window_weights
 from .pooling_c128 import copy_row_async, load_smem, store_smem
-
-
-@cute.jit
-def request_window_rows(
-    config: IndexerConfig,
-    mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-    mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-    req: Int32,  # block_table row of the token
-    position: Int64,  # p, a boundary position (p % 4 == 3)
-    lane: Int32,  # 0..31
-    issue,  # Python callable (kind 0 score / 1 kv, window row, byte address of the lane's 16 bytes)
-) -> Int64:
-    """A C4 token's window rows: every block-table read first (one round trip, not one per
-    half), then ``issue`` for each valid row, scores before kv (the max can start earlier);
-    returns the window start ``p - 7``. The first half's positions are clamped to 0 at
-    ``p = 3``, whose rows 0..3 (positions -4..-1) are then not issued."""
-    bs, run = config.block_size, config.rows_per_lookup
-    window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
-    row_stride_bytes = Int64(mState.stride[1]) * 4
-    runs = []  # (first window row, position, row address) per lookup
-    for half in cutlass.range_constexpr(2):
-        for r in cutlass.range_constexpr(4 // run):
-            first_row = half * 4 + r * run
-            pos = window_start + first_row
-            looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-            column = looked_up // bs
-            block = load_scalar(mBlockTable, req, column)
-            runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
-    for kind in cutlass.range_constexpr(2):
-        for first_row, pos, row_address in runs:
-            score_offset = config.state_width * 4 if kind == 0 else 0
-            byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + score_offset
-            if cutlass.const_expr(first_row >= 4):
-                for i in cutlass.range_constexpr(run):
-                    issue(kind, first_row + i, row_address + row_stride_bytes * i + byte)
-            else:
-                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    for i in cutlass.range_constexpr(run):
-                        issue(kind, first_row + i, row_address + row_stride_bytes * i + byte)
-    return window_start
 
 
 class IndexerC4Kernel:
@@ -125,16 +84,38 @@ class IndexerC4Kernel:
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
     ):
+        bs, run = self.config.block_size, self.config.rows_per_lookup
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         for i in cutlass.range_constexpr(8):
             kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
-
-        def issue(kind, row, byte_address):
-            issue_row(kind, sc[row], byte_address, sKv, warp, lane, row)
-
-        window_start = request_window_rows(self.config, mState, mBlockTable, req, position, lane, issue)
+        window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        # every block-table read first (one round trip, not one per half): the first half's
+        # positions are clamped to 0 at p = 3, whose rows 0..3 (positions -4..-1) are then not loaded
+        runs = []  # (first window row, position, row address) per lookup
+        for half in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                column = looked_up // bs
+                block = load_scalar(mBlockTable, req, column)
+                runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
+        for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
+            for first_row, pos, row_address in runs:
+                score_offset = self.config.state_width * 4 if kind == 0 else 0
+                byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + score_offset
+                if cutlass.const_expr(first_row >= 4):
+                    for i in cutlass.range_constexpr(run):
+                        issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp, lane,
+                                  first_row + i)
+                else:
+                    if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                        for i in cutlass.range_constexpr(run):
+                            issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
+                                      lane, first_row + i)
         cute.arch.cp_async_commit_group()
         e = [window_weights(sc, c) for c in range(VEC)]
         cute.arch.cp_async_wait_group(0)  # the lane's own copies (it reads back only those)
@@ -160,116 +141,6 @@ class IndexerC4Kernel:
                 x = cute.make_rmem_tensor((VEC,), Float32)
                 self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
-
-
-class IndexerC4PipelinedKernel:
-    """Grid ``ceil(T / (chunk * warps))``: warp ``w`` of CTA ``c`` takes the ``chunk <= 32``
-    consecutive tokens from ``(c * warps + w) * chunk`` (see the module docstring)."""
-
-    def __init__(self, config: IndexerConfig):
-        self.config = config
-        self.finishing = WarpFinish(config)
-
-    def num_ctas(self, num_tokens, chunk):
-        per_cta = chunk * self.config.warps
-        return (num_tokens + per_cta - 1) // per_cta
-
-    def allocate_smem(self, smem):
-        """Per warp, two stages of its token's 8 window rows (scores, then kv), fp32
-        ``[warps * 4, 8, 128]`` (16 KiB a warp; area ``(warp * 2 + stage) * 2 + kind``), and
-        the chunk's metadata, a token per lane: positions, kv slots (int64) and requests (int32)
-        ``[warps, 32]``."""
-        width = INDEXER_HEAD_DIM
-        ring = smem.allocate_tensor(Float32, cute.make_layout((self.config.warps * 4, 8, width),
-                                                              stride=(8 * width, width, 1)), byte_alignment=16)
-        per_lane = cute.make_layout((self.config.warps, MAX_CHUNK_TOKENS), stride=(MAX_CHUNK_TOKENS, 1))
-        positions = smem.allocate_tensor(Int64, per_lane, byte_alignment=8)
-        kv_slots = smem.allocate_tensor(Int64, per_lane, byte_alignment=8)
-        reqs = smem.allocate_tensor(Int32, per_lane, byte_alignment=4)
-        return ring, positions, kv_slots, reqs
-
-    @cute.jit
-    def request_rows(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position
-        lane: Int32,
-        sRing: cute.Tensor,  # fp32 smem [warps * 4, 8, 128]
-        area: Int32,  # the stage's score area (its kv area is area + 1)
-    ):
-        """``cp.async`` of the lane's 16 bytes of every valid window row into the stage (one commit group)."""
-
-        def issue(kind, row, byte_address):
-            copy_row_async(byte_address, staged_kv(sRing, area + kind, lane, row))
-
-        request_window_rows(self.config, mState, mBlockTable, req, position, lane, issue)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def pool_staged(
-        self,
-        sRing: cute.Tensor,  # fp32 smem [warps * 4, 8, 128]
-        area: Int32,  # the stage's score area
-        lane: Int32,
-        position: Int64,  # p
-        x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
-    ):
-        """SPEC §5 on the lane's own staged copies (no barrier); invalid rows as in :meth:`IndexerC4Kernel.pool_window`."""
-        window_start = (position // 4) * 4 - 4
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        for i in cutlass.range_constexpr(8):
-            kv[i].fill(0.0)
-            sc[i].fill(-Float32.inf)
-        read_staged_kv(sc, sRing, area, lane, window_start)
-        e = [window_weights(sc, c) for c in range(VEC)]
-        read_staged_kv(kv, sRing, area + 1, lane, window_start)
-        for c in cutlass.range_constexpr(VEC):
-            x[c] = pooled(kv, e[c], c)
-
-    @cute.kernel
-    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, chunk: Int32):
-        wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
-        cta, _, _ = cute.arch.block_idx()
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sRing, sPositions, sKvSlots, sReqs = self.allocate_smem(SmemAllocator())
-        first = (cta * self.config.warps + warp) * chunk
-        mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
-                                                    Int32(mPos.shape[0]), lane, 4)
-        sPositions[warp, lane] = position
-        sKvSlots[warp, lane] = kv_slot
-        sReqs[warp, lane] = req
-        cute.arch.sync_warp()
-        w = self.finishing.weights(mWeight, lane)
-        current = Int32(-1)
-        stage = Int32(0)
-        if mask != Int32(0):
-            current = lowest_set_bit(mask)
-            mask = mask & (mask - Int32(1))
-            self.request_rows(mState, mBlockTable, sReqs[warp, current], sPositions[warp, current], lane, sRing,
-                              warp * 4)
-        while current >= Int32(0):
-            following = Int32(-1)
-            if mask != Int32(0):  # the next active token's rows go out before this one is pooled
-                following = lowest_set_bit(mask)
-                mask = mask & (mask - Int32(1))
-                self.request_rows(mState, mBlockTable, sReqs[warp, following], sPositions[warp, following], lane,
-                                  sRing, warp * 4 + (stage ^ Int32(1)) * 2)
-            else:
-                cute.arch.cp_async_commit_group()  # an empty group: the wait below counts groups
-            p = sPositions[warp, current]
-            cos, sin = self.finishing.rope_inputs(mCosSin, lane, p)
-            cute.arch.cp_async_wait_group(1)  # all but the newest group: this token's rows are in
-            x = cute.make_rmem_tensor((VEC,), Float32)
-            self.pool_staged(sRing, warp * 4 + stage * 2, lane, p, x)
-            self.finishing.finish(x, lane, w, cos, sin, mCache, sKvSlots[warp, current], eps)
-            current = following
-            stage = stage ^ Int32(1)
 
 
 class IndexerC128Kernel:
@@ -436,40 +307,6 @@ class IndexerLauncher:
         )
 
 
-class IndexerChunkLauncher:
-    """The host entry of the pipelined C4 kernel: as :class:`IndexerLauncher`, with the tokens
-    per warp (``chunk``, 1..32, from :func:`.dispatch.indexer_chunk`) as the last argument."""
-
-    def __init__(self, body: IndexerC4PipelinedKernel):
-        self.body = body
-
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        chunk: Int32,  # tokens per warp, 1..32
-        stream: cuda.CUstream,
-    ):
-        body = self.body
-        body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, chunk).launch(
-            grid=(body.num_ctas(mPos.shape[0], chunk), 1, 1), block=(32 * body.config.warps, 1, 1), stream=stream,
-            use_pdl=body.config.pdl
-        )
-
-
-def indexer_kernel(config: IndexerConfig) -> IndexerLauncher | IndexerChunkLauncher:
-    """The launcher of a configuration's kernel (C4, pipelined C4 or C128)."""
-    if config.ratio == 128:
-        return IndexerLauncher(IndexerC128Kernel(config))
-    if config.pipelined:
-        return IndexerChunkLauncher(IndexerC4PipelinedKernel(config))
-    return IndexerLauncher(IndexerC4Kernel(config))
+def indexer_kernel(config: IndexerConfig) -> IndexerLauncher:
+    """The launcher of a configuration's kernel (C4 or C128)."""
+    return IndexerLauncher(IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config))

@@ -37,7 +37,6 @@ from .config import HEAD_DIM, C4Config
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import element_address, load_into, load_scalar, store_fragment
-from .pooling_c128 import copy_row_async
 from .postprocess import GroupFinish
 
 RATIO = 4
@@ -52,13 +51,8 @@ def window_weights(sc: list, c: int) -> list:
 
 
 def pooled(kv: list, e: list, c: int):
-    """``x[c] = div(tree(u), tree(e))``, ``u_i = mul(kv_i, e_i)`` (SPEC §5), ``kv``: 8 register rows."""
-    return pooled_channel([kv[i][c] for i in range(WINDOW)], e)
-
-
-def pooled_channel(kv_c: list, e: list):
-    """``div(tree(u), tree(e))`` of one channel, ``kv_c``: its 8 kv values in row order."""
-    return fdiv(tree_sum([fmul(kv_c[i], e[i]) for i in range(WINDOW)]), tree_sum(e))
+    """``x[c] = div(tree(u), tree(e))``, ``u_i = mul(kv_i, e_i)`` (SPEC §5)."""
+    return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(WINDOW)]), tree_sum(e))
 
 
 def staged_kv(sKv: cute.Tensor, group, t, row: int) -> cute.Tensor:
@@ -84,29 +78,9 @@ def read_staged_kv(
             cute.autovec_copy(staged_kv(sKv, group, t, i), kv[i])
 
 
-@cute.jit
-def staged_channel(
-    sKv: cute.Tensor,  # fp32 smem [groups, 8, 4 * threads]
-    group: Int32,
-    t: Int32,
-    c: int,  # channel 4t + c
-    window_start: Int64,  # p - 7
-) -> list:
-    """Channel ``4t + c`` of the thread's 8 staged kv rows (rows 0..3 are ``+0`` at ``p = 3``)."""
-    valid_first_half = window_start >= Int64(0)
-    values = []
-    for i in cutlass.range_constexpr(WINDOW):
-        value = sKv[group, i, t * 4 + c]
-        if cutlass.const_expr(i < 4):
-            value = cutlass.select_(valid_first_half, value, Float32(0.0))
-        values.append(value)
-    return values
-
-
 class C4Window:
     """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
-    thread of a 128-thread token group; with ``kv_in_smem`` the kv rows wait in shared
-    memory (``cp.async``) instead of registers."""
+    thread of a 128-thread token group."""
 
     group_threads = 128
     vec = 4
@@ -114,16 +88,6 @@ class C4Window:
     def __init__(self, config: C4Config):
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
-        self.kv_in_smem = config.kv_in_smem
-        self.groups = config.tokens_per_cta
-
-    def allocate_smem(self, smem):
-        """With ``kv_in_smem``, each group's kv rows, fp32 ``[groups, 8, 512]`` (16 KiB a group); else None."""
-        if not self.kv_in_smem:
-            return None
-        width = self.vec * self.group_threads
-        layout = cute.make_layout((self.groups, WINDOW, width), stride=(WINDOW * width, width, 1))
-        return smem.allocate_tensor(Float32, layout, byte_alignment=16)
 
     @cute.jit
     def pool_window(
@@ -134,8 +98,6 @@ class C4Window:
         position: Int64,  # p, a boundary position (p % 4 == 3)
         t: Int32,  # thread index in the token group, 0..127
         x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
-        sKv: cute.Tensor,  # fp32 smem [groups, 8, 512] (kv_in_smem) or None
-        group: Int32,  # this thread's token group in the CTA
     ):
         bs, run = self.block_size, self.rows_per_lookup
         kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
@@ -158,28 +120,9 @@ class C4Window:
                     for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
                         load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
                     for i in cutlass.range_constexpr(run):
-                        kv_address = row_address + row_stride_bytes * i + kv_byte
-                        if cutlass.const_expr(self.kv_in_smem):
-                            copy_row_async(kv_address, staged_kv(sKv, group, t, first_row + i))
-                        else:
-                            load_into(kv[first_row + i], kv_address, 16)
-        if cutlass.const_expr(self.kv_in_smem):  # every exp before the wait for the kv copies
-            cute.arch.cp_async_commit_group()
-            e = [window_weights(sc, c) for c in range(self.vec)]
-            cute.arch.cp_async_wait_group(0)  # the thread's own copies (it reads back only those)
-            for c in cutlass.range_constexpr(self.vec):  # a channel's 8 kv at a time: 8 registers, not 32
-                x[c] = pooled_channel(staged_channel(sKv, group, t, c, window_start), e[c])
-        else:
-            for c in cutlass.range_constexpr(self.vec):
-                x[c] = pooled(kv, window_weights(sc, c), c)
-
-
-def occupancy(config: C4Config) -> dict:
-    """Launch arguments of ``config.ctas_per_sm`` (``.minnctapersm``: ptxas caps the registers;
-    an explicit carveout, or the launch queries the device at compile time)."""
-    if not config.ctas_per_sm:
-        return {}
-    return {"min_blocks_per_mp": config.ctas_per_sm, "preferred_smem_carveout": 100}
+                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
+        for c in cutlass.range_constexpr(self.vec):
+            x[c] = pooled(kv, window_weights(sc, c), c)
 
 
 class C4PoolKernel:
@@ -207,8 +150,7 @@ class C4PoolKernel:
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            **occupancy(self.config)
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
@@ -218,15 +160,13 @@ class C4PoolKernel:
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         t = tidx % C4Window.group_threads
-        group = tidx // C4Window.group_threads
-        tok = cta * self.tokens_per_cta + group
-        sKv = self.window.allocate_smem(SmemAllocator())
+        tok = cta * self.tokens_per_cta + tidx // C4Window.group_threads
         if tok < mPos.shape[0]:
             position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, sKv, group)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x)
                 store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
 
 
@@ -262,8 +202,7 @@ class C4FusedKernel:
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            **occupancy(self.config)
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
@@ -271,14 +210,12 @@ class C4FusedKernel:
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        smem = SmemAllocator()
-        group, t, tok, sPartial = self.finishing.token_group(smem)
-        sKv = self.window.allocate_smem(smem)
+        group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, sKv, group)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x)
                 self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
                                       position, kv_slot, eps, fp8_inv)

@@ -46,11 +46,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     for block_size in (4, 3):
         cfg = C4Config(block_size, None)
         yield cfg.tag, "c4", cfg, True
-    for block_size, tokens_per_cta, entry_format, staged, ctas in (
-            (4, 1, entry(), True, 0), (3, 2, entry(pages=1), True, 0), (4, 1, None, True, 8), (4, 1, entry(), False, 8),
-            (4, 1, entry(), True, 8)):
-        cfg = C4Config(block_size, entry_format, tokens_per_cta, kv_in_smem=staged, ctas_per_sm=ctas)
-        yield cfg.tag, "c4", cfg, True
     for block_size, rows_per_lookup, warps, tile in (
         (8, 8, 8, 64), (16, 8, 8, 64), (4, 4, 8, 64), (5, 1, 8, 64), (2, 2, 8, 64), (8, 1, 8, 64),
         (8, 4, 16, 64), (16, 16, 4, 64), (8, 8, 4, 64), (8, 4, 8, 32), (4, 4, 8, 32),
@@ -120,14 +115,6 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         (128, 16, "indexer_mxfp4", False, 1, "bfloat16", 8, True),
     ):
         cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
-        yield cfg.tag, "indexer", cfg, True
-    for bs, layout, hadamard, pages, weight, warps, pdl in (  # the pipelined C4 kernel (chunks of tokens a warp)
-        (16, "indexer_fp8", False, 64, "bfloat16", 1, True),
-        (16, "indexer_mxfp4", True, 64, "bfloat16", 4, True),
-        (3, "indexer_fp8", True, 7, "float32", 1, False),
-        (2, "indexer_mxfp4", False, 1, "bfloat16", 2, True),
-    ):
-        cfg = IndexerConfig(4, bs, layout, hadamard, pages, weight, warps, pdl, pipelined=True)
         yield cfg.tag, "indexer", cfg, True
     for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
         cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)

@@ -42,7 +42,6 @@ class Variant:
         ignores ``c128_path`` and every C128 policy field), so other cases need no row."""
         shapes, default = self.policy.shapes, DEFAULT_POLICY.shapes
         return self.pdl and shapes.c4_tokens_per_cta == default.c4_tokens_per_cta and \
-            shapes.c4_kv_in_smem == default.c4_kv_in_smem and shapes.c4_ctas_per_sm == default.c4_ctas_per_sm and \
             shapes.save_tokens_per_cta == default.save_tokens_per_cta
 
     def _choices(self, kwargs: dict) -> dict:
@@ -92,15 +91,11 @@ nopdl = Variant("nopdl", "auto", pdl=False)
 cluster8_nopdl = Variant("cluster8_nopdl", "fused_cluster", _cluster(tile=64), pdl=False)
 cluster16_nopdl = Variant("cluster16_nopdl", "fused_cluster", _cluster(tile=32), pdl=False)
 split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", pdl=False)
-c4_kv_smem = Variant("c4_kv_smem", policy=_policy(c4_kv_in_smem=True))  # C4 kv rows by cp.async into smem
-c4_occ8 = Variant("c4_occ8", policy=_policy(c4_ctas_per_sm=8))  # C4 registers capped: 8 CTAs per SM
-c4_kv_smem_occ8 = Variant("c4_kv_smem_occ8", policy=_policy(c4_kv_in_smem=True, c4_ctas_per_sm=8))
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early,
                                  split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
                                  split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
-                                 early_metadata, split_block8_early, c4_kv_smem, c4_occ8,
-                                 c4_kv_smem_occ8)}
+                                 early_metadata, split_block8_early)}
 
 
 # the indexer compressor's mappings (SPEC §12), timed against each other on the indexer's compress cases:
@@ -110,9 +105,4 @@ indexer_c4_w4 = Variant("indexer_c4_w4", policy=_policy(indexer_c4_warps=4))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-# warps take chunks of tokens; the next active token's rows are requested before the current one is pooled
-indexer_c4_pipelined = Variant("indexer_c4_pipelined", policy=_policy(indexer_c4_pipelined=True))
-indexer_c4_pipelined_w4 = Variant("indexer_c4_pipelined_w4", policy=_policy(indexer_c4_pipelined=True,
-                                                                            indexer_c4_warps=4))
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
-                                         indexer_c4_pipelined, indexer_c4_pipelined_w4)}
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}

@@ -116,9 +116,6 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.EntryFormat("bf16", 4, "float32", 16), "store_align"),
     (lambda: config.C4Config(0, None), "block_size"),
     (lambda: config.C4Config(4, None, 3), "tokens_per_cta"),
-    (lambda: config.C4Config(4, None, kv_in_smem=1), "kv_in_smem"),
-    (lambda: config.C4Config(4, None, ctas_per_sm=17), "ctas_per_sm"),
-    (lambda: config.C4Config(4, None, ctas_per_sm=True), "ctas_per_sm"),
     (lambda: config.C128PoolConfig(4, 8), "rows_per_lookup"),
     (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
     (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
@@ -342,29 +339,6 @@ def test_handoff_chunk_keeps_about_the_configured_waves():
     assert chunk(10**6, 132, DEFAULT_POLICY) == 32  # one ballot at most
     assert chunk(10**6, 132, Policy(handoff_waves=None)) == 1
     assert chunk(10**6, None, DEFAULT_POLICY) == 1  # no device known
-
-
-def test_indexer_chunk_keeps_one_wave_of_pipelined_warps():
-    chunk = dispatch.indexer_chunk
-    assert chunk(1, 132) == 1
-    assert chunk(13 * 132, 132) == 1  # every warp resident at once
-    assert chunk(13 * 132 + 1, 132) == 2
-    assert chunk(16384, 132) == 10
-    assert chunk(10**6, 132) == 32  # one ballot at most
-    assert chunk(10**6, None) == 1  # no device known
-
-
-def test_c4_shapes_reach_the_kernel_configuration():
-    shaped = DEFAULT_POLICY.with_overrides(c4_kv_in_smem=True, c4_ctas_per_sm=8)
-    cfg = dispatch.c4_config(4, None, shaped, True)
-    assert (cfg.kv_in_smem, cfg.ctas_per_sm) == (True, 8)
-    assert cfg.tag != dispatch.c4_config(4, None, DEFAULT_POLICY, True).tag
-    indexer = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16",
-                                      DEFAULT_POLICY.with_overrides(indexer_c4_pipelined=True), True)
-    assert indexer.pipelined and "_pipe" in indexer.tag
-    c128 = dispatch.indexer_config(128, 8, "indexer_fp8", False, 64, "bfloat16",
-                                   DEFAULT_POLICY.with_overrides(indexer_c4_pipelined=True), True)
-    assert not c128.pipelined  # a C4 shape: the C128 kernel keeps its CTA per token
 
 
 def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):

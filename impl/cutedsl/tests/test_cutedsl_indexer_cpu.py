@@ -69,15 +69,12 @@ _ROW_REQUEST = re.compile(r"\bld\.global(?:\.\w+)*|\bcp\.async\.cg\.shared\.glob
 def test_state_rows_stream_as_128_bit_requests(indexer_ptx):
     """A lane requests its 4 kv and 4 score channels of each of its rows (8 rows for C4,
     ``128 / warps`` for C128) with one 16-byte request each: C128 two loads; C4 a load for the
-    scores and a ``cp.async`` for the kv, waited for once; the pipelined C4 kernel a
-    ``cp.async`` for both, one group per token (issued in two places: a warp's first token,
-    and the next one inside the loop), waited for in the loop; nothing else is a 16-byte request."""
+    scores and a ``cp.async`` for the kv, waited for once; nothing else is a 16-byte request."""
     for cfg, ptx, report in indexer_ptx:
-        rows = 2 * cfg.rows_per_warp
-        staged = 2 * rows if cfg.pipelined else cfg.rows_per_warp if cfg.ratio == 4 else 0
-        assert report.counts["ld.global.v4"] + report.counts["cp.async.16"] == rows + staged // 2 * cfg.pipelined, \
-            cfg.tag
-        assert report.counts["cp.async.16"] == staged, cfg.tag
+        staged = cfg.rows_per_warp if cfg.ratio == 4 else 0
+        assert report.counts["ld.global.v4"] == 2 * cfg.rows_per_warp - staged, cfg.tag
+        assert len(re.findall(r"\bcp\.async\.cg\.shared\.global\s+\[[^]]+\], \[[^]]+\], 16\b",
+                              _body(ptx))) == staged, cfg.tag
         assert _body(ptx).count("cp.async.wait_group") == (staged > 0), cfg.tag
 
 
@@ -89,36 +86,15 @@ def test_every_other_load_precedes_the_state_rows(indexer_ptx):
         requests = _ROW_REQUEST.findall(_body(ptx))
         rows = [".v4" in op or op.startswith("cp.async") for op in requests]
         first_row = rows.index(True)
-        if cfg.pipelined:  # a token's cos/sin follow the next token's rows (the loop), not its own
-            continue
         assert all(rows[first_row:]), (cfg.tag, requests[first_row:])
-
-
-def test_pipelined_kernel_requests_the_next_rows_before_it_waits(indexer_ptx):
-    """The pipelined C4 kernel's loop requests the next active token's rows (16 ``cp.async``),
-    then waits for all groups but the newest (``cp.async.wait_group 1``: the current token's)."""
-    pipelined = [(cfg, _body(ptx)) for cfg, ptx, _ in indexer_ptx if cfg.pipelined]
-    assert pipelined
-    for cfg, body in pipelined:
-        waits = re.findall(r"cp\.async\.wait_group\s+(\d+)", body)
-        assert waits == ["1"], cfg.tag
-        before_wait = body[:body.find("cp.async.wait_group")]
-        assert before_wait.count("cp.async.commit_group") == 3, cfg.tag  # first token, next token, empty group
-        loop_rows = before_wait[before_wait.find("cp.async.commit_group"):]
-        assert len(re.findall(r"\bcp\.async\.cg\.shared\.global\b", loop_rows)) == 16, cfg.tag
 
 
 def test_c4_request_is_read_before_the_activity_test(indexer_ptx):
     """C4: the request index is loaded by a load the compiler keeps in place
     (``ld.relaxed.gpu``), before the branch on the token's activity, so it travels with the
-    metadata instead of costing a round trip of its own (with PDL, after the wait). The
-    pipelined kernel reads a chunk's metadata, requests included, a token per lane before one
-    ballot."""
+    metadata instead of costing a round trip of its own (with PDL, after the wait)."""
     for cfg, ptx, _ in indexer_ptx:
         body = _body(ptx)
-        if cfg.pipelined:  # position, slot, kv slot and request, then the ballot
-            assert len(re.findall(r"\bld\.global\b", body[:body.find("vote.sync.ballot")])) == 4, cfg.tag
-            continue
         early = body.find("ld.relaxed.gpu.global.b32")
         assert (early >= 0) == (cfg.ratio == 4), cfg.tag
         if cfg.ratio == 4:
@@ -182,8 +158,6 @@ def test_only_c128_synchronizes_the_cta(indexer_ptx):
     (dict(ratio=128, warps=4), "warps"),
     (dict(ratio=4, warps=16), "warps"),
     (dict(pdl=None), "pdl"),
-    (dict(pipelined=1), "pipelined"),
-    (dict(ratio=128, warps=8, pipelined=True), "pipelined"),
 ])
 def test_indexer_config_rejects_bad_values(kwargs, needle):
     base = dict(ratio=4, block_size=16, layout="indexer_fp8", hadamard=False, entries_per_page=64,

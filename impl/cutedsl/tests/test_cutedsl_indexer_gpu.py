@@ -81,9 +81,6 @@ def test_indexer_matches_spec(case):
     (dict(indexer_c128_warps=8), C128_CASES[2]),
     (dict(pdl=False), C4_CASES[0]),
     (dict(pdl=False), C128_CASES[1]),
-    *[(dict(indexer_c4_pipelined=True), case) for case in C4_CASES],  # chunks of tokens a warp, two stages
-    (dict(indexer_c4_pipelined=True, indexer_c4_warps=4), C4_CASES[3]),
-    (dict(indexer_c4_pipelined=True, pdl=False), C4_CASES[5]),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else case_id(v))
 def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
@@ -92,34 +89,6 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     choices = dict(choices)
     pdl = choices.pop("pdl", True)
     _store_matches_spec(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
-
-
-@pytest.mark.parametrize("chunk", [2, 7, 32])
-@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[5], C4_CASES[6], C4_CASES[12]], ids=case_id)
-def test_indexer_pipelined_chunks_keep_the_bytes(case, chunk):
-    """The pipelined C4 kernel with warps taking 2, 7 or 32 consecutive tokens (the host picks 1
-    for a batch this small): inactive tokens inside a chunk, the two stages in turn, a last
-    partial chunk; the spec's bytes, the state untouched."""
-    from dataclasses import replace
-
-    from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import launch
-
-    policy = cutedsl.DEFAULT_POLICY.with_overrides(indexer_c4_pipelined=True)
-    inputs = case.inputs()
-    expected = run_spec(inputs)
-    step = DeviceStep(inputs)
-    step.load_state(expected.state_after_save)
-    args = step.compress_args()
-    tensors = tuple(args[name] for name in ("state_cache", *METADATA[:4], "rms_norm_weight", "cos_sin_cache", "k_cache",
-                                            "kv_slot_mapping"))
-    plan = launch.build_compress_plan(
-        tensors, args["block_size"], args["rms_norm_eps"], 4, inputs.layout, None, False, None, "auto", policy, True,
-        False, hadamard=inputs.hadamard)
-    assert plan.grid == (1,) and step.batch.num_tokens > chunk
-    replace(plan, grid=(chunk,)).run(*tensors, None)
-    assert_bytes(f"{case.name} chunk {chunk}", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
-    assert_bytes(f"{case.name} chunk {chunk} state", inputs, "state", step.state_bytes(), expected.state_after_save)
 
 
 def _argument_bytes(args: dict) -> dict:

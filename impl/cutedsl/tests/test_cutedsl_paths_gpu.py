@@ -44,10 +44,6 @@ def test_c128_split_with_caller_workspace():
 @pytest.mark.parametrize("overrides, case, path", [
     (dict(c4_tokens_per_cta=2), C4_CASES[0], None),
     (dict(c4_tokens_per_cta=4), C4_CASES[3], None),
-    *[(dict(c4_kv_in_smem=True), C4_CASES[i], None) for i in range(len(C4_CASES))],  # kv by cp.async (p = 3 too)
-    (dict(c4_kv_in_smem=True, c4_tokens_per_cta=2), C4_CASES[4], None),
-    (dict(c4_ctas_per_sm=8), C4_CASES[0], None),  # registers capped (a few spilled)
-    (dict(c4_ctas_per_sm=8, c4_kv_in_smem=True), C4_CASES[1], None),
     (dict(c128_split_warps=16), C128_CASES[0][0], "split_block8"),
     (dict(c128_split_warps=4), Case(128, 16, 2), "split_block8"),
     (dict(c128_split_tile=32), C128_CASES[0][0], "split_block8"),
