@@ -58,7 +58,6 @@ class KernelShapes:
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
-    indexer_c4_resident_ctas: int = 0  # indexer C4 past one wave: 0 a warp per token; N chunks of tokens a warp, N CTAs/SM
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
 
@@ -190,17 +189,6 @@ def store_config(entry: EntryFormat, policy: Policy, pdl: bool) -> StoreConfig:
 def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
                 head_dim: int = HEAD_DIM) -> SaveConfig:
     return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim)
-
-
-def indexer_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
-    """Tokens per warp of the chunked indexer C4 kernel: as many as keep every warp resident
-    (``indexer_c4_resident_ctas`` CTAs of ``indexer_c4_warps`` warps per SM), at most 32 (one
-    ballot); 1 (a warp per token, the plain kernel) while that is one token, without the knob
-    or without a device."""
-    resident = policy.shapes.indexer_c4_resident_ctas * policy.shapes.indexer_c4_warps
-    if not resident or sm_count is None:
-        return 1
-    return max(1, min(MAX_CHUNK_TOKENS, -(-num_tokens // (resident * sm_count))))
 
 
 def indexer_config(compress_ratio: int, block_size: int, layout: str, hadamard: bool, entries_per_page: int,

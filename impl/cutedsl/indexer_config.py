@@ -34,7 +34,6 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
-    resident_ctas: int = 0  # C4: 0 a warp per token; N the chunked kernel, registers capped for N CTAs per SM
 
     def __post_init__(self):
         if self.ratio not in (4, 128):
@@ -50,15 +49,6 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
-        if isinstance(self.resident_ctas, bool) or self.resident_ctas not in range(0, 33):
-            _fail("resident_ctas", "an integer in 0..32", self.resident_ctas)
-        if self.resident_ctas and self.ratio != 4:
-            _fail("resident_ctas", "0 for compress_ratio 128 (a CTA per token)", self.resident_ctas)
-
-    @property
-    def chunked(self) -> bool:
-        """Whether this is the chunked C4 kernel (warps take chunks of consecutive tokens)."""
-        return self.resident_ctas > 0
 
     @property
     def state_width(self) -> int:
@@ -91,4 +81,4 @@ class IndexerConfig:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{f'_chunk{self.resident_ctas}' if self.resident_ctas else ''}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

@@ -136,21 +136,15 @@ class WarpFinish:
     def inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
         """The lane's 4 norm weights and its 2 RoPE pairs' ``(cos, sin)`` (fp32 fragments), loaded
         before the pooling so that their latency hides behind the state rows' (ptxas sinks
-        these loads to their use, after the pooling)."""
-        w = self.weights(mWeight, lane)
-        cos, sin = self.rope_inputs(mCosSin, lane, position)
-        return w, cos, sin
+        these loads to their use, after the pooling).
 
-    def weights(self, mWeight: cute.Tensor, lane):
-        """The lane's 4 norm weights, fp32 (``mWeight``: fp32 or bf16 ``[128]``)."""
-        return load_weight(mWeight, lane * VEC, VEC)
-
-    def rope_inputs(self, mCosSin: cute.Tensor, lane, position):
-        """``(cos, sin)`` of the lane's 2 RoPE pairs from row ``(p // r) * r`` of ``mCosSin``
-        (fp32 ``[max_pos, 64]``); lanes 0..15 (no RoPE) read pair 0's, unused."""
+        ``mWeight``: fp32 or bf16 ``[128]``; ``mCosSin``: fp32 ``[max_pos, 64]``, row ``(p // r) * r``.
+        Lanes 0..15 (no RoPE) read pair 0's, unused."""
         ratio = self.config.ratio
+        w = load_weight(mWeight, lane * VEC, VEC)
         first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-        return load_cos_sin(mCosSin, (position // ratio) * ratio, first_pair, VEC // 2)
+        cos, sin = load_cos_sin(mCosSin, (position // ratio) * ratio, first_pair, VEC // 2)
+        return w, cos, sin
 
     @cute.jit
     def finish(

@@ -46,28 +46,14 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import chunk_tokens, lowest_set_bit, token_activity
-from .config import MAX_CHUNK_TOKENS
 from .dependent_launch import wait_for_prerequisite_grids
+from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
 from .pooling_c4 import pooled, read_staged_kv, staged_kv, window_weights
 from .pooling_c128 import copy_row_async, load_smem, store_smem
-
-
-def window_lookups(window_start: Int64, run: int) -> list:
-    """``(first window row, position, position looked up)`` of each block-table lookup of a C4
-    window (runs of ``run`` rows in one state block); the first half's positions are clamped to
-    0 (its rows are then not loaded) so that ``p = 3`` reads a valid column."""
-    lookups = []
-    for half in range(2):
-        for r in range(4 // run):
-            first_row = half * 4 + r * run
-            pos = window_start + first_row
-            lookups.append((first_row, pos, Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos))
-    return lookups
 
 
 class IndexerC4Kernel:
@@ -97,8 +83,6 @@ class IndexerC4Kernel:
         sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]: the staged kv rows
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
-        blocks: cute.Tensor = None,  # int32 (lookups,): the window's block-table entries, already read (or None)
-        after_issue=None,  # Python callable run once the rows are requested, before the arithmetic
     ):
         bs, run = self.config.block_size, self.config.rows_per_lookup
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
@@ -111,10 +95,14 @@ class IndexerC4Kernel:
         # every block-table read first (one round trip, not one per half): the first half's
         # positions are clamped to 0 at p = 3, whose rows 0..3 (positions -4..-1) are then not loaded
         runs = []  # (first window row, position, row address) per lookup
-        for k, (first_row, pos, looked_up) in enumerate(window_lookups(window_start, run)):
-            column = looked_up // bs
-            block = load_scalar(mBlockTable, req, column) if blocks is None else blocks[k]
-            runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
+        for half in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                column = looked_up // bs
+                block = load_scalar(mBlockTable, req, column)
+                runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, row_address in runs:
                 score_offset = self.config.state_width * 4 if kind == 0 else 0
@@ -129,8 +117,6 @@ class IndexerC4Kernel:
                             issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
                                       lane, first_row + i)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(after_issue is not None):
-            after_issue()
         e = [window_weights(sc, c) for c in range(VEC)]
         cute.arch.cp_async_wait_group(0)  # the lane's own copies (it reads back only those)
         read_staged_kv(kv, sKv, warp, lane, window_start)
@@ -155,82 +141,6 @@ class IndexerC4Kernel:
                 x = cute.make_rmem_tensor((VEC,), Float32)
                 self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
-
-
-class IndexerC4ChunkKernel:
-    """Grid ``ceil(T / (chunk * warps))``: warp ``w`` of CTA ``c`` takes the ``chunk <= 32``
-    consecutive tokens from ``(c * warps + w) * chunk``, their metadata a token per lane and
-    one ballot; each active token is pooled by :meth:`IndexerC4Kernel.pool_window` from
-    block-table entries read while the previous token was pooled."""
-
-    def __init__(self, config: IndexerConfig):
-        self.config = config
-        self.window = IndexerC4Kernel(config)  # the pooling stage and its staging area
-        self.finishing = self.window.finishing
-        self.lookups = 2 * (4 // config.rows_per_lookup)
-
-    def num_ctas(self, num_tokens, chunk):
-        per_cta = chunk * self.config.warps
-        return (num_tokens + per_cta - 1) // per_cta
-
-    def allocate_smem(self, smem):
-        """The pooling stage's kv staging area, and the chunk's metadata a token per lane:
-        positions, kv slots (int64) and requests (int32), ``[warps, 32]``."""
-        staged = self.window.allocate_smem(smem)
-        per_lane = cute.make_layout((self.config.warps, MAX_CHUNK_TOKENS), stride=(MAX_CHUNK_TOKENS, 1))
-        positions = smem.allocate_tensor(Int64, per_lane, byte_alignment=8)
-        kv_slots = smem.allocate_tensor(Int64, per_lane, byte_alignment=8)
-        reqs = smem.allocate_tensor(Int32, per_lane, byte_alignment=4)
-        return staged, positions, kv_slots, reqs
-
-    def read_block_table(self, mBlockTable: cute.Tensor, req, position, blocks: cute.Tensor) -> None:
-        """``blocks[k]`` <- lookup ``k``'s block-table entry for the window of ``position``
-        (``mBlockTable``: int32 ``[num_reqs, max_blocks]``; ``blocks``: int32 ``(lookups,)``), by
-        loads the compilers keep where they are: in flight while the current token is pooled."""
-        bs = self.config.block_size
-        window_start = (position // 4) * 4 - 4
-        for k, (_, _, looked_up) in enumerate(window_lookups(window_start, self.config.rows_per_lookup)):
-            blocks[k] = load_int32_unsunk(element_address(mBlockTable, req, looked_up // bs))
-
-    @cute.kernel
-    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, chunk: Int32):
-        wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
-        cta, _, _ = cute.arch.block_idx()
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sKv, sPositions, sKvSlots, sReqs = self.allocate_smem(SmemAllocator())
-        first = (cta * self.config.warps + warp) * chunk
-        mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
-                                                    Int32(mPos.shape[0]), lane, 4)
-        sPositions[warp, lane] = position
-        sKvSlots[warp, lane] = kv_slot
-        sReqs[warp, lane] = req
-        cute.arch.sync_warp()
-        w = self.finishing.weights(mWeight, lane)
-        blocks = cute.make_rmem_tensor((self.lookups,), Int32)
-        current = Int32(-1)
-        if mask != Int32(0):
-            current = lowest_set_bit(mask)
-            mask = mask & (mask - Int32(1))
-            self.read_block_table(mBlockTable, sReqs[warp, current], sPositions[warp, current], blocks)
-        while current >= Int32(0):
-            following = Int32(-1)
-            if mask != Int32(0):
-                following = lowest_set_bit(mask)
-                mask = mask & (mask - Int32(1))
-            p = sPositions[warp, current]
-            cos, sin = self.finishing.rope_inputs(mCosSin, lane, p)
-            ahead = Int32(cutlass.select_(following >= Int32(0), following, current))  # the last token: itself again
-
-            def read_ahead():  # the next token's entries, in flight during this token's arithmetic
-                self.read_block_table(mBlockTable, sReqs[warp, ahead], sPositions[warp, ahead], blocks)
-
-            x = cute.make_rmem_tensor((VEC,), Float32)
-            self.window.pool_window(mState, mBlockTable, Int32(0), p, lane, sKv, warp, x, blocks, read_ahead)
-            self.finishing.finish(x, lane, w, cos, sin, mCache, sKvSlots[warp, current], eps)
-            current = following
 
 
 class IndexerC128Kernel:
@@ -397,42 +307,6 @@ class IndexerLauncher:
         )
 
 
-class IndexerChunkLauncher:
-    """The host entry of the chunked C4 kernel: as :class:`IndexerLauncher`, with the tokens per
-    warp (``chunk``, 1..32, from :func:`.dispatch.indexer_chunk`) as the last argument."""
-
-    def __init__(self, body: IndexerC4ChunkKernel):
-        self.body = body
-
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [128]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # uint8 [num_pages, B, E] (E = 132 indexer_fp8, 68 indexer_mxfp4)
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        chunk: Int32,  # tokens per warp, 1..32
-        stream: cuda.CUstream,
-    ):
-        body = self.body
-        # .minnctapersm caps the registers so that resident_ctas CTAs share an SM (an explicit
-        # carveout: the launch would otherwise query the device at compile time)
-        body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, chunk).launch(
-            grid=(body.num_ctas(mPos.shape[0], chunk), 1, 1), block=(32 * body.config.warps, 1, 1), stream=stream,
-            use_pdl=body.config.pdl, min_blocks_per_mp=body.config.resident_ctas, preferred_smem_carveout=100
-        )
-
-
-def indexer_kernel(config: IndexerConfig) -> IndexerLauncher | IndexerChunkLauncher:
-    """The launcher of a configuration's kernel (C4, chunked C4 or C128)."""
-    if config.ratio == 128:
-        return IndexerLauncher(IndexerC128Kernel(config))
-    if config.chunked:
-        return IndexerChunkLauncher(IndexerC4ChunkKernel(config))
-    return IndexerLauncher(IndexerC4Kernel(config))
+def indexer_kernel(config: IndexerConfig) -> IndexerLauncher:
+    """The launcher of a configuration's kernel (C4 or C128)."""
+    return IndexerLauncher(IndexerC4Kernel(config) if config.ratio == 4 else IndexerC128Kernel(config))

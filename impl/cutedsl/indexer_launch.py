@@ -44,8 +44,7 @@ def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False):
             compile_cache.fake_per_token(Int32, T), compile_cache.fake_per_token(Int64, T),
             compile_cache.fake_per_token(Int64, T), compile_cache.fake_block_table(), weight,
             compile_cache.fake_cos_sin(), k_cache, compile_cache.fake_per_token(Int64, T), Float32(1e-6),
-            *((Int32(1),) if config.chunked else ()), compile_cache.fake_stream(),
-            options=compile_cache._options(keep_ptx),
+            compile_cache.fake_stream(), options=compile_cache._options(keep_ptx),
         )
 
     return compile_cache.cached(("indexer", config, keep_ptx), build)

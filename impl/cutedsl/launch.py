@@ -18,7 +18,7 @@ kernels' TVM-FFI functions (:func:`ffi_function`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -247,7 +247,7 @@ class LaunchPlan:
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
-    grid: tuple = ()  # fused_handoff and the chunked indexer kernel: (chunk,)
+    grid: tuple = ()  # fused_handoff: (chunk,)
     ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_kernels)
 
     def __post_init__(self):
@@ -336,7 +336,7 @@ class IndexerLaunch(LaunchPlan):
                        scratch) -> None:
         state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
         self.ffi[0](state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps, *self.grid)
+                    cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
 def _plan_class(path: str) -> type:
@@ -418,10 +418,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         return LaunchPlan((), path, eps, fp8_inv, 0, False)  # nothing to launch, nothing to restride
     if path == "indexer":
         config = indexer_launch.config_of(call, rms_norm_weight.dtype, policy, pdl)
-        chunk = dispatch.indexer_chunk(num_tokens, sm_count(device), policy) if config.ratio == 4 else 1
-        if chunk > 1:  # past one wave of warps: the chunked kernel
-            config = replace(config, resident_ctas=policy.shapes.indexer_c4_resident_ctas)
-        compiled, grid = (indexer_launch.compile_indexer(config),), ((chunk,) if chunk > 1 else ())
+        compiled, grid = (indexer_launch.compile_indexer(config),), ()
     else:
         entry = entry_format(call.store.layout, call.store.entries_per_page, rms_norm_weight.dtype,
                              store_align(k_cache, call.store.layout))

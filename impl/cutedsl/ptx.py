@@ -116,14 +116,6 @@ def indexer_variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     ):
         cfg = IndexerConfig(ratio, bs, layout, hadamard, pages, weight, warps, pdl)
         yield cfg.tag, "indexer", cfg, True
-    for bs, layout, hadamard, pages, weight, warps, pdl, resident in (  # the chunked C4 kernel
-        (16, "indexer_fp8", False, 64, "bfloat16", 1, True, 21),
-        (16, "indexer_mxfp4", True, 64, "bfloat16", 1, True, 28),
-        (3, "indexer_fp8", True, 7, "float32", 2, False, 10),
-        (2, "indexer_mxfp4", False, 1, "bfloat16", 4, True, 5),
-    ):
-        cfg = IndexerConfig(4, bs, layout, hadamard, pages, weight, warps, pdl, resident_ctas=resident)
-        yield cfg.tag, "indexer", cfg, True
     for ratio, bs, vector, pdl in ((4, 16, True, True), (4, 3, False, False), (128, 8, True, False)):
         cfg = SaveConfig(ratio, bs, vector, pdl=pdl, head_dim=128)
         yield cfg.tag, "save", cfg, vector

@@ -105,8 +105,4 @@ indexer_c4_w4 = Variant("indexer_c4_w4", policy=_policy(indexer_c4_warps=4))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-# past one wave, warps take chunks of tokens (one ballot of metadata, block-table entries read a token ahead)
-indexer_c4_chunk21 = Variant("indexer_c4_chunk21", policy=_policy(indexer_c4_resident_ctas=21))  # no spills
-indexer_c4_chunk28 = Variant("indexer_c4_chunk28", policy=_policy(indexer_c4_resident_ctas=28))  # 72 registers
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl,
-                                         indexer_c4_chunk21, indexer_c4_chunk28)}
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}

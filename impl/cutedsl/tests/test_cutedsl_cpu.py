@@ -341,17 +341,6 @@ def test_handoff_chunk_keeps_about_the_configured_waves():
     assert chunk(10**6, None, DEFAULT_POLICY) == 1  # no device known
 
 
-def test_indexer_chunk_keeps_every_warp_resident():
-    chunk, shaped = dispatch.indexer_chunk, DEFAULT_POLICY.with_overrides(indexer_c4_resident_ctas=28)
-    assert chunk(10**6, 132, DEFAULT_POLICY) == 1  # without the knob: a warp per token
-    assert chunk(28 * 132, 132, shaped) == 1  # one wave: the plain kernel
-    assert chunk(28 * 132 + 1, 132, shaped) == 2
-    assert chunk(16384, 132, shaped) == 5
-    assert chunk(16384, 132, shaped.with_overrides(indexer_c4_warps=2)) == 3  # 2 warps a CTA
-    assert chunk(10**6, 132, shaped) == 32  # one ballot at most
-    assert chunk(10**6, None, shaped) == 1  # no device known
-
-
 def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):
     """A counter array first used inside graph captures gets one zero-fill per capture (each
     graph must start from zeros, whichever is replayed first), not one per call; the first

@@ -81,7 +81,6 @@ def test_indexer_matches_spec(case):
     (dict(indexer_c128_warps=8), C128_CASES[2]),
     (dict(pdl=False), C4_CASES[0]),
     (dict(pdl=False), C128_CASES[1]),
-    (dict(indexer_c4_resident_ctas=28), C4_CASES[2]),  # a batch this small: the plain kernel still
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else case_id(v))
 def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
@@ -90,38 +89,6 @@ def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     choices = dict(choices)
     pdl = choices.pop("pdl", True)
     _store_matches_spec(case, pdl=pdl, policy=cutedsl.DEFAULT_POLICY.with_overrides(**choices))
-
-
-@pytest.mark.parametrize("resident, chunk", [(21, 2), (28, 7), (21, 32), (5, 3)])
-@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[5], C4_CASES[6], C4_CASES[12]], ids=case_id)
-def test_indexer_chunked_kernel_keeps_the_bytes(case, resident, chunk):
-    """The chunked C4 kernel (the host picks it only past one wave of warps) with warps taking
-    2, 3, 7 or 32 consecutive tokens of this small batch: inactive tokens inside a chunk, the
-    block-table entries read a token ahead, a last partial chunk; the spec's bytes, the state
-    untouched."""
-    from dataclasses import replace
-
-    from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import dispatch, indexer_launch, launch
-
-    policy = cutedsl.DEFAULT_POLICY.with_overrides(indexer_c4_resident_ctas=resident)
-    inputs = case.inputs()
-    expected = run_spec(inputs)
-    step = DeviceStep(inputs)
-    step.load_state(expected.state_after_save)
-    args = step.compress_args()
-    tensors = tuple(args[name] for name in ("state_cache", *METADATA[:4], "rms_norm_weight", "cos_sin_cache", "k_cache",
-                                            "kv_slot_mapping"))
-    plan = launch.build_compress_plan(
-        tensors, args["block_size"], args["rms_norm_eps"], 4, inputs.layout, None, False, None, "auto", policy, True,
-        False, hadamard=inputs.hadamard)
-    assert plan.grid == () and step.batch.num_tokens > chunk  # a batch this small: the plain kernel
-    weight_dtype = "bfloat16" if step.weight.dtype == torch.bfloat16 else "float32"
-    config = replace(dispatch.indexer_config(4, case.block_size, inputs.layout, inputs.hadamard, step.k_cache.shape[1],
-                                             weight_dtype, policy, True), resident_ctas=resident)
-    replace(plan, kernels=(indexer_launch.compile_indexer(config),), grid=(chunk,)).run(*tensors, None)
-    assert_bytes(f"{case.name} chunk {chunk}", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
-    assert_bytes(f"{case.name} chunk {chunk} state", inputs, "state", step.state_bytes(), expected.state_after_save)
 
 
 def _argument_bytes(args: dict) -> dict:
