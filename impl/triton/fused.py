@@ -61,12 +61,32 @@ def token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr, 
 
 
 @triton.jit
-def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: tl.constexpr,
+def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, complete, HEAD: tl.constexpr, RATIO: tl.constexpr,
                       BLOCK_C: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
                       LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """SPEC §5's pooled vector of one token, fp32 ``[HEAD / BLOCK_C, BLOCK_C]`` (row-major = channel
     order), from its window rows (:func:`window_row_offsets`), one ``[W, BLOCK_C]`` channel tile at a
-    time (:func:`.pooling.pool_channel_tile`): a static unrolled loop, or a runtime loop with
+    time (:func:`.pooling.pool_channel_tile`). ``complete`` (int1): every window row is valid; a
+    C4 window that is not (the first of a request, ``p = 3``) takes the masked pooling, every
+    other window the same arithmetic without the masks (equal results on valid rows)."""
+    if RATIO == 4:
+        if complete:
+            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
+                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+        else:
+            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, True, UNROLL_TILES,
+                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+    else:  # a C128 window is never incomplete
+        pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
+                            TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+    return pooled
+
+
+@triton.jit
+def pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: tl.constexpr, BLOCK_C: tl.constexpr,
+               MAY_HAVE_INVALID_ROWS: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
+               LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """The tiles of :func:`pool_window_tiles`: a static unrolled loop, or a runtime loop with
     ``TILE_STAGES`` software-pipelining stages (None: Triton's default)."""
     OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
     STATE_WIDTH: tl.constexpr = OVERLAP * HEAD
@@ -77,12 +97,12 @@ def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, 
     if UNROLL_TILES:
         for tile in tl.static_range(NUM_TILES):
             x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                       OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
+                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
             pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
     else:
         for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
             x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                       OVERLAP == 2, LANE_BITS, WARP_BITS, REG_BITS)
+                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
             pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
     return pooled
 
@@ -128,8 +148,8 @@ def compress_norm_rope_store_kernel(
         kv_row_offsets, row_valid = window_row_offsets(
             state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
             RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, UNROLL_TILES,
-                                   TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, position >= W - 1, HEAD, RATIO, BLOCK_C,
+                                   UNROLL_TILES, TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
         x8 = tl.reshape(pooled, (BLOCKS, BLOCK_W))
         y8 = rms_norm(x8, load_norm_weight(weight_ptr, BLOCKS, BLOCK_W, WEIGHT_BF16), eps, HEAD, LOG2_HEAD_DIM,
                       INV_HEAD_DIM)

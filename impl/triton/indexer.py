@@ -56,8 +56,8 @@ def indexer_compress_norm_rope_store_kernel(
         kv_row_offsets, row_valid = window_row_offsets(
             state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
             RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, UNROLL_TILES, None,
-                                   LANE_BITS, WARP_BITS, REG_BITS)
+        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, position >= W - 1, HEAD, RATIO, BLOCK_C,
+                                   UNROLL_TILES, None, LANE_BITS, WARP_BITS, REG_BITS)
         x4 = tl.reshape(pooled, (ROWS, ROW_W))
         y4 = rms_norm(x4, load_norm_weight(weight_ptr, ROWS, ROW_W, WEIGHT_BF16), eps, HEAD, LOG2_INDEXER_HEAD,
                       INV_INDEXER_HEAD)
