@@ -38,6 +38,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -49,8 +51,8 @@ from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
-from .memory import element_address, load_int32_unsunk, load_into, load_scalar, window_row_addresses
-from .pooling_c4 import pooled, read_staged_kv, staged_kv, window_runs, window_weights
+from .memory import element_address, load_into, load_scalar, window_row_addresses
+from .pooling_c4 import pooled, read_staged_kv, staged_kv, window_weights
 from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
@@ -92,7 +94,15 @@ class IndexerC4Kernel:
         row_stride_bytes = Int64(mState.stride[1]) * 4
         # every block-table read first (one round trip, not one per half): the first half's
         # positions are clamped to 0 at p = 3, whose rows 0..3 (positions -4..-1) are then not loaded
-        runs = window_runs(mState, mBlockTable, req, window_start, bs, run)
+        runs = []  # (first window row, position, row address) per lookup
+        for half in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                column = looked_up // bs
+                block = load_scalar(mBlockTable, req, column)
+                runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, row_address in runs:
                 score_offset = self.config.state_width * 4 if kind == 0 else 0
@@ -253,6 +263,18 @@ def issue_row(
         copy_row_async(byte_address, staged_kv(sKv, warp, lane, row))
     else:
         load_into(frag, byte_address, 16)
+
+
+@dsl_user_op
+def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
+    """A 4-byte global load the compilers keep where it is written (a side-effecting
+    ``ld.relaxed.gpu.global.b32``: LLVM and ptxas sink a plain load into the branch that
+    uses it), so that it is in flight with the loads beside it. The value was written before
+    this grid's dependencies resolved, so relaxed ordering reads it as a plain load would."""
+    value = llvm.inline_asm(Int32.mlir_type, [Int64(byte_address).ir_value(loc=loc, ip=ip)],
+                            "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True, is_align_stack=False,
+                            asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Int32(value)
 
 
 class IndexerLauncher:

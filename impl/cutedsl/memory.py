@@ -12,7 +12,7 @@ size-1 dimensions, where SPEC lets strides be anything).
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -94,15 +94,3 @@ def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
     out[0] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [0], loc=loc, ip=ip))
     out[1] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [1], loc=loc, ip=ip))
     return out
-
-
-@dsl_user_op
-def load_int32_unsunk(byte_address, *, loc=None, ip=None) -> Int32:
-    """A 4-byte global load the compilers keep where it is written (a side-effecting
-    ``ld.relaxed.gpu.global.b32``: LLVM and ptxas sink a plain load into the branch that
-    uses it), so that it is in flight with the loads beside it. The value was written before
-    this grid's dependencies resolved, so relaxed ordering reads it as a plain load would."""
-    value = llvm.inline_asm(Int32.mlir_type, [Int64(byte_address).ir_value(loc=loc, ip=ip)],
-                            "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True, is_align_stack=False,
-                            asm_dialect=llvm.AsmDialect.AD_ATT)
-    return Int32(value)

@@ -36,7 +36,7 @@ from .activity import token_activity
 from .config import HEAD_DIM, C4Config
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, load_int32_unsunk, load_into, load_scalar, store_fragment
+from .memory import element_address, load_into, load_scalar, store_fragment
 from .postprocess import GroupFinish
 
 RATIO = 4
@@ -78,33 +78,6 @@ def read_staged_kv(
             cute.autovec_copy(staged_kv(sKv, group, t, i), kv[i])
 
 
-def window_runs(mState: cute.Tensor, mBlockTable: cute.Tensor, req, window_start, bs: int, run: int) -> list:
-    """``(first window row, position, byte address of its state row)`` per run of ``run`` rows of
-    a C4 window in one state block, every block-table read issued before any row (one round trip
-    for the whole window, not one per run). ``mState``: fp32 ``[num_blocks, bs, 2*SW]``;
-    ``mBlockTable``: int32 ``[num_reqs, max_blocks]``. The first half's positions are clamped to 0
-    for the lookup (at ``p = 3`` its rows, positions -4..-1, are then not loaded)."""
-    runs = []
-    for half in range(2):
-        for r in range(RATIO // run):
-            first_row = half * RATIO + r * run
-            pos = window_start + first_row
-            looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-            column = looked_up // bs
-            block = load_scalar(mBlockTable, req, column)
-            runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
-    return runs
-
-
-def load_run(sc: list, kv: list, first_row: int, run: int, row_address, row_stride_bytes, score_byte, kv_byte) -> None:
-    """The thread's 16 bytes of score, then of kv, of ``run`` consecutive rows from ``row_address``
-    into the register rows ``first_row ..`` (scores first: the max can start earlier)."""
-    for i in range(run):
-        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
-    for i in range(run):
-        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
-
-
 class C4Window:
     """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
     thread of a 128-thread token group."""
@@ -134,14 +107,20 @@ class C4Window:
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
         window_start = (position // RATIO) * RATIO - RATIO  # p - 7 for a boundary token
         row_stride_bytes = Int64(mState.stride[1]) * 4
-        for first_row, pos, row_address in window_runs(mState, mBlockTable, req, window_start, bs, run):
-            kv_byte = ((first_row // RATIO) * HEAD_DIM + t * self.vec) * 4
+        for half in cutlass.range_constexpr(2):
+            kv_byte = (half * HEAD_DIM + t * self.vec) * 4
             score_byte = kv_byte + STATE_WIDTH * 4
-            if cutlass.const_expr(first_row >= RATIO):
-                load_run(sc, kv, first_row, run, row_address, row_stride_bytes, score_byte, kv_byte)
-            else:
+            for r in cutlass.range_constexpr(RATIO // run):
+                first_row = half * RATIO + r * run
+                pos = window_start + first_row
                 if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    load_run(sc, kv, first_row, run, row_address, row_stride_bytes, score_byte, kv_byte)
+                    column = pos // bs
+                    block = load_scalar(mBlockTable, req, column)
+                    row_address = element_address(mState, block, pos - column * bs, 0)
+                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
+                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
+                    for i in cutlass.range_constexpr(run):
+                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
         for c in cutlass.range_constexpr(self.vec):
             x[c] = pooled(kv, window_weights(sc, c), c)
 
@@ -183,8 +162,8 @@ class C4PoolKernel:
         t = tidx % C4Window.group_threads
         tok = cta * self.tokens_per_cta + tidx // C4Window.group_threads
         if tok < mPos.shape[0]:
-            req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+            req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
                 self.window.pool_window(mState, mBlockTable, req, position, t, x)
@@ -233,8 +212,8 @@ class C4FusedKernel:
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
-            req = load_int32_unsunk(element_address(mTokenReq, tok))  # with the metadata, never sunk past the test
             position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+            req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
                 self.window.pool_window(mState, mBlockTable, req, position, t, x)
