@@ -52,7 +52,7 @@ from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
 from .memory import element_address, load_into, load_scalar, window_row_addresses
-from .pooling_c4 import pooled, read_staged_kv, staged_kv, window_weights
+from .pooling_c4 import WINDOW, pooled, window_weights
 from .pooling_c128 import copy_row_async, load_smem, store_smem
 
 
@@ -246,6 +246,29 @@ class IndexerC128Kernel:
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
             if warp == 0:
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
+
+
+def staged_kv(sKv: cute.Tensor, warp, lane, row: int) -> cute.Tensor:
+    """The lane's 4 kv floats of window row ``row`` in its warp's staging area
+    (``sKv``: fp32 smem ``[warps, 8, 128]``, consecutive lanes at consecutive 16 bytes)."""
+    return cute.local_tile(sKv[warp, row, None], (VEC,), (lane,))
+
+
+@cute.jit
+def read_staged_kv(
+    kv: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
+    sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]
+    warp: Int32,
+    lane: Int32,
+    window_start: Int64,  # p - 7
+):
+    """The lane's staged kv back into registers (after its ``cp.async.wait_group``: it reads
+    only its own copies, so no barrier); rows 0..3 keep their fill at ``p = 3``."""
+    for i in cutlass.range_constexpr(4, WINDOW):
+        cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
+    if window_start >= Int64(0):
+        for i in cutlass.range_constexpr(4):
+            cute.autovec_copy(staged_kv(sKv, warp, lane, i), kv[i])
 
 
 @cute.jit

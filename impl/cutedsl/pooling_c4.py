@@ -55,29 +55,6 @@ def pooled(kv: list, e: list, c: int):
     return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(WINDOW)]), tree_sum(e))
 
 
-def staged_kv(sKv: cute.Tensor, group, t, row: int) -> cute.Tensor:
-    """Thread ``t``'s 4 kv floats of window row ``row`` in its group's staging area
-    (``sKv``: fp32 smem ``[groups, 8, 4 * threads]``, consecutive threads at consecutive 16 bytes)."""
-    return cute.local_tile(sKv[group, row, None], (4,), (t,))
-
-
-@cute.jit
-def read_staged_kv(
-    kv: list,  # 8 fp32 (4,) fragments, in: the invalid rows' fill
-    sKv: cute.Tensor,  # fp32 smem [groups, 8, 4 * threads]
-    group: Int32,
-    t: Int32,
-    window_start: Int64,  # p - 7
-):
-    """The thread's staged kv back into registers (after its ``cp.async.wait_group``: it reads
-    only its own copies, so no barrier); rows 0..3 keep their fill at ``p = 3``."""
-    for i in cutlass.range_constexpr(4, WINDOW):
-        cute.autovec_copy(staged_kv(sKv, group, t, i), kv[i])
-    if window_start >= Int64(0):
-        for i in cutlass.range_constexpr(4):
-            cute.autovec_copy(staged_kv(sKv, group, t, i), kv[i])
-
-
 class C4Window:
     """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
     thread of a 128-thread token group."""
