@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
-from ..impl.triton.config import DEFAULT_FUSED, DEFAULT_INDEXER, FusedConfig, SaveConfig
+from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
 from ..spec.constants import ENTRY_BYTES, INDEXER_LAYOUTS
 from .cases import Case, indexer_c128_decode_sweep, indexer_decode_sweep
@@ -73,7 +73,9 @@ INDEXER_C128_CONFIGS = [
 INDEXER_TOKENS = {4: (1024, 4096, 16384), 128: (256, 1024, 4096)}
 
 
-def config_name(config: FusedConfig) -> str:
+def config_name(config: FusedConfig | None) -> str:
+    if config is None:
+        return "default"  # the call's own choice (the indexer's C4 default depends on the token count)
     loop = "unrolled" if config.unroll_tiles else f"loop{config.tile_stages}"
     cap = "" if config.max_registers is None else f"_r{config.max_registers}"
     return f"bc{config.block_c}_w{config.num_warps}_{loop}{cap}"
@@ -185,7 +187,7 @@ def indexer_sweeps(ratios, layouts, hadamard: bool, token_counts, default_only: 
     """The ``--head 128`` sweeps: C4 unless ``ratios`` says otherwise, both layouts unless ``layouts`` does."""
     out = []
     for ratio in ratios or (4,):
-        configs = (DEFAULT_INDEXER[ratio],) if default_only else tuple(INDEXER_C4_CONFIGS if ratio == 4 else INDEXER_C128_CONFIGS)
+        configs = (None,) if default_only else tuple(INDEXER_C4_CONFIGS if ratio == 4 else INDEXER_C128_CONFIGS)
         for layout in layouts or INDEXER_LAYOUTS:
             out.append(IndexerSweep(ratio, layout, hadamard, tuple(token_counts or INDEXER_TOKENS[ratio]), configs))
     return out

@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 from dsv4_compressor.bench import triton_sweep as ts
 from dsv4_compressor.bench.cases import indexer_decode_sweep
-from dsv4_compressor.impl.triton.config import DEFAULT_INDEXER, indexer_config
+from dsv4_compressor.impl.triton.config import DEFAULT_INDEXER, INDEXER_C4_MANY, indexer_config
 
 
 @pytest.mark.parametrize("ratio, configs", [(4, ts.INDEXER_C4_CONFIGS), (128, ts.INDEXER_C128_CONFIGS)])
@@ -18,6 +18,7 @@ def test_indexer_configs_are_valid_distinct_and_hold_the_default(ratio, configs)
     names = [ts.config_name(c) for c in configs]
     assert len(set(names)) == len(names) == len(set(configs))
     assert DEFAULT_INDEXER[ratio] in configs
+    assert ratio != 4 or INDEXER_C4_MANY in configs  # the C4 default from 4096 tokens too
     assert len(configs) <= 10  # the whole default sweep stays within a few minutes on one GPU
 
 
@@ -26,6 +27,7 @@ def test_config_names_show_every_knob():
 
     assert ts.config_name(FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)) == "bc64_w2_loop1_r32"
     assert ts.config_name(FusedConfig(block_c=128, num_warps=1)) == "bc128_w1_unrolled"
+    assert ts.config_name(None) == "default"
 
 
 def test_default_indexer_sweeps_are_c4_over_both_layouts():
@@ -34,7 +36,7 @@ def test_default_indexer_sweeps_are_c4_over_both_layouts():
     assert all(s.token_counts == (1024, 4096, 16384) and s.configs == tuple(ts.INDEXER_C4_CONFIGS) for s in sweeps)
     only = ts.indexer_sweeps([128], ["indexer_mxfp4"], True, [64], True)
     assert [(s.ratio, s.layout, s.hadamard, s.token_counts, s.configs) for s in only] == [
-        (128, "indexer_mxfp4", True, (64,), (DEFAULT_INDEXER[128],))]
+        (128, "indexer_mxfp4", True, (64,), (None,))]  # --default-only: the call's own default at each size
 
 
 def test_indexer_cases_and_bytes_are_the_main_benchs():

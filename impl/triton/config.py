@@ -49,8 +49,13 @@ class FusedConfig:
         return row_plan(window, self.block_c, self.num_warps)
 
     def launch_options(self) -> dict:
-        """Triton's launch options for these knobs: ``num_warps``, and ``maxnreg`` when capped."""
-        return {"num_warps": self.num_warps, **({} if self.max_registers is None else {"maxnreg": self.max_registers})}
+        """Triton's launch options for these knobs (:func:`launch_options`)."""
+        return launch_options(self.num_warps, self.max_registers)
+
+
+def launch_options(num_warps: int, max_registers: int | None) -> dict:
+    """Triton's launch options: ``num_warps``, and ``maxnreg`` when registers are capped."""
+    return {"num_warps": num_warps, **({} if max_registers is None else {"maxnreg": max_registers})}
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,8 @@ def _compile(variant: Variant) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from .config import launch_options
+
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
     elif variant.kernel == "indexer":
@@ -175,8 +177,8 @@ def _compile(variant: Variant) -> str:
              if signature[name].startswith("*") or name in variant.divisible_ints}
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
-                              options={"num_warps": variant.num_warps, "enable_fp_fusion": False,
-                                       **({} if variant.max_registers is None else {"maxnreg": variant.max_registers})})
+                              options={**launch_options(variant.num_warps, variant.max_registers),
+                                       "enable_fp_fusion": False})
     return compiled.asm["ptx"]
 
 
