@@ -1,5 +1,6 @@
 """The CPU tests of the public CuTe DSL wrappers: their arguments (a small spec batch on CPU
-tensors) and a fixture that fails a test when anything reaches the compiler."""
+tensors), a fixture that fails a test when anything reaches the compiler, and one that fails it
+when a bound call takes the validated path (CPU and GPU tests of the bound layers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsv4_compressor.impl.cutedsl import compile_cache, indexer_launch
+from dsv4_compressor.impl.cutedsl import api, compile_cache, indexer_launch
 from dsv4_compressor.spec import batch as B
 
 
@@ -47,3 +48,14 @@ def no_compile(monkeypatch):
     for name in ("compile_c4", "compile_c128_pool", "compile_c128_store", "compile_c128_cluster", "compile_c128_handoff",
                  "compile_save"):
         monkeypatch.setattr(compile_cache, name, refuse)
+
+
+@pytest.fixture
+def unvalidated(monkeypatch):
+    """``unvalidated()``: from then on, a bound call that reaches the validated path fails."""
+    def switch_on():
+        def fail(*args, **kwargs):
+            raise AssertionError("the call took the validated path")
+        monkeypatch.setattr(api.BoundLayer, "_compress_plan", fail)
+        monkeypatch.setattr(api.BoundLayer, "_save_plan", fail)
+    return switch_on

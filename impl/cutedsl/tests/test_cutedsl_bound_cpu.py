@@ -22,17 +22,7 @@ from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
 
 from test_cutedsl_host import _indexer_arguments, _layer, indexer_recorded, recorded  # noqa: E402,F401
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
-
-
-@pytest.fixture
-def unvalidated(monkeypatch):
-    """A call that reaches the validated path fails: ``unvalidated()`` turns this on."""
-    def switch_on():
-        def fail(*args, **kwargs):
-            raise AssertionError("the call took the validated path")
-        monkeypatch.setattr(api.BoundLayer, "_compress_plan", fail)
-        monkeypatch.setattr(api.BoundLayer, "_save_plan", fail)
-    return switch_on
+from cutedsl_test_calls import unvalidated  # noqa: E402,F401
 
 
 def _strided(tensor: torch.Tensor, step: int = 3) -> torch.Tensor:
@@ -228,6 +218,15 @@ def _save_inputs(args, kwargs):
     return torch.randn(tokens, width), torch.randn(ratio, width // 2)
 
 
+def _prepared_save():
+    """``(args, kv_score, ape, layer)``: a bound C128 layer whose save kernel one call prepared."""
+    args, kwargs = _arguments("c128_decode_boundary")
+    kv_score, ape = _save_inputs(args, kwargs)
+    layer, _ = _layer(args, kwargs)
+    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    return args, kv_score, ape, layer
+
+
 def test_a_bound_save_runs_unvalidated_once_prepared(recorded, unvalidated):
     launches, _ = recorded
     args, kwargs = _arguments("c128_decode_boundary")
@@ -257,10 +256,7 @@ def test_a_bound_save_runs_unvalidated_once_prepared(recorded, unvalidated):
 ])
 def test_a_bad_save_argument_is_named_and_nothing_launched(recorded, change, needle):
     launches, _ = recorded
-    args, kwargs = _arguments("c128_decode_boundary")
-    kv_score, ape = _save_inputs(args, kwargs)
-    layer, _ = _layer(args, kwargs)
-    layer.save_partial_states(kv_score, ape, args[2], args[3])  # prepares the kernel
+    args, kv_score, ape, layer = _prepared_save()
     launches.clear()
     with pytest.raises(ValueError, match=needle):
         layer.save_partial_states(*change(kv_score, ape, args[2], args[3]))
@@ -271,10 +267,7 @@ def test_a_bad_save_argument_is_named_and_nothing_launched(recorded, change, nee
 
 def test_a_save_of_misaligned_rows_takes_the_validated_path_and_its_kernel(recorded):
     launches, _ = recorded
-    args, kwargs = _arguments("c128_decode_boundary")
-    kv_score, ape = _save_inputs(args, kwargs)
-    layer, _ = _layer(args, kwargs)
-    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    args, kv_score, ape, layer = _prepared_save()
     shifted = torch.empty(kv_score.numel() + 1)[1:].view(kv_score.shape).copy_(kv_score)  # 4-byte aligned base
     padded = torch.empty(kv_score.shape[0], kv_score.shape[1] + 1)[:, :-1].copy_(kv_score)  # rows 4 bytes apart
     layer.save_partial_states(shifted, ape, args[2], args[3])
@@ -285,10 +278,7 @@ def test_a_save_of_misaligned_rows_takes_the_validated_path_and_its_kernel(recor
 
 def test_a_bound_save_of_no_tokens_launches_nothing(recorded):
     launches, _ = recorded
-    args, kwargs = _arguments("c128_decode_boundary")
-    kv_score, ape = _save_inputs(args, kwargs)
-    layer, _ = _layer(args, kwargs)
-    layer.save_partial_states(kv_score, ape, args[2], args[3])
+    args, kv_score, ape, layer = _prepared_save()
     launches.clear()
     layer.save_partial_states(kv_score[:0], ape, args[2][:0], args[3][:0])
     assert launches == []

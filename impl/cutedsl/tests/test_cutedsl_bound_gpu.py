@@ -20,11 +20,14 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
 
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
 from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
+
+from cutedsl_test_calls import unvalidated  # noqa: E402,F401
 
 pytestmark = pytest.mark.gpu
 
@@ -148,19 +151,6 @@ def check(name: str, args: Arguments, expected: np.ndarray, state_before: np.nda
     torch.cuda.synchronize()
     assert_same_bytes(f"{name} k_cache", args.k_owner.cpu().numpy(), expected)
     assert_same_bytes(f"{name} state_cache", args.state_owner.cpu().numpy(), state_before)
-
-
-@pytest.fixture
-def unvalidated(monkeypatch):
-    """``unvalidated()``: from then on, a bound call that reaches the validated path fails."""
-    from dsv4_compressor.impl.cutedsl import api
-
-    def switch_on():
-        def fail(*args, **kwargs):
-            raise AssertionError("the call took the validated path")
-        monkeypatch.setattr(api.BoundLayer, "_compress_plan", fail)
-        monkeypatch.setattr(api.BoundLayer, "_save_plan", fail)
-    return switch_on
 
 
 def _workspace(kind: str, tokens: int):
