@@ -216,6 +216,33 @@ C128_CASES = [  # each with the C128 paths that can take its block size
     (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff")),
 ]
 
+INDEXER_FP8, INDEXER_MXFP4 = "indexer_fp8", "indexer_mxfp4"
+INDEXER_C4_CASES = [  # SPEC §12, C4
+    Case(4, 16, 64, INDEXER_FP8),  # production: bs 16
+    Case(4, 16, 64, INDEXER_FP8, hadamard=True),
+    Case(4, 16, 64, INDEXER_MXFP4),
+    Case(4, 16, 7, INDEXER_MXFP4, hadamard=True),
+    Case(4, 4, 1, INDEXER_FP8, bf16_weight=False, values="spread_scores"),  # most exp2s arguments below -126 or subnormal
+    Case(4, 3, 2, INDEXER_FP8, hadamard=True, values="spread_scores", seed=1),
+    Case(4, 1, 64, INDEXER_MXFP4, values="signed_zeros"),  # every value and code a signed zero
+    Case(4, 2, 64, INDEXER_FP8, hadamard=True, values="signed_zeros"),
+    Case(4, 6, 3, INDEXER_FP8, bf16_weight=False, values="indexer_tiny"),  # amax below the FP8 floor, MXFP4 blocks below 6*2^-126
+    Case(4, 5, 64, INDEXER_MXFP4, hadamard=True, bf16_weight=False, values="indexer_tiny"),
+    Case(4, 8, 2, INDEXER_MXFP4, bf16_weight=False, values="huge"),  # large scale bytes
+    Case(4, 12, 64, INDEXER_FP8, hadamard=True, bf16_weight=False, values="huge"),
+    Case(4, 16, 4, INDEXER_MXFP4, slots_for_all=True, seed=2),
+    Case(4, 16, 4, INDEXER_MXFP4, hadamard=True, values="hadamard_cancel"),  # the rotation's stage order shows
+]
+INDEXER_C128_CASES = [  # SPEC §12, C128
+    Case(128, 8, 64, INDEXER_FP8),  # production: bs 8
+    Case(128, 8, 2, INDEXER_MXFP4, hadamard=True),
+    Case(128, 5, 3, INDEXER_FP8, hadamard=True, bf16_weight=False, values="spread_scores"),
+    Case(128, 16, 1, INDEXER_MXFP4, values="signed_zeros"),
+    Case(128, 12, 64, INDEXER_MXFP4, bf16_weight=False, values="indexer_tiny"),
+    Case(128, 4, 2, INDEXER_FP8, hadamard=True, bf16_weight=False, values="huge"),
+    Case(128, 8, 3, INDEXER_FP8, slots_for_all=True, seed=2),
+]
+
 
 def case_id(value) -> str:
     """A readable pytest id for a :class:`Case` or a path name."""

@@ -15,7 +15,8 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 torch = pytest.importorskip("torch")
 
-from cutedsl_steps import Case, DeviceStep, assert_bytes, case_id, spec_store  # noqa: E402
+from cutedsl_steps import (INDEXER_C4_CASES, INDEXER_C128_CASES, Case, DeviceStep, assert_bytes, case_id,  # noqa: E402
+                           spec_store)
 
 from dsv4_compressor.conformance.runner import run_spec  # noqa: E402
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("case, path", [
     (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
     (Case(128, 4, 2, layout="bf16"), "split_generic"), (Case(128, 8, 2), "fused_handoff"),
+    (INDEXER_C4_CASES[2], "auto"), (INDEXER_C128_CASES[0], "auto"),  # the indexer kernels (SPEC §12)
 ], ids=case_id)
 def test_cuda_graph_replay_with_new_metadata(case, path):
     """Capture once, then change the metadata in place and replay: same bytes as eager, and the

@@ -24,42 +24,14 @@ pytest.importorskip("cutlass")
 import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
-from cutedsl_steps import METADATA, Case, DeviceStep, assert_bytes, case_id, run_step, spec_store  # noqa: E402
+from cutedsl_steps import (INDEXER_C4_CASES, INDEXER_C128_CASES, INDEXER_FP8, METADATA, Case, DeviceStep,  # noqa: E402
+                           assert_bytes, case_id, run_step, spec_store)
 
 from dsv4_compressor.conformance.runner import run_spec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-FP8, MXFP4 = "indexer_fp8", "indexer_mxfp4"
-
-C4_CASES = [
-    Case(4, 16, 64, FP8),  # production: bs 16
-    Case(4, 16, 64, FP8, hadamard=True),
-    Case(4, 16, 64, MXFP4),
-    Case(4, 16, 7, MXFP4, hadamard=True),
-    Case(4, 4, 1, FP8, bf16_weight=False, values="spread_scores"),  # most exp2s arguments below -126 or subnormal
-    Case(4, 3, 2, FP8, hadamard=True, values="spread_scores", seed=1),
-    Case(4, 1, 64, MXFP4, values="signed_zeros"),  # every value and code a signed zero
-    Case(4, 2, 64, FP8, hadamard=True, values="signed_zeros"),
-    Case(4, 6, 3, FP8, bf16_weight=False, values="indexer_tiny"),  # amax below the FP8 floor, MXFP4 blocks below 6*2^-126
-    Case(4, 5, 64, MXFP4, hadamard=True, bf16_weight=False, values="indexer_tiny"),
-    Case(4, 8, 2, MXFP4, bf16_weight=False, values="huge"),  # large scale bytes
-    Case(4, 12, 64, FP8, hadamard=True, bf16_weight=False, values="huge"),
-    Case(4, 16, 4, MXFP4, slots_for_all=True, seed=2),
-    Case(4, 16, 4, MXFP4, hadamard=True, values="hadamard_cancel"),  # the rotation's stage order shows
-]
-C128_CASES = [
-    Case(128, 8, 64, FP8),  # production: bs 8
-    Case(128, 8, 2, MXFP4, hadamard=True),
-    Case(128, 5, 3, FP8, hadamard=True, bf16_weight=False, values="spread_scores"),
-    Case(128, 16, 1, MXFP4, values="signed_zeros"),
-    Case(128, 12, 64, MXFP4, bf16_weight=False, values="indexer_tiny"),
-    Case(128, 4, 2, FP8, hadamard=True, bf16_weight=False, values="huge"),
-    Case(128, 8, 3, FP8, slots_for_all=True, seed=2),
-]
-
-
 def _store_matches_spec(case: Case, **choices):
     """:func:`cutedsl_steps.run_step` (the save, then the store on the spec's post-save state;
     both allocations compared whole) on a batch with active and inactive tokens."""
@@ -67,20 +39,20 @@ def _store_matches_spec(case: Case, **choices):
     assert step.batch.num_active > 0 and (~step.batch.active).any()
 
 
-@pytest.mark.parametrize("case", C4_CASES + C128_CASES, ids=case_id)
+@pytest.mark.parametrize("case", INDEXER_C4_CASES + INDEXER_C128_CASES, ids=case_id)
 def test_indexer_matches_spec(case):
     _store_matches_spec(case)
 
 
 @pytest.mark.parametrize("choices, case", [
-    (dict(indexer_c4_warps=4), C4_CASES[1]),
-    (dict(indexer_c4_warps=2), C4_CASES[3]),
-    (dict(indexer_c4_warps=8), C4_CASES[5]),  # a partial last CTA
-    (dict(indexer_c4_warps=8), C4_CASES[10]),
-    (dict(indexer_c128_warps=8), C128_CASES[0]),
-    (dict(indexer_c128_warps=8), C128_CASES[2]),
-    (dict(pdl=False), C4_CASES[0]),
-    (dict(pdl=False), C128_CASES[1]),
+    (dict(indexer_c4_warps=4), INDEXER_C4_CASES[1]),
+    (dict(indexer_c4_warps=2), INDEXER_C4_CASES[3]),
+    (dict(indexer_c4_warps=8), INDEXER_C4_CASES[5]),  # a partial last CTA
+    (dict(indexer_c4_warps=8), INDEXER_C4_CASES[10]),
+    (dict(indexer_c128_warps=8), INDEXER_C128_CASES[0]),
+    (dict(indexer_c128_warps=8), INDEXER_C128_CASES[2]),
+    (dict(pdl=False), INDEXER_C4_CASES[0]),
+    (dict(pdl=False), INDEXER_C128_CASES[1]),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else case_id(v))
 def test_indexer_mapping_knobs_keep_the_bytes(choices, case):
     """Other mappings (a frozen policy's indexer shapes) and ``pdl=False`` write the same bytes."""
@@ -102,7 +74,7 @@ def test_indexer_bad_arguments_write_nothing():
     """Bad calls raise ValueError naming the argument, and no byte of any buffer changes."""
     from dsv4_compressor.impl import cutedsl
 
-    case = C4_CASES[0]
+    case = INDEXER_C4_CASES[0]
     step = DeviceStep(case.inputs())
     args = step.compress_args()
     state_before, k_before, before = step.state_bytes(), step.k_bytes(), _argument_bytes(args)
@@ -133,7 +105,7 @@ def test_indexer_bad_arguments_write_nothing():
 def test_indexer_empty_call_writes_nothing():
     from dsv4_compressor.impl import cutedsl
 
-    case = C4_CASES[0]
+    case = INDEXER_C4_CASES[0]
     step = DeviceStep(case.inputs())
     args = step.compress_args()
     for key in ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping"):
@@ -225,11 +197,11 @@ def test_indexer_save_partial_states_matches_spec(ratio, block_size, misaligned)
     """The save kernel at the indexer's state widths (512 and 256 floats a row): the spec's
     bytes in a padded state cache, padding untouched, some tokens unsaved; ``misaligned``:
     every input a view whose base and rows are not 16-byte aligned (the scalar-load variant)."""
-    run_step(Case(ratio, block_size, 4, FP8, unsaved_fraction=0.1, row_pad=8, block_pad_rows=2,
+    run_step(Case(ratio, block_size, 4, INDEXER_FP8, unsaved_fraction=0.1, row_pad=8, block_pad_rows=2,
                   strided_inputs=misaligned))
 
 
-@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=case_id)
+@pytest.mark.parametrize("case", [INDEXER_C4_CASES[1], INDEXER_C128_CASES[1]], ids=case_id)
 def test_indexer_save_and_compress_in_one_graph(case):
     """``save_and_compress_norm_rope_store`` captured in a CUDA graph and replayed, PDL on:
     the compress kernel pools the rows the save kernel has just written (spec's bytes)."""
@@ -252,78 +224,3 @@ def test_indexer_save_and_compress_in_one_graph(case):
         graph.replay()
         assert_bytes(f"replay {replay}: k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
         assert_bytes(f"replay {replay}: state", inputs, "state", step.state_bytes(), expected.state_after_save)
-
-
-@pytest.mark.parametrize("case", [C4_CASES[2], C128_CASES[0]], ids=case_id)
-def test_indexer_graph_replay_with_new_metadata(case):
-    """Capture once, then change the metadata in place and replay: the spec's bytes."""
-    from dsv4_compressor.impl import cutedsl
-
-    step = DeviceStep(case.inputs())
-    k_clean = step.k_owner.clone()
-    kwargs = step.layout_kwargs()
-    cutedsl.compress_norm_rope_store(**step.compress_args(), **kwargs)  # compiles: no compile during capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cutedsl.compress_norm_rope_store(**step.compress_args(), **kwargs)
-    moved = step.move_metadata()
-    assert not np.array_equal(moved.block_table, step.inputs.batch.block_table)  # the replay reads other blocks
-    step.k_owner.copy_(k_clean)
-    graph.replay()
-    expected = spec_store(step.inputs, step.state_bytes(), moved)
-    assert_bytes("graph replay vs spec", step.inputs, "k_cache", step.k_bytes(), expected)
-
-
-# ---- the host path: bound layers, warm-up, torch custom ops ----------------------------------------------
-@pytest.mark.parametrize("case", [C4_CASES[0], C4_CASES[2], C128_CASES[1]], ids=case_id)
-def test_indexer_bound_layer_after_warm_up_in_a_graph(case):
-    """A bound indexer layer, warmed up, captured right after (no compile during capture) and
-    replayed: the spec's bytes."""
-    from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import compile_cache
-
-    inputs = case.inputs()
-    expected = run_spec(inputs)
-    step = DeviceStep(inputs)
-    step.load_state(expected.state_after_save)  # the store alone, on the spec's post-save state
-    layer = cutedsl.bind(step.state, step.k_cache, step.weight, step.cos_sin, block_size=step.batch.block_size,
-                         compress_ratio=case.ratio, rms_norm_eps=inputs.rms_norm_eps, layout=inputs.layout,
-                         hadamard=inputs.hadamard)
-    layer.warm_up()
-    compiled = len(compile_cache._CACHE)
-    per_token = [step.meta[n] for n in METADATA]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layer.compress_norm_rope_store(*per_token)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert len(compile_cache._CACHE) == compiled
-    assert_bytes(f"{case.name} k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
-
-
-@pytest.mark.parametrize("case", [C4_CASES[1], C128_CASES[1]], ids=case_id)
-def test_indexer_compiled_custom_ops_match_spec(case):
-    """torch.compile(fullgraph=True) over the save and compress ops with an indexer layout and
-    ``hadamard``: the spec's bytes, in the state cache and the k_cache."""
-    import dsv4_compressor.impl.cutedsl  # noqa: F401  (registers the ops)
-
-    torch._dynamo.reset()
-    inputs = case.inputs()
-    expected = run_spec(inputs)
-    step = DeviceStep(inputs)
-    b = step.batch
-    ops = torch.ops.dsv4_compressor
-
-    @torch.compile(fullgraph=True)
-    def run(kv, ape, state_cache, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots):
-        ops.cutedsl_save_partial_states(kv, ape, positions, slots, state_cache, b.block_size)
-        ops.cutedsl_compress_norm_rope_store(state_cache, token_req, positions, slots, table, b.block_size, weight,
-                                             inputs.rms_norm_eps, cos_sin, k_cache, kv_slots, case.ratio,
-                                             inputs.layout, hadamard=inputs.hadamard)
-
-    m = step.meta
-    run(step.kv_score, step.ape, step.state, m["token_to_req_indices"], m["positions"], m["slot_mapping"],
-        m["block_table"], step.weight, step.cos_sin, step.k_cache, m["kv_slot_mapping"])
-    assert_bytes(f"{case.name} state", inputs, "state", step.state_bytes(), expected.state_after_save)
-    assert_bytes(f"{case.name} k_cache", inputs, "k_cache", step.k_bytes(), expected.k_cache_after_store)
