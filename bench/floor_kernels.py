@@ -138,9 +138,7 @@ def paged_indexer_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr,
     pos = tl.where(valid, pos, 0)
     blocks = tl.load(block_table_ptr + request.to(tl.int64) * block_table_stride + pos // BLOCK_SIZE)
     starts = blocks.to(tl.int64) * block_stride + (pos % BLOCK_SIZE) * row_stride + (row // 4) * 128
-    columns = tl.arange(0, 128)
-    offsets = starts[:, None] + columns[None, :]
-    in_window = valid[:, None] & (columns[None, :] < 128)
-    kv = tl.load(state_ptr + offsets, mask=in_window, other=0.0, cache_modifier=".cg")
-    score = tl.load(state_ptr + offsets + 256, mask=in_window, other=0.0, cache_modifier=".cg")
+    offsets = starts[:, None] + tl.arange(0, 128)[None, :]
+    kv = tl.load(state_ptr + offsets, mask=valid[:, None], other=0.0, cache_modifier=".cg")
+    score = tl.load(state_ptr + offsets + 256, mask=valid[:, None], other=0.0, cache_modifier=".cg")
     tl.store(out_ptr + token, tl.sum(tl.sum(kv + score, axis=1), axis=0))
