@@ -60,6 +60,7 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
       for how in ("separate", "early_metadata", "combined")],
     (Case(4, 4, 2), "auto", "separate"), (Case(4, 4, 2), "auto", "combined"),
     (Case(128, 5, 64, layout="bf16"), "auto", "combined"),
+    (INDEXER_C4_CASES[1], "auto", "combined"), (INDEXER_C128_CASES[1], "auto", "combined"),  # SPEC §12
 ], ids=case_id)
 def test_pdl_chain_reads_what_the_previous_kernel_wrote(case, path, how):
     """``save_partial_states`` then ``compress_norm_rope_store`` (two calls, the two with
