@@ -90,7 +90,7 @@ def store_align(k_cache: torch.Tensor, layout: str) -> int:
 def x_buffer(buffer, num_tokens: int, device: torch.device, name: str) -> torch.Tensor:
     """An fp32 ``[S >= T, 512]`` buffer with 16-byte aligned rows (given, checked, or allocated)."""
     if buffer is None:
-        return torch.empty((num_tokens, HEAD_DIM), dtype=torch.float32, device=device)
+        return _scratch(None, num_tokens, device)
     if not isinstance(buffer, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor or None, got {type(buffer).__name__}")
     if buffer.dtype != torch.float32:
@@ -104,7 +104,7 @@ def x_buffer(buffer, num_tokens: int, device: torch.device, name: str) -> torch.
             raise ValueError(f"{name}: expected strides (multiple of 4, 1), got strides {list(buffer.stride())}")
         return _unit_last_stride(buffer)
     if buffer.dim() == 1 and buffer.is_contiguous() and buffer.numel() >= num_tokens * HEAD_DIM:
-        return buffer[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
+        return _scratch(buffer, num_tokens, device)
     raise ValueError(
         f"{name}: expected float32 [S >= {num_tokens}, {HEAD_DIM}] (rows 16-byte aligned) or a contiguous "
         f"float32 tensor of >= {num_tokens * HEAD_DIM} elements, got shape {list(buffer.shape)}"
@@ -127,15 +127,12 @@ def bound_scratch(workspace, num_tokens: int, device: torch.device) -> torch.Ten
     workspace, the length of a 1-D one; dtype, width, unit last stride, base alignment and
     device are the kernel's TVM-FFI checks. Raises ``ValueError`` for anything else: the
     caller then validates the call the long way (:func:`x_buffer` names what is wrong)."""
-    if workspace is None:
-        return torch.empty((num_tokens, HEAD_DIM), dtype=torch.float32, device=device)
-    dims = workspace.dim()
-    if dims == 2:
-        rows = workspace.shape[0]
-        if rows >= num_tokens and (rows == 1 or workspace.stride(0) % 4 == 0):
-            return workspace
-    elif dims == 1 and workspace.numel() >= num_tokens * HEAD_DIM and workspace.is_contiguous():
-        return workspace[: num_tokens * HEAD_DIM].view(num_tokens, HEAD_DIM)
+    if workspace is None or (workspace.dim() == 1 and workspace.numel() >= num_tokens * HEAD_DIM
+                             and workspace.is_contiguous()):
+        return _scratch(workspace, num_tokens, device)
+    if workspace.dim() == 2 and workspace.shape[0] >= num_tokens and (
+            workspace.shape[0] == 1 or workspace.stride(0) % 4 == 0):
+        return workspace
     raise ValueError("workspace: not a scratch the bound path takes as it is")
 
 
