@@ -7,7 +7,7 @@
   no ``div.full``/``div.approx``;
 - no ``.ftz`` anywhere (subnormals are kept, also by ``max``/``min`` and conversions);
 - optional requirements per kernel: 128-bit global loads (``ld.global...v4`` of 32-bit
-  elements) present.
+  elements, or 16-byte ``cp.async`` into shared memory) present.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _COUNTED = {
     "div.rn.f32": re.compile(r"\bdiv\.rn\.f32\b"),
     "sqrt.rn.f32": re.compile(r"\bsqrt\.rn\.f32\b"),
     "ld.global.v4": re.compile(r"\bld\.global(\.\w+)*\.v4\.(b32|f32|u32|s32)\b"),
+    "cp.async.16": re.compile(r"\bcp\.async\.c[ga](\.\w+)*\.shared(::cta)?\.global(\.\w+)*\s*\[[^]]+\],\s*\[[^]]+\],\s*16\b"),
     "ld.global.v2": re.compile(r"\bld\.global(\.\w+)*\.v2\.(b32|f32|u32|s32)\b"),
     "ld.global.b32": re.compile(r"\bld\.global(\.\w+)*\.(b32|f32|u32|s32)\b"),
     "st.global": re.compile(r"\bst\.global\b"),
@@ -68,8 +69,9 @@ def check_ptx(backend: str, variant: str, ptx: str, *, require_vector_loads: boo
             report.violations.append(f"{what}: {count}x, e.g. `{line}`")
     for name, pattern in _COUNTED.items():
         report.counts[name] = len(pattern.findall(body))
-    if require_vector_loads and report.counts["ld.global.v4"] == 0:
-        report.violations.append("no 128-bit global loads (ld.global.v4.b32) where the kernel streams state rows")
+    if require_vector_loads and report.counts["ld.global.v4"] == 0 and report.counts["cp.async.16"] == 0:
+        report.violations.append("no 128-bit global loads (ld.global.v4.b32 or 16-byte cp.async) where the kernel "
+                                 "streams state rows")
     if require_target is not None:
         match = re.search(r"^\s*\.target\s+(\S+)", ptx, re.M)
         target = match.group(1).rstrip(",") if match else None

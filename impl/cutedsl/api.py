@@ -106,7 +106,7 @@ def compress_norm_rope_store(
     hadamard: bool = False,  # indexer layouts: the Hadamard rotation before quantization (SPEC §12)
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
-    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_handoff" | "split_block8" | "split_generic"
+    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_handoff" | "fused_pipelined" | "split_block8" | "split_generic"
     pdl: bool = True,  # programmatic dependent launch (see .dependent_launch)
     policy: Policy = DEFAULT_POLICY,  # dispatch thresholds and kernel shapes (see .dispatch)
 ) -> None:
@@ -244,7 +244,7 @@ def compress(
     if ratio == 4:
         kernel = compile_cache.compile_c4(dispatch.c4_config(block_size, None, policy, pdl))
     else:
-        if path in ("fused_cluster", "fused_handoff"):  # the fused kernels pool like the split ones
+        if path.startswith("fused"):  # the fused kernels pool like the split ones
             path = "split_generic"  # (generic lookups are Block8's whenever bs allows)
         kernel = compile_cache.compile_c128_pool(dispatch.c128_pool_config(path, block_size, policy, pdl=pdl))
     kernel(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, buffer)

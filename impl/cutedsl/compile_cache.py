@@ -38,6 +38,7 @@ from .config import (
     ClusterConfig,
     EntryFormat,
     HandoffConfig,
+    PipelinedConfig,
     SaveConfig,
     StoreConfig,
 )
@@ -230,6 +231,20 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
         )
 
     return cached(("c128_handoff", config, keep_ptx), build)
+
+
+def compile_c128_pipelined(config: PipelinedConfig, *, keep_ptx: bool = False):
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument)."""
+
+    def build():
+        from .fused_c128_pipelined import C128PipelinedKernel
+
+        return cute.compile(
+            C128PipelinedKernel(config), *fused_c128_inputs(config),
+            Float32(1e-6), Float32(1.0), Int32(1), fake_stream(), options=_options(keep_ptx),
+        )
+
+    return cached(("c128_pipelined", config, keep_ptx), build)
 
 
 def compile_save(config: SaveConfig, *, keep_ptx: bool = False):

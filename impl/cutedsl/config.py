@@ -254,6 +254,31 @@ class HandoffConfig(ClusterConfig):
 
 
 @dataclass(frozen=True)
+class PipelinedConfig(ClusterConfig):
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (64-channel tiles, 8
+    warps): each cluster walks a strided share of the tokens, skips inactive ones for a ballot
+    bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
+    while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
+    ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
+
+    def __post_init__(self):
+        if self.pool.tile != 64:
+            _fail("pool.tile", "64 (8 CTAs per token, one per quantization block)", self.pool.tile)
+        if self.pool.warps != 8:
+            _fail("pool.warps", "8", self.pool.warps)
+        if not self.pool.kv_in_smem:
+            _fail("pool.kv_in_smem", "True (the pipelined kernel stages every row in shared memory)",
+                  self.pool.kv_in_smem)
+
+    @property
+    def tag(self) -> str:
+        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}"
+
+
+PIPELINED_CTAS_PER_SM = 3  # the pipelined kernel's shared memory (~70 KiB per CTA) allows 3 CTAs per SM
+
+
+@dataclass(frozen=True)
 class SaveConfig:
     """save_partial_states: copy kv, add ape to the score (SPEC §4)."""
 

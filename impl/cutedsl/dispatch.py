@@ -30,7 +30,7 @@ from .config import (HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, HEAD_DIM, MAX_
                      C128PoolConfig, EntryFormat, SaveConfig, StoreConfig)
 from .indexer_config import IndexerConfig
 
-C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "split_block8", "split_generic")
+C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class Policy:
     fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None: always), split above ...
     chunked_handoff: bool = True  # ... except where the handoff kernel takes chunks of tokens
     handoff_waves: int | None = 16  # handoff grid: tokens per CTA grow to keep about this many waves (None: 1)
+    pipelined_ctas_per_sm: int = 2  # pipelined kernel's grid: about this many CTAs per SM (128 registers: 2 fit)
+    pipelined_max_clusters: int | None = None  # ... and at most this many clusters (None: no cap)
     early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
     #                               on the previous kernel; see :mod:`.dependent_launch`)
     shapes: KernelShapes = field(default_factory=KernelShapes)
@@ -81,6 +83,12 @@ class Policy:
         waves = self.handoff_waves
         if waves is not None and (isinstance(waves, bool) or not isinstance(waves, int) or waves < 1):
             raise ValueError(f"handoff_waves: expected None or an integer >= 1, got {waves!r}")
+        for name in ("pipelined_ctas_per_sm", "pipelined_max_clusters"):
+            value = getattr(self, name)
+            if (value is not None or name == "pipelined_ctas_per_sm") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: expected {'' if name == 'pipelined_ctas_per_sm' else 'None or '}an integer "
+                                 f">= 1, got {value!r}")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:  # part of every plan key: computed once
@@ -121,6 +129,8 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
         warps, tile, staged, late = shape.warps, cluster_tile(num_tokens, policy), shape.kv_in_smem, shape.kv_after_max
     elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
         warps, tile, staged, late = 8, 64, True, shapes.handoff_kv_after_max
+    elif path == "fused_pipelined":  # fixed mapping; the kernel orders its own loads
+        warps, tile, staged, late = 8, 64, True, False
     else:
         shape = shapes.split
         warps, tile, staged, late = shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max
@@ -148,6 +158,18 @@ def handoff_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
         return 1
     slots = waves * HANDOFF_CTAS_PER_SM * sm_count
     return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
+
+
+def pipelined_clusters(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
+    """Clusters ``G`` of the pipelined kernel's persistent grid: about
+    ``policy.pipelined_ctas_per_sm`` CTAs per SM (8 per cluster), at most
+    ``policy.pipelined_max_clusters`` and never more than ``T`` (``sm_count`` None: ``T``)."""
+    clusters = num_tokens
+    if sm_count is not None:
+        clusters = min(clusters, max(1, sm_count * policy.pipelined_ctas_per_sm // HANDOFF_CTAS_PER_TOKEN))
+    if policy.pipelined_max_clusters is not None:
+        clusters = min(clusters, policy.pipelined_max_clusters)
+    return max(1, clusters)
 
 
 def check_c128_path(c128_path) -> None:

@@ -26,7 +26,7 @@ import torch
 from ...spec.constants import HEAD_DIMS
 from ..frontend import validate_compress_norm_rope_store, validate_save_partial_states
 from . import dispatch, indexer_launch
-from .config import ClusterConfig, EntryFormat, HandoffConfig
+from .config import ClusterConfig, EntryFormat, HandoffConfig, PipelinedConfig
 
 SUPPORTED_DEVICES = ("cuda",)
 HEAD_DIM = 512
@@ -244,7 +244,7 @@ class LaunchPlan:
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
-    grid: tuple = ()  # fused_handoff: (chunk,)
+    grid: tuple = ()  # fused_handoff: (chunk,); fused_pipelined: (clusters,)
     ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_kernels)
 
     def __post_init__(self):
@@ -363,6 +363,10 @@ def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFo
         chunk = dispatch.handoff_chunk(num_tokens, sms, policy)  # 1 <= chunk <= MAX_CHUNK_TOKENS
         pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
         return (("compile_c128_handoff", HandoffConfig(pool, entry, chunked=chunk > 1)),), (chunk,)
+    if path == "fused_pipelined":
+        pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
+        clusters = dispatch.pipelined_clusters(num_tokens, sms, policy)
+        return (("compile_c128_pipelined", PipelinedConfig(pool, entry)),), (clusters,)
     pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
     return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl))), ()
 

@@ -180,6 +180,7 @@ class C128TilePooling:
         sDen: cute.Tensor,  # fp32 smem [warps, tile]
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0
         after_max=None,  # Python callable run once the window max is known (issues late kv loads)
+        after_products=None,  # Python callable run once every u = kv * e is formed (kv rows no longer read)
     ):
         """SPEC §5 on the window held by the CTA's lanes (passes 1-3 of the module docstring)."""
         lane = cute.arch.lane_idx()
@@ -214,6 +215,8 @@ class C128TilePooling:
         num = cute.make_rmem_tensor((self.vec,), Float32)
         for c in cutlass.range_constexpr(self.vec):
             num[c] = butterfly_sum(tree_sum([fmul(kv[i][c], sc[i][c]) for i in range(R)]), self.lanes_per_group, 16)
+        if cutlass.const_expr(after_products is not None):
+            after_products()
         if group == 0:
             store_smem(sNum, warp, column * self.vec, num)
             store_smem(sDen, warp, column * self.vec, den)

@@ -21,7 +21,8 @@ _LAYOUT_ALIGNS = (("flashmla_fp8", 16), ("bf16", 8), ("bf16", 2), ("fp8_per_tens
 
 def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
     """``(variant name, kernel kind, static config, streams state rows)`` for every CI variant."""
-    from .config import C4Config, C128PoolConfig, ClusterConfig, EntryFormat, HandoffConfig, SaveConfig, StoreConfig
+    from .config import (C4Config, C128PoolConfig, ClusterConfig, EntryFormat, HandoffConfig, PipelinedConfig, SaveConfig,
+                         StoreConfig)
 
     def entry(layout="flashmla_fp8", align=16, weight="bfloat16", pages=64):
         return EntryFormat(layout, pages, weight, align)
@@ -37,6 +38,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for chunked in (False, True):
             handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e, chunked)
             yield handoff.tag, "c128_handoff", handoff, True
+        pipelined = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
+        yield pipelined.tag, "c128_pipelined", pipelined, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -69,6 +72,10 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(16, 8, kv_in_smem=True)):
         cfg = HandoffConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_handoff", cfg, True
+    for pool in (C128PoolConfig(5, 1, kv_in_smem=True), C128PoolConfig(4, 4, kv_in_smem=True),
+                 C128PoolConfig(16, 8, kv_in_smem=True)):
+        cfg = PipelinedConfig(pool, entry(pages=1))
+        yield cfg.tag, "c128_pipelined", cfg, True
     for ratio in (4, 128):
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)
@@ -83,6 +90,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
+        ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False), entry()), True),
         # metadata and block table read before the wait (Policy.early_metadata)
         ("c128_pool", C128PoolConfig(8, 8, pdl=True, early_metadata=True), True),
         ("c128_cluster", ClusterConfig(replace(pdl_pool, early_metadata=True), entry()), True),
@@ -90,6 +98,7 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                                                       early_metadata=True), entry()), True),
         ("c128_handoff", HandoffConfig(replace(pdl_pool, early_metadata=True), entry()), True),
         ("c128_handoff", HandoffConfig(replace(pdl_pool, early_metadata=True), entry(), chunked=True), True),
+        ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False, early_metadata=True), entry()), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):
         yield cfg.tag, kind, cfg, streams
@@ -132,6 +141,7 @@ def compile_variant(kind: str, config, *, keep_ptx: bool = True):
         "c128_store": compile_cache.compile_c128_store,
         "c128_cluster": compile_cache.compile_c128_cluster,
         "c128_handoff": compile_cache.compile_c128_handoff,
+        "c128_pipelined": compile_cache.compile_c128_pipelined,
         "save": compile_cache.compile_save,
         "indexer": compile_indexer,
     }[kind]

@@ -206,14 +206,14 @@ C4_CASES = [
     Case(4, 1, 64, values="signed_zeros"),
 ]
 C128_CASES = [  # each with the C128 paths that can take its block size
-    (Case(128, 8, 64), ("fused_cluster", "fused_handoff", "split_block8", "split_generic")),
-    (Case(128, 8, 1, bf16_weight=False, values="spread_scores"), ("fused_cluster", "fused_handoff", "split_block8")),
-    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_handoff", "split_generic")),
-    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_handoff", "split_block8")),
-    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_handoff", "split_generic")),
+    (Case(128, 8, 64), ("fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")),
+    (Case(128, 8, 1, bf16_weight=False, values="spread_scores"), ("fused_cluster", "fused_handoff", "fused_pipelined", "split_block8")),
+    (Case(128, 4, 2, layout="bf16", values="signed_zeros"), ("fused_cluster", "fused_handoff", "fused_pipelined", "split_generic")),
+    (Case(128, 16, 2, layout="fp8_per_tensor", bf16_weight=False), ("fused_cluster", "fused_handoff", "fused_pipelined", "split_block8")),
+    (Case(128, 5, 64, bf16_weight=False, values="huge"), ("fused_cluster", "fused_handoff", "fused_pipelined", "split_generic")),
     (Case(128, 8, 2, layout="bf16", bf16_weight=False, values="tiny_amax", odd_cache_stride=True),
-     ("fused_cluster", "fused_handoff", "split_block8")),
-    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff")),
+     ("fused_cluster", "fused_handoff", "fused_pipelined", "split_block8")),
+    (Case(128, 8, 3, layout="fp8_per_tensor", values="normal", odd_cache_stride=True), ("fused_cluster", "fused_handoff", "fused_pipelined")),
 ]
 
 INDEXER_FP8, INDEXER_MXFP4 = "indexer_fp8", "indexer_mxfp4"

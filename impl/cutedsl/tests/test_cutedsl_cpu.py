@@ -46,9 +46,9 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "save", "indexer"}
+    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_pipelined", "save", "indexer"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
-        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_"):
+        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_", "c128pipelined_"):
             assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
     assert {kind for name, kind, _, _ in variant_configs() if "_pdl" in name} == kinds  # PDL on every kernel kind
 
@@ -75,7 +75,7 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
         first_access = min(i for i in (body.find(op) for op in ops) if i >= 0)
         assert wait < first_access < len(body), name
         assert wait < body.index("griddepcontrol.launch_dependents"), name
-    assert early >= 3  # the split, cluster and handoff kernels
+    assert early >= 4  # the split, cluster, handoff and pipelined kernels
 
 
 def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
@@ -139,7 +139,7 @@ def test_cluster_sizes_follow_the_tile():
 
 def test_the_retired_stream_path_is_an_unknown_c128_path():
     with pytest.raises(ValueError, match="c128_path: expected one of 'auto', 'fused_cluster', 'fused_handoff', "
-                                         "'split_block8', 'split_generic', got 'fused_stream'"):
+                                         "'fused_pipelined', 'split_block8', 'split_generic', got 'fused_stream'"):
         dispatch.choose("fused_stream", 8, 8)
     with pytest.raises(ValueError, match="expected fields of Policy or KernelShapes, got \\['stream'\\]"):
         DEFAULT_POLICY.with_overrides(stream=PoolShape(8, 32))

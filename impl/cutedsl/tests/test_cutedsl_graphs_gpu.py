@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("case, path", [
     (Case(4, 4, 2), "auto"), (Case(128, 8, 2), "fused_cluster"), (Case(128, 8, 2), "split_block8"),
     (Case(128, 4, 2, layout="bf16"), "split_generic"), (Case(128, 8, 2), "fused_handoff"),
-    (INDEXER_C4_CASES[2], "auto"), (INDEXER_C128_CASES[0], "auto"),  # the indexer kernels (SPEC §12)
+    (Case(128, 8, 2), "fused_pipelined"), (INDEXER_C4_CASES[2], "auto"), (INDEXER_C128_CASES[0], "auto"),  # the indexer kernels (SPEC §12)
 ], ids=case_id)
 def test_cuda_graph_replay_with_new_metadata(case, path):
     """Capture once, then change the metadata in place and replay: same bytes as eager, and the
@@ -56,7 +56,7 @@ def test_cuda_graph_replay_with_new_metadata(case, path):
 
 
 @pytest.mark.parametrize("case, path, how", [
-    *[(Case(128, 8, 2), path, how) for path in ("fused_cluster", "split_block8", "fused_handoff")
+    *[(Case(128, 8, 2), path, how) for path in ("fused_cluster", "split_block8", "fused_handoff", "fused_pipelined")
       for how in ("separate", "early_metadata", "combined")],
     (Case(4, 4, 2), "auto", "separate"), (Case(4, 4, 2), "auto", "combined"),
     (Case(128, 5, 64, layout="bf16"), "auto", "combined"),

@@ -1,0 +1,234 @@
+"""C128 in one launch on a persistent grid: clusters that walk the tokens with rows in flight.
+
+Why: a grid of one cluster (or 8 CTAs) per token spends a CTA launch and a metadata round trip
+on every inactive token, and in a serving step almost every C128 token is inactive (one in 128
+closes a window). A grid of one token per CTA *chunk* skips them for a ballot bit, but a CTA
+that pools its tokens one after the other leaves HBM idle while it computes. Here a fixed
+number ``G`` of 8-CTA clusters (the host sizes it from the SM count, never above ``T``) walk
+the tokens ``c, c + G, c + 2G, ...`` and overlap the next active token's reads with the
+current token's arithmetic.
+
+Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
+:class:`.pooling_c128.C128TilePooling`):
+
+1. metadata: lane ``j`` of every warp reads token ``c + (32b + j) G`` of batch ``b``
+   (position, slots, request), a ballot gives the batch's active tokens; every warp computes
+   the same mask, so the CTAs of a cluster (and the warps of a CTA) agree on the order
+   without shared memory. The next active token's metadata comes from its lane by shuffle.
+2. staging: each thread copies its own 8 rows x 4 channels of scores and of kv into shared
+   memory with ``cp.async`` (two commit groups per token, scores first) and reads back only
+   its own slots, so the stages need no CTA barrier.
+3. per active token ``A`` with next active token ``B``: read ``B``'s block-table entries; wait
+   for ``A``'s scores (``cp.async.wait_group 1``), pool ``A`` (SPEC §5, exactly as every C128
+   kernel); once ``A``'s window max is known (its scores are consumed) ``B``'s scores are
+   issued into the score stage, and once ``A``'s products ``u = kv * e`` are formed ``B``'s kv
+   rows into the kv stage. So ``B``'s 64 KiB per CTA stream while ``A`` is reduced, normalized
+   and stored.
+4. finishing, as the cluster kernel: each CTA's tile sum of squares goes to every CTA of the
+   cluster through DSMEM, one cluster barrier per token, then :class:`.postprocess.TileFinish`.
+   The tile sums are double-buffered by token parity: a CTA writes buffer ``k % 2`` for token
+   ``k`` only after the barrier of token ``k - 1``, which every CTA passes after reading
+   buffer ``k % 2`` for token ``k - 2``.
+
+A cluster barrier at kernel start ensures every CTA runs before any remote store; after a
+cluster's last barrier nobody touches another CTA's shared memory, so CTAs exit freely.
+Correctness does not depend on the clusters being resident together (a late cluster just
+walks its share late). Timings: ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from .activity import lowest_set_bit, token_activity
+from .config import PipelinedConfig
+from .dependent_launch import wait_for_prerequisite_grids
+from .fused_c128_cluster import store_to_peer_smem
+from .memory import element_address, load_scalar
+from .pooling_c128 import RATIO, STATE_WIDTH, C128TilePooling, copy_row_async
+from .postprocess import TileFinish
+
+SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
+BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
+
+
+class C128PipelinedKernel:
+    """Grid ``8 * G`` (1-D; CTAs ``8c .. 8c+7`` are cluster ``c``, its ranks the tiles), cluster
+    ``(8, 1, 1)``, 256 threads."""
+
+    def __init__(self, config: PipelinedConfig):
+        self.config = config
+        self.pool = config.pool
+        self.pdl = config.pool.pdl
+        self.pooling = C128TilePooling(config.pool)
+        self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
+        self.tiles = self.pooling.num_tiles  # CTAs per cluster (8)
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        clusters: Int32,  # G, 1 <= G <= T
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
+                    clusters).launch(grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1),
+                                     cluster=(self.tiles, 1, 1), stream=stream, use_pdl=self.pdl,
+                                     preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32):
+        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else before the rows)
+        cta, _, _ = cute.arch.block_idx()
+        tile, first = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster's first token
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        smem = SmemAllocator()
+        sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
+        sScore = smem.allocate_tensor(Float32, sKv.layout, byte_alignment=16)  # [rows_per_lane, threads, 4]
+        sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
+        cute.arch.cluster_arrive_relaxed()  # every CTA of the cluster runs before any remote store
+        cute.arch.cluster_wait()
+
+        num_tokens = Int32(mPos.shape[0])
+        column = lane % self.pooling.lanes_per_group
+        kv_byte = (tile * self.pooling.tile + column * self.pooling.vec) * 4
+        score_byte = kv_byte + STATE_WIDTH * 4
+        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, clusters, num_tokens, lane)
+        mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
+        found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.next_active(
+            walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req)
+        if found:  # the first active token's rows: scores, then kv
+            rows = self.window_rows(mState, mBlockTable, req, position)
+            wait_for_prerequisite_grids(self.pdl and self.pool.early_metadata)  # metadata read: now the state
+            self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
+            self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
+
+        parity = Int32(0)
+        while found:
+            found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
+                self.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
+            w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
+            # the next token's block-table entries (this token's again when there is none: valid addresses)
+            rows_next = self.window_rows(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
+                                         Int64(cutlass.select_(found_next, position_next, position)))
+            cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
+            sc = [cute.make_rmem_tensor((self.pooling.vec,), Float32) for _ in range(self.pooling.rows_per_lane)]
+            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
+                cute.autovec_copy(sScore[i, tidx, None], sc[i])
+            x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
+            x.fill(0.0)
+            self.pooling.reduce_rows(
+                sc, partial(self.staged_kv, sKv, tidx), sMax, sNum, sDen, x,
+                after_max=partial(self.stage_rows, mState, rows_next, score_byte, sScore, tidx, found_next),
+                after_products=partial(self.stage_rows, mState, rows_next, kv_byte, sKv, tidx, found_next),
+            )
+            tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
+            tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
+            if warp == 0:
+                if lane < self.tiles:
+                    store_to_peer_smem(tile_sum, tile_sums.iterator + tile, lane)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            if warp == 0:
+                self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
+            found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
+            parity = parity ^ Int32(1)
+
+    @cute.jit
+    def load_batch(self, walk: tuple, batch: Int32):
+        """``(mask, position, kv_slot, req)`` of batch ``batch`` of the cluster's tokens: lane ``j``
+        reads token ``first + (32 batch + j) G`` (``first`` again past ``T``: a valid index), bit
+        ``j`` of the ballot is set iff that token exists and is active (SPEC §5)."""
+        mPos, mSlot, mKvSlot, mTokenReq, first, clusters, num_tokens, lane = walk
+        token = first + (batch * BATCH + lane) * clusters
+        valid = token < num_tokens
+        token = Int32(cutlass.select_(valid, token, first))
+        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
+        req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
+        return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
+
+    @cute.jit
+    def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
+                    lane_req: Int32):
+        """The cluster's next active token after those already taken from ``mask``: ``(found,
+        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``; batches
+        without an active token are skipped, ``found`` is false past the last batch."""
+        first, clusters, num_tokens = walk[4], walk[5], walk[6]
+        while (mask == Int32(0)) & (first + (batch + 1) * BATCH * clusters < num_tokens):
+            batch = batch + Int32(1)
+            mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
+        found = mask != Int32(0)
+        j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
+        mask = mask & (mask - Int32(1))
+        position = cute.arch.shuffle_sync(lane_pos, j)
+        kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
+        req = cute.arch.shuffle_sync(lane_req, j)
+        return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
+
+    @cute.jit
+    def window_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64) -> list:
+        """Byte addresses of the first row of each lookup run of this lane's ``rows_per_lane``
+        window rows (one block-table read per run; the rows of a run are consecutive)."""
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        pooling = self.pooling
+        group = lane // pooling.lanes_per_group
+        first_row = (warp * pooling.groups_per_warp + group) * pooling.rows_per_lane
+        window_start = (position // RATIO) * RATIO
+        run, bs = pooling.rows_per_lookup, pooling.block_size
+        runs = []
+        for r in cutlass.range_constexpr(pooling.rows_per_lane // run):
+            pos = window_start + first_row + r * run
+            column = pos // bs
+            runs.append(element_address(mState, load_scalar(mBlockTable, req, column), pos - column * bs, 0))
+        return runs
+
+    @cute.jit
+    def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,
+                   enabled) -> None:
+        """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
+        runs of :meth:`window_rows`) into its own slots of ``sStage`` (if ``enabled``), then one
+        commit group (empty if not)."""
+        run = self.pooling.rows_per_lookup
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        if enabled:
+            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
+                address = runs[i // run] + row_stride_bytes * (i % run) + byte_offset
+                copy_row_async(address, sStage[i, tidx, None])
+        cute.arch.cp_async_commit_group()
+
+    def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:
+        """This thread's kv rows of the current token, once its kv group has landed (the next
+        token's score group may still be in flight)."""
+        cute.arch.cp_async_wait_group(1)
+        kv = [cute.make_rmem_tensor((self.pooling.vec,), Float32) for _ in range(self.pooling.rows_per_lane)]
+        for i in range(self.pooling.rows_per_lane):  # traced inline (not a jit function): a Python loop
+            cute.autovec_copy(sKv[i, tidx, None], kv[i])
+        return kv
+
+
+__all__ = ["C128PipelinedKernel"]

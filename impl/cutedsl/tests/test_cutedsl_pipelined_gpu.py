@@ -1,0 +1,46 @@
+"""GPU checks of the C128 pipelined kernel's walk: few clusters, many tokens each.
+
+A persistent grid of ``G`` clusters walks the tokens ``c, c + G, ...`` in ballots of 32, with
+the next active token's rows in flight while the current one finishes. With ``G`` capped at 1,
+2 or 3 every cluster walks many batches (most of them without an active token) and pools
+several active tokens back to back, the tile-sum buffers alternating between them; every case
+must still write the spec's bytes (:func:`cutedsl_steps.run_step` compares the whole state and
+k_cache allocations).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+torch = pytest.importorskip("torch")
+
+from cutedsl_steps import C128_CASES, Case, case_id, run_step  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+PIPELINED_CASES = [case for case, paths in C128_CASES if "fused_pipelined" in paths]
+
+
+@pytest.mark.parametrize("clusters", [1, 2, 3])
+@pytest.mark.parametrize("case", PIPELINED_CASES, ids=case_id)
+def test_few_clusters_walk_every_token(case, clusters):
+    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
+
+    policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=clusters)
+    step, _ = run_step(case, c128_path="fused_pipelined", policy=policy)
+    assert step.batch.num_tokens > 32 * clusters  # more than one ballot per cluster
+
+
+@pytest.mark.parametrize("overrides", [dict(pdl=False), dict(early_metadata=True), dict(pipelined_ctas_per_sm=1)],
+                         ids=lambda o: next(iter(o)))
+def test_launch_options_keep_the_bytes(overrides):
+    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
+
+    fields = {k: v for k, v in overrides.items() if k != "pdl"}
+    pdl = overrides.get("pdl", True)
+    policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=2, **fields)
+    run_step(Case(128, 8, 64), c128_path="fused_pipelined", policy=policy, pdl=pdl)
+    run_step(Case(128, 5, 2, layout="bf16", values="huge"), c128_path="fused_pipelined", policy=policy, pdl=pdl)
