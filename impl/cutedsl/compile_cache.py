@@ -234,14 +234,16 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
 
 
 def compile_c128_pipelined(config: PipelinedConfig, *, keep_ptx: bool = False):
-    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument)."""
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument);
+    its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`)."""
 
     def build():
         from .fused_c128_pipelined import C128PipelinedKernel
 
         return cute.compile(
             C128PipelinedKernel(config), *fused_c128_inputs(config),
-            Float32(1e-6), Float32(1.0), Int32(1), fake_stream(), options=_options(keep_ptx),
+            Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
+            options=f"{_options(keep_ptx)} --keep-cubin --dump-dir={_dump_dir()}",
         )
 
     return cached(("c128_pipelined", config, keep_ptx), build)

@@ -261,7 +261,11 @@ class PipelinedConfig(ClusterConfig):
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
+    ctas_per_sm: int = 2  # sweep: 2 (128 registers) or 3 (registers capped at 80, some spilled)
+
     def __post_init__(self):
+        if self.ctas_per_sm not in (1, 2, 3):
+            _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
         if self.pool.tile != 64:
             _fail("pool.tile", "64 (8 CTAs per token, one per quantization block)", self.pool.tile)
         if self.pool.warps != 8:
@@ -272,10 +276,7 @@ class PipelinedConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}"
-
-
-PIPELINED_CTAS_PER_SM = 3  # the pipelined kernel's shared memory (~70 KiB per CTA) allows 3 CTAs per SM
+        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
 
 
 @dataclass(frozen=True)

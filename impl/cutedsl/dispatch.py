@@ -57,6 +57,7 @@ class KernelShapes:
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
+    pipelined_ctas_per_sm: int = 2  # pipelined kernel's occupancy (.minnctapersm): 2 (128 registers) or 3 (80)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
@@ -73,8 +74,8 @@ class Policy:
     fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None: always), split above ...
     chunked_handoff: bool = True  # ... except where the handoff kernel takes chunks of tokens
     handoff_waves: int | None = 16  # handoff grid: tokens per CTA grow to keep about this many waves (None: 1)
-    pipelined_ctas_per_sm: int = 2  # pipelined kernel's grid: about this many CTAs per SM (128 registers: 2 fit)
-    pipelined_max_clusters: int | None = None  # ... and at most this many clusters (None: no cap)
+    pipelined_max_clusters: int | None = None  # pipelined kernel's grid: at most this many clusters (None: as
+    #                                            many as the device holds at once)
     early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
     #                               on the previous kernel; see :mod:`.dependent_launch`)
     shapes: KernelShapes = field(default_factory=KernelShapes)
@@ -83,12 +84,9 @@ class Policy:
         waves = self.handoff_waves
         if waves is not None and (isinstance(waves, bool) or not isinstance(waves, int) or waves < 1):
             raise ValueError(f"handoff_waves: expected None or an integer >= 1, got {waves!r}")
-        for name in ("pipelined_ctas_per_sm", "pipelined_max_clusters"):
-            value = getattr(self, name)
-            if (value is not None or name == "pipelined_ctas_per_sm") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: expected {'' if name == 'pipelined_ctas_per_sm' else 'None or '}an integer "
-                                 f">= 1, got {value!r}")
+        cap = self.pipelined_max_clusters
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"pipelined_max_clusters: expected None or an integer >= 1, got {cap!r}")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:  # part of every plan key: computed once
@@ -160,13 +158,15 @@ def handoff_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
     return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
 
 
-def pipelined_clusters(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
-    """Clusters ``G`` of the pipelined kernel's persistent grid: about
-    ``policy.pipelined_ctas_per_sm`` CTAs per SM (8 per cluster), at most
-    ``policy.pipelined_max_clusters`` and never more than ``T`` (``sm_count`` None: ``T``)."""
-    clusters = num_tokens
-    if sm_count is not None:
-        clusters = min(clusters, max(1, sm_count * policy.pipelined_ctas_per_sm // HANDOFF_CTAS_PER_TOKEN))
+def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
+    """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
+    once (``resident``, from the driver; without it a fifth of the SM count, which a GPC layout
+    of 8-CTA clusters at 2 CTAs per SM always holds), at most ``policy.pipelined_max_clusters``
+    and never more than ``T``. Clusters beyond the resident ones would walk their share only
+    after others ended."""
+    if resident is None:
+        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
+    clusters = min(num_tokens, resident)
     if policy.pipelined_max_clusters is not None:
         clusters = min(clusters, policy.pipelined_max_clusters)
     return max(1, clusters)

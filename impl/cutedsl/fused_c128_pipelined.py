@@ -73,6 +73,16 @@ class C128PipelinedKernel:
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per cluster (8)
+        self.threads = self.pooling.threads
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory per CTA, as :meth:`kernel` allocates it (three ``[warps, 64]`` partials,
+        the score and kv stages, two tile-sum buffers), plus 1 KiB for alignment."""
+        pooling = self.pooling
+        partials = 3 * pooling.warps * pooling.tile * 4
+        stages = 2 * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
+        return partials + stages + 2 * self.tiles * 4 + 1024
 
     @cute.jit
     def __call__(
@@ -94,6 +104,7 @@ class C128PipelinedKernel:
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
                     clusters).launch(grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1),
                                      cluster=(self.tiles, 1, 1), stream=stream, use_pdl=self.pdl,
+                                     min_blocks_per_mp=self.config.ctas_per_sm,
                                      preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel

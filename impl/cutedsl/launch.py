@@ -25,7 +25,7 @@ import torch
 
 from ...spec.constants import HEAD_DIMS
 from ..frontend import validate_compress_norm_rope_store, validate_save_partial_states
-from . import dispatch, indexer_launch
+from . import dispatch, indexer_launch, occupancy
 from .config import ClusterConfig, EntryFormat, HandoffConfig, PipelinedConfig
 
 SUPPORTED_DEVICES = ("cuda",)
@@ -363,20 +363,28 @@ def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFo
         chunk = dispatch.handoff_chunk(num_tokens, sms, policy)  # 1 <= chunk <= MAX_CHUNK_TOKENS
         pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
         return (("compile_c128_handoff", HandoffConfig(pool, entry, chunked=chunk > 1)),), (chunk,)
-    if path == "fused_pipelined":
+    if path == "fused_pipelined":  # its grid (clusters) depends on the compiled kernel: compress_kernels
         pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
-        clusters = dispatch.pipelined_clusters(num_tokens, sms, policy)
-        return (("compile_c128_pipelined", PipelinedConfig(pool, entry)),), (clusters,)
+        return (("compile_c128_pipelined", PipelinedConfig(pool, entry, policy.shapes.pipelined_ctas_per_sm)),), ()
     pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
     return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl))), ()
 
 
 def compress_kernels(path: str, block_size: int, num_tokens: int, entry: EntryFormat, policy: dispatch.Policy,
-                     pdl: bool, early_metadata: bool, sms: int | None) -> tuple[tuple, tuple]:
-    """``(compiled kernels, grid)`` of :func:`compress_configs` (compiled on first use)."""
+                     pdl: bool, early_metadata: bool, device: torch.device) -> tuple[tuple, tuple]:
+    """``(compiled kernels, grid)`` of :func:`compress_configs` (compiled on first use); the
+    pipelined kernel's grid is as many clusters as ``device`` holds at once."""
+    sms = sm_count(device)
     configs, grid = compress_configs(path, block_size, num_tokens, entry, policy, pdl, early_metadata, sms)
     compile_cache = kernels()
-    return tuple(getattr(compile_cache, name)(config) for name, config in configs), grid
+    compiled = tuple(getattr(compile_cache, name)(config) for name, config in configs)
+    if path == "fused_pipelined":
+        from .fused_c128_pipelined import C128PipelinedKernel
+
+        kernel = C128PipelinedKernel(configs[0][1])
+        resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
+        grid = (dispatch.pipelined_clusters(num_tokens, resident, sms, policy),)
+    return compiled, grid
 
 
 def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
@@ -423,7 +431,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
     else:
         entry = entry_format(call.store.layout, call.store.entries_per_page, rms_norm_weight.dtype,
                              store_align(k_cache, call.store.layout))
-        compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, sms)
+        compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, device)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", call.pooling.config.ratio, num_tokens,
               block_size, layout, path, f" grid {grid}" if grid else "")
     return _plan_class(path)(compiled, path, eps, fp8_inv, num_tokens, restride, grid)

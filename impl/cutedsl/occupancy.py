@@ -1,0 +1,69 @@
+"""How many thread-block clusters of a compiled kernel a device holds at once.
+
+A persistent grid must not ask for more clusters than fit together: a cluster is placed whole
+inside one GPC, so the count depends on how the device's SMs are grouped, not only on the SM
+count (on the H200, 4 CTAs per SM give 62 eight-CTA clusters where 528 CTA slots would hold
+66). The driver answers it (``cuOccupancyMaxActiveClusters``) for the kernel's own cubin,
+registers, shared memory and cluster shape; the answer is cached per kernel and device.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("dsv4_compressor")
+_RESIDENT: dict = {}
+
+
+def _checked(result):
+    error = result[0]
+    if int(error) != 0:
+        raise RuntimeError(f"CUDA driver call failed: {error}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def resident_clusters(compiled, device: torch.device, threads: int, smem_bytes: int, cluster_size: int) -> int | None:
+    """Clusters of ``cluster_size`` CTAs of ``threads`` threads and ``smem_bytes`` of shared
+    memory each that ``device`` runs at once, for the kernel in ``compiled`` (a CuTe DSL function
+    compiled with ``--keep-cubin``); None when the driver cannot tell (no cubin, another device)."""
+    key = (id(compiled), device)
+    if key in _RESIDENT:
+        return _RESIDENT[key]
+    clusters = None
+    cubin = getattr(getattr(compiled, "artifacts", None), "CUBIN", None)
+    if device.type == "cuda" and cubin:
+        try:
+            clusters = _query(cubin, device, threads, smem_bytes, cluster_size)
+        except RuntimeError as error:  # pragma: no cover - driver without the query
+            log.warning("cutedsl: no cluster occupancy from the driver (%s); sizing the grid from the SM count", error)
+    _RESIDENT[key] = clusters
+    return clusters
+
+
+def _query(cubin: bytes, device: torch.device, threads: int, smem_bytes: int, cluster_size: int) -> int:
+    from cuda.bindings import driver
+
+    with torch.cuda.device(device):
+        torch.cuda.init()  # the runtime's primary context, current on this thread
+        library = _checked(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0))
+        kernel = _checked(driver.cuLibraryEnumerateKernels(1, library))[0]
+        function = _checked(driver.cuKernelGetFunction(kernel))
+        attribute = driver.CUfunction_attribute
+        _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           smem_bytes))
+        _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size * 1024, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = smem_bytes
+        shape = driver.CUlaunchAttribute()
+        shape.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z = cluster_size, 1, 1
+        config.attrs = [shape]
+        config.numAttrs = 1
+        return int(_checked(driver.cuOccupancyMaxActiveClusters(function, config)))
+
+
+__all__ = ["resident_clusters"]
