@@ -60,6 +60,7 @@ from .postprocess import TileFinish
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
 BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
+PROBE = 8  # batches whose activity is read at once once a batch is used up
 
 
 class C128PipelinedKernel:
@@ -121,8 +122,7 @@ class C128PipelinedKernel:
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
         sScore = smem.allocate_tensor(Float32, sKv.layout, byte_alignment=16)  # [rows_per_lane, threads, 4]
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
-        cute.arch.cluster_arrive_relaxed()  # every CTA of the cluster runs before any remote store
-        cute.arch.cluster_wait()
+        cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
         num_tokens = Int32(mPos.shape[0])
         column = lane % self.pooling.lanes_per_group
@@ -137,6 +137,7 @@ class C128PipelinedKernel:
             wait_for_prerequisite_grids(self.pdl and self.pool.early_metadata)  # metadata read: now the state
             self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
             self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
+        cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)
         while found:
@@ -170,28 +171,54 @@ class C128PipelinedKernel:
             parity = parity ^ Int32(1)
 
     @cute.jit
-    def load_batch(self, walk: tuple, batch: Int32):
-        """``(mask, position, kv_slot, req)`` of batch ``batch`` of the cluster's tokens: lane ``j``
-        reads token ``first + (32 batch + j) G`` (``first`` again past ``T``: a valid index), bit
-        ``j`` of the ballot is set iff that token exists and is active (SPEC §5)."""
-        mPos, mSlot, mKvSlot, mTokenReq, first, clusters, num_tokens, lane = walk
+    def lane_token(self, walk: tuple, batch: Int32):
+        """``(token, valid)``: lane ``j``'s token ``first + (32 batch + j) G`` of batch ``batch`` of
+        the cluster's tokens, valid below ``T`` (``first`` otherwise: a valid index)."""
+        first, clusters, num_tokens, lane = walk[4], walk[5], walk[6], walk[7]
         token = first + (batch * BATCH + lane) * clusters
         valid = token < num_tokens
-        token = Int32(cutlass.select_(valid, token, first))
+        return Int32(cutlass.select_(valid, token, first)), valid
+
+    @cute.jit
+    def load_batch(self, walk: tuple, batch: Int32):
+        """``(mask, position, kv_slot, req)`` of batch ``batch``: bit ``j`` of the ballot is set
+        iff lane ``j``'s token exists and is active (SPEC §5); the lane keeps its token's metadata."""
+        mPos, mSlot, mKvSlot, mTokenReq = walk[0], walk[1], walk[2], walk[3]
+        token, valid = self.lane_token(walk, batch)
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
         req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
         return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
 
     @cute.jit
+    def probe_batches(self, walk: tuple, batch: Int32):
+        """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
+        token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
+        mPos, mSlot, mKvSlot = walk[0], walk[1], walk[2]
+        masks = []
+        for k in cutlass.range_constexpr(PROBE):
+            token, valid = self.lane_token(walk, batch + 1 + k)
+            _, _, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
+            masks.append(cute.arch.vote_ballot_sync(valid & active))
+        first_active = Int32(PROBE)
+        for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
+            first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))
+        return first_active
+
+    @cute.jit
     def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
                     lane_req: Int32):
         """The cluster's next active token after those already taken from ``mask``: ``(found,
-        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``; batches
-        without an active token are skipped, ``found`` is false past the last batch."""
+        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
+        is used up, the next ``PROBE`` batches are probed at once and the first with an active token
+        is loaded; ``found`` is false past the last batch."""
         first, clusters, num_tokens = walk[4], walk[5], walk[6]
         while (mask == Int32(0)) & (first + (batch + 1) * BATCH * clusters < num_tokens):
-            batch = batch + Int32(1)
-            mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
+            skip = self.probe_batches(walk, batch)
+            if skip < Int32(PROBE):
+                batch = batch + Int32(1) + skip
+                mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
+            else:
+                batch = batch + Int32(PROBE)
         found = mask != Int32(0)
         j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
         mask = mask & (mask - Int32(1))

@@ -44,3 +44,22 @@ def test_launch_options_keep_the_bytes(overrides):
     policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=2, **fields)
     run_step(Case(128, 8, 64), c128_path="fused_pipelined", policy=policy, pdl=pdl)
     run_step(Case(128, 5, 2, layout="bf16", values="huge"), c128_path="fused_pipelined", policy=policy, pdl=pdl)
+
+
+@pytest.mark.parametrize("ctas_per_sm", [2, 3])
+def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
+    """The driver's count of resident 8-CTA clusters is at most the SM slots allow (clusters
+    live inside a GPC, so it may be fewer), and a large call's grid is exactly that count."""
+    from dsv4_compressor.impl.cutedsl import dispatch, launch, occupancy
+    from dsv4_compressor.impl.cutedsl.fused_c128_pipelined import C128PipelinedKernel
+
+    device = torch.device("cuda")
+    policy = dispatch.DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
+    entry = launch.entry_format("flashmla_fp8", 64, torch.bfloat16, 16)
+    compiled, grid = launch.compress_kernels("fused_pipelined", 8, 100000, entry, policy, True, False, device)
+    kernel = C128PipelinedKernel(launch.compress_configs("fused_pipelined", 8, 100000, entry, policy, True, False,
+                                                         None)[0][0][1])
+    resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
+    slots = launch.sm_count(device) * ctas_per_sm // kernel.tiles
+    print(f"resident 8-CTA clusters at {ctas_per_sm} CTAs per SM: {resident} (SM slots: {slots})")
+    assert resident is not None and 1 <= resident <= slots and grid == (resident,)
