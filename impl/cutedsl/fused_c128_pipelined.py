@@ -4,17 +4,19 @@ Why: a grid of one cluster (or 8 CTAs) per token spends a CTA launch and a metad
 on every inactive token, and in a serving step almost every C128 token is inactive (one in 128
 closes a window). A grid of one token per CTA *chunk* skips them for a ballot bit, but a CTA
 that pools its tokens one after the other leaves HBM idle while it computes. Here a fixed
-number ``G`` of 8-CTA clusters (the host sizes it from the SM count, never above ``T``) walk
-the tokens ``c, c + G, c + 2G, ...`` and overlap the next active token's reads with the
-current token's arithmetic.
+number ``G`` of 8-CTA clusters (as many as the device holds at once, never more than ``T``;
+the host asks the driver, :mod:`.occupancy`) each walk a contiguous run of ``ceil(T / G)``
+tokens and overlap the next active token's reads with the current token's arithmetic.
 
 Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
 :class:`.pooling_c128.C128TilePooling`):
 
-1. metadata: lane ``j`` of every warp reads token ``c + (32b + j) G`` of batch ``b``
-   (position, slots, request), a ballot gives the batch's active tokens; every warp computes
-   the same mask, so the CTAs of a cluster (and the warps of a CTA) agree on the order
-   without shared memory. The next active token's metadata comes from its lane by shuffle.
+1. metadata: lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run
+   (position, slots, request; coalesced), a ballot gives the batch's active tokens; every
+   warp computes the same mask, so the CTAs of a cluster (and the warps of a CTA) agree on
+   the order without shared memory. The next active token's metadata comes from its lane by
+   shuffle. Once a batch is used up, the activity of the next 8 batches is read at once (one
+   round trip for 256 tokens) and the first of them with an active token is loaded.
 2. staging: each thread copies its own 8 rows x 4 channels of scores and of kv into shared
    memory with ``cp.async`` (two commit groups per token, scores first) and reads back only
    its own slots, so the stages need no CTA barrier.
@@ -30,7 +32,8 @@ Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
    ``k`` only after the barrier of token ``k - 1``, which every CTA passes after reading
    buffer ``k % 2`` for token ``k - 2``.
 
-A cluster barrier at kernel start ensures every CTA runs before any remote store; after a
+A cluster arrive at kernel start, waited on once the first token's rows are in flight,
+ensures every CTA runs before any remote store; after a
 cluster's last barrier nobody touches another CTA's shared memory, so CTAs exit freely.
 Correctness does not depend on the clusters being resident together (a late cluster just
 walks its share late). Timings: ``bench/RESULTS.md``.
@@ -114,7 +117,7 @@ class C128PipelinedKernel:
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32):
         wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else before the rows)
         cta, _, _ = cute.arch.block_idx()
-        tile, first = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster's first token
+        tile, cluster = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -128,7 +131,10 @@ class C128PipelinedKernel:
         column = lane % self.pooling.lanes_per_group
         kv_byte = (tile * self.pooling.tile + column * self.pooling.vec) * 4
         score_byte = kv_byte + STATE_WIDTH * 4
-        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, clusters, num_tokens, lane)
+        share = (num_tokens + clusters - 1) // clusters  # the cluster's tokens: a contiguous run (coalesced metadata)
+        first = cluster * share
+        end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
+        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.next_active(
             walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req)
@@ -172,11 +178,11 @@ class C128PipelinedKernel:
 
     @cute.jit
     def lane_token(self, walk: tuple, batch: Int32):
-        """``(token, valid)``: lane ``j``'s token ``first + (32 batch + j) G`` of batch ``batch`` of
-        the cluster's tokens, valid below ``T`` (``first`` otherwise: a valid index)."""
-        first, clusters, num_tokens, lane = walk[4], walk[5], walk[6], walk[7]
-        token = first + (batch * BATCH + lane) * clusters
-        valid = token < num_tokens
+        """``(token, valid)``: lane ``j``'s token ``first + 32 batch + j`` of batch ``batch`` of the
+        cluster's run ``first .. end - 1``, valid below ``end`` (``first`` otherwise: a valid index)."""
+        first, end, lane = walk[4], walk[5], walk[6]
+        token = first + batch * BATCH + lane
+        valid = token < end
         return Int32(cutlass.select_(valid, token, first)), valid
 
     @cute.jit
@@ -211,8 +217,8 @@ class C128PipelinedKernel:
         position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
         is used up, the next ``PROBE`` batches are probed at once and the first with an active token
         is loaded; ``found`` is false past the last batch."""
-        first, clusters, num_tokens = walk[4], walk[5], walk[6]
-        while (mask == Int32(0)) & (first + (batch + 1) * BATCH * clusters < num_tokens):
+        first, end = walk[4], walk[5]
+        while (mask == Int32(0)) & (first + (batch + 1) * BATCH < end):
             skip = self.probe_batches(walk, batch)
             if skip < Int32(PROBE):
                 batch = batch + Int32(1) + skip
