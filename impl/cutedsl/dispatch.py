@@ -169,7 +169,8 @@ def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | No
     clusters = min(num_tokens, resident)
     if policy.pipelined_max_clusters is not None:
         clusters = min(clusters, policy.pipelined_max_clusters)
-    return max(1, clusters)
+    share = -(-num_tokens // max(1, clusters))  # tokens per cluster; no cluster without a token
+    return max(1, -(-num_tokens // share))
 
 
 def check_c128_path(c128_path) -> None:

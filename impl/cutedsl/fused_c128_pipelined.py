@@ -179,11 +179,12 @@ class C128PipelinedKernel:
     @cute.jit
     def lane_token(self, walk: tuple, batch: Int32):
         """``(token, valid)``: lane ``j``'s token ``first + 32 batch + j`` of batch ``batch`` of the
-        cluster's run ``first .. end - 1``, valid below ``end`` (``first`` otherwise: a valid index)."""
+        cluster's run ``first .. end - 1``, valid below ``end`` (token 0 otherwise: a valid index even
+        for the last clusters, whose run may be empty)."""
         first, end, lane = walk[4], walk[5], walk[6]
         token = first + batch * BATCH + lane
         valid = token < end
-        return Int32(cutlass.select_(valid, token, first)), valid
+        return Int32(cutlass.select_(valid, token, Int32(0))), valid
 
     @cute.jit
     def load_batch(self, walk: tuple, batch: Int32):

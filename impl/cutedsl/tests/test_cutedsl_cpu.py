@@ -341,6 +341,23 @@ def test_handoff_chunk_keeps_about_the_configured_waves():
     assert chunk(10**6, None, DEFAULT_POLICY) == 1  # no device known
 
 
+def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
+    clusters = dispatch.pipelined_clusters
+    assert clusters(1, 45, 132, DEFAULT_POLICY) == 1
+    assert clusters(100000, 45, 132, DEFAULT_POLICY) == 45
+    assert clusters(256, 30, 132, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256
+    assert clusters(100000, None, 132, DEFAULT_POLICY) == 26  # no driver answer: a fifth of the SMs
+    assert clusters(100, None, None, DEFAULT_POLICY) == 100
+    assert clusters(100000, 45, 132, Policy(pipelined_max_clusters=3)) == 3
+    for tokens in range(1, 400):  # every cluster's run starts below T
+        for resident in (1, 7, 30, 45):
+            g = clusters(tokens, resident, 132, DEFAULT_POLICY)
+            share = -(-tokens // g)
+            assert g <= resident and (g - 1) * share < tokens <= g * share
+    with pytest.raises(ValueError, match="pipelined_max_clusters: expected None or an integer >= 1, got 0"):
+        Policy(pipelined_max_clusters=0)
+
+
 def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):
     """A counter array first used inside graph captures gets one zero-fill per capture (each
     graph must start from zeros, whichever is replayed first), not one per call; the first
