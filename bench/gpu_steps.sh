@@ -97,8 +97,12 @@ for s in "$@"; do
       step probe-variants 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants nopdl fused_cluster handoff handoff_nopdl handoff_early cluster16 cluster8 split_block8 ;;
     probe-noexp)
       step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
-    probe-chunks)
-      step probe-chunks 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings handoff-w4 handoff-w16 handoff-w64 handoff-chunk1 block8 ;;
+    tune-pipelined)
+      step tune-pipelined 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings pipelined pipelined-occ2 pipelined-g16 handoff block8 ;;
+    tests-pipelined)
+      step tests-pipelined 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_graphs_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py -k "pipelined or graph or pdl or grid" -s ;;
+    bench-c128-pipelined)
+      step bench-c128-pipelined 260 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined --impl cutedsl-pipelined_occ2 --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined --out "$LOGS" ;;
     bench-c128-final)
       step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-handoff --trials 3 --tag c128-final3 --out "$LOGS" ;;
     bench-c128-third)

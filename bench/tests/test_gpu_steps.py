@@ -43,7 +43,7 @@ def test_tuning_settings_exist():
     from dsv4_compressor.bench.cutedsl_tune import settings
 
     named = set(_values("--settings"))
-    assert {"block8", "cluster16", "handoff-w16", "handoff-chunk1"} <= named
+    assert {"block8", "cluster16", "pipelined", "pipelined-occ2"} <= named
     unknown = named - set(settings(128)) - set(settings(4))
     assert not unknown, f"gpu_steps.sh names tuning settings that bench/cutedsl_tune.py lacks: {sorted(unknown)}"
 

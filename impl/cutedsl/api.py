@@ -436,8 +436,8 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     """Compile every kernel a layer's configuration can dispatch to, before CUDA-graph capture.
 
     The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
-    (``k_cache.shape[1]``), ``weight_dtype`` (bf16 or fp32), ``device`` (the handoff
-    grid depends on its SM count), ``store_align`` (bf16/fp8 layouts: the byte alignment of the
+    (``k_cache.shape[1]``), ``weight_dtype`` (bf16 or fp32), ``device`` (the pipelined
+    kernel's grid depends on how many of its clusters it holds), ``store_align`` (bf16/fp8 layouts: the byte alignment of the
     cache's rows; default the aligned one: 8 for bf16, 4 for fp8_per_tensor), ``c128_path``,
     ``pdl`` and ``policy``. ``token_counts``: the step sizes to prepare (None: every count from
     1 to 16384). ``save`` also compiles ``save_partial_states`` (16-byte aligned inputs);
@@ -460,28 +460,28 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
         store_align = {"flashmla_fp8": 16, "bf16": 8, "fp8_per_tensor": 4}.get(layout, 16)
     entry = launch.entry_format(layout, entries_per_page, weight_dtype, store_align)
     counts = range(1, DEFAULT_MAX_TOKENS + 1) if token_counts is None else token_counts
-    sms = launch.sm_count(device)
     wanted = {}  # (compile function name, config), in first-use order
     for early in (False, True) if save_and_compress and compress_ratio == 128 and pdl else (False,):
         seen_decisions = set()
         for num_tokens in counts:
             if compress_ratio == 4:
-                path, tile, chunk = "c4", None, None
+                path, tile = "c4", None
             else:
-                path = dispatch.choose(c128_path, num_tokens, block_size, policy, sms, early)
+                path = dispatch.choose(c128_path, num_tokens, block_size, policy)
                 tile = dispatch.cluster_tile(num_tokens, policy) if path == "fused_cluster" else None
-                chunk = dispatch.handoff_chunk(num_tokens, sms, policy) > 1 if path == "fused_handoff" else None
-            if (path, tile, chunk) in seen_decisions:
+            if (path, tile) in seen_decisions:
                 continue
-            seen_decisions.add((path, tile, chunk))
+            seen_decisions.add((path, tile))
             log.info("cutedsl warm_up: C%d from T=%d: %s", compress_ratio, num_tokens, path)
-            configs, _ = launch.compress_configs(path, block_size, num_tokens, entry, policy, pdl, early, sms)
+            configs = launch.compress_configs(path, block_size, num_tokens, entry, policy, pdl, early)
             wanted.update(dict.fromkeys(configs))
     if save:
         wanted[("compile_save", dispatch.save_config(compress_ratio, block_size, True, policy, pdl))] = None
     compile_cache = launch.kernels()
     for name, config in wanted:
-        getattr(compile_cache, name)(config)
+        compiled = getattr(compile_cache, name)(config)
+        if name == "compile_c128_pipelined" and device.type == "cuda":  # the driver's occupancy, asked now
+            launch.pipelined_grid(compiled, config, 1, policy, device)
     return [config for _, config in wanted]
 
 

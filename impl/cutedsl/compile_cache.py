@@ -226,7 +226,7 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
 
         return cute.compile(
             C128HandoffKernel(config), *fused_c128_inputs(config),
-            fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
+            fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), fake_stream(),
             options=_options(keep_ptx),
         )
 

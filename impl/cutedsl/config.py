@@ -218,9 +218,7 @@ class ClusterConfig:
         return f"c128cluster_{self.pool.tag}_{self.entry.tag}"
 
 
-HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm), also the host's grid sizing
-HANDOFF_CTAS_PER_TOKEN = HEAD_DIM // 64  # its 64-channel tiles (HandoffConfig requires pool.tile 64)
-MAX_CHUNK_TOKENS = 32  # tokens a chunked handoff CTA takes at most: one ballot, a token per lane
+HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm)
 
 
 @dataclass(frozen=True)
@@ -229,13 +227,7 @@ class HandoffConfig(ClusterConfig):
     tiles, 8 warps); the last of them to finish, found by a global atomic counter, reads
     the token's ``x`` back from the scratch and finishes the entry (a warp per 64-channel
     block). Needs ``pool.tile == 64`` and ``pool.warps == 8``.
-
-    ``chunked``: each CTA takes a chunk of up to 32 consecutive tokens (a ballot over their
-    activity, then the active ones in order); otherwise exactly one token per CTA, without
-    the ballot (the chunk length is a launch argument; 1 is the unchunked kernel's).
     """
-
-    chunked: bool = False
 
     def __post_init__(self):
         if self.pool.tile != 64:
@@ -245,12 +237,10 @@ class HandoffConfig(ClusterConfig):
         if not self.pool.kv_in_smem:
             _fail("pool.kv_in_smem", "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)",
                   self.pool.kv_in_smem)
-        _flag("chunked", self.chunked)
 
     @property
     def tag(self) -> str:
-        chunked = "_chunked" if self.chunked else ""
-        return f"c128handoff{chunked}_{self.pool.tag}_{self.entry.tag}"
+        return f"c128handoff_{self.pool.tag}_{self.entry.tag}"
 
 
 @dataclass(frozen=True)
@@ -261,7 +251,7 @@ class PipelinedConfig(ClusterConfig):
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
-    ctas_per_sm: int = 2  # sweep: 2 (128 registers) or 3 (registers capped at 80, some spilled)
+    ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
 
     def __post_init__(self):
         if self.ctas_per_sm not in (1, 2, 3):

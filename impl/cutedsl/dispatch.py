@@ -1,9 +1,10 @@
 """Which CuTe DSL kernel a call runs: the frozen dispatch :class:`Policy` and pure functions of it.
 
 Nothing here touches a tensor or the GPU: every function takes the token count, the block
-size, the policy and (where the grid depends on it) the device's multiprocessor count, and
-returns a path name or a static kernel configuration (:mod:`.config`). The launchers
-(:mod:`.launch`) call them once per plan; tests call them directly.
+size, the policy and (where the grid depends on it) the device's resident clusters or
+multiprocessor count, and returns a path name, a grid or a static kernel configuration
+(:mod:`.config`). The launchers (:mod:`.launch`) call them once per plan; tests call them
+directly.
 
 C4 runs the fused kernel; the indexer layouts (SPEC §12) run the indexer's C4 or C128 kernel
 (``KernelShapes.indexer_c4_warps`` / ``indexer_c128_warps``). ``c128_path="auto"`` picks, by
@@ -11,14 +12,16 @@ the number of tokens ``T``:
 
 - ``fused_cluster`` up to ``cluster_max_tokens``: a thread-block cluster per token (16 CTAs
   of 32 channels up to ``cluster16_max_tokens``, 8 CTAs of 64 channels above);
-- ``fused_handoff`` up to ``fused_max_tokens``: 8 independent CTAs per token, the last of
+- ``fused_handoff`` up to ``handoff_max_tokens``: 8 independent CTAs per token, the last of
   which (found by a per-token atomic counter) finishes the token from the scratch;
-- above: ``split_block8`` (compress kernel + store kernel; ``split_generic`` when the block
-  size does not hold a lane's rows), except where the handoff kernel takes chunks of tokens
-  (past about ``handoff_waves`` waves of CTAs) or reads its metadata early
-  (``save_and_compress_norm_rope_store``): then ``fused_handoff``, because real C128 steps
-  are sparse (about one token in 128 closes a window) and a chunked CTA skips inactive
-  tokens for a ballot bit.
+- above: ``fused_pipelined``, a persistent grid of as many 8-CTA clusters as the device holds
+  at once, each walking a run of tokens: inactive tokens cost a ballot bit, and the next
+  active token's rows stream while the current one finishes. Real C128 steps are sparse
+  (about one token in 128 closes a window), and the token count alone cannot tell a sparse
+  step from a dense one, so ``auto`` takes the kernel that is fast on both.
+
+The split paths (``split_block8``, ``split_generic``: compress kernel + store kernel) run
+only when asked for by name.
 """
 
 from __future__ import annotations
@@ -26,8 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from .config import (HANDOFF_CTAS_PER_SM, HANDOFF_CTAS_PER_TOKEN, HEAD_DIM, MAX_CHUNK_TOKENS, C4Config,
-                     C128PoolConfig, EntryFormat, SaveConfig, StoreConfig)
+from .config import HEAD_DIM, C4Config, C128PoolConfig, EntryFormat, SaveConfig, StoreConfig
 from .indexer_config import IndexerConfig
 
 C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")
@@ -57,7 +59,8 @@ class KernelShapes:
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
-    pipelined_ctas_per_sm: int = 2  # pipelined kernel's occupancy (.minnctapersm): 2 (128 registers) or 3 (80)
+    pipelined_ctas_per_sm: int = 3  # pipelined kernel's occupancy (.minnctapersm): 3 (80 registers) streams
+    #                                 better than 2 (128 registers, no spills)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
@@ -69,11 +72,10 @@ class Policy:
     Two policies that compare equal dispatch identically; the default is :data:`DEFAULT_POLICY`.
     """
 
-    cluster_max_tokens: int = 16  # auto: fused_cluster up to this T (and up to fused_max_tokens)
+    cluster_max_tokens: int = 16  # auto: fused_cluster up to this T
     cluster16_max_tokens: int = 4  # cluster tile None: 16-CTA clusters up to this T (shorter critical path)
-    fused_max_tokens: int | None = 64  # auto: fused_handoff up to this T (None: always), split above ...
-    chunked_handoff: bool = True  # ... except where the handoff kernel takes chunks of tokens
-    handoff_waves: int | None = 16  # handoff grid: tokens per CTA grow to keep about this many waves (None: 1)
+    handoff_max_tokens: int = 64  # auto: fused_handoff up to this T (dense steps: 20% faster than pipelined at
+    #                               64 tokens), fused_pipelined above
     pipelined_max_clusters: int | None = None  # pipelined kernel's grid: at most this many clusters (None: as
     #                                            many as the device holds at once)
     early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
@@ -81,9 +83,6 @@ class Policy:
     shapes: KernelShapes = field(default_factory=KernelShapes)
 
     def __post_init__(self):
-        waves = self.handoff_waves
-        if waves is not None and (isinstance(waves, bool) or not isinstance(waves, int) or waves < 1):
-            raise ValueError(f"handoff_waves: expected None or an integer >= 1, got {waves!r}")
         cap = self.pipelined_max_clusters
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"pipelined_max_clusters: expected None or an integer >= 1, got {cap!r}")
@@ -146,18 +145,6 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
     return C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, pdl, early)
 
 
-def handoff_chunk(num_tokens: int, sm_count: int | None, policy: Policy) -> int:
-    """Tokens per CTA of the handoff kernel: 1 up to about ``policy.handoff_waves`` waves of
-    CTAs (4 per SM), then as many as keep the grid at that many waves, at most 32 (one
-    ballot), so that inactive tokens cost a ballot bit instead of a CTA each (``sm_count``
-    None, no device: 1)."""
-    waves = policy.handoff_waves
-    if waves is None or sm_count is None:
-        return 1
-    slots = waves * HANDOFF_CTAS_PER_SM * sm_count
-    return max(1, min(MAX_CHUNK_TOKENS, -(-HANDOFF_CTAS_PER_TOKEN * num_tokens // slots)))
-
-
 def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
     """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
     once (``resident``, from the driver; without it a fifth of the SM count, which a GPC layout
@@ -178,26 +165,18 @@ def check_c128_path(c128_path) -> None:
         raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
 
 
-def choose(c128_path: str, num_tokens: int, block_size: int, policy: Policy = DEFAULT_POLICY,
-           sm_count: int | None = None, early_metadata: bool = False) -> str:
+def choose(c128_path: str, num_tokens: int, block_size: int, policy: Policy = DEFAULT_POLICY) -> str:
     """Resolve ``c128_path`` for a C128 call (raises ``ValueError`` for an unknown path, or one
-    the block size does not allow).
-
-    ``sm_count`` None (no device known) leaves the chunked handoff kernel out of ``auto``."""
+    the block size does not allow)."""
     check_c128_path(c128_path)
     if c128_path != "auto":
         c128_pool_config(c128_path, block_size, policy)  # raises if the path cannot take this block size
         return c128_path
-    limit = policy.fused_max_tokens
-    if num_tokens <= policy.cluster_max_tokens and (limit is None or num_tokens <= limit):
+    if num_tokens <= policy.cluster_max_tokens:
         return "fused_cluster"
-    if limit is None or num_tokens <= limit:
+    if num_tokens <= policy.handoff_max_tokens:
         return "fused_handoff"
-    if policy.chunked_handoff and sm_count is not None and (
-            early_metadata or handoff_chunk(num_tokens, sm_count, policy) > 1):
-        return "fused_handoff"
-    rows_per_lane = c128_pool_config("split_generic", block_size, policy).rows_per_lane
-    return "split_block8" if block_size % rows_per_lane == 0 else "split_generic"
+    return "fused_pipelined"
 
 
 # ---- the static configuration of every launch ---------------------------------------------

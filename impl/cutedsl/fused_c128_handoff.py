@@ -26,14 +26,9 @@ graph replays from zero). Activity is per token: inactive tokens touch nothing. 
 scratch row holds exactly SPEC §5's ``x`` (what the split path stores), so the result does
 not depend on which CTA comes last.
 
-Chunks (``HandoffConfig.chunked``): in a serving step few C128 tokens are active (about one
-in 128), and 8 CTAs per inactive token, each waiting for a metadata load, dominate a large
-step (a prefill chunk among decode tokens). A chunked CTA takes up to 32 consecutive tokens:
-lane ``j`` loads token ``j``'s activity metadata, position, kv slot and block-table row at
-once, a ballot gives the active ones, warp 0 keeps the metadata in shared memory, and the
-CTA pools and hands off each active token in order. The host picks the chunk length from
-``T`` alone (:func:`.dispatch.handoff_chunk`); with one token per CTA the kernel is compiled
-without the ballot. Timings: ``bench/RESULTS.md``.
+A CTA per token and tile suits a few tokens (up to 64 in ``auto``); past that, 8 CTAs per
+inactive token, each waiting for a metadata load, dominate a serving step, and
+:mod:`.fused_c128_pipelined` takes over. Timings: ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -48,8 +43,8 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import chunk_tokens, lowest_set_bit, token_activity
-from .config import HANDOFF_CTAS_PER_SM, MAX_CHUNK_TOKENS, HandoffConfig
+from .activity import token_activity
+from .config import HANDOFF_CTAS_PER_SM, HandoffConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .memory import GMEM, element_address, load_pair_from_l2, store_fragment, store_scalar
 from .pooling_c128 import RATIO, C128TilePooling
@@ -60,8 +55,8 @@ SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at comp
 
 
 class C128HandoffKernel:
-    """Grid ``8 * ceil(T / chunk)`` (1-D; CTAs ``8c .. 8c+7`` are the 8 tiles of chunk ``c``,
-    tokens ``c*chunk .. c*chunk + chunk-1``), 256 threads, no cluster."""
+    """Grid ``8 * T`` (1-D; CTAs ``8t .. 8t+7`` are the 8 tiles of token ``t``), 256 threads, no
+    cluster."""
 
     def __init__(self, config: HandoffConfig):
         self.config = config
@@ -87,57 +82,30 @@ class C128HandoffKernel:
         mCounters: cute.Tensor,  # int32 [C >= T], all zero on entry (and on exit)
         eps: Float32,  # rms_norm_eps as binary32
         fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
-        chunk: Int32,  # tokens per CTA, 1..32
         stream: cuda.CUstream,
     ):
-        chunks = (mPos.shape[0] + chunk - 1) // chunk
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
-                    fp8_inv, chunk).launch(grid=(self.tiles * chunks, 1, 1), block=(self.pooling.threads, 1, 1),
-                                           stream=stream, use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
-                                           preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+                    fp8_inv).launch(grid=(self.tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1),
+                                    stream=stream, use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
+                                    preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32,
-               chunk: Int32):
+               mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32):
         wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
-        tile, chunk_index = self.pooling.tile_and_token(cta)  # CTAs 8c .. 8c+7: the tiles of chunk c
+        tile, tok = self.pooling.tile_and_token(cta)  # CTAs 8t .. 8t+7: the tiles of token t
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(self.tiles), byte_alignment=16)
         sArrivals = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        if cutlass.const_expr(not self.config.chunked):  # one token per CTA (chunk == 1)
-            tok = chunk_index
-            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            req = mTokenReq[tok]  # loaded with the activity metadata, not after it
-            if active:
-                self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv, tok,
-                                       position, req, kv_slot, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
-        else:  # a chunk of tokens: one ballot over their activity, then the active ones in order
-            first = chunk_index * chunk
-            sPositions = smem.allocate_tensor(Int64, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=8)
-            sKvSlots = smem.allocate_tensor(Int64, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=8)
-            sReqs = smem.allocate_tensor(Int32, cute.make_layout(MAX_CHUNK_TOKENS), byte_alignment=4)
-            lane = cute.arch.lane_idx()
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            # the chunk's metadata, one token per lane (every warp ballots the same mask), kept in smem
-            mask, position, kv_slot, req = chunk_tokens(mPos, mSlot, mKvSlot, mTokenReq, first, chunk,
-                                                        Int32(mPos.shape[0]), lane, RATIO)
-            if warp == 0:
-                sPositions[lane] = position
-                sKvSlots[lane] = kv_slot
-                sReqs[lane] = req
-            cute.arch.sync_threads()
-            while mask != Int32(0):
-                j = lowest_set_bit(mask)
-                mask = mask & (mask - Int32(1))
-                self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv,
-                                       first + j, sPositions[j], sReqs[j], sKvSlots[j], tile, sMax, sNum, sDen, sKv,
-                                       sTileSums, sArrivals)
-                cute.arch.sync_threads()  # shared memory is reused by the chunk's next token
+        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
+        if active:
+            self.pool_and_hand_off(mState, mBlockTable, mWeight, mCosSin, mCache, mX, mCounters, eps, fp8_inv, tok,
+                                   position, req, kv_slot, tile, sMax, sNum, sDen, sKv, sTileSums, sArrivals)
 
     @cute.jit
     def pool_and_hand_off(

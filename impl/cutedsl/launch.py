@@ -244,7 +244,7 @@ class LaunchPlan:
     fp8_inv: float
     num_tokens: int
     restride: bool  # a per-token array or the block table needs its unit stride restored
-    grid: tuple = ()  # fused_handoff: (chunk,); fused_pipelined: (clusters,)
+    grid: tuple = ()  # fused_pipelined: (clusters,)
     ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions (launch_kernels)
 
     def __post_init__(self):
@@ -350,41 +350,44 @@ def entry_format(layout: str, entries_per_page: int, weight_dtype: torch.dtype, 
 
 
 def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFormat, policy: dispatch.Policy,
-                     pdl: bool, early_metadata: bool, sms: int | None) -> tuple[tuple, tuple]:
-    """``(((compile function name, static config), ...), grid)`` of one C4 (``path="c4"``) or
-    C128 path at ``num_tokens``, in launch order (``sms`` sizes the handoff grid)."""
+                     pdl: bool, early_metadata: bool) -> tuple:
+    """``((compile function name, static config), ...)`` of one C4 (``path="c4"``) or C128 path
+    at ``num_tokens``, in launch order."""
     if path == "c4":
-        return (("compile_c4", dispatch.c4_config(block_size, entry, policy, pdl)),), ()
+        return (("compile_c4", dispatch.c4_config(block_size, entry, policy, pdl)),)
+    pool = dispatch.c128_pool_config(path, block_size, policy, num_tokens=num_tokens, pdl=pdl,
+                                     early_metadata=early_metadata)
     if path == "fused_cluster":
-        pool = dispatch.c128_pool_config(path, block_size, policy, num_tokens=num_tokens, pdl=pdl,
-                                         early_metadata=early_metadata)
-        return (("compile_c128_cluster", ClusterConfig(pool, entry)),), ()
+        return (("compile_c128_cluster", ClusterConfig(pool, entry)),)
     if path == "fused_handoff":
-        chunk = dispatch.handoff_chunk(num_tokens, sms, policy)  # 1 <= chunk <= MAX_CHUNK_TOKENS
-        pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
-        return (("compile_c128_handoff", HandoffConfig(pool, entry, chunked=chunk > 1)),), (chunk,)
-    if path == "fused_pipelined":  # its grid (clusters) depends on the compiled kernel: compress_kernels
-        pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
-        return (("compile_c128_pipelined", PipelinedConfig(pool, entry, policy.shapes.pipelined_ctas_per_sm)),), ()
-    pool = dispatch.c128_pool_config(path, block_size, policy, pdl=pdl, early_metadata=early_metadata)
-    return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl))), ()
+        return (("compile_c128_handoff", HandoffConfig(pool, entry)),)
+    if path == "fused_pipelined":
+        return (("compile_c128_pipelined", PipelinedConfig(pool, entry, policy.shapes.pipelined_ctas_per_sm)),)
+    return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl)))
 
 
 def compress_kernels(path: str, block_size: int, num_tokens: int, entry: EntryFormat, policy: dispatch.Policy,
                      pdl: bool, early_metadata: bool, device: torch.device) -> tuple[tuple, tuple]:
     """``(compiled kernels, grid)`` of :func:`compress_configs` (compiled on first use); the
-    pipelined kernel's grid is as many clusters as ``device`` holds at once."""
-    sms = sm_count(device)
-    configs, grid = compress_configs(path, block_size, num_tokens, entry, policy, pdl, early_metadata, sms)
+    pipelined kernel's grid is as many clusters as ``device`` holds at once
+    (:func:`pipelined_grid`), the other kernels' grids follow from the tensors."""
+    configs = compress_configs(path, block_size, num_tokens, entry, policy, pdl, early_metadata)
     compile_cache = kernels()
     compiled = tuple(getattr(compile_cache, name)(config) for name, config in configs)
-    if path == "fused_pipelined":
-        from .fused_c128_pipelined import C128PipelinedKernel
+    if path != "fused_pipelined":
+        return compiled, ()
+    return compiled, (pipelined_grid(compiled[0], configs[0][1], num_tokens, policy, device),)
 
-        kernel = C128PipelinedKernel(configs[0][1])
-        resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-        grid = (dispatch.pipelined_clusters(num_tokens, resident, sms, policy),)
-    return compiled, grid
+
+def pipelined_grid(compiled, config: PipelinedConfig, num_tokens: int, policy: dispatch.Policy,
+                   device: torch.device) -> int:
+    """Clusters of the pipelined kernel for ``num_tokens`` (:func:`.dispatch.pipelined_clusters`)
+    from the driver's count of the compiled kernel's resident clusters (asked once per kernel)."""
+    from .fused_c128_pipelined import C128PipelinedKernel
+
+    kernel = C128PipelinedKernel(config)
+    resident = occupancy.resident_clusters(compiled, device, kernel.threads, kernel.smem_bytes, kernel.tiles)
+    return dispatch.pipelined_clusters(num_tokens, resident, sm_count(device), policy)
 
 
 def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
@@ -409,12 +412,10 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         raise ValueError(f"policy: expected a dispatch.Policy, got {type(policy).__name__}")
     device = state_cache.device
     early = early_metadata and pdl  # without PDL there is no wait to read ahead of
-    sms = None
     if call.pooling.config.head_dim != HEAD_DIM:  # the indexer compressor (SPEC §12)
         path = "indexer"
     elif call.pooling.config.ratio == 128:
-        sms = sm_count(device)
-        path = dispatch.choose(c128_path, num_tokens, block_size, policy, sms, early)
+        path = dispatch.choose(c128_path, num_tokens, block_size, policy)
     else:
         path = "c4"
     if path.startswith("split") or path == "fused_handoff":

@@ -35,9 +35,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         for tile in (64, 32):  # 8- and 16-CTA clusters
             cfg = ClusterConfig(C128PoolConfig(8, tile // 8, tile=tile, kv_in_smem=True, kv_after_max=True), e)
             yield cfg.tag, "c128_cluster", cfg, True
-        for chunked in (False, True):
-            handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e, chunked)
-            yield handoff.tag, "c128_handoff", handoff, True
+        handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e)
+        yield handoff.tag, "c128_handoff", handoff, True
         pipelined = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
         yield pipelined.tag, "c128_pipelined", pipelined, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
@@ -91,7 +90,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(pdl_pool, entry()), True),
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
-        ("c128_handoff", HandoffConfig(pdl_pool, entry(), chunked=True), True),
         ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False), entry()), True),
         # metadata and block table read before the wait (Policy.early_metadata)
         ("c128_pool", C128PoolConfig(8, 8, pdl=True, early_metadata=True), True),
@@ -99,7 +97,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True,
                                                       early_metadata=True), entry()), True),
         ("c128_handoff", HandoffConfig(replace(pdl_pool, early_metadata=True), entry()), True),
-        ("c128_handoff", HandoffConfig(replace(pdl_pool, early_metadata=True), entry(), chunked=True), True),
         ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False, early_metadata=True), entry()), True),
         ("save", SaveConfig(128, 8, True, pdl=True), True),
     ):

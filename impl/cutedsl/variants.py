@@ -75,17 +75,12 @@ cluster16_w4 = Variant("cluster16_w4", "fused_cluster", _cluster(tile=32, warps=
 cluster16_w16 = Variant("cluster16_w16", "fused_cluster", _cluster(tile=32, warps=16))
 cluster_early = Variant("cluster_early", "fused_cluster", _cluster(kv_after_max=False))  # kv with the scores
 split_block8 = Variant("split_block8", "split_block8")
-# Block8 whenever the block size allows, generic otherwise, kv loads after the window max
-block8_late = Variant("block8_late", "auto", _policy(split=PoolShape(kv_after_max=True), fused_max_tokens=0,
-                                                     chunked_handoff=False))
 split_generic = Variant("split_generic", "split_generic")
 handoff = Variant("handoff", "fused_handoff")  # 8 CTAs per token, no cluster; the last one finishes the token
 handoff_nopdl = Variant("handoff_nopdl", "fused_handoff", pdl=False)
 handoff_early = Variant("handoff_early", "fused_handoff", _policy(handoff_kv_after_max=False))  # kv with the scores
-handoff_chunk1 = Variant("handoff_chunk1", "fused_handoff", _policy(handoff_waves=None))  # one token per CTA always
 pipelined = Variant("pipelined", "fused_pipelined")  # persistent 8-CTA clusters, next token's rows in flight
-pipelined_16 = Variant("pipelined_16", "fused_pipelined", _policy(pipelined_max_clusters=16))  # fewer clusters
-pipelined_occ3 = Variant("pipelined_occ3", "fused_pipelined", _policy(pipelined_ctas_per_sm=3))  # 80 registers
+pipelined_occ2 = Variant("pipelined_occ2", "fused_pipelined", _policy(pipelined_ctas_per_sm=2))  # 128 registers
 pipelined_early = Variant("pipelined_early", "fused_pipelined", _policy(early_metadata=True))
 # auto, with metadata and block table read before griddepcontrol.wait (a contract on the previous kernel)
 early_metadata = Variant("early_metadata", "auto", _policy(early_metadata=True))
@@ -97,9 +92,9 @@ cluster16_nopdl = Variant("cluster16_nopdl", "fused_cluster", _cluster(tile=32),
 split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", pdl=False)
 
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early,
-                                 split_block8, block8_late, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
-                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early, handoff_chunk1,
-                                 early_metadata, split_block8_early, pipelined, pipelined_16, pipelined_occ3, pipelined_early)}
+                                 split_block8, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
+                                 split_block8_nopdl, handoff, handoff_nopdl, handoff_early,
+                                 early_metadata, split_block8_early, pipelined, pipelined_occ2, pipelined_early)}
 
 
 # the indexer compressor's mappings (SPEC §12), timed against each other on the indexer's compress cases:

@@ -166,7 +166,7 @@ STEPS = [
     *(Step(4, t) for t in (1, 2, 64, 1024)),
     *(Step(128, t) for t in (1, 2, 64, 1024)),
     *(Step(128, 64, path=p) for p in ("fused_cluster", "fused_handoff", "split_block8", "split_generic")),
-    Step(128, 2048),  # the handoff kernel with chunks of tokens (past about 16 waves of CTAs)
+    Step(128, 2048),  # the pipelined kernel, each cluster walking a run of tokens
     Step(4, 64, "bf16"), Step(4, 64, "fp8_per_tensor"), Step(128, 64, "bf16"), Step(128, 1024, "fp8_per_tensor"),
     *(Step(4, t, "indexer_fp8") for t in (1, 64, 1024)),
     Step(4, 64, "indexer_mxfp4", hadamard=True),

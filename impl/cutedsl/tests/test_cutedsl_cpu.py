@@ -84,8 +84,7 @@ def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
     handoffs = [v for v in variant_configs() if v[1] == "c128_handoff"]
-    assert {v[2].chunked for v in handoffs[:2]} == {False, True}
-    for name, kind, cfg, _ in handoffs[:2]:  # one token per CTA, and chunks of tokens
+    for name, kind, cfg, _ in handoffs[:2]:
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         arrival = body.index("atom.global.acq_rel.add")
         assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global"), name
@@ -178,26 +177,21 @@ def test_pdl_and_early_metadata_are_explicit_choices():
 
 def test_auto_dispatch():
     choose = dispatch.choose
-    assert choose("auto", 16, 8, Policy(fused_max_tokens=None)) == "fused_cluster"
-    assert choose("auto", 100000, 8, Policy(fused_max_tokens=None)) == "fused_handoff"
-    # with a device: Block8 while the handoff kernel would take one token per CTA, chunked handoff above
-    assert choose("auto", 64, 8, DEFAULT_POLICY, 132) == "fused_handoff"
-    assert choose("auto", 65, 8, DEFAULT_POLICY, 132) == "split_block8"
-    assert choose("auto", 1056, 8, DEFAULT_POLICY, 132) == "split_block8"  # 16 waves of one token per CTA
-    assert choose("auto", 1057, 8, DEFAULT_POLICY, 132) == "fused_handoff"  # chunks of 2
-    assert choose("auto", 4608, 5, DEFAULT_POLICY, 132) == "fused_handoff"
-    assert choose("auto", 65, 8, DEFAULT_POLICY, 132, early_metadata=True) == "fused_handoff"  # save_and_compress
-    assert choose("auto", 4608, 8, Policy(chunked_handoff=False), 132) == "split_block8"
     assert choose("auto", 1, 8) == "fused_cluster"
     assert choose("auto", 16, 8) == "fused_cluster"
     assert choose("auto", 17, 8) == "fused_handoff"
     assert choose("auto", 64, 5) == "fused_handoff"
-    assert choose("auto", 65, 8) == "split_block8"
-    assert choose("auto", 65, 4) == "split_generic"
+    assert choose("auto", 65, 8) == "fused_pipelined"  # any block size: generic lookups where Block8 cannot
+    assert choose("auto", 65, 4) == "fused_pipelined"
+    assert choose("auto", 4608, 5) == "fused_pipelined"
     assert choose("split_generic", 65, 8) == "split_generic"
-    assert choose("auto", 1, 8, Policy(fused_max_tokens=0)) == "split_block8"  # split only
+    assert choose("split_block8", 65, 8) == "split_block8"
+    assert choose("auto", 1, 8, Policy(cluster_max_tokens=0, handoff_max_tokens=0)) == "fused_pipelined"
+    assert choose("auto", 100000, 8, Policy(handoff_max_tokens=10**9)) == "fused_handoff"
     with pytest.raises(ValueError, match="c128_path: expected one of"):
         choose("fused", 1, 8)
+    with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
+        choose("split_block8", 65, 4)
 
 
 def test_policies_are_frozen_values():
@@ -206,13 +200,11 @@ def test_policies_are_frozen_values():
         policy.cluster_max_tokens = 4
     assert policy == Policy(cluster_max_tokens=8) and hash(policy) == hash(Policy(cluster_max_tokens=8))
     assert policy != DEFAULT_POLICY
-    changed = DEFAULT_POLICY.with_overrides(c4_tokens_per_cta=2, fused_max_tokens=0)
-    assert changed.shapes.c4_tokens_per_cta == 2 and changed.fused_max_tokens == 0
+    changed = DEFAULT_POLICY.with_overrides(c4_tokens_per_cta=2, handoff_max_tokens=0)
+    assert changed.shapes.c4_tokens_per_cta == 2 and changed.handoff_max_tokens == 0
     assert DEFAULT_POLICY.shapes.c4_tokens_per_cta == 1
     with pytest.raises(ValueError, match="cluster_tiles"):
         DEFAULT_POLICY.with_overrides(cluster_tiles=32)
-    with pytest.raises(ValueError, match="handoff_waves: expected None or an integer >= 1, got 0"):
-        Policy(handoff_waves=0)
 
 
 # ---- wrappers: ValueError before anything is compiled or launched -------------------------------
@@ -315,7 +307,7 @@ def test_variants_are_frozen_choices():
 
     assert variants.cluster16.policy.shapes.cluster.tile == 32 and variants.cluster16.c128_path == "fused_cluster"
     assert variants.nopdl.pdl is False and not variants.nopdl.c128_compress_only
-    assert variants.block8_late.c128_compress_only and variants.cluster16.c128_compress_only
+    assert variants.pipelined_occ2.c128_compress_only and variants.cluster16.c128_compress_only
     with pytest.raises(ValueError, match="c128_path"):
         variants.Variant("bad", "cluster")
     with pytest.raises(AttributeError):
@@ -330,17 +322,6 @@ def test_variants_load_as_conformance_implementations():
 
 
 # ---- the handoff kernel's host side ------------------------------------------------------------
-def test_handoff_chunk_keeps_about_the_configured_waves():
-    chunk = dispatch.handoff_chunk
-    assert chunk(1, 132, DEFAULT_POLICY) == 1
-    assert chunk(1056, 132, DEFAULT_POLICY) == 1  # 8 * 1056 CTAs = 16 waves of 4 per SM on 132 SMs
-    assert chunk(1057, 132, DEFAULT_POLICY) == 2
-    assert chunk(4608, 132, DEFAULT_POLICY) == 5
-    assert chunk(10**6, 132, DEFAULT_POLICY) == 32  # one ballot at most
-    assert chunk(10**6, 132, Policy(handoff_waves=None)) == 1
-    assert chunk(10**6, None, DEFAULT_POLICY) == 1  # no device known
-
-
 def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
     clusters = dispatch.pipelined_clusters
     assert clusters(1, 45, 132, DEFAULT_POLICY) == 1

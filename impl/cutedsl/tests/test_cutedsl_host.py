@@ -24,7 +24,7 @@ from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
 from ffi_stub import stub_compiler  # noqa: E402
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
 
-COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff",
+COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
                      "compile_c128_pool", "compile_c128_store", "compile_save")
 
 
@@ -123,11 +123,10 @@ def test_warm_up_compiles_what_the_calls_then_use(recorded, caplog):
                               device="cpu", token_counts=counts)
     assert any("warm_up" in r.getMessage() for r in caplog.records)
     kinds = [kind for kind, _ in compiled]
-    assert sorted(set(kinds)) == ["compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
-                                  "compile_c128_store", "compile_save"]
+    assert sorted(set(kinds)) == ["compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
+                                  "compile_save"]
     assert len(configs) == len(compiled) == len(set(configs))  # each configuration compiled once
     assert {c.pool.tile for k, c in compiled if k == "compile_c128_cluster"} == {32, 64}
-    assert {c.chunked for k, c in compiled if k == "compile_c128_handoff"} == {False, True}
     every = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2, device="cpu",
                         save=False)
     assert set(every) == set(configs) - {c for k, c in compiled if k == "compile_save"}

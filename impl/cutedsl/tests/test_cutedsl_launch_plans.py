@@ -30,11 +30,11 @@ class Recorder:
 def launches(monkeypatch):
     log = []
     compile_cache = launch.kernels()
-    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
-                 "compile_c128_store"):
+    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
+                 "compile_c128_pool", "compile_c128_store"):
         monkeypatch.setattr(compile_cache, name, lambda config, _n=name: Recorder(_n, log))
     monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)  # the grids of the handoff/stream paths
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)  # the pipelined kernel's grid
     monkeypatch.setattr(launch, "_current_stream", lambda device: 0)  # the handoff counters' key
     monkeypatch.setattr(launch, "_COUNTERS", {})
     monkeypatch.setattr(api, "_PLANS", PlanCache())
@@ -96,9 +96,9 @@ def test_debug_calls_and_policy_changes_bypass_the_cache(launches):
     api.compress_norm_rope_store(*args, **kwargs, debug=True)
     assert len(api._PLANS) == 1
     launches.clear()
-    api.compress_norm_rope_store(*args, **kwargs, policy=Policy(fused_max_tokens=0))
+    api.compress_norm_rope_store(*args, **kwargs, policy=Policy(cluster_max_tokens=0, handoff_max_tokens=0))
     assert len(api._PLANS) == 2
-    assert [n for n, _ in launches] == ["compile_c128_pool", "compile_c128_store"]
+    assert [n for n, _ in launches] == ["compile_c128_pipelined"]
 
 
 def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(launches, monkeypatch):
