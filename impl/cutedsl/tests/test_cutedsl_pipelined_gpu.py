@@ -57,8 +57,7 @@ def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     policy = dispatch.DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
     entry = launch.entry_format("flashmla_fp8", 64, torch.bfloat16, 16)
     compiled, grid = launch.compress_kernels("fused_pipelined", 8, 100000, entry, policy, True, False, device)
-    kernel = C128PipelinedKernel(launch.compress_configs("fused_pipelined", 8, 100000, entry, policy, True, False,
-                                                         None)[0][0][1])
+    kernel = C128PipelinedKernel(launch.compress_configs("fused_pipelined", 8, 100000, entry, policy, True, False)[0][1])
     resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
     slots = launch.sm_count(device) * ctas_per_sm // kernel.tiles
     print(f"resident 8-CTA clusters at {ctas_per_sm} CTAs per SM: {resident} (SM slots: {slots})")
