@@ -8,7 +8,6 @@ the set bits in order (:func:`lowest_set_bit`).
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 

@@ -34,7 +34,6 @@ inactive token, each waiting for a metadata load, dominate a serving step, and
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 

@@ -54,9 +54,9 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .activity import lowest_set_bit, token_activity
+from .cluster_smem import store_to_peer_smem
 from .config import PipelinedConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .fused_c128_cluster import store_to_peer_smem
 from .memory import element_address, load_scalar
 from .pooling_c128 import RATIO, STATE_WIDTH, C128TilePooling, copy_row_async
 from .postprocess import TileFinish
