@@ -147,9 +147,9 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
 
 def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
     """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
-    once (``resident``, from the driver; without it a fifth of the SM count, which a GPC layout
-    of 8-CTA clusters at 2 CTAs per SM always holds), at most ``policy.pipelined_max_clusters``
-    and never more than ``T``. Clusters beyond the resident ones would walk their share only
+    once (``resident``, from the driver; without it ``sm_count // 5``: 26 on the H200, which
+    holds 30 or 45 at 2 or 3 CTAs per SM), at most ``policy.pipelined_max_clusters`` and never
+    more than ``T``. Clusters beyond the resident ones would walk their share only
     after others ended."""
     if resident is None:
         resident = num_tokens if sm_count is None else max(1, sm_count // 5)
