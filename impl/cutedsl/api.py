@@ -106,7 +106,7 @@ def compress_norm_rope_store(
     hadamard: bool = False,  # indexer layouts: the Hadamard rotation before quantization (SPEC §12)
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
-    c128_path: str = "auto",  # "auto" | "fused_cluster" | "fused_handoff" | "fused_pipelined" | "split_block8" | "split_generic"
+    c128_path: str = "auto",  # "auto" or a path of dispatch.C128_PATHS ("fused_pipelined", "split_block8", ...)
     pdl: bool = True,  # programmatic dependent launch (see .dependent_launch)
     policy: Policy = DEFAULT_POLICY,  # dispatch thresholds and kernel shapes (see .dispatch)
 ) -> None:
@@ -437,8 +437,9 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
 
     The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
     (``k_cache.shape[1]``), ``weight_dtype`` (bf16 or fp32), ``device`` (the pipelined
-    kernel's grid depends on how many of its clusters it holds), ``store_align`` (bf16/fp8 layouts: the byte alignment of the
-    cache's rows; default the aligned one: 8 for bf16, 4 for fp8_per_tensor), ``c128_path``,
+    kernel's grid depends on how many of its clusters it holds), ``store_align`` (bf16/fp8
+    layouts: the byte alignment of the cache's rows; default the aligned one: 8 for bf16, 4 for
+    fp8_per_tensor), ``c128_path``,
     ``pdl`` and ``policy``. ``token_counts``: the step sizes to prepare (None: every count from
     1 to 16384). ``save`` also compiles ``save_partial_states`` (16-byte aligned inputs);
     ``save_and_compress`` the early-metadata kernels of :func:`save_and_compress_norm_rope_store`.

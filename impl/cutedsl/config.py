@@ -246,7 +246,7 @@ class HandoffConfig(ClusterConfig):
 @dataclass(frozen=True)
 class PipelinedConfig(ClusterConfig):
     """C128 single-launch kernel on a persistent grid of 8-CTA clusters (64-channel tiles, 8
-    warps): each cluster walks a strided share of the tokens, skips inactive ones for a ballot
+    warps): each cluster walks a contiguous run of the tokens, skips inactive ones for a ballot
     bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
