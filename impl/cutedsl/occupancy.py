@@ -36,7 +36,7 @@ def resident_clusters(compiled, device: torch.device, threads: int, smem_bytes: 
     if device.type == "cuda" and cubin:
         try:
             clusters = _query(cubin, device, threads, smem_bytes, cluster_size)
-        except RuntimeError as error:  # pragma: no cover - driver without the query
+        except RuntimeError as error:  # a driver without the query
             log.warning("cutedsl: no cluster occupancy from the driver (%s); sizing the grid from the SM count", error)
     _RESIDENT[key] = clusters
     return clusters
@@ -48,22 +48,32 @@ def _query(cubin: bytes, device: torch.device, threads: int, smem_bytes: int, cl
     with torch.cuda.device(device):
         torch.cuda.init()  # the runtime's primary context, current on this thread
         library = _checked(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0))
-        kernel = _checked(driver.cuLibraryEnumerateKernels(1, library))[0]
-        function = _checked(driver.cuKernelGetFunction(kernel))
-        attribute = driver.CUfunction_attribute
-        _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                           smem_bytes))
-        _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size * 1024, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-        config.sharedMemBytes = smem_bytes
-        shape = driver.CUlaunchAttribute()
-        shape.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z = cluster_size, 1, 1
-        config.attrs = [shape]
-        config.numAttrs = 1
-        return int(_checked(driver.cuOccupancyMaxActiveClusters(function, config)))
+        try:
+            kernel = _checked(driver.cuLibraryEnumerateKernels(1, library))[0]
+            function = _checked(driver.cuKernelGetFunction(kernel))
+            attribute = driver.CUfunction_attribute
+            _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                               smem_bytes))
+            _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                               100))  # all of it shared memory, as the kernels launch
+            config = _cluster_launch(driver, threads, smem_bytes, cluster_size)
+            return int(_checked(driver.cuOccupancyMaxActiveClusters(function, config)))
+        finally:  # the count is all that is kept: the query's copy of the module goes
+            driver.cuLibraryUnload(library)
+
+
+def _cluster_launch(driver, threads: int, smem_bytes: int, cluster_size: int):
+    """A launch configuration of clusters of ``cluster_size`` CTAs (a grid of 1024 of them)."""
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size * 1024, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem_bytes
+    shape = driver.CUlaunchAttribute()
+    shape.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z = cluster_size, 1, 1
+    config.attrs = [shape]
+    config.numAttrs = 1
+    return config
 
 
 __all__ = ["resident_clusters"]

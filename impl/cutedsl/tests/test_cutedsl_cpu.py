@@ -321,7 +321,7 @@ def test_variants_load_as_conformance_implementations():
     assert loaded.devices == ("cuda",) and loaded.target.policy.shapes.cluster.tile == 32
 
 
-# ---- the handoff kernel's host side ------------------------------------------------------------
+# ---- the pipelined kernel's host side ----------------------------------------------------------
 def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
     clusters = dispatch.pipelined_clusters
     assert clusters(1, 45, 132, DEFAULT_POLICY) == 1
@@ -337,6 +337,104 @@ def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
             assert g <= resident and (g - 1) * share < tokens <= g * share
     with pytest.raises(ValueError, match="pipelined_max_clusters: expected None or an integer >= 1, got 0"):
         Policy(pipelined_max_clusters=0)
+
+
+class _StandInDriver:
+    """The driver calls of the occupancy query, recorded; ``fail`` names the one that errs."""
+
+    CUfunction_attribute = type("Attr", (), {"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": "max_dynamic_smem",
+                                             "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT": "carveout"})
+    CUlaunchAttributeID = type("AttrId", (), {"CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION": "cluster_dimension"})
+
+    def __init__(self, fail=None, clusters=45):
+        self.calls, self.fail, self.clusters = [], fail, clusters
+        self.CUlaunchConfig = lambda: type("Config", (), {})()
+
+    def CUlaunchAttribute(self):
+        attribute = type("Attribute", (), {})()
+        attribute.value = type("Value", (), {})()
+        attribute.value.clusterDim = type("Dim", (), {})()
+        return attribute
+
+    def _result(self, name, *values):
+        self.calls.append(name)
+        return (1 if name == self.fail else 0, *values)
+
+    def cuLibraryLoadData(self, cubin, *_):
+        return self._result("load", "library")
+
+    def cuLibraryEnumerateKernels(self, count, library):
+        return self._result("enumerate", ["kernel"])
+
+    def cuKernelGetFunction(self, kernel):
+        return self._result("function", "function")
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        return self._result(f"{attribute}={value}")
+
+    def cuOccupancyMaxActiveClusters(self, function, config):
+        self.config = config
+        return self._result("occupancy", self.clusters)
+
+    def cuLibraryUnload(self, library):
+        return self._result("unload")
+
+
+@pytest.mark.parametrize("fail", [None, "occupancy"])
+def test_occupancy_query_asks_for_the_kernels_cluster_shape_and_unloads_its_module(monkeypatch, fail):
+    """The driver is asked for clusters of the kernel's own shape, threads and shared memory (all
+    the carveout in shared memory, as the launch asks), and the query's module is unloaded
+    whether or not the count comes back; a failed call raises and names itself."""
+    import contextlib
+
+    from cuda import bindings
+
+    from dsv4_compressor.impl.cutedsl import occupancy
+
+    driver = _StandInDriver(fail=fail)
+    monkeypatch.setattr(bindings, "driver", driver)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    if fail:
+        with pytest.raises(RuntimeError, match="CUDA driver call failed: 1"):
+            occupancy._query(b"cubin", torch.device("cuda"), 256, 73000, 8)
+    else:
+        assert occupancy._query(b"cubin", torch.device("cuda"), 256, 73000, 8) == 45
+        config = driver.config
+        (shape,) = config.attrs
+        assert (config.blockDimX, config.sharedMemBytes, config.numAttrs) == (256, 73000, 1)
+        assert config.gridDimX % 8 == 0 and shape.id == "cluster_dimension"
+        assert (shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z) == (8, 1, 1)
+    assert "max_dynamic_smem=73000" in driver.calls and "carveout=100" in driver.calls
+    assert driver.calls[0] == "load" and driver.calls[-1] == "unload"
+
+
+def test_resident_clusters_without_a_driver_answer_is_none_and_asked_once(monkeypatch):
+    """No cubin or a device other than CUDA: None (the host then sizes the grid from the SM
+    count); a driver error: None and a warning; an answer is kept per compiled kernel and device."""
+    from dsv4_compressor.impl.cutedsl import occupancy
+
+    asked = []
+
+    def query(cubin, device, threads, smem_bytes, cluster_size):
+        asked.append(cubin)
+        if cubin == b"old driver":
+            raise RuntimeError("CUDA driver call failed: 500")
+        return 30
+
+    def compiled(cubin):
+        return type("Compiled", (), {"artifacts": type("Artifacts", (), {"CUBIN": cubin})()})()
+
+    monkeypatch.setattr(occupancy, "_query", query)
+    monkeypatch.setattr(occupancy, "_RESIDENT", {})
+    cuda = torch.device("cuda", 0)
+    assert occupancy.resident_clusters(compiled(b"cubin"), torch.device("cpu"), 256, 73000, 8) is None
+    assert occupancy.resident_clusters(object(), cuda, 256, 73000, 8) is None
+    assert occupancy.resident_clusters(compiled(b"old driver"), cuda, 256, 73000, 8) is None
+    kernel = compiled(b"cubin")
+    assert occupancy.resident_clusters(kernel, cuda, 256, 73000, 8) == 30
+    assert occupancy.resident_clusters(kernel, cuda, 256, 73000, 8) == 30
+    assert asked == [b"old driver", b"cubin"]
 
 
 def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(monkeypatch):
