@@ -57,8 +57,7 @@ from .activity import lowest_set_bit, token_activity
 from .cluster_smem import store_to_peer_smem
 from .config import PipelinedConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .memory import element_address, load_scalar
-from .pooling_c128 import RATIO, STATE_WIDTH, C128TilePooling, copy_row_async
+from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
 from .postprocess import TileFinish
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
@@ -128,9 +127,7 @@ class C128PipelinedKernel:
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
         num_tokens = Int32(mPos.shape[0])
-        column = lane % self.pooling.lanes_per_group
-        kv_byte = (tile * self.pooling.tile + column * self.pooling.vec) * 4
-        score_byte = kv_byte + STATE_WIDTH * 4
+        kv_byte, score_byte = self.pooling.channel_bytes(tile)
         share = (num_tokens + clusters - 1) // clusters  # the cluster's tokens: a contiguous run (coalesced metadata)
         first = cluster * share
         end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
@@ -139,7 +136,7 @@ class C128PipelinedKernel:
         found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.next_active(
             walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req)
         if found:  # the first active token's rows: scores, then kv
-            rows = self.window_rows(mState, mBlockTable, req, position)
+            rows = self.pooling.lane_runs(mState, mBlockTable, req, position)
             wait_for_prerequisite_grids(self.pdl and self.pool.early_metadata)  # metadata read: now the state
             self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
             self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
@@ -151,12 +148,11 @@ class C128PipelinedKernel:
                 self.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
             w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
             # the next token's block-table entries (this token's again when there is none: valid addresses)
-            rows_next = self.window_rows(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
-                                         Int64(cutlass.select_(found_next, position_next, position)))
+            rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
+                                               Int64(cutlass.select_(found_next, position_next, position)))
             cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
-            sc = [cute.make_rmem_tensor((self.pooling.vec,), Float32) for _ in range(self.pooling.rows_per_lane)]
-            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
-                cute.autovec_copy(sScore[i, tidx, None], sc[i])
+            sc = read_staged_rows(sScore, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
+                                                 for _ in range(self.pooling.rows_per_lane)])
             x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
             x.fill(0.0)
             self.pooling.reduce_rows(
@@ -235,29 +231,11 @@ class C128PipelinedKernel:
         return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
-    def window_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64) -> list:
-        """Byte addresses of the first row of each lookup run of this lane's ``rows_per_lane``
-        window rows (one block-table read per run; the rows of a run are consecutive)."""
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        pooling = self.pooling
-        group = lane // pooling.lanes_per_group
-        first_row = (warp * pooling.groups_per_warp + group) * pooling.rows_per_lane
-        window_start = (position // RATIO) * RATIO
-        run, bs = pooling.rows_per_lookup, pooling.block_size
-        runs = []
-        for r in cutlass.range_constexpr(pooling.rows_per_lane // run):
-            pos = window_start + first_row + r * run
-            column = pos // bs
-            runs.append(element_address(mState, load_scalar(mBlockTable, req, column), pos - column * bs, 0))
-        return runs
-
-    @cute.jit
     def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,
                    enabled) -> None:
         """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
-        runs of :meth:`window_rows`) into its own slots of ``sStage`` (if ``enabled``), then one
-        commit group (empty if not)."""
+        lookup runs of :meth:`.C128TilePooling.lane_runs`) into its own slots of ``sStage`` (if
+        ``enabled``), then one commit group (empty if not)."""
         run = self.pooling.rows_per_lookup
         row_stride_bytes = Int64(mState.stride[1]) * 4
         if enabled:
@@ -270,10 +248,8 @@ class C128PipelinedKernel:
         """This thread's kv rows of the current token, once its kv group has landed (the next
         token's score group may still be in flight)."""
         cute.arch.cp_async_wait_group(1)
-        kv = [cute.make_rmem_tensor((self.pooling.vec,), Float32) for _ in range(self.pooling.rows_per_lane)]
-        for i in range(self.pooling.rows_per_lane):  # traced inline (not a jit function): a Python loop
-            cute.autovec_copy(sKv[i, tidx, None], kv[i])
-        return kv
+        return read_staged_rows(sKv, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
+                                            for _ in range(self.pooling.rows_per_lane)])
 
 
 __all__ = ["C128PipelinedKernel"]

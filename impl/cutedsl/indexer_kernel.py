@@ -51,7 +51,7 @@ from .activity import token_activity
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .indexer_config import INDEXER_HEAD_DIM, IndexerConfig
 from .indexer_entry import VEC, WarpFinish
-from .memory import element_address, load_into, load_scalar, window_row_addresses
+from .memory import element_address, load_into, row_address, window_row_addresses
 from .pooling_c4 import WINDOW, pooled, window_weights
 from .pooling_c128 import copy_row_async, load_smem, store_smem
 
@@ -100,21 +100,19 @@ class IndexerC4Kernel:
                 first_row = half * 4 + r * run
                 pos = window_start + first_row
                 looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-                column = looked_up // bs
-                block = load_scalar(mBlockTable, req, column)
-                runs.append((first_row, pos, element_address(mState, block, looked_up - column * bs, 0)))
+                runs.append((first_row, pos, row_address(mState, mBlockTable, req, looked_up, bs)))
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
-            for first_row, pos, row_address in runs:
+            for first_row, pos, start in runs:
                 score_offset = self.config.state_width * 4 if kind == 0 else 0
                 byte = (lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM) * 4 + score_offset
                 if cutlass.const_expr(first_row >= 4):
                     for i in cutlass.range_constexpr(run):
-                        issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp, lane,
+                        issue_row(kind, sc[first_row + i], start + row_stride_bytes * i + byte, sKv, warp, lane,
                                   first_row + i)
                 else:
                     if pos >= Int64(0):  # false only for rows 0..3 at p = 3
                         for i in cutlass.range_constexpr(run):
-                            issue_row(kind, sc[first_row + i], row_address + row_stride_bytes * i + byte, sKv, warp,
+                            issue_row(kind, sc[first_row + i], start + row_stride_bytes * i + byte, sKv, warp,
                                       lane, first_row + i)
         cute.arch.cp_async_commit_group()
         e = [window_weights(sc, c) for c in range(VEC)]

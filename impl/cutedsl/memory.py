@@ -61,6 +61,14 @@ def load_scalar(tensor: cute.Tensor, *indices):
     return gmem_tensor(dtype, element_address(tensor, *indices), 1, dtype.width // 8)[0]
 
 
+def row_address(mState: cute.Tensor, mBlockTable: cute.Tensor, req, pos, block_size: int) -> Int64:
+    """Byte address of the state row at position ``pos`` of request row ``req`` (one block-table
+    read); the rows after it up to the end of its state block follow at the row stride."""
+    column = pos // block_size
+    block = load_scalar(mBlockTable, req, column)
+    return element_address(mState, block, pos - column * block_size, 0)
+
+
 def window_row_addresses(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, row_stride_bytes, rows: int,
                          rows_per_lookup: int, block_size: int) -> list:
     """Byte addresses of the ``rows`` consecutive state rows from position ``first_pos`` of request
@@ -68,12 +76,9 @@ def window_row_addresses(mState: cute.Tensor, mBlockTable: cute.Tensor, req, fir
     never crosses a state block)."""
     addresses = []
     for r in range(rows // rows_per_lookup):
-        pos = first_pos + r * rows_per_lookup
-        column = pos // block_size
-        block = load_scalar(mBlockTable, req, column)
-        row_address = element_address(mState, block, pos - column * block_size, 0)
+        start = row_address(mState, mBlockTable, req, first_pos + r * rows_per_lookup, block_size)
         for i in range(rows_per_lookup):
-            addresses.append(row_address + row_stride_bytes * i)
+            addresses.append(start + row_stride_bytes * i)
     return addresses
 
 

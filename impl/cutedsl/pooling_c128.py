@@ -59,7 +59,7 @@ from .activity import token_activity
 from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses
+from .memory import element_address, gmem_tensor, load_into, row_address, store_fragment, window_row_addresses
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -136,8 +136,7 @@ class C128TilePooling:
             if cutlass.const_expr(self.kv_in_smem):
                 cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
                 tidx, _, _ = cute.arch.thread_idx()
-                for i in cutlass.range_constexpr(self.rows_per_lane):
-                    cute.autovec_copy(sKv[i, tidx, None], kv[i])
+                read_staged_rows(sKv, tidx, kv)
             return kv
 
         if cutlass.const_expr(self.pool.kv_after_max):
@@ -157,18 +156,43 @@ class C128TilePooling:
     ):
         """This lane's ``R`` window rows: byte addresses of the rows (a Python list) and the
         byte offsets of its 4 kv and 4 score channels within a row."""
+        window_start, first_row = self.lane_window(position)
+        kv_byte, score_byte = self.channel_bytes(tile)
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes,
+                                    self.rows_per_lane, self.rows_per_lookup, self.block_size)
+        return rows, kv_byte, score_byte
+
+    @cute.jit
+    def lane_runs(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position
+    ) -> list:
+        """Byte addresses of the first row of each lookup run of this lane's ``R`` window rows
+        (one block-table read per run; the rows of a run follow at the row stride)."""
+        window_start, first_row = self.lane_window(position)
+        run = self.rows_per_lookup
+        return [row_address(mState, mBlockTable, req, window_start + first_row + r * run, self.block_size)
+                for r in range(self.rows_per_lane // run)]
+
+    def lane_window(self, position) -> tuple:
+        """``(window_start, first_row)``: the first position of the window of ``position``, and this
+        lane's first row in it (its ``R`` rows follow; ``R``-row groups of lanes, warp by warp)."""
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = lane // self.lanes_per_group
-        column = lane % self.lanes_per_group  # 4-channel column within the tile
-        R, run, bs = self.rows_per_lane, self.rows_per_lookup, self.block_size
-        first_row = (warp * self.groups_per_warp + group) * R
-        window_start = (position // RATIO) * RATIO  # p - 127 for a boundary token
+        first_row = (warp * self.groups_per_warp + group) * self.rows_per_lane
+        return (position // RATIO) * RATIO, first_row  # p - 127 for a boundary token
+
+    def channel_bytes(self, tile) -> tuple:
+        """Byte offsets within a state row of this lane's 4 kv and 4 score channels of channel
+        tile ``tile``."""
+        column = cute.arch.lane_idx() % self.lanes_per_group  # 4-channel column within the tile
         kv_byte = (tile * self.tile + column * self.vec) * 4
-        score_byte = kv_byte + STATE_WIDTH * 4
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs)
-        return rows, kv_byte, score_byte
+        return kv_byte, kv_byte + STATE_WIDTH * 4
 
     @cute.jit
     def reduce_rows(
@@ -242,6 +266,15 @@ def copy_row_async(byte_address, dst: cute.Tensor) -> None:
     g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
                               num_bits_per_copy=128)
     cute.copy(g2s, gmem_tensor(Float32, byte_address, 4, 16), dst)
+
+
+def read_staged_rows(sStage: cute.Tensor, tidx, frags: list) -> list:
+    """Thread ``tidx``'s staged rows of ``sStage`` (fp32 smem ``[rows, threads, 4]``) into ``frags``
+    (fp32 ``(4,)`` fragments), once its own copies have landed (its ``cp.async.wait_group``: no
+    barrier); returns ``frags``."""
+    for i, frag in enumerate(frags):
+        cute.autovec_copy(sStage[i, tidx, None], frag)
+    return frags
 
 
 def load_smem(sBuf: cute.Tensor, row, first, count: int) -> cute.Tensor:

@@ -36,7 +36,7 @@ from .activity import token_activity
 from .config import HEAD_DIM, C4Config
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, load_into, load_scalar, store_fragment
+from .memory import element_address, load_into, row_address, store_fragment
 from .postprocess import GroupFinish
 
 RATIO = 4
@@ -91,13 +91,11 @@ class C4Window:
                 first_row = half * RATIO + r * run
                 pos = window_start + first_row
                 if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    column = pos // bs
-                    block = load_scalar(mBlockTable, req, column)
-                    row_address = element_address(mState, block, pos - column * bs, 0)
+                    start = row_address(mState, mBlockTable, req, pos, bs)
                     for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                        load_into(sc[first_row + i], row_address + row_stride_bytes * i + score_byte, 16)
+                        load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
                     for i in cutlass.range_constexpr(run):
-                        load_into(kv[first_row + i], row_address + row_stride_bytes * i + kv_byte, 16)
+                        load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
         for c in cutlass.range_constexpr(self.vec):
             x[c] = pooled(kv, window_weights(sc, c), c)
 
