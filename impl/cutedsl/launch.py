@@ -239,7 +239,7 @@ class LaunchPlan:
     launches them (the subclasses below: one per kind of path)."""
 
     kernels: tuple  # compiled TVM-FFI callables, launched in order
-    path: str  # "c4", "fused_cluster", "fused_handoff", "split_block8", "split_generic" or "indexer"
+    path: str  # "c4", "indexer" or a C128 path (dispatch.C128_PATHS but "auto")
     eps: float
     fp8_inv: float
     num_tokens: int
@@ -336,6 +336,11 @@ class IndexerLaunch(LaunchPlan):
                     cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
+def uses_scratch(path: str) -> bool:
+    """Whether the kernels of ``path`` keep ``x`` in the fp32 scratch (the call's ``workspace``)."""
+    return _plan_class(path).uses_scratch
+
+
 def _plan_class(path: str) -> type:
     if path == "fused_handoff":
         return HandoffLaunch
@@ -418,7 +423,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         path = dispatch.choose(c128_path, num_tokens, block_size, policy)
     else:
         path = "c4"
-    if path.startswith("split") or path == "fused_handoff":
+    if uses_scratch(path):
         x_buffer(workspace, num_tokens, device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)
     eps = float(call.store.eps)

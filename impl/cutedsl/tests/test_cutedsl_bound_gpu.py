@@ -178,8 +178,10 @@ STEPS = [
 @pytest.mark.parametrize("workspace_kind", ["2d", "none", "1d"])
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 def test_bound_calls_write_the_spec_bytes_on_the_eager_path(step, workspace_kind, unvalidated):
-    scratch = step.ratio == 128 and step.head_dim == 512 and (
-        step.path in ("fused_handoff", "split_block8", "split_generic") or (step.path == "auto" and 16 < step.tokens <= 64))
+    from dsv4_compressor.impl.cutedsl import dispatch, launch
+
+    scratch = step.ratio == 128 and step.head_dim == 512 and launch.uses_scratch(
+        dispatch.choose(step.path, step.tokens, step.block_size))
     if workspace_kind != "2d" and not scratch:
         pytest.skip("no scratch on this path: the workspace is not used")
     args, expected, canary = build(step)

@@ -1,7 +1,7 @@
 """GPU checks of the C128 pipelined kernel's walk: few clusters, many tokens each.
 
-A persistent grid of ``G`` clusters walks the tokens ``c, c + G, ...`` in ballots of 32, with
-the next active token's rows in flight while the current one finishes. With ``G`` capped at 1,
+A persistent grid of ``G`` clusters, each walking a contiguous run of ``ceil(T / G)`` tokens in
+ballots of 32, with the next active token's rows in flight while the current one finishes. With ``G`` capped at 1,
 2 or 3 every cluster walks many batches (most of them without an active token) and pools
 several active tokens back to back, the tile-sum buffers alternating between them; every case
 must still write the spec's bytes (:func:`cutedsl_steps.run_step` compares the whole state and
