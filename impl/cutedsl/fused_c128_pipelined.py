@@ -127,7 +127,7 @@ class C128PipelinedKernel:
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
         num_tokens = Int32(mPos.shape[0])
-        kv_byte, score_byte = self.pooling.channel_bytes(tile)
+        kv_byte, score_byte = self.pooling.channel_bytes(tile, lane)
         share = (num_tokens + clusters - 1) // clusters  # the cluster's tokens: a contiguous run (coalesced metadata)
         first = cluster * share
         end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))

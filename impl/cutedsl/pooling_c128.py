@@ -156,8 +156,9 @@ class C128TilePooling:
     ):
         """This lane's ``R`` window rows: byte addresses of the rows (a Python list) and the
         byte offsets of its 4 kv and 4 score channels within a row."""
-        window_start, first_row = self.lane_window(position)
-        kv_byte, score_byte = self.channel_bytes(tile)
+        lane = cute.arch.lane_idx()
+        window_start, first_row = self.lane_window(position, lane)
+        kv_byte, score_byte = self.channel_bytes(tile, lane)
         row_stride_bytes = Int64(mState.stride[1]) * 4
         rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes,
                                     self.rows_per_lane, self.rows_per_lookup, self.block_size)
@@ -173,24 +174,23 @@ class C128TilePooling:
     ) -> list:
         """Byte addresses of the first row of each lookup run of this lane's ``R`` window rows
         (one block-table read per run; the rows of a run follow at the row stride)."""
-        window_start, first_row = self.lane_window(position)
+        window_start, first_row = self.lane_window(position, cute.arch.lane_idx())
         run = self.rows_per_lookup
         return [row_address(mState, mBlockTable, req, window_start + first_row + r * run, self.block_size)
                 for r in range(self.rows_per_lane // run)]
 
-    def lane_window(self, position) -> tuple:
-        """``(window_start, first_row)``: the first position of the window of ``position``, and this
-        lane's first row in it (its ``R`` rows follow; ``R``-row groups of lanes, warp by warp)."""
-        lane = cute.arch.lane_idx()
+    def lane_window(self, position, lane) -> tuple:
+        """``(window_start, first_row)``: the first position of the window of ``position``, and lane
+        ``lane``'s first row in it (its ``R`` rows follow; ``R``-row groups of lanes, warp by warp)."""
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = lane // self.lanes_per_group
         first_row = (warp * self.groups_per_warp + group) * self.rows_per_lane
         return (position // RATIO) * RATIO, first_row  # p - 127 for a boundary token
 
-    def channel_bytes(self, tile) -> tuple:
-        """Byte offsets within a state row of this lane's 4 kv and 4 score channels of channel
+    def channel_bytes(self, tile, lane) -> tuple:
+        """Byte offsets within a state row of lane ``lane``'s 4 kv and 4 score channels of channel
         tile ``tile``."""
-        column = cute.arch.lane_idx() % self.lanes_per_group  # 4-channel column within the tile
+        column = lane % self.lanes_per_group  # 4-channel column within the tile
         kv_byte = (tile * self.tile + column * self.vec) * 4
         return kv_byte, kv_byte + STATE_WIDTH * 4
 
