@@ -118,6 +118,10 @@ for s in "$@"; do
       step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w4 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
     bench-indexer-host)
       step bench-indexer-host 300 $PY -m dsv4_compressor bench --head 128 --mode eager --sizes 1 64 1024 --impl triton --impl triton-op --impl cutedsl --impl cutedsl-bound --impl cutedsl-op --trials 3 --tag indexer-host --out "$LOGS" ;;
+    tests-host)
+      step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
+    bench-relaxed)
+      step bench-relaxed 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined_relaxed --impl cutedsl-split_block8 --trials 3 --tag c128-c4-relaxed --out "$LOGS" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)
