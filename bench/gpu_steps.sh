@@ -112,6 +112,14 @@ for s in "$@"; do
     ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64)
       v="${s#ncu-}"; v="${v%-*}"; n="${s##*-}"
       step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one --tokens "$n" --variant "$v" ;;
+    ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374)
+      case "$s" in
+        ncu-step512) args="--case c128_decode_step --tokens 512 --variant auto" ;;
+        ncu-indexer16384) args="--case indexer_fp8 --tokens 16384 --variant auto" ;;
+        ncu-pipelined16374) args="--case c128_decode --tokens 16374 --variant pipelined" ;;
+        ncu-block816374) args="--case c128_decode --tokens 16374 --variant split_block8" ;;
+      esac
+      step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one $args ;;
     tests-indexer-cutedsl)
       step tests-indexer-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_indexer_gpu.py ;;
     bench-indexer-cutedsl)

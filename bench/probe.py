@@ -231,15 +231,33 @@ def time_pairs(sizes) -> None:
         torch.cuda.empty_cache()
 
 
-def profile_one(tokens: int, name: str) -> None:
+def profile_case(case_name: str, tokens: int):
+    """The bench case ``profile-one`` runs: the C128 or indexer decode sweep's ``tokens`` row, or
+    a serving step of :func:`.cases.mixed_steps` by name (``c128_decode_step`` takes ``tokens``
+    64 or 512)."""
+    from .cases import c128_decode_sweep, indexer_decode_sweep, mixed_steps
+
+    if case_name == "c128_decode":
+        return c128_decode_sweep((tokens,))[0]
+    if case_name in ("indexer_fp8", "indexer_mxfp4"):
+        return indexer_decode_sweep((tokens,), case_name)[0]
+    steps = [c for c in mixed_steps() if c.name == case_name and (case_name != "c128_decode_step" or c.token_num == tokens)]
+    if not steps:
+        raise ValueError(f"profile-one --case: expected c128_decode, indexer_fp8, indexer_mxfp4 or a serving step "
+                         f"({', '.join(sorted({c.name for c in mixed_steps()}))}), got {case_name!r} at {tokens} tokens")
+    return steps[0]
+
+
+def profile_one(tokens: int, name: str, case_name: str = "c128_decode") -> None:
+    """One call of variant ``name`` on one case, between cudaProfilerStart/Stop (for ``ncu
+    --profile-from-start off``), after warm-up calls."""
     import torch
 
-    from ..impl.cutedsl.variants import VARIANTS
-    from .cases import c128_decode_sweep
+    from ..impl.cutedsl.variants import INDEXER_VARIANTS, VARIANTS, Variant
     from .timing import BenchImpl, prepare
 
-    variant = VARIANTS[name]
-    prepared = prepare(c128_decode_sweep((tokens,))[0])
+    variant = Variant("auto") if name == "auto" else {**VARIANTS, **INDEXER_VARIANTS}[name]
+    prepared = prepare(profile_case(case_name, tokens))
     call = BenchImpl(name, variant.compress_norm_rope_store, variant.save_partial_states).caller(prepared)
     for s in prepared.sets * 3:
         call(s)
@@ -262,7 +280,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
     parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--variant", default="cluster8")
+    parser.add_argument("--variant", default="cluster8", help="a CuTe DSL variant's name, or auto")
+    parser.add_argument("--case", default="c128_decode", help="profile-one: c128_decode, indexer_fp8, indexer_mxfp4 "
+                        "or a serving step's name")
     args = parser.parse_args(argv)
     import torch
 
@@ -276,7 +296,7 @@ def main(argv=None) -> int:
     elif args.what == "pairs":
         time_pairs(args.sizes)
     elif args.what == "profile-one":
-        profile_one(args.tokens, args.variant)
+        profile_one(args.tokens, args.variant, args.case)
     else:
         if args.what == "no-exp":
             patch_out_exp2s()

@@ -49,3 +49,24 @@ def test_extra_runs_the_c128_serving_steps():
 def test_active_count_only_on_decode_steps_within_the_token_count(fields):
     with pytest.raises(ValueError, match="Case.active"):
         Case("c128_decode_step", "compress", 128, 8, 2, 64, **fields)
+
+
+@pytest.mark.parametrize("case_name, tokens, expected", [
+    ("c128_decode", 16374, ("c128_decode", 16374, 128, 512)),
+    ("c128_decode_step", 512, ("c128_decode_step", 512, 128, 512)),
+    ("c128_decode_step", 64, ("c128_decode_step", 64, 128, 512)),
+    ("indexer_fp8", 16384, ("indexer_c4_decode_fp8", 16384, 4, 128)),
+])
+def test_profile_one_runs_the_named_case(case_name, tokens, expected):
+    from dsv4_compressor.bench.probe import profile_case
+
+    case = profile_case(case_name, tokens)
+    assert (case.name, case.token_num, case.compress_ratio, case.head_dim) == expected
+
+
+@pytest.mark.parametrize("case_name, tokens", [("c128_decode_step", 100), ("c4_decode", 8), ("nonsense", 1)])
+def test_profile_one_refuses_a_case_it_does_not_have(case_name, tokens):
+    from dsv4_compressor.bench.probe import profile_case
+
+    with pytest.raises(ValueError, match="profile-one --case"):
+        profile_case(case_name, tokens)
