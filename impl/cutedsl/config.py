@@ -252,10 +252,8 @@ class PipelinedConfig(ClusterConfig):
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
     ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
-    relaxed_exchange: bool = False  # sweep: per-token cluster arrive relaxed, after a cluster-scope fence
 
     def __post_init__(self):
-        _flag("relaxed_exchange", self.relaxed_exchange)
         if self.ctas_per_sm not in (1, 2, 3):
             _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
         if self.pool.tile != 64:
@@ -268,8 +266,7 @@ class PipelinedConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        relaxed = "_relaxed" if self.relaxed_exchange else ""
-        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}{relaxed}"
+        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
 
 
 @dataclass(frozen=True)

@@ -165,12 +165,8 @@ class C128PipelinedKernel:
             if warp == 0:
                 if lane < self.tiles:
                     store_to_peer_smem(tile_sum, tile_sums.iterator + tile, lane)
-            if cutlass.const_expr(self.config.relaxed_exchange):
-                cute.arch.fence_acq_rel_cluster()  # release by fence: the peer stores, and this CTA's reads
-                cute.arch.cluster_arrive_relaxed()  # of the other buffer, before the arrive
-            else:
-                cute.arch.cluster_arrive()  # release
-            cute.arch.cluster_wait()  # acquire
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
             if warp == 0:
                 self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
             found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next

@@ -34,8 +34,7 @@ def test_few_clusters_walk_every_token(case, clusters):
     assert step.batch.num_tokens > 32 * clusters  # more than one ballot per cluster
 
 
-@pytest.mark.parametrize("overrides", [dict(pdl=False), dict(early_metadata=True), dict(pipelined_relaxed_exchange=True),
-                                       dict(pipelined_ctas_per_sm=2)],
+@pytest.mark.parametrize("overrides", [dict(pdl=False), dict(early_metadata=True)],
                          ids=lambda o: next(iter(o)))
 def test_launch_options_keep_the_bytes(overrides):
     from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
