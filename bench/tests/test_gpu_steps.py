@@ -3,6 +3,7 @@ bench implementations) all exist: a retired variant or setting fails here, not o
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -33,10 +34,13 @@ def _values(option: str) -> list[str]:
 
 
 def _ncu_variants() -> list[str]:
-    """The variants of the ``ncu-VARIANT-TOKENS`` steps (``profile-one --variant``)."""
-    heads = (line.strip() for line in SCRIPT.read_text().splitlines())
-    labels = [label for line in heads if line.startswith("ncu-") for label in line.rstrip(")").split("|")]
-    return [label.removeprefix("ncu-").rsplit("-", 1)[0] for label in labels]
+    """The variants ``profile-one`` is given: those of the ``ncu-VARIANT-TOKENS`` steps (the labels
+    of the case that derives them), and every ``--variant NAME`` written out."""
+    text = SCRIPT.read_text()
+    heads = (line.strip() for line in text.splitlines())
+    labels = [label for line in heads if line.startswith("ncu-cluster8-64") for label in line.rstrip(")").split("|")]
+    derived = [label.removeprefix("ncu-").rsplit("-", 1)[0] for label in labels]
+    return derived + [v for v in re.findall(r"--variant (\w+)", text) if v != "auto"]
 
 
 def test_tuning_settings_exist():
@@ -53,7 +57,7 @@ def test_variants_and_implementations_exist():
     from dsv4_compressor.impl.cutedsl.variants import VARIANTS
 
     variants = set(_values("--variants") + _ncu_variants())
-    assert {"cluster8", "split_block8", "cluster16_nopdl"} <= variants
+    assert {"cluster8", "split_block8", "cluster16_nopdl", "pipelined_handoff"} <= variants
     assert not variants - set(VARIANTS), sorted(variants - set(VARIANTS))
     impls = set(_values("--impl"))
     assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w4"} <= impls

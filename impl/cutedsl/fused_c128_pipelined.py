@@ -11,22 +11,16 @@ tokens and overlap the next active token's reads with the current token's arithm
 Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
 :class:`.pooling_c128.C128TilePooling`):
 
-1. metadata: lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run
-   (position, slots, request; coalesced), a ballot gives the batch's active tokens; every
-   warp computes the same mask, so the CTAs of a cluster (and the warps of a CTA) agree on
-   the order without shared memory. The next active token's metadata comes from its lane by
-   shuffle. Once a batch is used up, the activity of the next 8 batches is read at once (one
-   round trip for 256 tokens) and the first of them with an active token is loaded.
-2. staging: each thread copies its own 8 rows x 4 channels of scores and of kv into shared
-   memory with ``cp.async`` (two commit groups per token, scores first) and reads back only
-   its own slots, so the stages need no CTA barrier.
-3. per active token ``A`` with next active token ``B``: read ``B``'s block-table entries; wait
+1. the walk (:mod:`.pipelined_walk`): every CTA of the cluster reads the run's metadata a batch
+   of 32 tokens at a time and ballots the active ones, so all agree on the order without shared
+   memory; each thread stages its own rows of a token in shared memory with ``cp.async``.
+2. per active token ``A`` with next active token ``B``: read ``B``'s block-table entries; wait
    for ``A``'s scores (``cp.async.wait_group 1``), pool ``A`` (SPEC §5, exactly as every C128
    kernel); once ``A``'s window max is known (its scores are consumed) ``B``'s scores are
    issued into the score stage, and once ``A``'s products ``u = kv * e`` are formed ``B``'s kv
    rows into the kv stage. So ``B``'s 64 KiB per CTA stream while ``A`` is reduced, normalized
    and stored.
-4. finishing, as the cluster kernel: each CTA's tile sum of squares goes to every CTA of the
+3. finishing, as the cluster kernel: each CTA's tile sum of squares goes to every CTA of the
    cluster through DSMEM, one cluster barrier per token, then :class:`.postprocess.TileFinish`.
    The tile sums are double-buffered by token parity: a CTA writes buffer ``k % 2`` for token
    ``k`` only after the barrier of token ``k - 1``, which every CTA passes after reading
@@ -41,8 +35,6 @@ walks its share late). Timings: ``bench/RESULTS.md``.
 
 from __future__ import annotations
 
-from functools import partial
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -53,16 +45,14 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import lowest_set_bit, token_activity
 from .cluster_smem import store_to_peer_smem
 from .config import PipelinedConfig
 from .dependent_launch import wait_for_prerequisite_grids
-from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
+from .pipelined_walk import RunWalk
+from .pooling_c128 import RATIO, C128TilePooling
 from .postprocess import TileFinish
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
-BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
-PROBE = 8  # batches whose activity is read at once once a batch is used up
 
 
 class C128PipelinedKernel:
@@ -74,6 +64,7 @@ class C128PipelinedKernel:
         self.pool = config.pool
         self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
+        self.walk = RunWalk(self.pooling)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per cluster (8)
         self.threads = self.pooling.threads
@@ -126,40 +117,20 @@ class C128PipelinedKernel:
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
-        num_tokens = Int32(mPos.shape[0])
-        kv_byte, score_byte = self.pooling.channel_bytes(tile, lane)
-        share = (num_tokens + clusters - 1) // clusters  # the cluster's tokens: a contiguous run (coalesced metadata)
-        first = cluster * share
-        end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
-        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
-        mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
-        found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.next_active(
-            walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req)
-        if found:  # the first active token's rows: scores, then kv
-            rows = self.pooling.lane_runs(mState, mBlockTable, req, position)
-            wait_for_prerequisite_grids(self.pdl and self.pool.early_metadata)  # metadata read: now the state
-            self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
-            self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
+        lane_bytes = self.pooling.channel_bytes(tile, lane)
+        walk, found, _, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
+            (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster, lane)
+        self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
+                              self.pdl and self.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)
         while found:
-            found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
-                self.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
+            found_next, _, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
+                self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
             w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
-            # the next token's block-table entries (this token's again when there is none: valid addresses)
-            rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
-                                               Int64(cutlass.select_(found_next, position_next, position)))
-            cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
-            sc = read_staged_rows(sScore, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
-                                                 for _ in range(self.pooling.rows_per_lane)])
-            x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
-            x.fill(0.0)
-            self.pooling.reduce_rows(
-                sc, partial(self.staged_kv, sKv, tidx), sMax, sNum, sDen, x,
-                after_max=partial(self.stage_rows, mState, rows_next, score_byte, sScore, tidx, found_next),
-                after_products=partial(self.stage_rows, mState, rows_next, kv_byte, sKv, tidx, found_next),
-            )
+            x = self.walk.pool_staged(mState, mBlockTable, (sScore, sKv, sMax, sNum, sDen), tidx, lane_bytes,
+                                      (req, position), (found_next, req_next, position_next))
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
             if warp == 0:
@@ -171,85 +142,6 @@ class C128PipelinedKernel:
                 self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
             found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
             parity = parity ^ Int32(1)
-
-    @cute.jit
-    def lane_token(self, walk: tuple, batch: Int32):
-        """``(token, valid)``: lane ``j``'s token ``first + 32 batch + j`` of batch ``batch`` of the
-        cluster's run ``first .. end - 1``, valid below ``end`` (token 0 otherwise: a valid index even
-        for the last clusters, whose run may be empty)."""
-        first, end, lane = walk[4], walk[5], walk[6]
-        token = first + batch * BATCH + lane
-        valid = token < end
-        return Int32(cutlass.select_(valid, token, Int32(0))), valid
-
-    @cute.jit
-    def load_batch(self, walk: tuple, batch: Int32):
-        """``(mask, position, kv_slot, req)`` of batch ``batch``: bit ``j`` of the ballot is set
-        iff lane ``j``'s token exists and is active (SPEC §5); the lane keeps its token's metadata."""
-        mPos, mSlot, mKvSlot, mTokenReq = walk[0], walk[1], walk[2], walk[3]
-        token, valid = self.lane_token(walk, batch)
-        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
-        req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
-        return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
-
-    @cute.jit
-    def probe_batches(self, walk: tuple, batch: Int32):
-        """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
-        token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
-        mPos, mSlot, mKvSlot = walk[0], walk[1], walk[2]
-        masks = []
-        for k in cutlass.range_constexpr(PROBE):
-            token, valid = self.lane_token(walk, batch + 1 + k)
-            _, _, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
-            masks.append(cute.arch.vote_ballot_sync(valid & active))
-        first_active = Int32(PROBE)
-        for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
-            first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))
-        return first_active
-
-    @cute.jit
-    def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
-                    lane_req: Int32):
-        """The cluster's next active token after those already taken from ``mask``: ``(found,
-        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
-        is used up, the next ``PROBE`` batches are probed at once and the first with an active token
-        is loaded; ``found`` is false past the last batch."""
-        first, end = walk[4], walk[5]
-        while (mask == Int32(0)) & (first + (batch + 1) * BATCH < end):
-            skip = self.probe_batches(walk, batch)
-            if skip < Int32(PROBE):
-                batch = batch + Int32(1) + skip
-                mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
-            else:
-                batch = batch + Int32(PROBE)
-        found = mask != Int32(0)
-        j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
-        mask = mask & (mask - Int32(1))
-        position = cute.arch.shuffle_sync(lane_pos, j)
-        kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
-        req = cute.arch.shuffle_sync(lane_req, j)
-        return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
-
-    @cute.jit
-    def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,
-                   enabled) -> None:
-        """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
-        lookup runs of :meth:`.C128TilePooling.lane_runs`) into its own slots of ``sStage`` (if
-        ``enabled``), then one commit group (empty if not)."""
-        run = self.pooling.rows_per_lookup
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        if enabled:
-            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
-                address = runs[i // run] + row_stride_bytes * (i % run) + byte_offset
-                copy_row_async(address, sStage[i, tidx, None])
-        cute.arch.cp_async_commit_group()
-
-    def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:
-        """This thread's kv rows of the current token, once its kv group has landed (the next
-        token's score group may still be in flight)."""
-        cute.arch.cp_async_wait_group(1)
-        return read_staged_rows(sKv, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
-                                            for _ in range(self.pooling.rows_per_lane)])
 
 
 __all__ = ["C128PipelinedKernel"]

@@ -1,0 +1,191 @@
+"""The walk of the persistent C128 kernels: a CTA's run of tokens, its active ones found by
+ballot, and their rows staged in shared memory ahead of the pooling.
+
+A persistent grid of ``G`` teams of 8 CTAs (a cluster, or 8 independent CTAs) gives team ``k``
+the contiguous run of tokens ``k * ceil(T / G) ..``. Every CTA of a team walks the run on its
+own and finds the same active tokens in the same order (no shared memory, no barrier):
+
+1. lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run (position, slots,
+   request; coalesced), and a ballot gives the batch's active tokens (SPEC §5). The next active
+   token's metadata comes from its lane by shuffle. Once a batch is used up, the activity of the
+   next ``PROBE`` batches is read at once (one round trip for 256 tokens) and the first of them
+   with an active token is loaded.
+2. staging: each thread copies its own 8 rows x 4 channels of a token's scores or kv into shared
+   memory with ``cp.async`` (one commit group each) and reads back only its own slots, so the
+   stages need no CTA barrier.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from .activity import lowest_set_bit, token_activity
+from .dependent_launch import wait_for_prerequisite_grids
+from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
+
+BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
+PROBE = 8  # batches whose activity is read at once once a batch is used up
+
+
+def run_bounds(num_tokens: Int32, teams: Int32, team: Int32):
+    """``(first, end)``: team ``team``'s contiguous run of the ``num_tokens`` tokens (``ceil(T / G)``
+    each, the last ones shorter or empty)."""
+    share = (num_tokens + teams - 1) // teams
+    first = team * share
+    end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
+    return first, end
+
+
+class RunWalk:
+    """The walk and the staging of one CTA of a persistent C128 kernel (the pooling map of
+    :class:`.pooling_c128.C128TilePooling`). ``walk`` is the tuple ``(mPos, mSlot, mKvSlot,
+    mTokenReq, first, end, lane)``."""
+
+    def __init__(self, pooling: C128TilePooling):
+        self.pooling = pooling
+
+    @cute.jit
+    def begin(self, metadata: tuple, teams: Int32, team: Int32, lane: Int32):
+        """Team ``team``'s walk and its first active token: ``(walk, found, token, position, kv_slot,
+        req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
+        mPos, mSlot, mKvSlot, mTokenReq = metadata
+        first, end = run_bounds(Int32(mPos.shape[0]), teams, team)  # a contiguous run (coalesced metadata)
+        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
+        mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
+        return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
+
+    @cute.jit
+    def stage_first(self, mState: cute.Tensor, mBlockTable: cute.Tensor, stages: tuple, tidx: Int32,
+                    lane_bytes: tuple, first: tuple, wait_after_metadata: bool):
+        """The first active token's rows into ``stages`` (``(sScore, sKv)``): scores, then kv (two
+        commit groups), if ``first = (found, req, position)`` found one. ``wait_after_metadata``: the
+        grid dependency is waited on here, after the metadata reads (early metadata)."""
+        sScore, sKv = stages
+        kv_byte, score_byte = lane_bytes
+        found, req, position = first
+        if found:
+            rows = self.pooling.lane_runs(mState, mBlockTable, req, position)
+            wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state
+            self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
+            self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
+
+    @cute.jit
+    def lane_token(self, walk: tuple, batch: Int32):
+        """``(token, valid)``: lane ``j``'s token ``first + 32 batch + j`` of batch ``batch`` of the
+        run ``first .. end - 1``, valid below ``end`` (token 0 otherwise: a valid index even
+        for the last runs, which may be empty)."""
+        first, end, lane = walk[4], walk[5], walk[6]
+        token = first + batch * BATCH + lane
+        valid = token < end
+        return Int32(cutlass.select_(valid, token, Int32(0))), valid
+
+    @cute.jit
+    def load_batch(self, walk: tuple, batch: Int32):
+        """``(mask, position, kv_slot, req)`` of batch ``batch``: bit ``j`` of the ballot is set
+        iff lane ``j``'s token exists and is active (SPEC §5); the lane keeps its token's metadata."""
+        mPos, mSlot, mKvSlot, mTokenReq = walk[0], walk[1], walk[2], walk[3]
+        token, valid = self.lane_token(walk, batch)
+        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
+        req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
+        return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
+
+    @cute.jit
+    def probe_batches(self, walk: tuple, batch: Int32):
+        """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
+        token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
+        mPos, mSlot, mKvSlot = walk[0], walk[1], walk[2]
+        masks = []
+        for k in cutlass.range_constexpr(PROBE):
+            token, valid = self.lane_token(walk, batch + 1 + k)
+            _, _, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
+            masks.append(cute.arch.vote_ballot_sync(valid & active))
+        first_active = Int32(PROBE)
+        for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
+            first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))
+        return first_active
+
+    @cute.jit
+    def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
+                    lane_req: Int32):
+        """The run's next active token after those already taken from ``mask``: ``(found, token,
+        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
+        is used up, the next ``PROBE`` batches are probed at once and the first with an active token
+        is loaded; ``found`` is false past the last batch."""
+        first, end = walk[4], walk[5]
+        while (mask == Int32(0)) & (first + (batch + 1) * BATCH < end):
+            skip = self.probe_batches(walk, batch)
+            if skip < Int32(PROBE):
+                batch = batch + Int32(1) + skip
+                mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
+            else:
+                batch = batch + Int32(PROBE)
+        found = mask != Int32(0)
+        j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
+        token = first + batch * BATCH + j
+        mask = mask & (mask - Int32(1))
+        position = cute.arch.shuffle_sync(lane_pos, j)
+        kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
+        req = cute.arch.shuffle_sync(lane_req, j)
+        return found, token, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
+
+    @cute.jit
+    def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,
+                   enabled) -> None:
+        """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
+        lookup runs of :meth:`.C128TilePooling.lane_runs`) into its own slots of ``sStage`` (if
+        ``enabled``), then one commit group (empty if not)."""
+        run = self.pooling.rows_per_lookup
+        row_stride_bytes = Int64(mState.stride[1]) * 4
+        if enabled:
+            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
+                address = runs[i // run] + row_stride_bytes * (i % run) + byte_offset
+                copy_row_async(address, sStage[i, tidx, None])
+        cute.arch.cp_async_commit_group()
+
+    def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:
+        """This thread's kv rows of the current token, once its kv group has landed (the next
+        token's score group may still be in flight)."""
+        cute.arch.cp_async_wait_group(1)
+        return read_staged_rows(sKv, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
+                                            for _ in range(self.pooling.rows_per_lane)])
+
+    @cute.jit
+    def pool_staged(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        stages: tuple,  # (sScore, sKv, sMax, sNum, sDen): the staged rows and the pooling's partials
+        tidx: Int32,
+        lane_bytes: tuple,  # (kv_byte, score_byte): this thread's channels in a state row
+        current: tuple,  # (req, position) of the token being pooled, its rows staged
+        upcoming: tuple,  # (found, req, position) of the next active token
+    ) -> cute.Tensor:
+        """Pool the current token from its staged rows (SPEC §5, as every C128 kernel) and stage
+        the next one's meanwhile: its scores once this token's window max is known (the score stage
+        is read), its kv once this token's products are formed. Returns ``x``, fp32 ``(2,)``,
+        meaningful in warp 0."""
+        sScore, sKv, sMax, sNum, sDen = stages
+        kv_byte, score_byte = lane_bytes
+        req, position = current
+        found_next, req_next, position_next = upcoming
+        # the next token's block-table entries (this token's again when there is none: valid addresses)
+        rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
+                                           Int64(cutlass.select_(found_next, position_next, position)))
+        cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
+        sc = read_staged_rows(sScore, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
+                                             for _ in range(self.pooling.rows_per_lane)])
+        x = cute.make_rmem_tensor((self.pooling.tile // 32,), Float32)
+        x.fill(0.0)
+        self.pooling.reduce_rows(
+            sc, partial(self.staged_kv, sKv, tidx), sMax, sNum, sDen, x,
+            after_max=partial(self.stage_rows, mState, rows_next, score_byte, sScore, tidx, found_next),
+            after_products=partial(self.stage_rows, mState, rows_next, kv_byte, sKv, tidx, found_next),
+        )
+        return x
+
+
+__all__ = ["BATCH", "PROBE", "RunWalk", "run_bounds"]
