@@ -130,18 +130,6 @@ for s in "$@"; do
       step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
     bench-c128-c4)
       step bench-c128-c4 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-split_block8 --trials 3 --tag c128-c4 --out "$LOGS" ;;
-    tests-pipelined-handoff)
-      step tests-pipelined-handoff 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py impl/cutedsl/tests/test_cutedsl_graphs_gpu.py -k "pipelined or handoff or graph" ;;
-    conformance-pipelined-handoff)
-      step conformance-pipelined-handoff 280 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pipelined_handoff --size all ;;
-    bench-pipelined-handoff)
-      step bench-pipelined-handoff 240 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined_handoff --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined-handoff --out "$LOGS" ;;
-    ncu-handoff16374|ncu-handoffstep512)
-      case "$s" in
-        ncu-handoff16374) args="--case c128_decode --tokens 16374 --variant pipelined_handoff" ;;
-        ncu-handoffstep512) args="--case c128_decode_step --tokens 512 --variant pipelined_handoff" ;;
-      esac
-      step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one $args ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

@@ -57,7 +57,7 @@ def test_variants_and_implementations_exist():
     from dsv4_compressor.impl.cutedsl.variants import VARIANTS
 
     variants = set(_values("--variants") + _ncu_variants())
-    assert {"cluster8", "split_block8", "cluster16_nopdl", "pipelined_handoff"} <= variants
+    assert {"cluster8", "split_block8", "cluster16_nopdl"} <= variants
     assert not variants - set(VARIANTS), sorted(variants - set(VARIANTS))
     impls = set(_values("--impl"))
     assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w4"} <= impls

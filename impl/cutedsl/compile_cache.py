@@ -234,19 +234,10 @@ def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
 
 
 def compile_c128_pipelined(config: PipelinedConfig, *, keep_ptx: bool = False):
-    """C128 single-launch kernel on a persistent grid of teams of 8 CTAs (``G`` a launch argument):
-    8-CTA clusters, whose cubin is kept for the driver's cluster-occupancy query
-    (:mod:`.occupancy`), or independent CTAs that hand off through the x scratch and counters."""
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument);
+    its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`)."""
 
     def build():
-        if config.exchange == "handoff":
-            from .fused_c128_pipelined_handoff import C128PipelinedHandoffKernel
-
-            return cute.compile(
-                C128PipelinedHandoffKernel(config), *fused_c128_inputs(config),
-                fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), Int32(1),
-                fake_stream(), options=_options(keep_ptx),
-            )
         from .fused_c128_pipelined import C128PipelinedKernel
 
         return cute.compile(

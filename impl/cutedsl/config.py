@@ -219,7 +219,6 @@ class ClusterConfig:
 
 
 HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm)
-PIPELINED_EXCHANGES = ("cluster", "handoff")  # how the pipelined kernel's 8 tiles of a token meet
 
 
 @dataclass(frozen=True)
@@ -246,20 +245,15 @@ class HandoffConfig(ClusterConfig):
 
 @dataclass(frozen=True)
 class PipelinedConfig(ClusterConfig):
-    """C128 single-launch kernel on a persistent grid of teams of 8 CTAs (64-channel tiles, 8
-    warps): each team walks a contiguous run of the tokens, skips inactive ones for a ballot
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (64-channel tiles, 8
+    warps): each cluster walks a contiguous run of the tokens, skips inactive ones for a ballot
     bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
-    while it finishes the current one. A team is an 8-CTA cluster that exchanges the tile sums
-    through DSMEM (``exchange="cluster"``), or 8 independent CTAs whose last one per token
-    finishes it from the x scratch (``"handoff"``). Needs ``pool.tile == 64``, ``pool.warps == 8`` and
+    while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
     ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
-    exchange: str = "cluster"  # "cluster": 8-CTA clusters, DSMEM; "handoff": independent CTAs, scratch + counters
 
     def __post_init__(self):
-        if self.exchange not in PIPELINED_EXCHANGES:
-            _fail("exchange", " or ".join(repr(e) for e in PIPELINED_EXCHANGES), self.exchange)
         if self.ctas_per_sm not in (1, 2, 3):
             _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
         if self.pool.tile != 64:
@@ -272,8 +266,7 @@ class PipelinedConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        exchange = "" if self.exchange == "cluster" else f"_{self.exchange}"
-        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}{exchange}"
+        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class C128PipelinedKernel:
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
         lane_bytes = self.pooling.channel_bytes(tile, lane)
-        walk, found, _, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
+        walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster, lane)
         self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
                               self.pdl and self.pool.early_metadata)
@@ -126,7 +126,7 @@ class C128PipelinedKernel:
 
         parity = Int32(0)
         while found:
-            found_next, _, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
+            found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
                 self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
             w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
             x = self.walk.pool_staged(mState, mBlockTable, (sScore, sKv, sMax, sNum, sDen), tidx, lane_bytes,

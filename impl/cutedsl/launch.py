@@ -336,13 +336,13 @@ class IndexerLaunch(LaunchPlan):
                     cos_sin_cache, k_cache, kv_slot_mapping, self.eps)
 
 
-def uses_scratch(path: str, policy: dispatch.Policy = dispatch.DEFAULT_POLICY) -> bool:
+def uses_scratch(path: str) -> bool:
     """Whether the kernels of ``path`` keep ``x`` in the fp32 scratch (the call's ``workspace``)."""
-    return _plan_class(path, policy).uses_scratch
+    return _plan_class(path).uses_scratch
 
 
-def _plan_class(path: str, policy: dispatch.Policy) -> type:
-    if path == "fused_handoff" or (path == "fused_pipelined" and policy.shapes.pipelined_exchange == "handoff"):
+def _plan_class(path: str) -> type:
+    if path == "fused_handoff":
         return HandoffLaunch
     if path == "indexer":
         return IndexerLaunch
@@ -367,9 +367,7 @@ def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFo
     if path == "fused_handoff":
         return (("compile_c128_handoff", HandoffConfig(pool, entry)),)
     if path == "fused_pipelined":
-        shapes = policy.shapes
-        return (("compile_c128_pipelined",
-                 PipelinedConfig(pool, entry, shapes.pipelined_ctas_per_sm, shapes.pipelined_exchange)),)
+        return (("compile_c128_pipelined", PipelinedConfig(pool, entry, policy.shapes.pipelined_ctas_per_sm)),)
     return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl)))
 
 
@@ -388,19 +386,13 @@ def compress_kernels(path: str, block_size: int, num_tokens: int, entry: EntryFo
 
 def pipelined_grid(compiled, config: PipelinedConfig, num_tokens: int, policy: dispatch.Policy,
                    device: torch.device) -> int:
-    """Teams of 8 CTAs of the pipelined kernel for ``num_tokens`` (:func:`.dispatch.pipelined_clusters`):
-    for 8-CTA clusters, from the driver's count of the compiled kernel's resident clusters (asked
-    once per kernel); for independent CTAs, the SMs' CTA slots (``ctas_per_sm``, the kernel's
-    ``.minnctapersm``) over 8."""
+    """Clusters of the pipelined kernel for ``num_tokens`` (:func:`.dispatch.pipelined_clusters`)
+    from the driver's count of the compiled kernel's resident clusters (asked once per kernel)."""
     from .fused_c128_pipelined import C128PipelinedKernel
 
-    sms = sm_count(device)
-    if config.exchange == "handoff":
-        resident = None if sms is None else max(1, config.ctas_per_sm * sms // 8)
-    else:
-        kernel = C128PipelinedKernel(config)
-        resident = occupancy.resident_clusters(compiled, device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-    return dispatch.pipelined_clusters(num_tokens, resident, sms, policy)
+    kernel = C128PipelinedKernel(config)
+    resident = occupancy.resident_clusters(compiled, device, kernel.threads, kernel.smem_bytes, kernel.tiles)
+    return dispatch.pipelined_clusters(num_tokens, resident, sm_count(device), policy)
 
 
 def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,
@@ -431,7 +423,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         path = dispatch.choose(c128_path, num_tokens, block_size, policy)
     else:
         path = "c4"
-    if uses_scratch(path, policy):
+    if uses_scratch(path):
         x_buffer(workspace, num_tokens, device, "workspace")  # raises on a bad workspace
     _require_cuda("state_cache", state_cache)
     eps = float(call.store.eps)
@@ -448,7 +440,7 @@ def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio
         compiled, grid = compress_kernels(path, block_size, num_tokens, entry, policy, pdl, early, device)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", call.pooling.config.ratio, num_tokens,
               block_size, layout, path, f" grid {grid}" if grid else "")
-    return _plan_class(path, policy)(compiled, path, eps, fp8_inv, num_tokens, restride, grid)
+    return _plan_class(path)(compiled, path, eps, fp8_inv, num_tokens, restride, grid)
 
 
 # ---- save_partial_states --------------------------------------------------------------------

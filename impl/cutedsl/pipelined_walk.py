@@ -1,9 +1,10 @@
-"""The walk of the persistent C128 kernels: a CTA's run of tokens, its active ones found by
-ballot, and their rows staged in shared memory ahead of the pooling.
+"""The walk of the persistent C128 kernel (:mod:`.fused_c128_pipelined`): a CTA's run of
+tokens, its active ones found by ballot, and their rows staged in shared memory ahead of the
+pooling.
 
-A persistent grid of ``G`` teams of 8 CTAs (a cluster, or 8 independent CTAs) gives team ``k``
-the contiguous run of tokens ``k * ceil(T / G) ..``. Every CTA of a team walks the run on its
-own and finds the same active tokens in the same order (no shared memory, no barrier):
+A persistent grid of ``G`` teams of 8 CTAs (8-CTA clusters) gives team ``k`` the contiguous run
+of tokens ``k * ceil(T / G) ..``. Every CTA of a team walks the run on its own and finds the
+same active tokens in the same order (no shared memory, no barrier):
 
 1. lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run (position, slots,
    request; coalesced), and a ballot gives the batch's active tokens (SPEC §5). The next active
@@ -50,8 +51,8 @@ class RunWalk:
 
     @cute.jit
     def begin(self, metadata: tuple, teams: Int32, team: Int32, lane: Int32):
-        """Team ``team``'s walk and its first active token: ``(walk, found, token, position, kv_slot,
-        req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
+        """Team ``team``'s walk and its first active token: ``(walk, found, position, kv_slot, req,
+        batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
         mPos, mSlot, mKvSlot, mTokenReq = metadata
         first, end = run_bounds(Int32(mPos.shape[0]), teams, team)  # a contiguous run (coalesced metadata)
         walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
@@ -111,8 +112,8 @@ class RunWalk:
     @cute.jit
     def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
                     lane_req: Int32):
-        """The run's next active token after those already taken from ``mask``: ``(found, token,
-        position, kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
+        """The run's next active token after those already taken from ``mask``: ``(found, position,
+        kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
         is used up, the next ``PROBE`` batches are probed at once and the first with an active token
         is loaded; ``found`` is false past the last batch."""
         first, end = walk[4], walk[5]
@@ -125,12 +126,11 @@ class RunWalk:
                 batch = batch + Int32(PROBE)
         found = mask != Int32(0)
         j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
-        token = first + batch * BATCH + j
         mask = mask & (mask - Int32(1))
         position = cute.arch.shuffle_sync(lane_pos, j)
         kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
         req = cute.arch.shuffle_sync(lane_req, j)
-        return found, token, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
+        return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
     def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,

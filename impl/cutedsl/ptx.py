@@ -37,9 +37,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
             yield cfg.tag, "c128_cluster", cfg, True
         handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e)
         yield handoff.tag, "c128_handoff", handoff, True
-        for exchange in ("cluster", "handoff"):
-            pipelined = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), e, exchange=exchange)
-            yield pipelined.tag, "c128_pipelined", pipelined, True
+        pipelined = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
+        yield pipelined.tag, "c128_pipelined", pipelined, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True
@@ -92,7 +91,6 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
         ("c128_cluster", ClusterConfig(C128PoolConfig(8, 4, tile=32, kv_in_smem=True, kv_after_max=True, pdl=True), entry()), True),
         ("c128_handoff", HandoffConfig(pdl_pool, entry()), True),
         ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False), entry()), True),
-        ("c128_pipelined", PipelinedConfig(replace(pdl_pool, kv_after_max=False), entry(), exchange="handoff"), True),
         # metadata and block table read before the wait (Policy.early_metadata)
         ("c128_pool", C128PoolConfig(8, 8, pdl=True, early_metadata=True), True),
         ("c128_cluster", ClusterConfig(replace(pdl_pool, early_metadata=True), entry()), True),

@@ -339,34 +339,6 @@ def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
         Policy(pipelined_max_clusters=0)
 
 
-def test_pipelined_handoff_teams_fill_the_sm_slots_and_keep_the_scratch(monkeypatch):
-    """Independent CTAs: the grid is ``ctas_per_sm * SMs // 8`` teams (no driver query), the path
-    keeps x in the scratch (so the workspace is checked and the counters passed), and the
-    kernel's configuration names its exchange."""
-    from dsv4_compressor.impl.cutedsl import launch, occupancy
-    from dsv4_compressor.impl.cutedsl.config import PipelinedConfig
-
-    handoff = DEFAULT_POLICY.with_overrides(pipelined_exchange="handoff")
-    entry = launch.entry_format("flashmla_fp8", 64, torch.bfloat16, 16)
-    (name, config), = launch.compress_configs("fused_pipelined", 8, 4096, entry, handoff, True, False)
-    assert name == "compile_c128_pipelined" and config.exchange == "handoff" and config.tag.endswith("_handoff")
-    assert launch.uses_scratch("fused_pipelined", handoff) and not launch.uses_scratch("fused_pipelined")
-    assert launch._plan_class("fused_pipelined", handoff) is launch.HandoffLaunch
-
-    def no_query(*args):
-        raise AssertionError("independent CTAs need no cluster-occupancy query")
-
-    monkeypatch.setattr(occupancy, "resident_clusters", no_query)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert launch.pipelined_grid(None, config, 100000, handoff, cuda) == 3 * 132 // 8  # 49 teams
-    assert launch.pipelined_grid(None, config, 5, handoff, cuda) == 5
-    occ2 = PipelinedConfig(config.pool, entry, ctas_per_sm=2, exchange="handoff")
-    assert launch.pipelined_grid(None, occ2, 100000, handoff, cuda) == 2 * 132 // 8  # 33 teams
-    with pytest.raises(ValueError, match="exchange: expected 'cluster' or 'handoff', got 'dsmem'"):
-        PipelinedConfig(config.pool, entry, exchange="dsmem")
-
-
 class _StandInDriver:
     """The driver calls of the occupancy query, recorded; ``fail`` names the one that errs."""
 
