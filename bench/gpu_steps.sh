@@ -49,6 +49,8 @@ for s in "$@"; do
       step bench-main 280 $PY -m dsv4_compressor bench --trials 3 --out "$LOGS" ;;
     conformance-both)
       step conformance-both 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --size all ;;
+    tests-gpu)
+      step tests-gpu 480 $PY -m pytest -p no:cacheprovider -q -m gpu ;;
     tests-triton)
       step tests-triton 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests ;;
     tests-floors)
