@@ -2,9 +2,9 @@
 tokens, its active ones found by ballot, and their rows staged in shared memory ahead of the
 pooling.
 
-A persistent grid of ``G`` teams of 8 CTAs (8-CTA clusters) gives team ``k`` the contiguous run
-of tokens ``k * ceil(T / G) ..``. Every CTA of a team walks the run on its own and finds the
-same active tokens in the same order (no shared memory, no barrier):
+A persistent grid of ``G`` 8-CTA clusters gives cluster ``k`` the contiguous run of tokens
+``k * ceil(T / G) ..``. Every CTA of a cluster walks the run on its own and finds the same
+active tokens in the same order (no shared memory, no barrier):
 
 1. lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run (position, slots,
    request; coalesced), and a ballot gives the batch's active tokens (SPEC §5). The next active
@@ -32,11 +32,11 @@ BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
 PROBE = 8  # batches whose activity is read at once once a batch is used up
 
 
-def run_bounds(num_tokens: Int32, teams: Int32, team: Int32):
-    """``(first, end)``: team ``team``'s contiguous run of the ``num_tokens`` tokens (``ceil(T / G)``
-    each, the last ones shorter or empty)."""
-    share = (num_tokens + teams - 1) // teams
-    first = team * share
+def run_bounds(num_tokens: Int32, clusters: Int32, cluster: Int32):
+    """``(first, end)``: cluster ``cluster``'s contiguous run of the ``num_tokens`` tokens
+    (``ceil(T / G)`` each, the last ones shorter or empty)."""
+    share = (num_tokens + clusters - 1) // clusters
+    first = cluster * share
     end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
     return first, end
 
@@ -50,11 +50,11 @@ class RunWalk:
         self.pooling = pooling
 
     @cute.jit
-    def begin(self, metadata: tuple, teams: Int32, team: Int32, lane: Int32):
-        """Team ``team``'s walk and its first active token: ``(walk, found, position, kv_slot, req,
-        batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
+    def begin(self, metadata: tuple, clusters: Int32, cluster: Int32, lane: Int32):
+        """Cluster ``cluster``'s walk and its first active token: ``(walk, found, position, kv_slot,
+        req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
         mPos, mSlot, mKvSlot, mTokenReq = metadata
-        first, end = run_bounds(Int32(mPos.shape[0]), teams, team)  # a contiguous run (coalesced metadata)
+        first, end = run_bounds(Int32(mPos.shape[0]), clusters, cluster)  # a contiguous run (coalesced metadata)
         walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
