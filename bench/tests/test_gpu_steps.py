@@ -34,13 +34,8 @@ def _values(option: str) -> list[str]:
 
 
 def _ncu_variants() -> list[str]:
-    """The variants ``profile-one`` is given: those of the ``ncu-VARIANT-TOKENS`` steps (the labels
-    of the case that derives them), and every ``--variant NAME`` written out."""
-    text = SCRIPT.read_text()
-    heads = (line.strip() for line in text.splitlines())
-    labels = [label for line in heads if line.startswith("ncu-cluster8-64") for label in line.rstrip(")").split("|")]
-    derived = [label.removeprefix("ncu-").rsplit("-", 1)[0] for label in labels]
-    return derived + [v for v in re.findall(r"--variant (\w+)", text) if v != "auto"]
+    """The variants the ``ncu-*`` steps give ``profile-one`` (every ``--variant NAME`` but ``auto``)."""
+    return [v for v in re.findall(r"--variant (\w+)", SCRIPT.read_text()) if v != "auto"]
 
 
 def test_tuning_settings_exist():
