@@ -111,7 +111,7 @@ for s in "$@"; do
       step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
     bench-c4-third)
       step bench-c4-third 200 $PY -m dsv4_compressor bench --ratio 4 --sizes 1 128 1024 16384 --impl triton --impl cutedsl --impl cutedsl-nopdl --extra --trials 3 --tag c4-third --out "$LOGS" ;;
-    ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64|ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374|ncu-screg16374)
+    ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64|ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374)
       case "$s" in  # profile-one's arguments: the case, its tokens, the variant
         ncu-cluster8-64) args="--case c128_decode --tokens 64 --variant cluster8" ;;
         ncu-cluster16-1) args="--case c128_decode --tokens 1 --variant cluster16" ;;
@@ -120,7 +120,6 @@ for s in "$@"; do
         ncu-indexer16384) args="--case indexer_fp8 --tokens 16384 --variant auto" ;;
         ncu-pipelined16374) args="--case c128_decode --tokens 16374 --variant pipelined" ;;
         ncu-block816374) args="--case c128_decode --tokens 16374 --variant split_block8" ;;
-        ncu-screg16374) args="--case c128_decode --tokens 16374 --variant pipelined_screg" ;;
       esac
       step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one $args ;;
     tests-indexer-cutedsl)
@@ -133,12 +132,6 @@ for s in "$@"; do
       step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
     bench-c128-c4)
       step bench-c128-c4 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-split_block8 --trials 3 --tag c128-c4 --out "$LOGS" ;;
-    tests-pipelined-screg)
-      step tests-pipelined-screg 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py -s ;;
-    bench-pipelined-screg)
-      step bench-pipelined-screg 240 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined_screg --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined-screg --out "$LOGS" ;;
-    conformance-pipelined-screg)
-      step conformance-pipelined-screg 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pipelined_screg --size all ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

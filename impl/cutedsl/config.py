@@ -251,14 +251,11 @@ class PipelinedConfig(ClusterConfig):
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
-    ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers); 4 with scores in registers
-    scores_in_smem: bool = True  # False: scores in registers, only kv staged (about 39 KiB, 4 CTAs per SM fit)
+    ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
 
     def __post_init__(self):
-        _flag("scores_in_smem", self.scores_in_smem)
-        if self.ctas_per_sm not in ((1, 2, 3) if self.scores_in_smem else (1, 2, 3, 4)):
-            _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA; 4 with scores_in_smem=False)",
-                  self.ctas_per_sm)
+        if self.ctas_per_sm not in (1, 2, 3):
+            _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
         if self.pool.tile != 64:
             _fail("pool.tile", "64 (8 CTAs per token, one per quantization block)", self.pool.tile)
         if self.pool.warps != 8:
@@ -269,8 +266,7 @@ class PipelinedConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        scores = "" if self.scores_in_smem else "_screg"
-        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}{scores}"
+        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
 
 
 @dataclass(frozen=True)

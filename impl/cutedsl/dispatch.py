@@ -61,8 +61,6 @@ class KernelShapes:
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     pipelined_ctas_per_sm: int = 3  # pipelined kernel's occupancy (.minnctapersm): 3 (80 registers) streams
     #                                 better than 2 (128 registers, no spills)
-    pipelined_scores_in_smem: bool = True  # pipelined kernel: scores staged too (False: in registers, so that
-    #                                       4 CTAs per SM fit and 8-CTA clusters fill every GPC)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 

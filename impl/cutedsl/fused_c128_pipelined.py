@@ -75,7 +75,7 @@ class C128PipelinedKernel:
         the score and kv stages, two tile-sum buffers), plus 1 KiB for alignment."""
         pooling = self.pooling
         partials = 3 * pooling.warps * pooling.tile * 4
-        stages = (2 if self.config.scores_in_smem else 1) * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
+        stages = 2 * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
         return partials + stages + 2 * self.tiles * 4 + 1024
 
     @cute.jit
@@ -113,10 +113,7 @@ class C128PipelinedKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         smem = SmemAllocator()
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
-        if cutlass.const_expr(self.config.scores_in_smem):
-            sScore = smem.allocate_tensor(Float32, sKv.layout, byte_alignment=16)  # [rows_per_lane, threads, 4]
-        else:  # the current token's scores in registers, the next token's loaded into them
-            sScore = [cute.make_rmem_tensor((self.pooling.vec,), Float32) for _ in range(self.pooling.rows_per_lane)]
+        sScore = smem.allocate_tensor(Float32, sKv.layout, byte_alignment=16)  # [rows_per_lane, threads, 4]
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 

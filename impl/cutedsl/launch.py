@@ -367,9 +367,7 @@ def compress_configs(path: str, block_size: int, num_tokens: int, entry: EntryFo
     if path == "fused_handoff":
         return (("compile_c128_handoff", HandoffConfig(pool, entry)),)
     if path == "fused_pipelined":
-        shapes = policy.shapes
-        return (("compile_c128_pipelined",
-                 PipelinedConfig(pool, entry, shapes.pipelined_ctas_per_sm, shapes.pipelined_scores_in_smem)),)
+        return (("compile_c128_pipelined", PipelinedConfig(pool, entry, policy.shapes.pipelined_ctas_per_sm)),)
     return (("compile_c128_pool", pool), ("compile_c128_store", dispatch.store_config(entry, policy, pdl)))
 
 

@@ -26,7 +26,6 @@ from cutlass import Float32, Int32, Int64
 
 from .activity import lowest_set_bit, token_activity
 from .dependent_launch import wait_for_prerequisite_grids
-from .memory import load_into
 from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
 
 BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
@@ -63,21 +62,16 @@ class RunWalk:
     @cute.jit
     def stage_first(self, mState: cute.Tensor, mBlockTable: cute.Tensor, stages: tuple, tidx: Int32,
                     lane_bytes: tuple, first: tuple, wait_after_metadata: bool):
-        """The first active token's rows, if ``first = (found, req, position)`` found one: scores,
-        then kv, into ``stages`` (``(sScore, sKv)``, two commit groups); or, with ``sScore`` a list
-        of register fragments, the scores into them by plain loads and the kv staged (one group).
-        ``wait_after_metadata``: the grid dependency is waited on here, after the metadata reads
-        (early metadata)."""
+        """The first active token's rows into ``stages`` (``(sScore, sKv)``): scores, then kv (two
+        commit groups), if ``first = (found, req, position)`` found one. ``wait_after_metadata``: the
+        grid dependency is waited on here, after the metadata reads (early metadata)."""
         sScore, sKv = stages
         kv_byte, score_byte = lane_bytes
         found, req, position = first
         if found:
             rows = self.pooling.lane_runs(mState, mBlockTable, req, position)
             wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state
-            if cutlass.const_expr(isinstance(sScore, list)):
-                self.load_rows(sScore, mState, rows, score_byte, found)
-            else:
-                self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
+            self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
             self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
 
     @cute.jit
@@ -152,29 +146,10 @@ class RunWalk:
                 copy_row_async(address, sStage[i, tidx, None])
         cute.arch.cp_async_commit_group()
 
-    @cute.jit
-    def load_rows(self, frags: list, mState: cute.Tensor, runs: list, byte_offset, enabled) -> None:
-        """This thread's 4 channels at ``byte_offset`` of each of its rows into ``frags`` (fp32
-        ``(4,)`` register fragments, one 128-bit load each), if ``enabled``."""
-        run = self.pooling.rows_per_lookup
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        if enabled:
-            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
-                load_into(frags[i], runs[i // run] + row_stride_bytes * (i % run) + byte_offset, 16)
-
-    @cute.jit
-    def load_next(self, sc: list, mState: cute.Tensor, runs: list, lane_bytes: tuple, sKv: cute.Tensor, tidx: Int32,
-                  enabled) -> None:
-        """With the scores in registers: the next token's scores into ``sc`` (this token's ``e``,
-        no longer read once the products are formed) and its kv staged."""
-        kv_byte, score_byte = lane_bytes
-        self.load_rows(sc, mState, runs, score_byte, enabled)
-        self.stage_rows(mState, runs, kv_byte, sKv, tidx, enabled)
-
-    def staged_kv(self, sKv: cute.Tensor, tidx: Int32, pending: int = 1) -> list:
-        """This thread's kv rows of the current token, once its kv group has landed (``pending``:
-        the groups issued after it, the next token's scores, that may still be in flight)."""
-        cute.arch.cp_async_wait_group(pending)
+    def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:
+        """This thread's kv rows of the current token, once its kv group has landed (the next
+        token's score group may still be in flight)."""
+        cute.arch.cp_async_wait_group(1)
         return read_staged_rows(sKv, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
                                             for _ in range(self.pooling.rows_per_lane)])
 
@@ -191,10 +166,8 @@ class RunWalk:
     ) -> cute.Tensor:
         """Pool the current token from its staged rows (SPEC §5, as every C128 kernel) and stage
         the next one's meanwhile: its scores once this token's window max is known (the score stage
-        is read), its kv once this token's products are formed. With ``sScore`` a list of register
-        fragments holding the current token's scores, the next token's scores are loaded into them
-        once the products are formed, with its kv. Returns ``x``, fp32 ``(2,)``, meaningful in
-        warp 0."""
+        is read), its kv once this token's products are formed. Returns ``x``, fp32 ``(2,)``,
+        meaningful in warp 0."""
         sScore, sKv, sMax, sNum, sDen = stages
         kv_byte, score_byte = lane_bytes
         req, position = current
@@ -202,14 +175,6 @@ class RunWalk:
         # the next token's block-table entries (this token's again when there is none: valid addresses)
         rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
                                            Int64(cutlass.select_(found_next, position_next, position)))
-        if cutlass.const_expr(isinstance(sScore, list)):
-            x = cute.make_rmem_tensor((self.pooling.tile // 32,), Float32)
-            x.fill(0.0)
-            self.pooling.reduce_rows(
-                sScore, partial(self.staged_kv, sKv, tidx, 0), sMax, sNum, sDen, x,
-                after_products=partial(self.load_next, sScore, mState, rows_next, lane_bytes, sKv, tidx, found_next),
-            )
-            return x
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
         sc = read_staged_rows(sScore, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
                                              for _ in range(self.pooling.rows_per_lane)])

@@ -75,9 +75,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
                  C128PoolConfig(16, 8, kv_in_smem=True)):
         cfg = PipelinedConfig(pool, entry(pages=1))
         yield cfg.tag, "c128_pipelined", cfg, True
-    for ctas_per_sm, scores_in_smem in ((3, True), (4, False)):
-        cfg = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), entry(), ctas_per_sm, scores_in_smem)
-        yield cfg.tag, "c128_pipelined", cfg, True
+    cfg = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), entry(), ctas_per_sm=3)
+    yield cfg.tag, "c128_pipelined", cfg, True
     for ratio in (4, 128):
         for vector in (True, False):
             cfg = SaveConfig(ratio, 4 if ratio == 4 else 8, vector)

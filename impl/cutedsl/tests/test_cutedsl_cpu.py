@@ -339,25 +339,6 @@ def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
         Policy(pipelined_max_clusters=0)
 
 
-def test_pipelined_scores_in_registers_allow_four_ctas_per_sm():
-    """With the scores in registers only kv is staged (half the shared memory), so 4 CTAs per SM
-    fit; with both staged, 4 is refused by name."""
-    from dsv4_compressor.impl.cutedsl.config import C128PoolConfig, PipelinedConfig
-    from dsv4_compressor.impl.cutedsl.fused_c128_pipelined import C128PipelinedKernel
-
-    entry = launch.entry_format("flashmla_fp8", 64, torch.bfloat16, 16)
-    pool = C128PoolConfig(8, 8, kv_in_smem=True)
-    registers = PipelinedConfig(pool, entry, ctas_per_sm=4, scores_in_smem=False)
-    staged = PipelinedConfig(pool, entry)
-    assert registers.tag.endswith("_occ4_screg") and staged.tag.endswith("_occ3")
-    assert 4 * (C128PipelinedKernel(registers).smem_bytes + 1024) <= 228 * 1024 < 4 * C128PipelinedKernel(staged).smem_bytes
-    with pytest.raises(ValueError, match="ctas_per_sm: expected 1, 2 or 3 .*, got 4"):
-        PipelinedConfig(pool, entry, ctas_per_sm=4)
-    screg = DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=4, pipelined_scores_in_smem=False)
-    (_, config), = launch.compress_configs("fused_pipelined", 8, 4096, entry, screg, True, False)
-    assert (config.ctas_per_sm, config.scores_in_smem) == (4, False)
-
-
 class _StandInDriver:
     """The driver calls of the occupancy query, recorded; ``fail`` names the one that errs."""
 
