@@ -17,7 +17,8 @@ per lane. Then (steps 3 and 4 are the finishing stage, :class:`.postprocess.Tile
 2. lanes ``0..C-1`` of warp 0 write ``ss_g`` into slot ``g`` of CTA ``l``'s shared array
    (``mapa`` + ``st.shared::cluster``); with 16 CTAs a NoPE CTA also writes its 32 ``x``
    values to the other half of its quantization block (rank ``g ^ 1``). The cluster
-   barrier (arrive = release, wait = acquire) publishes everything;
+   barrier (arrive = release, wait = acquire) publishes everything
+   (:class:`.cluster_smem.TileSumExchange`, shared with the pipelined kernel);
 3. every CTA computes ``ss = tree(ss_0..ss_{C-1})``: SPEC's tree over 512 channels is the
    tree over the tile trees, so all CTAs get the identical, exact ``ss``;
 4. ``rr``, ``y = mul(mul(x, rr), w)`` for the tile. 8 CTAs: tiles 0..6 are exactly
@@ -49,7 +50,6 @@ and dispatch uses clusters only up to 16 tokens.
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from .activity import token_activity
-from .cluster_smem import store_to_peer_smem
+from .cluster_smem import TileSumExchange
 from .config import ClusterConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .pooling_c128 import RATIO, C128TilePooling
@@ -77,6 +77,7 @@ class C128ClusterKernel:
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.cluster = self.pooling.num_tiles  # CTAs per token
+        self.exchange = TileSumExchange(self.cluster, self.finishing.sends_partner_x)
 
     @cute.jit
     def __call__(
@@ -123,14 +124,8 @@ class C128ClusterKernel:
             x.fill(0.0)
             self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
-            cute.arch.cluster_wait()
-            if warp == 0:
-                if lane < self.cluster:
-                    store_to_peer_smem(tile_sum, sTileSums.iterator + tile, lane)
-                if cutlass.const_expr(self.finishing.sends_partner_x):
-                    store_to_peer_smem(x[0], sPartnerX.iterator + lane, tile ^ 1)  # for the block's amax
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+            cute.arch.cluster_wait()  # every CTA of the cluster runs
+            self.exchange.exchange(tile_sum, x, sTileSums, sPartnerX, tile, lane, warp)
             if warp == 0:
                 self.finishing.finish(x, w, w_partner, sTileSums, sPartnerX, cos, sin, lane, tile, data, scales, eps,
                                       fp8_inv)

@@ -45,7 +45,7 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .cluster_smem import store_to_peer_smem
+from .cluster_smem import TileSumExchange
 from .config import PipelinedConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .pipelined_walk import RunWalk
@@ -67,6 +67,7 @@ class C128PipelinedKernel:
         self.walk = RunWalk(self.pooling)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per cluster (8)
+        self.exchange = TileSumExchange(self.tiles, self.finishing.sends_partner_x)
         self.threads = self.pooling.threads
 
     @property
@@ -133,11 +134,7 @@ class C128PipelinedKernel:
                                       (req, position), (found_next, req_next, position_next))
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
-            if warp == 0:
-                if lane < self.tiles:
-                    store_to_peer_smem(tile_sum, tile_sums.iterator + tile, lane)
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+            self.exchange.exchange(tile_sum, x, tile_sums, None, tile, lane, warp)
             if warp == 0:
                 self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
             found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
