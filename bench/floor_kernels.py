@@ -1,4 +1,4 @@
-"""Read floors: Triton kernels that only read what a step must read (C128, and the indexer's C4).
+"""Read floors: Triton kernels that only read what a step must read (C128, and C4 at both head widths).
 
 Every kernel reads T windows of 128 state rows (kv ``[0:512]`` and score ``[512:1024]``,
 fp32) and stores one float per CTA (the sum of what it read, so no load is dropped); none
@@ -20,9 +20,10 @@ Paged windows (the benchmark case's own state cache, block table and metadata):
   gather: every dependent load of the fused kernels, no arithmetic;
 - :func:`paged_tile_read_tma`: the same with one ``[8, 64]`` TMA box per state block
   (block size 8) for kv and for score, in a software-pipelined loop;
-- :func:`paged_indexer_read`: the indexer compressor's C4 window (SPEC §12), one program per
-  token: position and request, the 8 rows' block-table entries, then each row's own half
-  (128 kv and 128 score floats: 8 KiB a token, as two 512-byte runs of every 2 KiB row).
+- :func:`paged_c4_read`: a C4 window, one program per token: position and request, the 8 rows'
+  block-table entries, then each row's own half of kv and of score (head width ``HEAD``: 512
+  for the attention compressor, 32 KiB a token as two 2 KiB runs of every 8 KiB row; 128 for the
+  indexer's (SPEC §12), 8 KiB a token as two 512-byte runs of every 2 KiB row).
 """
 
 from __future__ import annotations
@@ -123,12 +124,12 @@ def paged_tile_read_tma(state_desc, token_req_ptr, positions_ptr, block_table_pt
 
 
 @triton.jit
-def paged_indexer_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr, out_ptr, block_table_stride,
-                       block_stride, row_stride, BLOCK_SIZE: tl.constexpr):
-    # state_ptr: fp32 [num_blocks, BLOCK_SIZE, 512] (block_stride, row_stride in floats; a row is
-    # kv[0:256] then score[256:512], two halves of 128); token_req_ptr: int32 [T]; positions_ptr:
-    # int64 [T] (boundary positions p); block_table_ptr: int32 [num_reqs, max_blocks]; out_ptr: fp32 [T].
-    # Rows p-7..p-4 read half 0, rows p-3..p half 1; rows before position 0 are not read.
+def paged_c4_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr, out_ptr, block_table_stride,
+                  block_stride, row_stride, BLOCK_SIZE: tl.constexpr, HEAD: tl.constexpr):
+    # state_ptr: fp32 [num_blocks, BLOCK_SIZE, 4*HEAD] (block_stride, row_stride in floats; a row is
+    # kv[0:2*HEAD] then score[2*HEAD:4*HEAD], each two halves of HEAD); token_req_ptr: int32 [T];
+    # positions_ptr: int64 [T] (boundary positions p); block_table_ptr: int32 [num_reqs, max_blocks];
+    # out_ptr: fp32 [T]. Rows p-7..p-4 read half 0, rows p-3..p half 1; rows before position 0 are not read.
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token)
     request = tl.load(token_req_ptr + token)
@@ -137,8 +138,8 @@ def paged_indexer_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr,
     valid = pos >= 0
     pos = tl.where(valid, pos, 0)
     blocks = tl.load(block_table_ptr + request.to(tl.int64) * block_table_stride + pos // BLOCK_SIZE)
-    starts = blocks.to(tl.int64) * block_stride + (pos % BLOCK_SIZE) * row_stride + (row // 4) * 128
-    offsets = starts[:, None] + tl.arange(0, 128)[None, :]
+    starts = blocks.to(tl.int64) * block_stride + (pos % BLOCK_SIZE) * row_stride + (row // 4) * HEAD
+    offsets = starts[:, None] + tl.arange(0, HEAD)[None, :]
     kv = tl.load(state_ptr + offsets, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    score = tl.load(state_ptr + offsets + 256, mask=valid[:, None], other=0.0, cache_modifier=".cg")
+    score = tl.load(state_ptr + offsets + 2 * HEAD, mask=valid[:, None], other=0.0, cache_modifier=".cg")
     tl.store(out_ptr + token, tl.sum(tl.sum(kv + score, axis=1), axis=0))

@@ -1,7 +1,8 @@
 """Where the time goes: floors and leave-one-stage-out timings, on a GPU.
 
     python -m dsv4_compressor.bench.probe floor [--sizes 1 32 64 128 1024]
-    python -m dsv4_compressor.bench.probe indexer-floor [--sizes 1024 4096 16384]
+    python -m dsv4_compressor.bench.probe c4-floor [--head 512|128] [--sizes 128 1024 16384]
+    python -m dsv4_compressor.bench.probe indexer-floor [--sizes ...]   (c4-floor --head 128)
     python -m dsv4_compressor.bench.probe variants [--sizes ...] [--variants nopdl cluster8 ...]
     python -m dsv4_compressor.bench.probe no-exp [--sizes ...] [--variants ...]
     python -m dsv4_compressor.bench.probe pairs [--sizes ...]
@@ -14,8 +15,10 @@
   the fused kernels' tile pattern (with 16-byte loads and with TMA), one 512-thread CTA per
   token, and through the benchmark's own paged state cache and metadata (16-byte loads,
   TMA). What no kernel with that access pattern can beat.
-- ``indexer-floor``: the same for the indexer compressor's C4 decode sweep: its bytes read
-  contiguously, and through the benchmark's paged state with exactly the kernel's reads.
+- ``c4-floor``: the same for a C4 decode sweep (``--head 512``: the attention compressor's,
+  32 KiB a token; ``--head 128``: the indexer compressor's, 8 KiB a token, also as
+  ``indexer-floor``): its bytes read contiguously, and through the benchmark's paged state with
+  exactly the kernels' reads.
 - ``variants``: the C128 decode sweep over named CuTe DSL variants
   (:mod:`dsv4_compressor.impl.cutedsl.variants`), each in its own graph, interleaved.
 - ``no-exp``: the same, with SPEC's ``exp2s`` replaced by one subtraction in the CuTe DSL
@@ -131,41 +134,45 @@ def floor(sizes) -> None:
         torch.cuda.empty_cache()
 
 
-INDEXER_TOKEN_BYTES = 8 * 2 * 128 * 4  # a C4 indexer token: 8 rows' own halves, kv and score
+def c4_token_bytes(head: int) -> int:
+    """Bytes a C4 token reads: 8 window rows' own halves (``head`` floats), kv and score."""
+    return 8 * 2 * head * 4
 
 
-def indexer_floor(sizes) -> None:
-    """The indexer's C4 decode sweep (the benchmark's own cases): a plain streaming read of the
-    same bytes, and the paged window read (:func:`.floor_kernels.paged_indexer_read`) with one
-    and two warps per token."""
+def c4_floor(sizes, head: int) -> None:
+    """A C4 decode sweep (the benchmark's own cases, head width 512 or 128): a plain streaming
+    read of the same bytes, and the paged window read (:func:`.floor_kernels.paged_c4_read`),
+    one program per token with a few warp counts."""
     import torch
 
     from . import floor_kernels as K
-    from .cases import indexer_decode_sweep
+    from .cases import c4_decode_sweep, indexer_decode_sweep
     from .timing import copy_bandwidth_gbs, prepare
 
+    cases = (c4_decode_sweep if head == 512 else indexer_decode_sweep)(tuple(sizes))
+    warp_counts = (4, 8) if head == 512 else (1, 2)
     copy_gbs = copy_bandwidth_gbs()
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s\n")
-    print("| T | MB read | stream 32 KiB/CTA | paged window, 1 warp/token | paged window, 2 warps/token |\n"
-          "|---:|---:|---:|---:|---:|")
-    for case in indexer_decode_sweep(tuple(sizes)):
+    print(f"C4, head width {head}; copy bandwidth {copy_gbs:.0f} GB/s\n")
+    print("| T | MB read | stream 32 KiB/CTA | " + " | ".join(f"paged window, {w} warps/token" for w in warp_counts)
+          + " |\n|---:|---:|---:|" + "---:|" * len(warp_counts))
+    for case in cases:
         t = case.token_num
         prepared = prepare(case)
-        nbytes = t * INDEXER_TOKEN_BYTES
+        nbytes = t * c4_token_bytes(head)
         out = torch.empty(max(t, nbytes // 4 // STREAM_BLOCK + 1), device="cuda")
         flat = [torch.randn(max(nbytes // 4, STREAM_BLOCK), device="cuda") for _ in range(4)]
 
         def paged(warps):
             def launch(s):
                 state, token_req, positions, _, block_table = s.args[:5]
-                K.paged_indexer_read[(t,)](state, token_req, positions, block_table, out, block_table.stride(0),
-                                           state.stride(0), state.stride(1), BLOCK_SIZE=case.block_size,
-                                           num_warps=warps)
+                K.paged_c4_read[(t,)](state, token_req, positions, block_table, out, block_table.stride(0),
+                                      state.stride(0), state.stride(1), BLOCK_SIZE=case.block_size, HEAD=head,
+                                      num_warps=warps)
             return launch
 
         timings = [_graph_us(lambda w: K.stream_read[(max(1, nbytes // 4 // STREAM_BLOCK),)](
-                       w, out, BLOCK=STREAM_BLOCK, num_warps=8), flat),
-                   _graph_us(paged(1), prepared.sets), _graph_us(paged(2), prepared.sets)]
+                       w, out, BLOCK=STREAM_BLOCK, num_warps=8), flat)]
+        timings += [_graph_us(paged(w), prepared.sets) for w in warp_counts]
         cells = [f"{us:.2f} ({100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs:.1f}%)" for us in timings]
         print(f"| {t} | {nbytes / 1e6:.1f} | " + " | ".join(cells) + " |", flush=True)
         del prepared, flat
@@ -232,18 +239,20 @@ def time_pairs(sizes) -> None:
 
 
 def profile_case(case_name: str, tokens: int):
-    """The bench case ``profile-one`` runs: the C128 or indexer decode sweep's ``tokens`` row, or
+    """The bench case ``profile-one`` runs: the C128, C4 or indexer decode sweep's ``tokens`` row, or
     a serving step of :func:`.cases.mixed_steps` by name (``c128_decode_step`` takes ``tokens``
     64 or 512)."""
-    from .cases import c128_decode_sweep, indexer_decode_sweep, mixed_steps
+    from .cases import c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, mixed_steps
 
     if case_name == "c128_decode":
         return c128_decode_sweep((tokens,))[0]
+    if case_name == "c4_decode":
+        return c4_decode_sweep((tokens,))[0]
     if case_name in ("indexer_fp8", "indexer_mxfp4"):
         return indexer_decode_sweep((tokens,), case_name)[0]
     steps = [c for c in mixed_steps() if c.name == case_name and (case_name != "c128_decode_step" or c.token_num == tokens)]
     if not steps:
-        raise ValueError(f"profile-one --case: expected c128_decode, indexer_fp8, indexer_mxfp4 or a serving step "
+        raise ValueError(f"profile-one --case: expected c128_decode, c4_decode, indexer_fp8, indexer_mxfp4 or a serving step "
                          f"({', '.join(sorted({c.name for c in mixed_steps()}))}), got {case_name!r} at {tokens} tokens")
     return steps[0]
 
@@ -276,12 +285,13 @@ def main(argv=None) -> int:
 
         return host_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m dsv4_compressor.bench.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("floor", "indexer-floor", "variants", "no-exp", "pairs", "profile-one", "host"))
+    parser.add_argument("what", choices=("floor", "c4-floor", "indexer-floor", "variants", "no-exp", "pairs", "profile-one", "host"))
     parser.add_argument("--sizes", type=int, nargs="*", default=list(DEFAULT_SIZES))
     parser.add_argument("--variants", nargs="*", default=["fused_cluster", "nopdl"])
+    parser.add_argument("--head", type=int, choices=(512, 128), default=512, help="c4-floor: the head width")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--variant", default="cluster8", help="a CuTe DSL variant's name, or auto")
-    parser.add_argument("--case", default="c128_decode", help="profile-one: c128_decode, indexer_fp8, indexer_mxfp4 "
+    parser.add_argument("--case", default="c128_decode", help="profile-one: c128_decode, c4_decode, indexer_fp8, indexer_mxfp4 "
                         "or a serving step's name")
     args = parser.parse_args(argv)
     import torch
@@ -291,8 +301,8 @@ def main(argv=None) -> int:
         return 2
     if args.what == "floor":
         floor(args.sizes)
-    elif args.what == "indexer-floor":
-        indexer_floor(args.sizes)
+    elif args.what in ("c4-floor", "indexer-floor"):
+        c4_floor(args.sizes, 128 if args.what == "indexer-floor" else args.head)
     elif args.what == "pairs":
         time_pairs(args.sizes)
     elif args.what == "profile-one":

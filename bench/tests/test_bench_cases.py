@@ -56,6 +56,7 @@ def test_active_count_only_on_decode_steps_within_the_token_count(fields):
     ("c128_decode_step", 512, ("c128_decode_step", 512, 128, 512)),
     ("c128_decode_step", 64, ("c128_decode_step", 64, 128, 512)),
     ("indexer_fp8", 16384, ("indexer_c4_decode_fp8", 16384, 4, 128)),
+    ("c4_decode", 1024, ("c4_decode", 1024, 4, 512)),
 ])
 def test_profile_one_runs_the_named_case(case_name, tokens, expected):
     from dsv4_compressor.bench.probe import profile_case
@@ -64,7 +65,7 @@ def test_profile_one_runs_the_named_case(case_name, tokens, expected):
     assert (case.name, case.token_num, case.compress_ratio, case.head_dim) == expected
 
 
-@pytest.mark.parametrize("case_name, tokens", [("c128_decode_step", 100), ("c4_decode", 8), ("nonsense", 1)])
+@pytest.mark.parametrize("case_name, tokens", [("c128_decode_step", 100), ("c4_mixed_step", 8), ("nonsense", 1)])
 def test_profile_one_refuses_a_case_it_does_not_have(case_name, tokens):
     from dsv4_compressor.bench.probe import profile_case
 

@@ -1,4 +1,4 @@
-"""The read-floor kernels read exactly the bytes of a C128 step: each CTA's stored sum equals
+"""The read-floor kernels read exactly the bytes of a step (C128, C4 at both head widths): each CTA's stored sum equals
 a float64 sum of the rows and channels it must cover (Triton interpreter on CPU, or the GPU).
 
 A floor that skipped bytes would flatter the kernels measured against it."""
@@ -109,20 +109,22 @@ def test_tma_floors_cover_every_window_byte():
     _close(out, _tile_sums(_paged_windows(batch, state)))
 
 
-def test_indexer_floor_reads_each_rows_own_half():
-    """One program per C4 indexer token sums rows p-7..p-4's first halves and p-3..p's second
-    halves (kv and score), 8 KiB, through the block table; a token at p = 3 skips rows before 0."""
+@pytest.mark.parametrize("head", [128, 512])
+def test_c4_floor_reads_each_rows_own_half(head):
+    """One program per C4 token sums rows p-7..p-4's first halves and p-3..p's second halves
+    (kv and score: ``head`` floats each) through the block table; a token at p = 3 skips rows
+    before 0."""
     from dsv4_compressor.bench import floor_kernels as K
-    from dsv4_compressor.bench.cases import indexer_decode_sweep
+    from dsv4_compressor.bench.cases import c4_decode_sweep, indexer_decode_sweep
 
     rng = np.random.default_rng(3)
-    case = indexer_decode_sweep((5,))[0]
+    case = (c4_decode_sweep if head == 512 else indexer_decode_sweep)((5,))[0]
     batch = case.batch(rng)
     positions, block_table_host = batch.positions.copy(), batch.block_table.copy()
     positions[0] = 3  # the first window: rows 0..3 before position 0
     block_table_host[batch.token_to_req_indices[0], 0] = batch.num_state_blocks - 1  # positions 0..3 mapped
     bs = case.block_size
-    state = rng.standard_normal((batch.num_state_blocks, bs, 512)).astype(np.float32)
+    state = rng.standard_normal((batch.num_state_blocks, bs, 4 * head)).astype(np.float32)
     want = []
     for t in range(batch.num_tokens):
         p, req, total = int(positions[t]), int(batch.token_to_req_indices[t]), 0.0
@@ -132,13 +134,15 @@ def test_indexer_floor_reads_each_rows_own_half():
                 continue
             row = state[block_table_host[req, pos // bs], pos % bs].astype(np.float64)
             half = i // 4
-            total += row[half * 128:(half + 1) * 128].sum() + row[256 + half * 128:256 + (half + 1) * 128].sum()
+            total += (row[half * head:(half + 1) * head].sum()
+                      + row[2 * head + half * head:2 * head + (half + 1) * head].sum())
         want.append(total)
     device = _device()
     out = torch.full((batch.num_tokens,), float("nan"), device=device)
     state_t = torch.from_numpy(state).to(device)
     block_table = torch.from_numpy(block_table_host).to(device)
-    K.paged_indexer_read[(batch.num_tokens,)](
+    K.paged_c4_read[(batch.num_tokens,)](
         state_t, torch.from_numpy(batch.token_to_req_indices).to(device), torch.from_numpy(positions).to(device),
-        block_table, out, block_table.stride(0), state_t.stride(0), state_t.stride(1), BLOCK_SIZE=bs, num_warps=1)
+        block_table, out, block_table.stride(0), state_t.stride(0), state_t.stride(1), BLOCK_SIZE=bs, HEAD=head,
+        num_warps=1)
     _close(out, np.asarray(want))
