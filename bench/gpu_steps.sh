@@ -113,7 +113,7 @@ for s in "$@"; do
       step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
     bench-c4-third)
       step bench-c4-third 200 $PY -m dsv4_compressor bench --ratio 4 --sizes 1 128 1024 16384 --impl triton --impl cutedsl --impl cutedsl-nopdl --extra --trials 3 --tag c4-third --out "$LOGS" ;;
-    ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64|ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374|ncu-c4-1024)
+    ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64|ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374|ncu-c4-1024|ncu-c4-128)
       case "$s" in  # profile-one's arguments: the case, its tokens, the variant
         ncu-cluster8-64) args="--case c128_decode --tokens 64 --variant cluster8" ;;
         ncu-cluster16-1) args="--case c128_decode --tokens 1 --variant cluster16" ;;
@@ -123,6 +123,7 @@ for s in "$@"; do
         ncu-pipelined16374) args="--case c128_decode --tokens 16374 --variant pipelined" ;;
         ncu-block816374) args="--case c128_decode --tokens 16374 --variant split_block8" ;;
         ncu-c4-1024) args="--case c4_decode --tokens 1024 --variant auto" ;;
+        ncu-c4-128) args="--case c4_decode --tokens 128 --variant auto" ;;
       esac
       step "$s" 150 ncu --clock-control none --profile-from-start off --target-processes all --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $PY -m dsv4_compressor.bench.probe profile-one $args ;;
     tests-indexer-cutedsl)
