@@ -136,12 +136,6 @@ for s in "$@"; do
       step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
     bench-c128-c4)
       step bench-c128-c4 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-split_block8 --trials 3 --tag c128-c4 --out "$LOGS" ;;
-    tests-pipelined-kernel)
-      step tests-pipelined-kernel 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py -s ;;
-    bench-pipelined16)
-      step bench-pipelined16 420 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined --impl cutedsl-pipelined16 --impl cutedsl-pipelined16_occ5 --impl cutedsl-pipelined16_occ6 --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined16 --out "$LOGS" ;;
-    conformance-pipelined16)
-      step conformance-pipelined16 240 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:pipelined16 --size all ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

@@ -245,22 +245,19 @@ class HandoffConfig(ClusterConfig):
 
 @dataclass(frozen=True)
 class PipelinedConfig(ClusterConfig):
-    """C128 single-launch kernel on a persistent grid of clusters (8 warps a CTA; 8 CTAs of
-    64-channel tiles, or 16 of 32 channels): each cluster walks a contiguous run of the tokens,
-    skips inactive ones for a ballot bit and keeps the next active token's rows in flight
-    (``cp.async`` into shared memory) while it finishes the current one. Needs ``pool.tile``
-    64 or 32, ``pool.warps == 8`` and ``pool.kv_in_smem`` (both the scores and the kv rows are
-    staged)."""
+    """C128 single-launch kernel on a persistent grid of 8-CTA clusters (64-channel tiles, 8
+    warps): each cluster walks a contiguous run of the tokens, skips inactive ones for a ballot
+    bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
+    while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
+    ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
     ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
 
     def __post_init__(self):
-        if self.pool.tile not in (64, 32):
-            _fail("pool.tile", "64 or 32 (8 or 16 CTAs per token)", self.pool.tile)
-        most = 3 if self.pool.tile == 64 else 6  # a token's staged rows: 64 KiB (tile 64) or 32 KiB a CTA
-        if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= most:
-            _fail("ctas_per_sm", f"1 .. {most} for pool.tile {self.pool.tile} (shared memory per CTA)",
-                  self.ctas_per_sm)
+        if self.ctas_per_sm not in (1, 2, 3):
+            _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
+        if self.pool.tile != 64:
+            _fail("pool.tile", "64 (8 CTAs per token, one per quantization block)", self.pool.tile)
         if self.pool.warps != 8:
             _fail("pool.warps", "8", self.pool.warps)
         if not self.pool.kv_in_smem:

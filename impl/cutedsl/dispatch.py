@@ -61,7 +61,6 @@ class KernelShapes:
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     pipelined_ctas_per_sm: int = 3  # pipelined kernel's occupancy (.minnctapersm): 3 (80 registers) streams
     #                                 better than 2 (128 registers, no spills)
-    pipelined_tile: int = 64  # pipelined kernel's channels per CTA: 64 (8-CTA clusters) or 32 (16-CTA)
     indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
@@ -127,8 +126,8 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
         warps, tile, staged, late = shape.warps, cluster_tile(num_tokens, policy), shape.kv_in_smem, shape.kv_after_max
     elif path == "fused_handoff":  # fixed mapping: a warp per 64-channel block when finishing
         warps, tile, staged, late = 8, 64, True, shapes.handoff_kv_after_max
-    elif path == "fused_pipelined":  # the kernel orders its own loads
-        warps, tile, staged, late = 8, shapes.pipelined_tile, True, False
+    elif path == "fused_pipelined":  # fixed mapping; the kernel orders its own loads
+        warps, tile, staged, late = 8, 64, True, False
     else:
         shape = shapes.split
         warps, tile, staged, late = shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max
@@ -146,15 +145,14 @@ def c128_pool_config(path: str, block_size: int, policy: Policy, *, num_tokens: 
     return C128PoolConfig(block_size, rows_per_lookup, warps, tile, staged, late, pdl, early)
 
 
-def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy,
-                       cluster_size: int = 8) -> int:
+def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
     """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
-    once (``resident``, from the driver; without it ``sm_count // 5`` 8-CTA clusters: 26 on the
-    H200, which holds 30 or 45 at 2 or 3 CTAs per SM; half as many of 16), at most
-    ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond the resident
-    ones would walk their share only after others ended."""
+    once (``resident``, from the driver; without it ``sm_count // 5``: 26 on the H200, which
+    holds 30 or 45 at 2 or 3 CTAs per SM), at most ``policy.pipelined_max_clusters`` and never
+    more than ``T``. Clusters beyond the resident ones would walk their share only
+    after others ended."""
     if resident is None:
-        resident = num_tokens if sm_count is None else max(1, sm_count * 8 // (5 * cluster_size))
+        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
     clusters = min(num_tokens, resident)
     if policy.pipelined_max_clusters is not None:
         clusters = min(clusters, policy.pipelined_max_clusters)

@@ -52,13 +52,12 @@ from .pipelined_walk import RunWalk
 from .pooling_c128 import RATIO, C128TilePooling
 from .postprocess import TileFinish
 
-SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB (tile 64) or 6 x ~37 KiB (tile 32)
-PARTNER_LANES = 32  # tile 32, flashmla_fp8: the other half-block's x, one per lane
+SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
 
 
 class C128PipelinedKernel:
-    """Grid ``C * G`` (1-D; CTAs ``Cc .. Cc+C-1`` are cluster ``c``, its ranks the tiles), cluster
-    ``(C, 1, 1)`` with ``C = 512 / tile`` (8 or 16), 256 threads."""
+    """Grid ``8 * G`` (1-D; CTAs ``8c .. 8c+7`` are cluster ``c``, its ranks the tiles), cluster
+    ``(8, 1, 1)``, 256 threads."""
 
     def __init__(self, config: PipelinedConfig):
         self.config = config
@@ -73,14 +72,12 @@ class C128PipelinedKernel:
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory per CTA, as :meth:`kernel` allocates it (three ``[warps, tile]`` partials,
-        the score and kv stages, two tile-sum buffers and, tile 32 with ``flashmla_fp8``, two
-        partner-x buffers), plus 1 KiB for alignment."""
+        """Shared memory per CTA, as :meth:`kernel` allocates it (three ``[warps, 64]`` partials,
+        the score and kv stages, two tile-sum buffers), plus 1 KiB for alignment."""
         pooling = self.pooling
         partials = 3 * pooling.warps * pooling.tile * 4
         stages = 2 * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
-        partner = 2 * PARTNER_LANES * 4 if self.finishing.sends_partner_x else 0
-        return partials + stages + 2 * self.tiles * 4 + partner + 1024
+        return partials + stages + 2 * self.tiles * 4 + 1024
 
     @cute.jit
     def __call__(
@@ -119,9 +116,6 @@ class C128PipelinedKernel:
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(smem)
         sScore = smem.allocate_tensor(Float32, sKv.layout, byte_alignment=16)  # [rows_per_lane, threads, 4]
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
-        sPartnerX = None
-        if cutlass.const_expr(self.finishing.sends_partner_x):  # 2 buffers, by token parity as the tile sums
-            sPartnerX = smem.allocate_tensor(Float32, cute.make_layout(2 * PARTNER_LANES), byte_alignment=16)
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
         lane_bytes = self.pooling.channel_bytes(tile, lane)
@@ -135,19 +129,14 @@ class C128PipelinedKernel:
         while found:
             found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
                 self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
-            w, w_partner, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot,
-                                                                         tile, lane)
+            w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
             x = self.walk.pool_staged(mState, mBlockTable, (sScore, sKv, sMax, sNum, sDen), tidx, lane_bytes,
                                       (req, position), (found_next, req_next, position_next))
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
-            partner_x = None
-            if cutlass.const_expr(self.finishing.sends_partner_x):
-                partner_x = cute.make_tensor(sPartnerX.iterator + parity * PARTNER_LANES, cute.make_layout(PARTNER_LANES))
-            self.exchange.exchange(tile_sum, x, tile_sums, partner_x, tile, lane, warp)
+            self.exchange.exchange(tile_sum, x, tile_sums, None, tile, lane, warp)
             if warp == 0:
-                self.finishing.finish(x, w, w_partner, tile_sums, partner_x, cos, sin, lane, tile, data, scales, eps,
-                                      fp8_inv)
+                self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
             found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
             parity = parity ^ Int32(1)
 

@@ -392,7 +392,7 @@ def pipelined_grid(compiled, config: PipelinedConfig, num_tokens: int, policy: d
 
     kernel = C128PipelinedKernel(config)
     resident = occupancy.resident_clusters(compiled, device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-    return dispatch.pipelined_clusters(num_tokens, resident, sm_count(device), policy, kernel.tiles)
+    return dispatch.pipelined_clusters(num_tokens, resident, sm_count(device), policy)
 
 
 def build_compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, debug, workspace,

@@ -56,9 +56,6 @@ def _query(cubin: bytes, device: torch.device, threads: int, smem_bytes: int, cl
                                                smem_bytes))
             _checked(driver.cuFuncSetAttribute(function, attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                                100))  # all of it shared memory, as the kernels launch
-            if cluster_size > 8:  # above the portable size, as CuTe DSL allows it on every kernel
-                _checked(driver.cuFuncSetAttribute(
-                    function, attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
             config = _cluster_launch(driver, threads, smem_bytes, cluster_size)
             return int(_checked(driver.cuOccupancyMaxActiveClusters(function, config)))
         finally:  # the count is all that is kept: the query's copy of the module goes

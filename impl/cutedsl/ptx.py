@@ -37,10 +37,8 @@ def variant_configs() -> Iterator[tuple[str, str, object, bool]]:
             yield cfg.tag, "c128_cluster", cfg, True
         handoff = HandoffConfig(C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True), e)
         yield handoff.tag, "c128_handoff", handoff, True
-        for pool, ctas_per_sm in ((C128PoolConfig(8, 8, kv_in_smem=True), 3),  # 8- and 16-CTA clusters
-                                  (C128PoolConfig(8, 4, tile=32, kv_in_smem=True), 4)):
-            pipelined = PipelinedConfig(pool, e, ctas_per_sm)
-            yield pipelined.tag, "c128_pipelined", pipelined, True
+        pipelined = PipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True), e)
+        yield pipelined.tag, "c128_pipelined", pipelined, True
     for block_size in (1, 2, 3, 8, 16):  # lookup runs of 1, 2, 1, 4, 4 rows
         cfg = C4Config(block_size, entry(pages=1))
         yield cfg.tag, "c4", cfg, True

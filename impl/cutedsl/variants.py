@@ -82,10 +82,6 @@ handoff_early = Variant("handoff_early", "fused_handoff", _policy(handoff_kv_aft
 pipelined = Variant("pipelined", "fused_pipelined")  # persistent 8-CTA clusters, next token's rows in flight
 pipelined_occ2 = Variant("pipelined_occ2", "fused_pipelined", _policy(pipelined_ctas_per_sm=2))  # 128 registers
 pipelined_early = Variant("pipelined_early", "fused_pipelined", _policy(early_metadata=True))
-# 16-CTA clusters of 32-channel tiles: half the bytes per SM per token, 32 KiB of stages a CTA
-pipelined16 = Variant("pipelined16", "fused_pipelined", _policy(pipelined_tile=32, pipelined_ctas_per_sm=4))
-pipelined16_occ5 = Variant("pipelined16_occ5", "fused_pipelined", _policy(pipelined_tile=32, pipelined_ctas_per_sm=5))
-pipelined16_occ6 = Variant("pipelined16_occ6", "fused_pipelined", _policy(pipelined_tile=32, pipelined_ctas_per_sm=6))
 # auto, with metadata and block table read before griddepcontrol.wait (a contract on the previous kernel)
 early_metadata = Variant("early_metadata", "auto", _policy(early_metadata=True))
 split_block8_early = Variant("split_block8_early", "split_block8", _policy(early_metadata=True))
@@ -98,8 +94,7 @@ split_block8_nopdl = Variant("split_block8_nopdl", "split_block8", pdl=False)
 VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4, cluster16_w16, cluster_early,
                                  split_block8, split_generic, nopdl, cluster8_nopdl, cluster16_nopdl,
                                  split_block8_nopdl, handoff, handoff_nopdl, handoff_early,
-                                 early_metadata, split_block8_early, pipelined, pipelined_occ2, pipelined_early,
-                                 pipelined16, pipelined16_occ5, pipelined16_occ6)}
+                                 early_metadata, split_block8_early, pipelined, pipelined_occ2, pipelined_early)}
 
 
 # the indexer compressor's mappings (SPEC §12), timed against each other on the indexer's compress cases:

@@ -123,12 +123,6 @@ def test_compile_cache_returns_the_same_object():
      "pool.kv_in_smem"),
     (lambda: config.HandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
                                   config.EntryFormat("bf16", 4, "float32", 8)), "pool.tile"),
-    (lambda: config.PipelinedConfig(config.C128PoolConfig(8, 8, kv_in_smem=True),
-                                    config.EntryFormat("bf16", 4, "float32", 8), 4), "ctas_per_sm: expected 1 .. 3"),
-    (lambda: config.PipelinedConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
-                                    config.EntryFormat("bf16", 4, "float32", 8), 7), "ctas_per_sm: expected 1 .. 6"),
-    (lambda: config.PipelinedConfig(config.C128PoolConfig(8, 8, kv_in_smem=False),
-                                    config.EntryFormat("bf16", 4, "float32", 8)), "pool.kv_in_smem"),
 ])
 def test_configurations_reject_bad_values(make, needle):
     with pytest.raises(ValueError, match=needle):
@@ -334,7 +328,6 @@ def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
     assert clusters(100000, 45, 132, DEFAULT_POLICY) == 45
     assert clusters(256, 30, 132, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256
     assert clusters(100000, None, 132, DEFAULT_POLICY) == 26  # no driver answer: a fifth of the SMs
-    assert clusters(100000, None, 132, DEFAULT_POLICY, cluster_size=16) == 13  # the same CTAs in 16-CTA clusters
     assert clusters(100, None, None, DEFAULT_POLICY) == 100
     assert clusters(100000, 45, 132, Policy(pipelined_max_clusters=3)) == 3
     for tokens in range(1, 400):  # every cluster's run starts below T
@@ -350,8 +343,7 @@ class _StandInDriver:
     """The driver calls of the occupancy query, recorded; ``fail`` names the one that errs."""
 
     CUfunction_attribute = type("Attr", (), {"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": "max_dynamic_smem",
-                                             "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT": "carveout",
-                                             "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED": "non_portable"})
+                                             "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT": "carveout"})
     CUlaunchAttributeID = type("AttrId", (), {"CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION": "cluster_dimension"})
 
     def __init__(self, fail=None, clusters=45):
@@ -414,27 +406,7 @@ def test_occupancy_query_asks_for_the_kernels_cluster_shape_and_unloads_its_modu
         assert config.gridDimX % 8 == 0 and shape.id == "cluster_dimension"
         assert (shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z) == (8, 1, 1)
     assert "max_dynamic_smem=73000" in driver.calls and "carveout=100" in driver.calls
-    assert "non_portable=1" not in driver.calls  # 8 CTAs: a portable cluster size
     assert driver.calls[0] == "load" and driver.calls[-1] == "unload"
-
-
-def test_occupancy_query_allows_sixteen_cta_clusters(monkeypatch):
-    """Above 8 CTAs the query's function is allowed the non-portable size (as CuTe DSL allows it
-    on the launched kernel), and the launch shape asks for 16-CTA clusters."""
-    import contextlib
-
-    from cuda import bindings
-
-    from dsv4_compressor.impl.cutedsl import occupancy
-
-    driver = _StandInDriver(clusters=24)
-    monkeypatch.setattr(bindings, "driver", driver)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    assert occupancy._query(b"cubin", torch.device("cuda"), 256, 38000, 16) == 24
-    (shape,) = driver.config.attrs
-    assert shape.value.clusterDim.x == 16 and driver.config.gridDimX % 16 == 0
-    assert driver.calls.index("non_portable=1") < driver.calls.index("occupancy")
 
 
 def test_resident_clusters_without_a_driver_answer_is_none_and_asked_once(monkeypatch):
