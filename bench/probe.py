@@ -265,7 +265,10 @@ def profile_one(tokens: int, name: str, case_name: str = "c128_decode") -> None:
     from ..impl.cutedsl.variants import INDEXER_VARIANTS, VARIANTS, Variant
     from .timing import BenchImpl, prepare
 
-    variant = Variant("auto") if name == "auto" else {**VARIANTS, **INDEXER_VARIANTS}[name]
+    known = {**VARIANTS, **INDEXER_VARIANTS}
+    if name != "auto" and name not in known:
+        raise ValueError(f"profile-one --variant: expected auto or one of {', '.join(sorted(known))}, got {name!r}")
+    variant = Variant("auto") if name == "auto" else known[name]
     prepared = prepare(profile_case(case_name, tokens))
     call = BenchImpl(name, variant.compress_norm_rope_store, variant.save_partial_states).caller(prepared)
     for s in prepared.sets * 3:

@@ -71,3 +71,12 @@ def test_profile_one_refuses_a_case_it_does_not_have(case_name, tokens):
 
     with pytest.raises(ValueError, match="profile-one --case"):
         profile_case(case_name, tokens)
+
+
+def test_profile_one_refuses_a_variant_it_does_not_have():
+    """An unknown name fails before anything is prepared, naming the ones there are."""
+    pytest.importorskip("torch")
+    from dsv4_compressor.bench.probe import profile_one
+
+    with pytest.raises(ValueError, match="profile-one --variant: expected auto or one of .*split_block8.*got 'nonsense'"):
+        profile_one(64, "nonsense")

@@ -57,7 +57,7 @@ class ScratchHandoff:
         fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
     ):
         """Steps 1-3 of the module docstring, by every thread of the CTA."""
-        mX, mCounters = tables[0], tables[1]
+        mX, mCounters, _, _, _ = tables
         tidx, _, _ = cute.arch.thread_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -90,7 +90,7 @@ class ScratchHandoff:
         fp8_inv: Float32,
     ):
         """Every warp of the last CTA: block ``warp`` of the token's entry."""
-        mX, mWeight, mCosSin, mCache = tables[0], tables[2], tables[3], tables[4]
+        mX, _, mWeight, mCosSin, mCache = tables
         w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, warp, lane)
         x = load_pair_from_l2(element_address(mX, tok, warp * self.tile + lane * self.finishing.lane_channels))
         block_sum = self.finishing.tile_sum(x)

@@ -150,8 +150,7 @@ class RunWalk:
         """This thread's kv rows of the current token, once its kv group has landed (the next
         token's score group may still be in flight)."""
         cute.arch.cp_async_wait_group(1)
-        return read_staged_rows(sKv, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
-                                            for _ in range(self.pooling.rows_per_lane)])
+        return read_staged_rows(sKv, tidx, self.pooling.row_fragments())
 
     @cute.jit
     def pool_staged(
@@ -176,8 +175,7 @@ class RunWalk:
         rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
                                            Int64(cutlass.select_(found_next, position_next, position)))
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
-        sc = read_staged_rows(sScore, tidx, [cute.make_rmem_tensor((self.pooling.vec,), Float32)
-                                             for _ in range(self.pooling.rows_per_lane)])
+        sc = read_staged_rows(sScore, tidx, self.pooling.row_fragments())
         x = cute.make_rmem_tensor((self.pooling.tile // 32,), Float32)
         x.fill(0.0)
         self.pooling.reduce_rows(

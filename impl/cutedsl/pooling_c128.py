@@ -117,10 +117,10 @@ class C128TilePooling:
             wait_for_prerequisite_grids(True)
         # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
         # loads are still in flight (only u = kv * e waits for them)
-        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+        sc = self.row_fragments()
         for i in cutlass.range_constexpr(self.rows_per_lane):
             load_into(sc[i], rows[i] + score_byte, 16)
-        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
+        kv = self.row_fragments()
 
         def issue_kv():
             if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
@@ -178,6 +178,10 @@ class C128TilePooling:
         run = self.rows_per_lookup
         return [row_address(mState, mBlockTable, req, window_start + first_row + r * run, self.block_size)
                 for r in range(self.rows_per_lane // run)]
+
+    def row_fragments(self) -> list:
+        """One fp32 ``(4,)`` register fragment per row of this lane (its 4 channels of each)."""
+        return [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(self.rows_per_lane)]
 
     def lane_window(self, position, lane) -> tuple:
         """``(window_start, first_row)``: the first position of the window of ``position``, and lane
