@@ -69,17 +69,29 @@ def row_address(mState: cute.Tensor, mBlockTable: cute.Tensor, req, pos, block_s
     return element_address(mState, block, pos - column * block_size, 0)
 
 
+def window_run_starts(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, rows: int, rows_per_lookup: int,
+                      block_size: int):
+    """Byte addresses of the first row of each lookup run of the ``rows`` consecutive state rows
+    from position ``first_pos`` of request row ``req``: one block-table read per ``rows_per_lookup``
+    rows, a run that never crosses a state block. A generator: each read is traced where the
+    caller takes it, next to the rows that use it."""
+    for r in range(rows // rows_per_lookup):
+        yield row_address(mState, mBlockTable, req, first_pos + r * rows_per_lookup, block_size)
+
+
+def run_rows(start, row_stride_bytes, rows_per_lookup: int):
+    """Byte addresses of a lookup run's rows: its first row ``start`` and the rows after it at the
+    row stride (a generator, traced where the caller takes each row)."""
+    for i in range(rows_per_lookup):
+        yield start + row_stride_bytes * i
+
+
 def window_row_addresses(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, row_stride_bytes, rows: int,
                          rows_per_lookup: int, block_size: int) -> list:
     """Byte addresses of the ``rows`` consecutive state rows from position ``first_pos`` of request
-    row ``req`` (a Python list), one block-table lookup per ``rows_per_lookup`` rows (a run that
-    never crosses a state block)."""
-    addresses = []
-    for r in range(rows // rows_per_lookup):
-        start = row_address(mState, mBlockTable, req, first_pos + r * rows_per_lookup, block_size)
-        for i in range(rows_per_lookup):
-            addresses.append(start + row_stride_bytes * i)
-    return addresses
+    row ``req`` (a Python list): the runs of :func:`window_run_starts`, row by row."""
+    starts = window_run_starts(mState, mBlockTable, req, first_pos, rows, rows_per_lookup, block_size)
+    return [address for start in starts for address in run_rows(start, row_stride_bytes, rows_per_lookup)]
 
 
 @dsl_user_op

@@ -26,6 +26,7 @@ from cutlass import Float32, Int32, Int64
 
 from .activity import lowest_set_bit, token_activity
 from .dependent_launch import wait_for_prerequisite_grids
+from .memory import run_rows
 from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
 
 BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
@@ -138,12 +139,11 @@ class RunWalk:
         """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
         lookup runs of :meth:`.C128TilePooling.lane_runs`) into its own slots of ``sStage`` (if
         ``enabled``), then one commit group (empty if not)."""
-        run = self.pooling.rows_per_lookup
         row_stride_bytes = Int64(mState.stride[1]) * 4
         if enabled:
-            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
-                address = runs[i // run] + row_stride_bytes * (i % run) + byte_offset
-                copy_row_async(address, sStage[i, tidx, None])
+            rows = (row for start in runs for row in run_rows(start, row_stride_bytes, self.pooling.rows_per_lookup))
+            for i, row in enumerate(rows):
+                copy_row_async(row + byte_offset, sStage[i, tidx, None])
         cute.arch.cp_async_commit_group()
 
     def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:

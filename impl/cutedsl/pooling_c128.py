@@ -59,7 +59,7 @@ from .activity import token_activity
 from .config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, row_address, store_fragment, window_row_addresses
+from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses, window_run_starts
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -175,9 +175,8 @@ class C128TilePooling:
         """Byte addresses of the first row of each lookup run of this lane's ``R`` window rows
         (one block-table read per run; the rows of a run follow at the row stride)."""
         window_start, first_row = self.lane_window(position, cute.arch.lane_idx())
-        run = self.rows_per_lookup
-        return [row_address(mState, mBlockTable, req, window_start + first_row + r * run, self.block_size)
-                for r in range(self.rows_per_lane // run)]
+        return list(window_run_starts(mState, mBlockTable, req, window_start + first_row, self.rows_per_lane,
+                                      self.rows_per_lookup, self.block_size))
 
     def row_fragments(self) -> list:
         """One fp32 ``(4,)`` register fragment per row of this lane (its 4 channels of each)."""
