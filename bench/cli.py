@@ -32,6 +32,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="bench/out", help="folder for CSV, JSON and PNG")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tag", default="", help="added to the output file names")
+    parser.add_argument("--sets", type=int, default=None,
+                        help="input sets per case (default: as many as keep every read out of L2; 4 gives the "
+                             "L2-warm small rows of the earlier benchmarks)")
     parser.add_argument("--head", type=int, choices=(512, 128), default=512,
                         help="512: the KV compressor's sweeps; 128: the lightning indexer's (SPEC §12, default impls triton, cutedsl)")
     parser.add_argument("--layout", choices=("indexer_fp8", "indexer_mxfp4"), action="append",
@@ -94,7 +97,6 @@ def run(args) -> int:
     from .report import markdown_tables, plot, write_files
     from .timing import copy_bandwidth_gbs
 
-    S.TRIALS = args.trials
     names = args.impl or DEFAULT_IMPLS[args.head]
     impls = []
     for name in names:
@@ -111,7 +113,10 @@ def run(args) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python -m dsv4_compressor bench", *sys.argv[2:]]), "copy_gbs": copy_gbs, **_versions()}
     print(json.dumps(meta))
-    rows = S.run_sweep(cases, impls, modes, copy_gbs)
+    if args.sets is not None and args.sets < 1:
+        print(f"bench: --sets expected an integer >= 1, got {args.sets}", file=sys.stderr)
+        return 2
+    rows = S.run_sweep(cases, impls, modes, copy_gbs, num_sets=args.sets, trials=args.trials)
     print(markdown_tables(rows, args.baseline, copy_gbs))
     out = Path(args.out)
     stem = ("bench-" + ("indexer-" if args.head == 128 else "") + "-".join(f"c{r}" for r in ratios)

@@ -5,7 +5,7 @@
 Each *setting* is a :class:`dsv4_compressor.impl.cutedsl.variants.Variant`: a ``c128_path``
 plus a :class:`dsv4_compressor.impl.cutedsl.dispatch.Policy`, pinned explicitly where a
 default has changed since the setting was first measured (``bench/RESULTS.md``). For each
-benchmark case (the decode-boundary sweeps of :mod:`.cases`, four rotated input sets) every
+benchmark case (the decode-boundary sweeps of :mod:`.cases`, input sets rotated past L2) every
 setting is compiled, warmed up and captured into its own CUDA graph; the trials are
 interleaved across settings and the median µs per call of graph replay is printed with the
 fraction of the copy bandwidth. Use the winners to set the ``Policy`` defaults.

@@ -136,6 +136,14 @@ for s in "$@"; do
       step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
     bench-c128-c4)
       step bench-c128-c4 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-split_block8 --trials 3 --tag c128-c4 --out "$LOGS" ;;
+    tests-timing)
+      step tests-timing 200 $PY -m pytest -p no:cacheprovider -q -m gpu bench/tests/test_timing.py ;;
+    bench-c128-c4-sets4)
+      step bench-c128-c4-sets4 200 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 --impl cutedsl --sets 4 --trials 3 --tag c128-c4-sets4 --out "$LOGS" ;;
+    bench-indexer-sets4)
+      step bench-indexer-sets4 200 $PY -m dsv4_compressor bench --head 128 --mode graph --sizes 1 8 32 128 256 512 1024 2048 4096 --impl triton --impl cutedsl --sets 4 --trials 3 --tag indexer-sets4 --out "$LOGS" ;;
+    probe-indexer-floor)
+      step probe-indexer-floor 200 $PY -m dsv4_compressor.bench.probe indexer-floor --sizes 1 8 32 128 1024 4096 16384 ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

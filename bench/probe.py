@@ -34,7 +34,7 @@
 - ``profile-one``: warm up one variant at one size, then run it once between
   ``cudaProfilerStart``/``Stop`` (for ``ncu --profile-from-start off``).
 
-Numbers go to stdout as Markdown tables (µs per call, graph replay, 4 rotated input sets).
+Numbers go to stdout as Markdown tables (µs per call, graph replay, input sets rotated past L2).
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ WINDOW_BYTES = 128 * 2 * 512 * 4  # kv and score halves of 128 state rows
 STREAM_BLOCK = 8192  # fp32 per CTA of the plain streaming read (32 KiB)
 
 
-def _graph_us(launch, sets: list, calls: int = 200, trials: int = 5) -> float:
-    """Median µs per launch: one graph of ``calls`` launches cycling over ``sets``, replayed."""
+def _graph_us(launch, sets: list, trials: int = 5) -> float:
+    """Median µs per launch: one graph of launches cycling over ``sets`` (every set, 200 launches at
+    least), replayed."""
     from .timing import capture_graph, time_graph
 
+    calls = max(200, len(sets))
     graph = capture_graph(launch, sets, calls)
     per_call = time_graph(graph, calls, 1)
     replays = max(1, min(200, int(20000 / (calls * max(per_call, 0.5)))))
@@ -67,11 +69,12 @@ def _floor_launchers(t: int):
 
     from . import floor_kernels as K
     from .cases import c128_decode_sweep
-    from .timing import prepare
+    from .timing import prepare, rotation_sets
 
     tile = 64
     tiles = t * 512 // tile
-    windows = [torch.randn((128 * t, 1024), device="cuda") for _ in range(4)]  # contiguous windows
+    windows = [torch.randn((128 * t, 1024), device="cuda")  # contiguous windows, as many as the paged sets
+               for _ in range(rotation_sets(t * WINDOW_BYTES))]
     paged = prepare(c128_decode_sweep((t,))[0]).sets  # the benchmark's own state cache and metadata
     out = torch.empty(max(tiles, t * WINDOW_BYTES // 4 // STREAM_BLOCK), device="cuda")
 
@@ -147,7 +150,7 @@ def c4_floor(sizes, head: int) -> None:
 
     from . import floor_kernels as K
     from .cases import c4_decode_sweep, indexer_decode_sweep
-    from .timing import copy_bandwidth_gbs, prepare
+    from .timing import copy_bandwidth_gbs, prepare, rotation_sets
 
     cases = (c4_decode_sweep if head == 512 else indexer_decode_sweep)(tuple(sizes))
     warp_counts = (4, 8) if head == 512 else (1, 2)
@@ -160,7 +163,7 @@ def c4_floor(sizes, head: int) -> None:
         prepared = prepare(case)
         nbytes = t * c4_token_bytes(head)
         out = torch.empty(max(t, nbytes // 4 // STREAM_BLOCK + 1), device="cuda")
-        flat = [torch.randn(max(nbytes // 4, STREAM_BLOCK), device="cuda") for _ in range(4)]
+        flat = [torch.randn(max(nbytes // 4, STREAM_BLOCK), device="cuda") for _ in range(rotation_sets(nbytes))]
 
         def paged(warps):
             def launch(s):
@@ -205,7 +208,7 @@ def time_variants(sizes, names) -> None:
 
 def time_pairs(sizes) -> None:
     """A step's two calls, ``save_partial_states`` then ``compress_norm_rope_store`` (auto, PDL),
-    against one ``save_and_compress_norm_rope_store``: µs per pair in a graph (4 rotated sets)."""
+    against one ``save_and_compress_norm_rope_store``: µs per pair in a graph (input sets rotated past L2)."""
     import torch
 
     from ..impl import cutedsl
@@ -269,7 +272,7 @@ def profile_one(tokens: int, name: str, case_name: str = "c128_decode") -> None:
     if name != "auto" and name not in known:
         raise ValueError(f"profile-one --variant: expected auto or one of {', '.join(sorted(known))}, got {name!r}")
     variant = Variant("auto") if name == "auto" else known[name]
-    prepared = prepare(profile_case(case_name, tokens))
+    prepared = prepare(profile_case(case_name, tokens), num_sets=2)  # ncu flushes the caches before the call
     call = BenchImpl(name, variant.compress_norm_rope_store, variant.save_partial_states).caller(prepared)
     for s in prepared.sets * 3:
         call(s)

@@ -168,9 +168,11 @@ def _iterations(call, prepared: Prepared) -> int:
     return max(len(prepared.sets), min(2000, int(TARGET_TRIAL_MS * 1e3 / max(per_call, 1.0))))
 
 
-def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: float, trials: int = TRIALS) -> list[Row]:
-    """Time ``case`` for every implementation and mode, trials interleaved across implementations."""
-    prepared = prepare(case)
+def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: float, trials: int = TRIALS,
+             num_sets: int | None = None) -> list[Row]:
+    """Time ``case`` for every implementation and mode, trials interleaved across implementations;
+    ``num_sets`` input sets (default: as many as keep the reads out of L2, :func:`.timing.rotation_sets`)."""
+    prepared = prepare(case, num_sets)
     callers, iterations, graphs, errors = {}, {}, {}, {}
     for impl in impls:
         try:
@@ -216,14 +218,15 @@ def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: flo
     return rows
 
 
-def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_gbs: float, progress=True) -> list[Row]:
+def run_sweep(cases: list[Case], impls: list[BenchImpl], modes: list[str], copy_gbs: float, progress=True,
+              num_sets: int | None = None, trials: int = TRIALS) -> list[Row]:
     rows = []
     started = time.perf_counter()
     for index, case in enumerate(cases, 1):
         if progress:
             print(f"\r[{index}/{len(cases)}] {case.name} token_num={case.token_num} ({time.perf_counter() - started:.0f}s)   ",
                   end="", file=sys.stderr, flush=True)
-        case_rows = run_case(case, [i for i in impls if i.runs(case)], modes, copy_gbs)
+        case_rows = run_case(case, [i for i in impls if i.runs(case)], modes, copy_gbs, trials, num_sets)
         rows.extend(case_rows)
         if progress:  # one line per row as it lands, so a cut-off run still leaves its numbers
             for r in case_rows:

@@ -1,7 +1,11 @@
 """GPU timing: input sets rotated past L2, CUDA events, eager calls and CUDA-graph replay.
 
-- Every size gets ``num_sets`` independent input sets (state cache, metadata, compressed
-  cache), used in rotation so consecutive launches do not find their data in L2.
+- Every size gets enough input sets, used in rotation, that one pass over them touches at
+  least :data:`ROTATION_BYTES` (2.5 times the H200's 50 MB L2), so no launch finds the rows it
+  reads in L2 (:func:`rotation_sets`): up to four independent sets (state cache, metadata,
+  compressed cache), and for small calls copies of them whose block tables point into further
+  state blocks (the metadata, weights and compressed cache shared, as a serving step finds
+  them hot in L2).
 - *eager*: many back-to-back calls, timed with CUDA events around the loop (host launch
   overhead included when it exceeds the kernel time); the host time of the issuing loop is
   reported separately.
@@ -59,36 +63,68 @@ def _k_cache(layout: str, num_pages: int, entries: int, device: str = "cuda") ->
     return torch.empty((num_pages, entries, HEAD_DIM), dtype=dtype, device=device)
 
 
-def prepare(case: Case, num_sets: int = 4, seed: int = 0) -> Prepared:
-    """Build ``num_sets`` independent input sets for ``case`` on the GPU."""
+ROTATION_BYTES = 128 << 20  # bytes one pass over the input sets touches: 2.5 times the H200's 50 MB L2
+MAX_SETS = 16384  # the smallest calls (one 8 KiB indexer window) reach ROTATION_BYTES here
+INDEPENDENT_SETS = 4  # sets with their own batch (positions, requests, metadata); the others copy one
+
+
+def rotation_sets(bytes_per_call: int, target: int = ROTATION_BYTES) -> int:
+    """Input sets to rotate through so one pass touches at least ``target`` bytes (2 to
+    :data:`MAX_SETS`; two at least, so consecutive calls never share their buffers)."""
+    return max(2, min(MAX_SETS, -(-target // max(bytes_per_call, 1))))
+
+
+def prepare(case: Case, num_sets: int | None = None, seed: int = 0) -> Prepared:
+    """Build the input sets of ``case`` on the GPU: ``num_sets`` of them, by default
+    :func:`rotation_sets` of the case's bytes. Up to :data:`INDEPENDENT_SETS` are independent
+    batches; the rest copy them round-robin with fresh state rows (compress: the block table
+    shifted into more state blocks of one larger cache; save: their own ``kv_score``)."""
     rng = np.random.default_rng(seed)
+    first = case.batch(rng)
+    count = rotation_sets(case.bytes_moved(first)) if num_sets is None else num_sets
+    if count < 1:
+        raise ValueError(f"prepare: expected num_sets >= 1 or None, got {num_sets}")
+    independent = min(count, INDEPENDENT_SETS)
+    copies = -(-count // independent)  # sets per independent batch, itself included
     sets = []
     bytes_moved = num_active = 0
-    width = case.config.state_row_width
-    for _ in range(num_sets):
-        batch = case.batch(rng)
+    for i in range(independent):
+        batch = first if i == 0 else case.batch(rng)
         bytes_moved, num_active = case.bytes_moved(batch), batch.num_active
-        state = torch.randn((max(batch.num_state_blocks, 1), case.block_size, width), device="cuda")
-        meta = {n: _device_tensor(getattr(batch, n)) for n in
-                ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-        if case.operation == "save":
-            kv_score = torch.randn((batch.num_tokens, width), device="cuda")
-            ape = torch.randn((case.compress_ratio, width // 2), device="cuda")
-            sets.append(InputSet((kv_score, ape, meta["positions"], meta["slot_mapping"], state, case.block_size), {}))
-            continue
-        weight = _device_tensor(B.random_norm_weight(rng, bf16=False, head_dim=case.head_dim))
-        cos_sin = _device_tensor(B.rope_cos_sin_cache(int(batch.positions.max()) + 1))
-        k_cache = _k_cache(case.layout, max(batch.num_pages, 1), case.entries_per_page)
-        args = (state, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"],
-                case.block_size, weight, 1e-6, cos_sin, k_cache, meta["kv_slot_mapping"])
-        kwargs = {"compress_ratio": case.compress_ratio, "layout": case.layout,
-                  "fp8_scale": 0.05 if case.layout == "fp8_per_tensor" else None}
-        if case.hadamard:
-            kwargs["hadamard"] = True
-        workspace = torch.empty((batch.num_tokens, HEAD_DIM), dtype=torch.float32, device="cuda")
-        sets.append(InputSet(args, kwargs, workspace))
+        sets.append(_input_sets(case, batch, rng, copies))
+    interleaved = [group[k] for k in range(copies) for group in sets if k < len(group)][:count]
     torch.cuda.synchronize()
-    return Prepared(case, sets, bytes_moved, num_active)
+    return Prepared(case, interleaved, bytes_moved, num_active)
+
+
+def _input_sets(case: Case, batch: B.Batch, rng: np.random.Generator, copies: int) -> list[InputSet]:
+    """``copies`` input sets of one batch, each reading its own state rows."""
+    width = case.config.state_row_width
+    blocks = max(batch.num_state_blocks, 1)
+    meta = {n: _device_tensor(getattr(batch, n)) for n in
+            ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+    if case.operation == "save":  # each copy its own kv_score and state cache
+        ape = torch.randn((case.compress_ratio, width // 2), device="cuda")
+        return [InputSet((torch.randn((batch.num_tokens, width), device="cuda"), ape, meta["positions"],
+                          meta["slot_mapping"], torch.randn((blocks, case.block_size, width), device="cuda"),
+                          case.block_size), {})
+                for _ in range(copies)]
+    state = torch.randn((copies * blocks, case.block_size, width), device="cuda")  # copy k: blocks k*blocks ..
+    weight = _device_tensor(B.random_norm_weight(rng, bf16=False, head_dim=case.head_dim))
+    cos_sin = _device_tensor(B.rope_cos_sin_cache(int(batch.positions.max()) + 1))
+    k_cache = _k_cache(case.layout, max(batch.num_pages, 1), case.entries_per_page)
+    kwargs = {"compress_ratio": case.compress_ratio, "layout": case.layout,
+              "fp8_scale": 0.05 if case.layout == "fp8_per_tensor" else None}
+    if case.hadamard:
+        kwargs["hadamard"] = True
+    workspace = torch.empty((batch.num_tokens, HEAD_DIM), dtype=torch.float32, device="cuda")
+    sets = []
+    for k in range(copies):
+        block_table = meta["block_table"] + k * blocks if k else meta["block_table"]
+        args = (state, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], block_table,
+                case.block_size, weight, 1e-6, cos_sin, k_cache, meta["kv_slot_mapping"])
+        sets.append(InputSet(args, kwargs, workspace))
+    return sets
 
 
 @dataclass

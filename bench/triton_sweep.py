@@ -29,7 +29,7 @@ from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
 from ..spec.constants import ENTRY_BYTES, INDEXER_LAYOUTS
 from .cases import Case, indexer_c128_decode_sweep, indexer_decode_sweep
-from .timing import InputSet, copy_bandwidth_gbs, prepare
+from .timing import ROTATION_BYTES, InputSet, copy_bandwidth_gbs, prepare, rotation_sets
 
 C128_CONFIGS = [
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
@@ -103,17 +103,11 @@ def run_compress(ratio, b, state, cos_sin, weight, k_cache, meta, config):
                              config=config)
 
 
-ROTATION_BYTES = 256 << 20  # inputs touched per graph pass, well above the 60 MB L2
-
-
-def rotation_sets(bytes_per_call: int) -> int:
-    """Input sets to rotate through so one graph pass touches about :data:`ROTATION_BYTES` (1 to 8)."""
-    return max(1, min(8, -(-ROTATION_BYTES // max(bytes_per_call, 1))))
-
-
-def graph_time_ms(calls, repeats: int = 4) -> float:
-    """Median time of one call (ms) by replaying a CUDA graph of ``repeats`` passes over ``calls``."""
+def graph_time_ms(calls) -> float:
+    """Median time of one call (ms) by replaying a CUDA graph of passes over ``calls`` (32 calls at least)."""
     import triton
+
+    repeats = -(-32 // len(calls))
 
     for call in calls:
         call()
@@ -204,8 +198,8 @@ def sweep_indexer(sweep: IndexerSweep, copy_bw: float, check_spec: bool) -> None
     """Time every config of ``sweep`` on each of its cases; bytes compared with the default config's."""
     for case in sweep.cases():
         seed = case.token_num + sweep.ratio
-        num_sets = rotation_sets(case.bytes_moved(case.batch(np.random.default_rng(seed))))  # prepare's first batch
-        prepared = prepare(case, num_sets, seed)
+        prepared = prepare(case, seed=seed)
+        num_sets = len(prepared.sets)
         first = prepared.sets[0]
         k_cache = first.args[K_CACHE_ARG]
         k_cache.fill_(spec_batch.CANARY_BYTE)

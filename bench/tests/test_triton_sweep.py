@@ -51,12 +51,6 @@ def test_indexer_cases_and_bytes_are_the_main_benchs():
     assert c128.bytes_moved(batch) == 16 * (128 * 256 * 4 + 132 + 64 * 4 + 28) + 128 * 4
 
 
-def test_rotation_sets_cover_the_l2_and_stay_few():
-    big = indexer_decode_sweep((16384,))[0]
-    assert ts.rotation_sets(big.bytes_moved(big.batch(np.random.default_rng(0)))) == 2  # 16384 x 8 KiB: 2 sets
-    assert ts.rotation_sets(1 << 20) == 8 and ts.rotation_sets(ts.ROTATION_BYTES) == 1 and ts.rotation_sets(0) == 8
-
-
 def test_arguments():
     args = ts.parse_args(["--head", "128", "--layout", "indexer_fp8", "--hadamard", "--check-spec"])
     assert (args.head, args.layout, args.hadamard, args.check_spec, args.ratio) == (128, ["indexer_fp8"], True, True, None)

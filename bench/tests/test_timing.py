@@ -1,0 +1,69 @@
+"""The input-set rotation of the benchmarks: every pass over the sets reads at least
+``ROTATION_BYTES`` of distinct state rows, so no timed call finds its rows in L2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsv4_compressor.bench import timing
+from dsv4_compressor.bench.cases import c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, save_sweep
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 8 << 10, 35 << 10, 1 << 20, 33 << 20, timing.ROTATION_BYTES, 8 << 30])
+def test_rotation_sets_cover_the_rotation_bytes_unless_capped(nbytes):
+    sets = timing.rotation_sets(nbytes)
+    assert 2 <= sets <= timing.MAX_SETS
+    assert sets * nbytes >= timing.ROTATION_BYTES or sets == timing.MAX_SETS
+    assert sets == 2 or (sets - 1) * nbytes < timing.ROTATION_BYTES  # no more than needed
+
+
+def test_the_smallest_case_still_passes_twice_the_l2():
+    case = indexer_decode_sweep((1,))[0]  # one 8 KiB window, the least a benchmark call reads
+    nbytes = case.bytes_moved(case.batch(np.random.default_rng(0)))
+    assert timing.rotation_sets(nbytes) * nbytes >= 100e6  # the H200's L2: 50 MB
+
+
+def _touched_blocks(s, case) -> set:
+    """State blocks (of the set's own state tensor, by data pointer) that its active tokens read."""
+    from dsv4_compressor.spec.constants import ratio_config
+
+    state, bs = s.args[0], s.args[5]
+    token_req, positions, slots, table, kv_slots = (s.args[i].cpu().numpy() for i in (1, 2, 3, 4, 10))
+    window = ratio_config(case.compress_ratio, case.head_dim).window
+    blocks = set()
+    for t, (q, p) in enumerate(zip(token_req, positions)):
+        if slots[t] < 0 or kv_slots[t] < 0 or (p + 1) % case.compress_ratio:
+            continue
+        for pos in range(max(0, p - window + 1), p + 1):
+            blocks.add((state.data_ptr(), int(table[q, pos // bs])))
+    return blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", c4_decode_sweep((1, 128)) + c128_decode_sweep((1, 8)) + indexer_decode_sweep((1,)),
+                         ids=lambda c: f"{c.name}-{c.token_num}")
+def test_every_set_reads_its_own_state_blocks(case):
+    prepared = timing.prepare(case)
+    expected = timing.rotation_sets(prepared.bytes_moved)
+    assert len(prepared.sets) == expected
+    seen = set()
+    for s in prepared.sets:
+        state, block_table = s.args[0], s.args[4]
+        assert int(block_table.max()) < state.shape[0]
+        blocks = _touched_blocks(s, case)
+        assert blocks and not blocks & seen  # no block read by two sets
+        seen |= blocks
+    assert len(seen) * case.block_size * case.config.state_row_width * 4 >= timing.ROTATION_BYTES / 2
+
+
+@pytest.mark.gpu
+def test_save_sets_have_their_own_inputs():
+    prepared = timing.prepare(save_sweep((1,))[0])
+    pointers = {(s.args[0].data_ptr(), s.args[4].data_ptr()) for s in prepared.sets}
+    assert len(prepared.sets) > 4 and len(pointers) == len(prepared.sets)
+
+
+def test_prepare_refuses_no_sets():
+    with pytest.raises(ValueError, match="num_sets"):
+        timing.prepare(c4_decode_sweep((1,))[0], num_sets=0)
