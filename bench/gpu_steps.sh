@@ -129,7 +129,7 @@ for s in "$@"; do
     tests-indexer-cutedsl)
       step tests-indexer-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_indexer_gpu.py ;;
     bench-indexer-cutedsl)
-      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w4 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
+      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w1 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
     bench-indexer-host)
       step bench-indexer-host 300 $PY -m dsv4_compressor bench --head 128 --mode eager --sizes 1 64 1024 --impl triton --impl triton-op --impl cutedsl --impl cutedsl-bound --impl cutedsl-op --trials 3 --tag indexer-host --out "$LOGS" ;;
     tests-host)

@@ -39,7 +39,7 @@ def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
     from dsv4_compressor.bench.sweep import load_bench_impl
     from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
 
-    assert {"indexer_c4_w4", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
+    assert {"indexer_c4_w1", "indexer_c4_w4", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
     for name in INDEXER_VARIANTS:
         impl = load_bench_impl(f"cutedsl-{name}")
         assert impl.runs(indexer_decode_sweep((1,))[0]), name

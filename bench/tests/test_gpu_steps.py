@@ -55,7 +55,7 @@ def test_variants_and_implementations_exist():
     assert {"cluster8", "split_block8", "cluster16_nopdl"} <= variants
     assert not variants - set(VARIANTS), sorted(variants - set(VARIANTS))
     impls = set(_values("--impl"))
-    assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w4"} <= impls
+    assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w1"} <= impls
     for impl in impls:
         module, _, attribute = impl.rpartition(":")
         if module:

@@ -61,7 +61,8 @@ class KernelShapes:
     handoff_kv_after_max: bool = True  # handoff kernel (8 warps, 64 channels, kv in smem)
     pipelined_ctas_per_sm: int = 3  # pipelined kernel's occupancy (.minnctapersm): 3 (80 registers) streams
     #                                 better than 2 (128 registers, no spills)
-    indexer_c4_warps: int = 1  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 1 fastest
+    indexer_c4_warps: int = 4  # indexer C4 kernel (SPEC §12): tokens, a warp each, per CTA (1, 2, 4, 8); 4: level
+    #                             with 1 on dense sweeps, faster on steps of few active tokens
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
 

@@ -1,6 +1,6 @@
 """The indexer compressor's ``compress_norm_rope_store`` kernels (SPEC §12, head width 128).
 
-**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA (1 by
+**C4** (:class:`IndexerC4Kernel`): one warp per token, ``warps`` tokens per CTA (4 by
 default). Lane ``l`` owns channels ``4l..4l+3`` of all 8 window rows: row ``i`` (position
 ``p-7+i``, half ``h = i // 4``) holds them at ``kv[h*128 + 4l ..]`` and
 ``score[256 + h*128 + 4l ..]`` of its 512-float state row, 16 bytes each, so a warp reads each

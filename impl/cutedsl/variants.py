@@ -98,10 +98,12 @@ VARIANTS = {v.name: v for v in (fused_cluster, cluster8, cluster16, cluster16_w4
 
 
 # the indexer compressor's mappings (SPEC §12), timed against each other on the indexer's compress cases:
-#     python -m dsv4_compressor bench --head 128 --impl cutedsl --impl cutedsl-indexer_c4_w4
+#     python -m dsv4_compressor bench --head 128 --impl cutedsl --impl cutedsl-indexer_c4_w1
+indexer_c4_w1 = Variant("indexer_c4_w1", policy=_policy(indexer_c4_warps=1))
 indexer_c4_w2 = Variant("indexer_c4_w2", policy=_policy(indexer_c4_warps=2))
 indexer_c4_w4 = Variant("indexer_c4_w4", policy=_policy(indexer_c4_warps=4))
 indexer_c4_w8 = Variant("indexer_c4_w8", policy=_policy(indexer_c4_warps=8))
 indexer_c128_w8 = Variant("indexer_c128_w8", policy=_policy(indexer_c128_warps=8))  # 16 rows per warp
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
-INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8, indexer_nopdl)}
+INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_c4_w2, indexer_c4_w4, indexer_c4_w8, indexer_c128_w8,
+                                         indexer_nopdl)}

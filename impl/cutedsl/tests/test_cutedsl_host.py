@@ -287,13 +287,13 @@ def test_an_indexer_layer_launches_what_the_unbound_call_does(indexer_recorded, 
 def test_indexer_policy_and_pdl_reach_the_kernel(indexer_recorded):
     launches, _ = indexer_recorded
     args = _indexer_arguments(4)
-    from dsv4_compressor.impl.cutedsl.variants import indexer_c4_w4, indexer_nopdl
+    from dsv4_compressor.impl.cutedsl.variants import indexer_c4_w1, indexer_nopdl
 
-    indexer_c4_w4.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
+    indexer_c4_w1.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
     indexer_nopdl.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
     api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8",
                                  policy=Policy().with_overrides(indexer_c4_warps=8))
-    assert [(c.warps, c.pdl) for _, c, _ in launches] == [(4, True), (1, False), (8, True)]
+    assert [(c.warps, c.pdl) for _, c, _ in launches] == [(1, True), (4, False), (8, True)]
 
 
 def test_indexer_bind_and_warm_up_validate_first(indexer_recorded):

@@ -251,7 +251,8 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     from dsv4_compressor.impl.cutedsl import dispatch, variants
 
     default = dispatch.DEFAULT_POLICY
-    assert variants.indexer_c4_w4.policy.shapes.indexer_c4_warps == 4
+    assert variants.indexer_c4_w4.policy.shapes.indexer_c4_warps == 4 == default.shapes.indexer_c4_warps
+    assert variants.indexer_c4_w1.policy.shapes.indexer_c4_warps == 1
     assert variants.indexer_c128_w8.policy.shapes.indexer_c128_warps == 8
     assert variants.indexer_nopdl.pdl is False and variants.indexer_nopdl.policy == default
     config = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", variants.indexer_c4_w8.policy, True)
