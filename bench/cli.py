@@ -88,6 +88,9 @@ def selected_cases(args) -> tuple[list[int], list]:
 
 
 def run(args) -> int:
+    if args.sets is not None and args.sets < 1:  # before any GPU work
+        print(f"bench: --sets expected an integer >= 1, got {args.sets}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -113,9 +116,6 @@ def run(args) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python -m dsv4_compressor bench", *sys.argv[2:]]), "copy_gbs": copy_gbs, **_versions()}
     print(json.dumps(meta))
-    if args.sets is not None and args.sets < 1:
-        print(f"bench: --sets expected an integer >= 1, got {args.sets}", file=sys.stderr)
-        return 2
     rows = S.run_sweep(cases, impls, modes, copy_gbs, num_sets=args.sets, trials=args.trials)
     print(markdown_tables(rows, args.baseline, copy_gbs))
     out = Path(args.out)

@@ -79,11 +79,11 @@ def prepare(case: Case, num_sets: int | None = None, seed: int = 0) -> Prepared:
     :func:`rotation_sets` of the case's bytes. Up to :data:`INDEPENDENT_SETS` are independent
     batches; the rest copy them round-robin with fresh state rows (compress: the block table
     shifted into more state blocks of one larger cache; save: their own ``kv_score``)."""
+    if num_sets is not None and num_sets < 1:
+        raise ValueError(f"prepare: expected num_sets >= 1 or None, got {num_sets}")
     rng = np.random.default_rng(seed)
     first = case.batch(rng)
     count = rotation_sets(case.bytes_moved(first)) if num_sets is None else num_sets
-    if count < 1:
-        raise ValueError(f"prepare: expected num_sets >= 1 or None, got {num_sets}")
     independent = min(count, INDEPENDENT_SETS)
     copies = -(-count // independent)  # sets per independent batch, itself included
     sets = []
@@ -92,7 +92,7 @@ def prepare(case: Case, num_sets: int | None = None, seed: int = 0) -> Prepared:
         batch = first if i == 0 else case.batch(rng)
         bytes_moved, num_active = case.bytes_moved(batch), batch.num_active
         sets.append(_input_sets(case, batch, rng, copies))
-    interleaved = [group[k] for k in range(copies) for group in sets if k < len(group)][:count]
+    interleaved = [group[k] for k in range(copies) for group in sets][:count]  # consecutive calls: other batches
     torch.cuda.synchronize()
     return Prepared(case, interleaved, bytes_moved, num_active)
 

@@ -25,19 +25,16 @@ def test_the_smallest_case_still_passes_twice_the_l2():
 
 
 def _touched_blocks(s, case) -> set:
-    """State blocks (of the set's own state tensor, by data pointer) that its active tokens read."""
-    from dsv4_compressor.spec.constants import ratio_config
+    """State blocks (of the set's own state tensor, by data pointer) that its active tokens read
+    (SPEC §5's activity rule and window rows, from the spec)."""
+    from dsv4_compressor.spec.pooling import active_tokens, window_positions
 
     state, bs = s.args[0], s.args[5]
     token_req, positions, slots, table, kv_slots = (s.args[i].cpu().numpy() for i in (1, 2, 3, 4, 10))
-    window = ratio_config(case.compress_ratio, case.head_dim).window
-    blocks = set()
-    for t, (q, p) in enumerate(zip(token_req, positions)):
-        if slots[t] < 0 or kv_slots[t] < 0 or (p + 1) % case.compress_ratio:
-            continue
-        for pos in range(max(0, p - window + 1), p + 1):
-            blocks.add((state.data_ptr(), int(table[q, pos // bs])))
-    return blocks
+    active = active_tokens(positions, slots, kv_slots, case.compress_ratio)
+    rows, valid = window_positions(positions[active], case.config)
+    requests = np.broadcast_to(token_req[active][:, None], rows.shape)
+    return {(state.data_ptr(), int(b)) for b in table[requests[valid], rows[valid] // bs]}
 
 
 @pytest.mark.gpu
@@ -67,3 +64,14 @@ def test_save_sets_have_their_own_inputs():
 def test_prepare_refuses_no_sets():
     with pytest.raises(ValueError, match="num_sets"):
         timing.prepare(c4_decode_sweep((1,))[0], num_sets=0)
+
+
+def test_bench_refuses_no_sets_before_any_gpu_work(capsys):
+    import argparse
+
+    from dsv4_compressor.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--sets", "0"])) == 2
+    assert "--sets expected an integer >= 1, got 0" in capsys.readouterr().err
