@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..spec import batch as B
-from ..spec.constants import ENTRY_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, ratio_config
+from ..spec.constants import ENTRY_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, ROPE_DIM, ratio_config
+from ..spec.entry_layout import INDEXER_LAYOUTS, PAGED_LAYOUTS
 
 C128_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16374)
 C4_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -73,7 +73,7 @@ def selected_cases(args) -> tuple[list[int], list]:
         c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps,
         save_sweep,
     )
-    from ..spec.constants import INDEXER_LAYOUTS
+    from ..spec.entry_layout import INDEXER_LAYOUTS
 
     sizes = {"sizes": tuple(args.sizes)} if args.sizes else {}
     if args.head == 128:  # the indexer's compressor: C4 only

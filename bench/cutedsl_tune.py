@@ -2,13 +2,17 @@
 
     python -m dsv4_compressor.bench.cutedsl_tune [--ratio 128|4] [--sizes 1 64 1024] [--settings NAME ...]
 
-Each *setting* is a :class:`dsv4_compressor.impl.cutedsl.variants.Variant`: a ``c128_path``
-plus a :class:`dsv4_compressor.impl.cutedsl.dispatch.Policy`, pinned explicitly where a
-default has changed since the setting was first measured (``bench/RESULTS.md``). For each
-benchmark case (the decode-boundary sweeps of :mod:`.cases`, input sets rotated past L2) every
-setting is compiled, warmed up and captured into its own CUDA graph; the trials are
-interleaved across settings and the median µs per call of graph replay is printed with the
-fraction of the copy bandwidth. Use the winners to set the ``Policy`` defaults.
+The settings are generated, not listed: for each path of a ratio (and ``auto``), the default
+policy, then every policy one field group away from it in the policy's configuration space
+(:func:`dsv4_compressor.impl.cutedsl.space.neighbours`) that changes what the path runs at some
+benchmarked size (its kernels' static configurations, or ``auto``'s choice of path); the one
+pruning rule leaves out a change that the path never sees. A setting is named by its path and
+the field it changes (``fused_cluster+cluster.tile=32``; ``bench --impl cutedsl-<setting>`` times
+one beside the others). For each benchmark case (the
+decode-boundary sweeps of :mod:`.cases`, input sets rotated past L2) every setting is compiled,
+warmed up and captured into its own CUDA graph; the trials are interleaved across settings
+and the median µs per call of graph replay is printed with the fraction of the copy bandwidth.
+Use the winners to set the ``Policy`` defaults; ``bench/RESULTS.md`` keeps what was measured.
 """
 
 from __future__ import annotations
@@ -16,65 +20,66 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-
-
-def _setting(path: str, *, cluster=None, split=None, **fields):
-    """``(c128_path, Policy)``: the default policy with pool-shape fields and policy fields replaced."""
-    from dataclasses import replace
-
-    from ..impl.cutedsl.dispatch import DEFAULT_POLICY
-
-    shapes = DEFAULT_POLICY.shapes
-    for name, changes in (("cluster", cluster), ("split", split)):
-        if changes:
-            fields[name] = replace(getattr(shapes, name), **changes)
-    return path, DEFAULT_POLICY.with_overrides(**fields)
-
-
-EARLY = {"kv_after_max": False}  # the cluster kernel's first default: kv loads issued with the scores
-
-
-def _c128() -> dict:
-    return {
-        "cluster": _setting("fused_cluster", cluster={**EARLY, "tile": 64}),
-        "cluster-regkv": _setting("fused_cluster", cluster={**EARLY, "tile": 64, "kv_in_smem": False}),
-        "cluster-w16": _setting("fused_cluster", cluster={**EARLY, "tile": 64, "warps": 16, "kv_in_smem": False}),
-        "cluster-w16-smemkv": _setting("fused_cluster", cluster={**EARLY, "tile": 64, "warps": 16}),
-        "cluster16": _setting("fused_cluster", cluster={**EARLY, "tile": 32}),
-        "cluster16-regkv": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "kv_in_smem": False}),
-        "cluster16-w4": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "warps": 4}),
-        "cluster16-w16": _setting("fused_cluster", cluster={**EARLY, "tile": 32, "warps": 16}),
-        "cluster-late": _setting("fused_cluster", cluster={"tile": 64, "kv_after_max": True}),
-        "cluster-late-regkv": _setting("fused_cluster", cluster={"tile": 64, "kv_after_max": True, "kv_in_smem": False}),
-        "cluster16-late": _setting("fused_cluster", cluster={"tile": 32, "kv_after_max": True}),
-        "block8-late": _setting("split_block8", split={"kv_after_max": True}),
-        "block8": _setting("split_block8"),
-        "handoff": _setting("fused_handoff"),
-        "pipelined": _setting("fused_pipelined"),
-        "pipelined-occ2": _setting("fused_pipelined", pipelined_ctas_per_sm=2),
-        **{f"pipelined-g{g}": _setting("fused_pipelined", pipelined_max_clusters=g) for g in (8, 16, 30)},
-        "block8-smemkv": _setting("split_block8", split={"kv_in_smem": True}),
-        "block8-w16": _setting("split_block8", split={"warps": 16}),
-        "block8-t32": _setting("split_block8", split={"tile": 32}),
-        "block8-store2": _setting("split_block8", store_tokens_per_cta=2),
-    }
-
-
-def _c4() -> dict:
-    return {"c4": _setting("auto"), "c4-tpc2": _setting("auto", c4_tokens_per_cta=2),
-            "c4-tpc4": _setting("auto", c4_tokens_per_cta=4)}
-
-
-def settings(ratio: int) -> dict:
-    """``{name: Variant}`` of every setting of a ratio."""
-    from ..impl.cutedsl.variants import Variant
-
-    table = _c128() if ratio == 128 else _c4()
-    return {name: Variant(name, path, policy) for name, (path, policy) in table.items()}
-
+from dataclasses import fields, is_dataclass
 
 C128_SIZES = (1, 8, 32, 64, 128, 256, 1024, 8192)
 C4_SIZES = (1, 32, 128, 1024, 16384)
+
+
+def changed_fields(policy, base, prefix: str = "") -> list[str]:
+    """``field=value`` of every field in which ``policy`` differs from ``base`` (nested: dotted,
+    without the ``shapes.`` level)."""
+    out = []
+    for f in fields(base):
+        mine, theirs = getattr(policy, f.name), getattr(base, f.name)
+        if mine == theirs:
+            continue
+        name = prefix + ("" if f.name == "shapes" else f.name + ".")
+        if is_dataclass(mine):
+            out.extend(changed_fields(mine, theirs, name))
+        else:
+            out.append(f"{name.rstrip('.')}={mine}")
+    return out
+
+
+def _what_runs(c128_path: str, ratio: int, policy, sizes) -> tuple:
+    """The path, kernel configurations and persistent grid cap a setting runs at each size
+    (flashmla_fp8, bs 8 or 4)."""
+    from ..impl.cutedsl.host.paths import PathRequest, choose, pipelined_clusters
+
+    block_size = 8 if ratio == 128 else 4
+    runs = []
+    for tokens in sizes:
+        path = choose(c128_path, ratio, 512, tokens, block_size, policy)
+        request = PathRequest(ratio, block_size, tokens, "flashmla_fp8", 64, "bfloat16", 16, False, policy, True)
+        grid = pipelined_clusters(tokens, None, None, policy) if path.persistent else None
+        runs.append((path.name, path.configs(request), grid))
+    return tuple(runs)
+
+
+def settings(ratio: int, sizes=None) -> dict:
+    """``{name: Variant}`` of every setting of a ratio (see the module)."""
+    from ..impl.cutedsl.host.paths import paths_for
+    from ..impl.cutedsl.host.policy import DEFAULT_POLICY
+    from ..impl.cutedsl.space import neighbours
+    from ..impl.cutedsl.variants import Variant
+
+    sizes = sizes or (C128_SIZES if ratio == 128 else C4_SIZES)
+    c128_paths = ["auto", *(p.name for p in paths_for(ratio, 512))] if ratio == 128 else ["auto"]
+    table = {}
+    for c128_path in c128_paths:
+        label = c128_path if ratio == 128 else "c4"
+        base = _what_runs(c128_path, ratio, DEFAULT_POLICY, sizes)
+        table[label] = Variant(label, c128_path, DEFAULT_POLICY)
+        for policy in neighbours(DEFAULT_POLICY)[1:]:
+            try:
+                runs = _what_runs(c128_path, ratio, policy, sizes)
+            except ValueError:  # the path's configurations reject this policy (e.g. Block8 with 16 rows a lane)
+                continue
+            if runs != base:
+                name = f"{label}+{'+'.join(changed_fields(policy, DEFAULT_POLICY))}"
+                table[name] = Variant(name, c128_path, policy)
+    return table
 
 
 def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], int]:

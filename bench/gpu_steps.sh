@@ -70,9 +70,9 @@ for s in "$@"; do
     conformance-early)
       step conformance-early 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:early_metadata --size all ;;
     bench-early)
-      step bench-early 300 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-early_metadata --impl cutedsl-split_block8 --impl cutedsl-split_block8_early --trials 3 --tag c128-early --out "$LOGS" ;;
+      step bench-early 300 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-early_metadata --impl cutedsl-split_block8 --impl cutedsl-split_block8+early_metadata=True --trials 3 --tag c128-early --out "$LOGS" ;;
     bench-c128-fourth)
-      step bench-c128-fourth 240 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 96 128 256 1024 1056 1100 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-handoff --impl cutedsl-early_metadata --trials 3 --tag c128-fourth --out "$LOGS" ;;
+      step bench-c128-fourth 240 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 96 128 256 1024 1056 1100 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-fused_handoff --impl cutedsl-early_metadata --trials 3 --tag c128-fourth --out "$LOGS" ;;
     tests-combined)
       step tests-combined 150 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests -k "pdl_chain or save_and" ;;
     probe-pairs)
@@ -88,29 +88,29 @@ for s in "$@"; do
     conformance-cluster16)
       step conformance-cluster16 200 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:cluster16 --size all ;;
     tune-c128)
-      step tune-c128 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings cluster cluster-w16-smemkv cluster16 cluster16-regkv cluster16-w4 cluster16-w16 block8 ;;
+      step tune-c128 240 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --settings fused_cluster fused_cluster+cluster.tile=64 fused_cluster+cluster.tile=32 fused_cluster+cluster.warps=16 fused_cluster+cluster.kv_in_smem=False split_block8 ;;
     conformance-nopdl)
       step conformance-nopdl 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:nopdl --size all ;;
     conformance-handoff)
-      step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:handoff --impl dsv4_compressor.impl.cutedsl.variants:handoff_nopdl --size all ;;
+      step conformance-handoff 300 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:fused_handoff --impl dsv4_compressor.impl.cutedsl.variants:nopdl --size all ;;
     probe-c4-floor)
       step probe-c4-floor 200 $PY -m dsv4_compressor.bench.probe c4-floor --head 512 --sizes 1 8 32 64 128 256 1024 2048 16384 ;;
     probe-floor)
       step probe-floor 240 $PY -m dsv4_compressor.bench.probe floor --sizes 1 8 32 64 128 256 1024 ;;
     probe-variants)
-      step probe-variants 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants nopdl fused_cluster handoff handoff_nopdl handoff_early cluster16 cluster8 split_block8 ;;
+      step probe-variants 300 $PY -m dsv4_compressor.bench.probe variants --sizes 1 8 16 32 64 128 256 512 1024 8192 --variants nopdl fused_cluster fused_handoff fused_handoff+handoff_kv_after_max=False cluster16 cluster8 split_block8 ;;
     probe-noexp)
-      step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16_nopdl cluster8_nopdl split_block8_nopdl ;;
+      step probe-noexp 180 $PY -m dsv4_compressor.bench.probe no-exp --sizes 1 32 64 128 1024 --variants cluster16 cluster8 split_block8 ;;
     tune-pipelined)
-      step tune-pipelined 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings pipelined pipelined-occ2 pipelined-g16 handoff block8 ;;
+      step tune-pipelined 300 $PY -m dsv4_compressor.bench.cutedsl_tune --ratio 128 --sizes 1 8 32 64 128 256 1024 8192 --mixed --trials 3 --settings fused_pipelined fused_pipelined+pipelined_ctas_per_sm=2 fused_pipelined+pipelined_max_clusters=16 fused_handoff split_block8 ;;
     tests-pipelined)
       step tests-pipelined 240 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_graphs_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py -k "pipelined or graph or pdl or grid" -s ;;
     bench-c128-pipelined)
-      step bench-c128-pipelined 260 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-pipelined --impl cutedsl-pipelined_occ2 --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined --out "$LOGS" ;;
+      step bench-c128-pipelined 260 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-fused_pipelined --impl cutedsl-fused_pipelined+pipelined_ctas_per_sm=2 --impl cutedsl-split_block8 --trials 3 --tag c128-pipelined --out "$LOGS" ;;
     bench-c128-final)
-      step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-handoff --trials 3 --tag c128-final3 --out "$LOGS" ;;
+      step bench-c128-final 170 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 8 16 32 64 128 256 1024 8192 --extra --impl cutedsl --impl cutedsl-split_block8 --impl cutedsl-fused_handoff --trials 3 --tag c128-final3 --out "$LOGS" ;;
     bench-c128-third)
-      step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-handoff --impl cutedsl-handoff_early --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
+      step bench-c128-third 400 $PY -m dsv4_compressor bench --ratio 128 --mode graph --sizes 1 2 4 8 16 32 64 128 256 512 1024 8192 16374 --impl triton --impl cutedsl --impl cutedsl-nopdl --impl cutedsl-fused_handoff --impl cutedsl-fused_handoff+handoff_kv_after_max=False --impl cutedsl-split_block8 --impl cutedsl-cluster8 --trials 3 --tag c128-third --out "$LOGS" ;;
     bench-c4-third)
       step bench-c4-third 200 $PY -m dsv4_compressor bench --ratio 4 --sizes 1 128 1024 16384 --impl triton --impl cutedsl --impl cutedsl-nopdl --extra --trials 3 --tag c4-third --out "$LOGS" ;;
     ncu-cluster8-64|ncu-cluster16-1|ncu-split_block8-64|ncu-step512|ncu-indexer16384|ncu-pipelined16374|ncu-block816374|ncu-c4-1024|ncu-c4-128)
@@ -120,7 +120,7 @@ for s in "$@"; do
         ncu-split_block8-64) args="--case c128_decode --tokens 64 --variant split_block8" ;;
         ncu-step512) args="--case c128_decode_step --tokens 512 --variant auto" ;;
         ncu-indexer16384) args="--case indexer_fp8 --tokens 16384 --variant auto" ;;
-        ncu-pipelined16374) args="--case c128_decode --tokens 16374 --variant pipelined" ;;
+        ncu-pipelined16374) args="--case c128_decode --tokens 16374 --variant fused_pipelined" ;;
         ncu-block816374) args="--case c128_decode --tokens 16374 --variant split_block8" ;;
         ncu-c4-1024) args="--case c4_decode --tokens 1024 --variant auto" ;;
         ncu-c4-128) args="--case c4_decode --tokens 128 --variant auto" ;;
@@ -129,7 +129,7 @@ for s in "$@"; do
     tests-indexer-cutedsl)
       step tests-indexer-cutedsl 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_indexer_gpu.py ;;
     bench-indexer-cutedsl)
-      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w1 --impl cutedsl-indexer_c4_w8 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
+      step bench-indexer-cutedsl 400 $PY -m dsv4_compressor bench --head 128 --mode graph --extra --impl triton --impl cutedsl --impl cutedsl-indexer_c4_w1 --trials 3 --tag indexer-cutedsl --out "$LOGS" ;;
     bench-indexer-host)
       step bench-indexer-host 300 $PY -m dsv4_compressor bench --head 128 --mode eager --sizes 1 64 1024 --impl triton --impl triton-op --impl cutedsl --impl cutedsl-bound --impl cutedsl-op --trials 3 --tag indexer-host --out "$LOGS" ;;
     tests-host)

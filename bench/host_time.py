@@ -102,25 +102,22 @@ def _no_launches(on_gpu: bool):
     if on_gpu:
         yield
         return
-    from ..impl.cutedsl import launch
+    from ..impl.cutedsl.host import buffers, plans
 
-    compile_cache = launch.kernels()
-    names = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool",
-             "compile_c128_store", "compile_save")
-    saved = {name: getattr(compile_cache, name) for name in names}
-    saved_launch = {name: getattr(launch, name) for name in ("_require_cuda", "sm_count", "_current_stream")}
+    compile_cache = plans.kernels()
+    saved_kernels = dict(compile_cache.KERNELS)
+    saved_facts = {name: getattr(buffers, name) for name in ("require_cuda", "sm_count", "_current_stream")}
     try:
-        for name in names:
-            setattr(compile_cache, name, lambda config, **_: (lambda *args: None))
-        launch._require_cuda = lambda name, tensor: None
-        launch.sm_count = lambda device: 132
-        launch._current_stream = lambda device: 0
+        for name in saved_kernels:
+            compile_cache.KERNELS[name] = lambda config, **_: (lambda *args: None)
+        buffers.require_cuda = lambda name, tensor: None
+        buffers.sm_count = lambda device: 132
+        buffers._current_stream = lambda device: 0
         yield
     finally:
-        for name, value in saved.items():
-            setattr(compile_cache, name, value)
-        for name, value in saved_launch.items():
-            setattr(launch, name, value)
+        compile_cache.KERNELS.update(saved_kernels)
+        for name, value in saved_facts.items():
+            setattr(buffers, name, value)
 
 
 def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
@@ -147,15 +144,17 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
         layer.save_partial_states(kv_score, ape, positions, slots)  # the same for the save kernel
         api.save_partial_states(kv_score, ape, positions, slots, state, bs)
         sync()
-        out["validate"] = timed(lambda: frontend._validate_compress_norm_rope_store(
+        out["validate"] = timed(lambda: frontend.validate_compress_norm_rope_store(
             state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots, **kw))
-        plan_args = (tensors, bs, eps, ratio, "flashmla_fp8", None, False, False, workspace, "auto", True, api.DEFAULT_POLICY,
-                     False)
-        out["key"] = timed(lambda: api._compress_plan(*plan_args))
-        plan = api._compress_plan(*plan_args)
-        out["path"] = plan.path
+        def key():  # an unbound call's arguments in the records' order, its key, its plan found
+            return api._compress_plan(tensors, workspace, (bs, eps, ratio, "flashmla_fp8", None, False, "auto", True,
+                                                           api.DEFAULT_POLICY, False), False)
+
+        out["key"] = timed(key)
+        plan = key()
+        out["path"] = plan.path.name
         noop_plan = dataclasses.replace(plan, kernels=tuple((lambda *a: None) for _ in plan.kernels))
-        out["run"] = timed(lambda: noop_plan.run(*tensors, workspace))
+        out["run"] = timed(lambda: noop_plan.run(tensors, workspace))
         if on_gpu:
             out.update(_launch_floors(plan, layer, tensors, workspace, kv_score, ape, timed))
         prepared, save_kernel = layer._launches[tokens], layer._save_kernel
@@ -168,7 +167,7 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
             layer._launches[tokens], layer._save_kernel = prepared, save_kernel
         out["call"] = timed(lambda: api.compress_norm_rope_store(*args, **kw, workspace=workspace))
         out["bound call"] = timed(lambda: layer.compress_norm_rope_store(*per_token, workspace=workspace))
-        if plan.path == "fused_handoff" or plan.path.startswith("split"):
+        if plan.path.scratch:
             out["bound call, no workspace"] = timed(lambda: layer.compress_norm_rope_store(*per_token))
         op = torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store
         out["torch.ops"] = timed(lambda: op(*args, ratio, workspace=workspace))
@@ -188,39 +187,29 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
 
 def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed) -> dict[str, float]:
     """The TVM-FFI launches of ``plan`` and of the layer's save kernel on pre-built arguments
-    (the TVM-FFI functions a bound call calls, :func:`dsv4_compressor.impl.cutedsl.launch.ffi_function`):
-    with torch tensors, with the layer's fixed tensors held as TVM-FFI tensors (a bound call's
-    floor), and (one-kernel paths) with every tensor held."""
+    (the path's own launch, :attr:`dsv4_compressor.impl.cutedsl.host.paths.KernelPath.launch`,
+    through the TVM-FFI functions a bound call calls): with torch tensors, with the layer's fixed
+    tensors held as TVM-FFI tensors (a bound call's floor), through the compiled objects'
+    ``__call__`` and (one-kernel paths) with every tensor held."""
+    import types
+
     import tvm_ffi
 
-    from ..impl.cutedsl import launch
-
     state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots = tensors
-    tokens = positions.shape[0]
-    counters = launch.handoff_counters(state.device, tokens) if plan.path == "fused_handoff" else None
+    metadata = (token_req, positions, slots, table, kv_slots)
+    scratch = workspace if plan.path.scratch else None
+    device = state.device
 
-    def launches(state, weight, cos_sin, k_cache, token_req=token_req, positions=positions, slots=slots, table=table,
-                 kv_slots=kv_slots):
-        if plan.path.startswith("split"):
-            pool, store = plan.ffi
-            return lambda: (pool(state, token_req, positions, slots, table, kv_slots, workspace),
-                            store(workspace, positions, slots, kv_slots, weight, cos_sin, k_cache, plan.eps,
-                                  plan.fp8_inv))
-        if plan.path == "fused_handoff":
-            return lambda: plan.ffi[0](state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots,
-                                       workspace, counters, plan.eps, plan.fp8_inv, *plan.grid)
-        return lambda: plan.ffi[0](state, token_req, positions, slots, table, weight, cos_sin, k_cache, kv_slots,
-                                   plan.eps, plan.fp8_inv, *plan.grid)
+    def launches(fixed, metadata=metadata, through=plan):
+        return lambda: plan.path.launch(through, (*fixed, device), metadata, scratch)
 
     held = layer._held[:4]
-    out = {"ffi": timed(launches(state, weight, cos_sin, k_cache)), "ffi, fixed held": timed(launches(*held))}
-    if len(plan.kernels) == 1 and plan.path != "fused_handoff":
-        compiled = plan.kernels[0]
-        out["ffi, compiled object"] = timed(lambda: compiled(state, token_req, positions, slots, table, weight, cos_sin,
-                                                             k_cache, kv_slots, plan.eps, plan.fp8_inv, *plan.grid))
-    if len(plan.kernels) == 1 and plan.path != "fused_handoff":
-        every = [tvm_ffi.from_dlpack(t) for t in (token_req, positions, slots, table, kv_slots)]
-        out["ffi, all held"] = timed(launches(*held, *every))
+    objects = types.SimpleNamespace(ffi=plan.kernels, scalars=plan.scalars, num_tokens=plan.num_tokens)
+    out = {"ffi": timed(launches((state, weight, cos_sin, k_cache))), "ffi, fixed held": timed(launches(held)),
+           "ffi, compiled object": timed(launches((state, weight, cos_sin, k_cache), through=objects))}
+    if len(plan.kernels) == 1 and not plan.path.counters:
+        every = tuple(tvm_ffi.from_dlpack(t) for t in metadata)
+        out["ffi, all held"] = timed(launches(held, every))
     save = layer._save_kernel
     out["save ffi, held"] = timed(lambda: save(kv_score, ape, positions, slots, held[0]))
     return out

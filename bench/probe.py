@@ -184,18 +184,22 @@ def c4_floor(sizes, head: int) -> None:
 
 def patch_out_exp2s() -> None:
     """Make the CuTe DSL pooling compute ``e = s - M`` instead of ``exp2s((s - M) * L)``."""
-    from ..impl.cutedsl import exact_math, pooling_c128
+    from ..impl.cutedsl.stages import exact_math, pooling_c128
 
     pooling_c128.softmax_weight = lambda score, row_max: exact_math.fsub(score, row_max)  # every C128 kernel's
 
 
 def time_variants(sizes, names) -> None:
-    from .cutedsl_tune import time_case
+    from .cutedsl_tune import settings, time_case
     from ..impl.cutedsl.variants import VARIANTS
     from .cases import c128_decode_sweep
     from .timing import copy_bandwidth_gbs
 
-    chosen = {n: VARIANTS[n] for n in names}
+    known = {**VARIANTS, **settings(128)}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"variants: expected names of impl.cutedsl.variants or tuner settings, got {unknown}")
+    chosen = {n: known[n] for n in names}
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth {copy_gbs:.0f} GB/s; graph replay, µs per call (% of copy bandwidth)\n")
     print("| T | " + " | ".join(chosen) + " |\n|---|" + "---|" * len(chosen))
@@ -266,9 +270,10 @@ def profile_one(tokens: int, name: str, case_name: str = "c128_decode") -> None:
     import torch
 
     from ..impl.cutedsl.variants import INDEXER_VARIANTS, VARIANTS, Variant
+    from .cutedsl_tune import settings
     from .timing import BenchImpl, prepare
 
-    known = {**VARIANTS, **INDEXER_VARIANTS}
+    known = {**VARIANTS, **INDEXER_VARIANTS, **settings(128), **settings(4)}
     if name != "auto" and name not in known:
         raise ValueError(f"profile-one --variant: expected auto or one of {', '.join(sorted(known))}, got {name!r}")
     variant = Variant("auto") if name == "auto" else known[name]

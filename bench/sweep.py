@@ -66,7 +66,8 @@ def _save_layer(cutedsl, state_cache, block_size: int, compress_ratio: int):
     """A layer bound for its ``save_partial_states`` alone (the save cases have a state cache
     and no compressed cache): the compressed cache, norm weight and cos/sin cache are minimal
     stand-ins of the state's head width, which the save never reads."""
-    from ..spec.constants import HEAD_DIMS, PAGED_LAYOUTS, ratio_config
+    from ..spec.constants import HEAD_DIMS, ratio_config
+    from ..spec.entry_layout import PAGED_LAYOUTS
 
     head_dim = next(h for h in HEAD_DIMS if ratio_config(compress_ratio, h).state_row_width == state_cache.shape[2])
     layout = "flashmla_fp8" if head_dim == 512 else "indexer_fp8"
@@ -129,10 +130,28 @@ REGISTRY = {
 }
 
 
+def lab_setting(name: str):
+    """``cutedsl-<setting>`` of the tuner's generated space (:func:`.cutedsl_tune.settings`), or None."""
+    from .cutedsl_tune import settings
+
+    if not name.startswith("cutedsl-"):
+        return None
+    setting = name.removeprefix("cutedsl-")
+    for ratio in (128, 4):
+        variant = settings(ratio).get(setting)
+        if variant is not None:
+            return _cutedsl_variant(variant, c128_compress_only=ratio == 128 and variant.c128_compress_only)
+    return None
+
+
 def load_bench_impl(name: str) -> BenchImpl:
-    """A registry name, or ``module:attribute`` of an object with the two operations."""
+    """A registry name, a tuner setting (``cutedsl-fused_cluster+cluster.tile=32``), or
+    ``module:attribute`` of an object with the two operations."""
     if name in REGISTRY:
         return REGISTRY[name]()
+    setting = lab_setting(name)
+    if setting is not None:
+        return setting()
     if ":" in name:
         from ..conformance.implementations import load_implementation
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ..spec import batch as B
-from ..spec.constants import HEAD_DIM, PAGED_LAYOUTS
+from ..spec.constants import HEAD_DIM
+from ..spec.entry_layout import PAGED_LAYOUTS
 from .cases import Case
 
 

@@ -27,7 +27,8 @@ import torch
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
 from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
-from ..spec.constants import ENTRY_BYTES, INDEXER_LAYOUTS
+from ..spec.constants import ENTRY_BYTES
+from ..spec.entry_layout import INDEXER_LAYOUTS
 from .cases import Case, indexer_c128_decode_sweep, indexer_decode_sweep
 from .timing import ROTATION_BYTES, InputSet, copy_bandwidth_gbs, prepare, rotation_sets
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..spec.validation import LAYOUTS_BY_HEAD
+from ..spec.entry_layout import layouts_for_head
 
 ARRAY_KINDS = ("torch", "numpy")
 
@@ -78,7 +78,7 @@ class Capabilities:
         """Why a scenario with features ``f`` lies outside this declaration, or ``None``."""
         layouts = self.layouts
         if layouts is None:
-            layouts = tuple(l for w in self.head_widths for l in LAYOUTS_BY_HEAD.get(w, ()))
+            layouts = tuple(l for w in self.head_widths for l in layouts_for_head(w))
         block_sizes = dict(self.block_sizes or ())
         checks = (
             (f.head_width in self.head_widths, f"head width {f.head_width} (declared {self.head_widths})"),

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import spec
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, INDEXER_LAYOUTS, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK
+from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, QUANT_BLOCK
+from ..spec.entry_layout import INDEXER_LAYOUTS, PAGED_LAYOUTS
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
 from . import bounds
 from .buffers import Buffer

@@ -86,24 +86,14 @@ class PlanCache(dict):
         return plan
 
 
-_VALIDATED_MAX = 512  # layouts remembered per operation
-_VALIDATED_SAVES: dict[tuple, SaveCall] = {}
-
-
 def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False,
                                  head_dims: tuple[int, ...] = (HEAD_DIM,)) -> SaveCall:
     """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks).
 
     ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer).
-    Cached by argument layout, like :func:`validate_compress_norm_rope_store`.
+    Not cached: the implementations keep a plan per argument layout, so they validate a
+    layout once.
     """
-    key = (*map(layout_key, (kv_score, ape, positions, slot_mapping, state_cache)), block_size, type(block_size), head_dims)
-    try:
-        cached = None if debug else _VALIDATED_SAVES.get(key)
-    except TypeError:
-        key, cached = None, None
-    if cached is not None:
-        return cached
     call = check_save_partial_states(
         describe_torch("kv_score", kv_score),
         describe_torch("ape", ape),
@@ -115,10 +105,6 @@ def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_c
     )
     if debug:
         check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
-    elif key is not None:
-        if len(_VALIDATED_SAVES) >= _VALIDATED_MAX:
-            _VALIDATED_SAVES.clear()
-        _VALIDATED_SAVES[key] = call
     return call
 
 
@@ -130,9 +116,6 @@ class CompressStoreCall:
     store: StoreCall
 
 
-_VALIDATED: dict[tuple, "CompressStoreCall"] = {}
-
-
 def validate_compress_norm_rope_store(
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
     rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
@@ -141,38 +124,10 @@ def validate_compress_norm_rope_store(
     """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks).
 
     ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer,
-    whose layouts take ``hadamard``).
-
-    The checks depend only on each tensor's dtype, shape, strides, device and base alignment
-    and on the scalars, so a call whose key was validated before skips them: an engine calls
-    with the same layouts every step, and the checks would otherwise dominate host time.
+    whose layouts take ``hadamard``). Not cached: the implementations keep a plan per argument
+    layout (the checks depend only on each tensor's dtype, shape, strides, device and base
+    alignment and on the scalars), so they validate a layout once.
     """
-    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-               cos_sin_cache, k_cache, kv_slot_mapping)
-    key = (*map(layout_key, tensors), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-           type(block_size), type(compress_ratio), type(rms_norm_eps), type(fp8_scale), hadamard, type(hadamard), head_dims)
-    try:
-        cached = None if debug else _VALIDATED.get(key)
-    except TypeError:  # an unhashable scalar: validate (and reject) it the long way
-        key, cached = None, None
-    if cached is not None:
-        return cached
-    call = _validate_compress_norm_rope_store(
-        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-        fp8_scale=fp8_scale, debug=debug, hadamard=hadamard, head_dims=head_dims)
-    if key is not None:
-        if len(_VALIDATED) >= _VALIDATED_MAX:
-            _VALIDATED.clear()
-        _VALIDATED[key] = call
-    return call
-
-
-def _validate_compress_norm_rope_store(
-    state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-    rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
-    hadamard=False, head_dims: tuple[int, ...] = (HEAD_DIM,),
-) -> CompressStoreCall:
     pooling = check_compress(
         describe_torch("state_cache", state_cache),
         describe_torch("token_to_req_indices", token_to_req_indices),

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .constants import HEAD_DIM, PAGED_LAYOUTS, ROPE_DIM, ratio_config
+from .constants import HEAD_DIM, ROPE_DIM, ratio_config
+from .entry_layout import PAGED_LAYOUTS
 from .pooling import active_tokens, is_boundary
 
 CANARY_BYTE = 0xA5  # fills untouched memory so that any stray write shows

@@ -37,21 +37,6 @@ E2M1_MAX = 6.0  # largest finite E2M1 magnitude
 HADAMARD_SPANS = (64, 32, 16, 8, 4, 2, 1)  # the seven butterfly stages, in order
 
 
-@dataclass(frozen=True)
-class EntryLayout:
-    """A paged layout of per-page data records then scale records (``flashmla_fp8`` and SPEC §12)."""
-
-    name: str
-    head_dim: int  # the head width whose entries it stores
-    data_bytes: int  # bytes of one data record
-    scale_bytes: int  # bytes of one scale record
-
-    @property
-    def entry_bytes(self) -> int:
-        """E: ``k_cache.shape[2]`` and the entry stride."""
-        return self.data_bytes + self.scale_bytes
-
-
 def f32_from_bits(bits: int) -> np.float32:
     """The binary32 number with the given 32-bit pattern."""
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
@@ -98,10 +83,3 @@ def ratio_config(compress_ratio: int, head_dim: int = HEAD_DIM) -> RatioConfig:
         window=overlap * compress_ratio,
         head_dim=head_dim,
     )
-
-
-FLASHMLA_FP8 = EntryLayout("flashmla_fp8", HEAD_DIM, DATA_RECORD_BYTES, SCALE_RECORD_BYTES)
-INDEXER_FP8 = EntryLayout("indexer_fp8", INDEXER_HEAD_DIM, INDEXER_FP8_DATA_BYTES, INDEXER_FP8_SCALE_BYTES)  # E = 132
-INDEXER_MXFP4 = EntryLayout("indexer_mxfp4", INDEXER_HEAD_DIM, INDEXER_MXFP4_DATA_BYTES, INDEXER_MXFP4_SCALE_BYTES)  # E = 68
-PAGED_LAYOUTS = {layout.name: layout for layout in (FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4)}
-INDEXER_LAYOUTS = (INDEXER_FP8.name, INDEXER_MXFP4.name)

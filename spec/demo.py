@@ -15,7 +15,8 @@ import numpy as np
 
 from . import batch as B
 from . import float64_ideal
-from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, PAGED_LAYOUTS, QUANT_BLOCK, ratio_config
+from .constants import DATA_RECORD_BYTES, INDEXER_HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ratio_config
+from .entry_layout import PAGED_LAYOUTS
 from .formats import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
 from .layouts import flashmla_page_bytes, page_bytes
 from .operator import compress_norm_rope_store

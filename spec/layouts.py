@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .arithmetic import div, mul
-from .constants import (
-    DATA_RECORD_BYTES, ENTRY_BYTES, FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES, EntryLayout,
-)
+from .constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS, SCALE_RECORD_BYTES
+from .entry_layout import FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4, EntryLayout
 from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits
 from .indexer import IndexerFp8, IndexerMxfp4
 from .postprocess import QuantizedNope

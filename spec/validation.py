@@ -18,17 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import (
-    HEAD_DIM, HEAD_DIMS, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS,
-    ratio_config,
-)
+from .constants import HEAD_DIM, HEAD_DIMS, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS, ratio_config
+from .entry_layout import ENTRY_LAYOUTS, PAGE_STRIDE_MULTIPLE, EntryLayout, layouts_for_head
 
-LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")  # the 512-wide head's layouts (SPEC §7)
-LAYOUTS_BY_HEAD = {HEAD_DIM: LAYOUTS, INDEXER_HEAD_DIM: INDEXER_LAYOUTS}  # SPEC §7 and §12
-ALL_LAYOUTS = LAYOUTS + INDEXER_LAYOUTS
+ALL_LAYOUTS = tuple(ENTRY_LAYOUTS)
 STATE_ALIGN_BYTES = 16
 STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes)
-PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8 and the indexer layouts
 
 
 @dataclass(frozen=True)
@@ -269,8 +264,8 @@ def _layout(layout, head_dim: int) -> None:
     """``layout`` is a known layout and matches the head width (SPEC §9, §12)."""
     if not isinstance(layout, str) or layout not in ALL_LAYOUTS:
         _fail("layout", "one of " + ", ".join(repr(x) for x in ALL_LAYOUTS), repr(layout))
-    if layout not in LAYOUTS_BY_HEAD[head_dim]:
-        expected = ", ".join(repr(x) for x in LAYOUTS_BY_HEAD[head_dim])
+    if ENTRY_LAYOUTS[layout].head_dim != head_dim:
+        expected = ", ".join(repr(x) for x in layouts_for_head(head_dim))
         _fail("layout", f"one of {expected} for head width {head_dim} (from the state width)", repr(layout))
 
 
@@ -278,18 +273,19 @@ def check_hadamard(hadamard, layout: str) -> bool:
     """``hadamard`` is a bool, and True only for the indexer layouts (SPEC §12)."""
     if not isinstance(hadamard, (bool, np.bool_)):
         _fail("hadamard", "True or False", repr(hadamard))
-    if hadamard and layout not in INDEXER_LAYOUTS:
-        _fail("hadamard", f"False for layout {layout!r} (the rotation belongs to the indexer layouts "
-              + ", ".join(repr(x) for x in INDEXER_LAYOUTS) + ")", repr(hadamard))
+    if hadamard and not ENTRY_LAYOUTS[layout].hadamard:
+        rotating = ", ".join(repr(name) for name, entry in ENTRY_LAYOUTS.items() if entry.hadamard)
+        _fail("hadamard", f"False for layout {layout!r} (the rotation belongs to the indexer layouts {rotating})",
+              repr(hadamard))
     return bool(hadamard)
 
 
-def _paged_cache(k_cache: ArrayInfo, layout: str) -> int:
+def _paged_cache(k_cache: ArrayInfo, layout: EntryLayout) -> int:
     """SPEC §7/§12 checks of a paged ``k_cache`` (data records then scale records); returns B."""
-    entry = PAGED_LAYOUTS[layout].entry_bytes
-    _dtype(k_cache, "uint8")
+    entry = layout.entry_bytes
+    _dtype(k_cache, layout.element)
     _rank(k_cache, 3, f"[num_pages, B, {entry}]")
-    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout == "flashmla_fp8" else f"bytes per {layout} entry")
+    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout.name == "flashmla_fp8" else f"bytes per {layout.name} entry")
     entries = k_cache.shape[1]
     if entries < 1:
         _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
@@ -323,13 +319,14 @@ def check_store(
     _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
     _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
     _unit_last_stride(cos_sin_cache)
-    if layout in PAGED_LAYOUTS:
-        entries = _paged_cache(k_cache, layout)
+    entry = ENTRY_LAYOUTS[layout]
+    if entry.paged:
+        entries = _paged_cache(k_cache, entry)
         page_stride = k_cache.strides[0]
     else:
-        _dtype(k_cache, "bfloat16" if layout == "bf16" else "float8_e4m3fn")
-        _rank(k_cache, 3, f"[num_pages, B, {HEAD_DIM}]")
-        _dim(k_cache, 2, HEAD_DIM, "head width H")
+        _dtype(k_cache, entry.element)
+        _rank(k_cache, 3, f"[num_pages, B, {entry.entry_elements}]")
+        _dim(k_cache, 2, entry.entry_elements, "head width H")
         entries = k_cache.shape[1]
         if entries < 1:
             _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
@@ -337,14 +334,15 @@ def check_store(
         _no_self_overlap(k_cache)
         page_stride = k_cache.strides[0]
     scale = None
-    if layout == "fp8_per_tensor":
+    if entry.per_tensor_scale:
         if fp8_scale is None:
             _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
         scale = np.float32(_real("fp8_scale", fp8_scale))
         if not (math.isfinite(scale) and scale > 0):
             _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
     elif fp8_scale is not None:
-        _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
+        scaled = ", ".join(repr(name) for name, e in ENTRY_LAYOUTS.items() if e.per_tensor_scale)
+        _fail("fp8_scale", f"None for layout {layout!r} (only {scaled} takes a scale)", repr(fp8_scale))
     _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
     return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale,
                      head_dim=head_dim, hadamard=hadamard)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 CALLS = 20  # calls per replay at least
-IMPLS = ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-handoff"]
+IMPLS = ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-fused_handoff"]
 
 
 def _cases():

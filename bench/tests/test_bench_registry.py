@@ -27,6 +27,28 @@ def test_every_variant_is_registered_and_runs_only_c128_compress():
         assert all(impl.runs(case) for case in c128 + others), name
 
 
+def test_tuner_settings_are_bench_rows_and_each_changes_what_its_path_runs():
+    """The tuner's generated settings load as ``cutedsl-<setting>`` rows, and the pruning rule
+    holds: each setting runs something its path's default does not, at some size."""
+    from dsv4_compressor.bench.cutedsl_tune import _what_runs, settings
+    from dsv4_compressor.bench.sweep import load_bench_impl
+
+    table = settings(128)
+    assert {"auto", "fused_cluster", "split_block8", "fused_cluster+cluster.tile=32",
+            "fused_pipelined+pipelined_ctas_per_sm=2"} <= set(table)
+    sizes = (1, 8, 32, 64, 128, 256, 1024, 8192)
+    for name, variant in table.items():
+        path, _, change = name.partition("+")
+        if change:
+            base = table[path]
+            assert _what_runs(variant.c128_path, 128, variant.policy, sizes) != \
+                _what_runs(base.c128_path, 128, base.policy, sizes), name
+    assert "fused_handoff+cluster.tile=32" not in table  # the handoff path never sees the cluster shape
+    impl = load_bench_impl("cutedsl-fused_cluster+cluster.tile=32")
+    assert impl.name == "cutedsl-fused_cluster+cluster.tile=32"
+    assert set(settings(4)) == {"c4", "c4+c4_tokens_per_cta=2", "c4+c4_tokens_per_cta=4"}
+
+
 def test_unknown_implementation_names_are_rejected():
     from dsv4_compressor.bench.sweep import load_bench_impl
 
@@ -39,7 +61,7 @@ def test_indexer_variants_are_bench_rows_of_the_indexer_compress_cases():
     from dsv4_compressor.bench.sweep import load_bench_impl
     from dsv4_compressor.impl.cutedsl.variants import INDEXER_VARIANTS
 
-    assert {"indexer_c4_w1", "indexer_c4_w4", "indexer_c4_w8", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
+    assert {"indexer_c4_w1", "indexer_nopdl"} <= set(INDEXER_VARIANTS)
     for name in INDEXER_VARIANTS:
         impl = load_bench_impl(f"cutedsl-{name}")
         assert impl.runs(indexer_decode_sweep((1,))[0]), name

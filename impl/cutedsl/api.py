@@ -6,20 +6,21 @@ Order of work in every call (SPEC §8/§9):
    raises ``ValueError`` (argument, expected, given) before anything is compiled or launched;
 2. this implementation's own constraints (CUDA tensors, a forced ``c128_path`` that the
    block size does not allow, the scratch ``workspace``) raise ``ValueError`` the same way;
-3. :mod:`.dispatch` picks the kernel from the frozen :class:`.dispatch.Policy`, the compile
-   cache returns it (compiled on first use: :func:`warm_up` before CUDA-graph capture), and it
-   is called through TVM-FFI with the torch tensors on the current stream: no host sync, no
-   per-call conversion, no allocation except the scratch of the C128 split and handoff paths
-   when the caller passes no ``workspace``.
+3. :func:`.host.paths.choose` picks the call's path (a record of :data:`.host.paths.PATHS`)
+   from the frozen :class:`.host.policy.Policy`, the compile cache returns its kernels
+   (compiled on first use: :func:`warm_up` before CUDA-graph capture), and they are called
+   through TVM-FFI with the torch tensors on the current stream: no host sync, no per-call
+   conversion, no allocation except the scratch of the C128 split and handoff paths when the
+   caller passes no ``workspace``.
 
-Steps 1-3 run once per argument layout and token count (a :class:`.launch.LaunchPlan`);
-later calls with the same layout pay a key of tensor metadata, a dictionary lookup and the
-launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and once a
+Steps 1-3 run once per argument layout and token count (a :class:`.host.plans.LaunchPlan`,
+kept by :mod:`.host.arguments`' key); later calls with the same layout pay the key, a
+dictionary lookup and the launches. :func:`bind` goes further: it validates a layer's fixed tensors once, and once a
 token count has been validated its calls pay a lookup, five dtype checks and the launches,
 TVM-FFI checking the rest (:class:`BoundLayer`).
 
 Every kernel is launched with programmatic dependent launch (``pdl=True``, see
-:mod:`.dependent_launch`): its CTAs may become resident while the previous kernel in the
+:mod:`.stages.dependent_launch`): its CTAs may become resident while the previous kernel in the
 stream finishes, and it waits (``griddepcontrol.wait``) before its first memory access;
 except that with early metadata (:func:`save_and_compress_norm_rope_store`, or
 ``Policy(early_metadata=True)``) the C128 kernels read their metadata first and wait right
@@ -27,7 +28,7 @@ before their first state row.
 
 The indexer compressor (SPEC §12: head width 128, ``layout="indexer_fp8"`` or
 ``"indexer_mxfp4"``, ``hadamard=``) takes the same calls, plans, bound layers and warm-up; its
-kernels are :mod:`.indexer_launch`'s (``workspace`` and ``c128_path`` do not apply there).
+path is ``indexer`` (``workspace`` and ``c128_path`` do not apply there).
 """
 
 from __future__ import annotations
@@ -36,21 +37,28 @@ import logging
 
 import torch
 
-from ...spec.validation import check_hadamard
-from ...spec.validation import check_compress
-from ..frontend import PlanCache, describe_torch, layout_key, token_key
-from . import dispatch, launch
-from .dispatch import DEFAULT_POLICY, Policy
-from .indexer_config import INDEXER_HEAD_DIM, INDEXER_LAYOUTS
-from .launch import SUPPORTED_DEVICES
+from ...spec.constants import HEAD_DIM
+from ...spec.entry_layout import ENTRY_LAYOUTS
+from ...spec.validation import check_compress, check_hadamard
+from ..frontend import PlanCache, describe_torch
+from .config import store_alignments
+from .host import buffers, plans
+from .host.arguments import (CompressOptions, CompressTensors, compress_key, fixed_key, save_fixed, save_key,
+                             token_part)
+from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
+from .host.paths import PathRequest, check_c128_path, choose, save_config
+from .host.policy import DEFAULT_POLICY, Policy
 
-HEAD_DIM = 512
 log = logging.getLogger("dsv4_compressor")
 
 _PLANS = PlanCache()  # compress_norm_rope_store and save_partial_states plans, by argument layout
-_LAYER_LAYOUTS: dict = {}  # a bound layer's fixed arguments' layout -> a small int, its plans' key prefix
+_LAYER_LAYOUTS: dict = {}  # a bound layer's fixed key -> a small int, its plans' key prefix
 _BOUND_LAUNCHES: dict = {}  # that int -> PlanCache of T -> the plan's launch_bound (bound layers' eager path)
 _INT32, _INT64 = torch.int32, torch.int64
+# What an eager launch may raise before launching anything: TVM-FFI refusing an argument
+# (TypeError, ValueError), the workspace check's ValueError, or a non-tensor argument met by the
+# dtype checks (AttributeError). The call is then validated the long way, which names the argument.
+_REFUSED = (TypeError, ValueError, AttributeError)
 
 
 # ---- public operations ----------------------------------------------------------------------
@@ -71,18 +79,20 @@ def save_partial_states(
         kv_score, ape, positions, slot_mapping, state_cache)
 
 
-def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy) -> launch.SavePlan:
-    if debug:
-        return launch.build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, True, policy, pdl)
-    key = ("save", layout_key(kv_score), layout_key(ape), token_key(positions), token_key(slot_mapping),
-           layout_key(state_cache), block_size, type(block_size), pdl, type(pdl), policy)
-    try:
-        plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
+def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
+               fixed=None) -> plans.SavePlan:
+    """The cached plan of a save (``fixed``: a bound layer's interned key prefix)."""
+    key = plan = None
+    if not debug:
+        try:
+            key = save_key(save_fixed(state_cache, block_size, pdl, policy) if fixed is None else fixed, kv_score, ape,
+                           positions, slot_mapping)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
+            key = plan = None
     if plan is None:
-        plan = _PLANS.put(key, launch.build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size,
-                                                      False, policy, pdl))
+        plan = _PLANS.put(key, plans.build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                                                     debug, policy, pdl))
     return plan
 
 
@@ -106,7 +116,7 @@ def compress_norm_rope_store(
     hadamard: bool = False,  # indexer layouts: the Hadamard rotation before quantization (SPEC §12)
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
-    c128_path: str = "auto",  # "auto" or a path of dispatch.C128_PATHS ("fused_pipelined", "split_block8", ...)
+    c128_path: str = "auto",  # "auto" or a path of host.paths.C128_PATHS ("fused_pipelined", "split_block8", ...)
     pdl: bool = True,  # programmatic dependent launch (see .dependent_launch)
     policy: Policy = DEFAULT_POLICY,  # dispatch thresholds and kernel shapes (see .dispatch)
 ) -> None:
@@ -115,46 +125,30 @@ def compress_norm_rope_store(
     The first call with a given argument layout validates, dispatches and compiles; later
     calls with the same layout reuse that plan (``debug=True`` always validates, and checks
     values). The indexer layouts (``"indexer_fp8"``, ``"indexer_mxfp4"``, head width 128,
-    SPEC §12) run :mod:`.indexer_launch`'s kernels.
+    SPEC §12) run the ``indexer`` path's kernel.
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-               cos_sin_cache, k_cache, kv_slot_mapping)
-    plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          hadamard, debug, workspace, c128_path, pdl, policy, False)
-    plan.run(*tensors, workspace)
+               cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
+    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, False)
+    _compress_plan(tensors, workspace, options, debug).run(tensors, workspace)
 
 
-def _compress_plan(tensors: tuple, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, debug,
-                   workspace, c128_path, pdl, policy, early_metadata: bool) -> launch.LaunchPlan:
+def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=None) -> plans.LaunchPlan:
     """The cached plan of a ``compress_norm_rope_store`` call (validated, dispatched and
-    compiled on the first call with this layout)."""
-    if debug:
-        return launch.build_compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, True,
-                                          workspace, c128_path, policy, pdl, early_metadata, hadamard)
-    state_cache, token_req, positions, slots, block_table, weight, cos_sin, k_cache, kv_slots = tensors
-    try:  # SPEC §9 looks at dtypes, shapes, strides, devices and base alignments: one flat tuple of them
-        key = (state_cache.dtype, state_cache.shape, state_cache.stride(), state_cache.device, state_cache.data_ptr() & 15,
-               token_req.dtype, token_req.shape, token_req.stride(), token_req.device,
-               positions.dtype, positions.shape, positions.stride(), positions.device,
-               slots.dtype, slots.shape, slots.stride(), slots.device,
-               block_table.dtype, block_table.shape, block_table.stride(), block_table.device,
-               weight.dtype, weight.shape, weight.stride(), weight.device, weight.data_ptr() & 15,
-               cos_sin.dtype, cos_sin.shape, cos_sin.stride(), cos_sin.device, cos_sin.data_ptr() & 15,
-               k_cache.dtype, k_cache.shape, k_cache.stride(), k_cache.device, k_cache.data_ptr() & 15,
-               kv_slots.dtype, kv_slots.shape, kv_slots.stride(), kv_slots.device,
-               None if workspace is None else layout_key(workspace), block_size, rms_norm_eps, compress_ratio, layout,
-               fp8_scale, hadamard, c128_path, pdl, policy, early_metadata,
-               type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(hadamard), type(pdl))
-    except AttributeError:  # not a tensor: validate (and reject) it the long way
-        key = None
-    try:
-        plan = None if key is None else _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
+    compiled on the first call with this layout); ``tensors`` and ``options`` in the order of
+    :class:`.host.arguments.CompressTensors` and :class:`.host.arguments.CompressOptions`;
+    ``key``: a bound layer's, else the call's own."""
+    plan = None
+    if not debug:
+        try:
+            if key is None:
+                key = compress_key(tensors, workspace, options)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
+            key = plan = None
     if plan is None:
-        plan = _PLANS.put(key, launch.build_compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout,
-                                                          fp8_scale, False, workspace, c128_path, policy, pdl,
-                                                          early_metadata, hadamard))
+        plan = _PLANS.put(None if debug else key, plans.build_compress_plan(
+            CompressTensors._make(tensors), workspace, CompressOptions._make(options), debug))
     return plan
 
 
@@ -192,15 +186,15 @@ def save_and_compress_norm_rope_store(
     (``griddepcontrol.wait``) only before its first state row. That is safe here, and only
     here: the kernel right before it is this call's save kernel, which writes nothing but
     state rows and lets the compress kernel start only after its own predecessor has
-    completed (see :mod:`.dependent_launch`).
+    completed (see :mod:`.stages.dependent_launch`).
     """
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-               cos_sin_cache, k_cache, kv_slot_mapping)
-    plan = _compress_plan(tensors, block_size, rms_norm_eps, compress_ratio, layout, fp8_scale,
-                          hadamard, debug, workspace, c128_path, pdl, policy, True)
+               cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
+    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True)
+    plan = _compress_plan(tensors, workspace, options, debug)
     save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
-    plan.run(*tensors, workspace)
+    plan.run(tensors, workspace)
 
 
 def compress(
@@ -230,24 +224,19 @@ def compress(
         compress_ratio, head_dims=(HEAD_DIM,),  # no indexer kernel writes x
     )
     num_tokens, block_size = call.num_tokens, call.block_size
-    ratio = call.config.ratio
-    path = dispatch.choose(c128_path, num_tokens, block_size, policy) if ratio == 128 else None
-    buffer = None if out is None else launch.x_buffer(out, num_tokens, state_cache.device, "out")
-    launch._require_cuda("state_cache", state_cache)
+    path = choose(c128_path, call.config.ratio, HEAD_DIM, num_tokens, block_size, policy)
+    buffer = None if out is None else buffers.x_buffer(out, num_tokens, state_cache.device, "out")
+    buffers.require_cuda("state_cache", state_cache)
     if out is None:
         out = buffer = torch.full((num_tokens, HEAD_DIM), float("nan"), dtype=torch.float32, device=state_cache.device)
     if num_tokens == 0:
         return out
-    compile_cache = launch.kernels()
-    token_req, positions, slot_mapping, block_table, kv_slot_mapping = launch._metadata(
-        token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-    if ratio == 4:
-        kernel = compile_cache.compile_c4(dispatch.c4_config(block_size, None, policy, pdl))
-    else:
-        if path.startswith("fused"):  # the fused kernels pool like the split ones
-            path = "split_generic"  # (generic lookups are Block8's whenever bs allows)
-        kernel = compile_cache.compile_c128_pool(dispatch.c128_pool_config(path, block_size, policy, pdl=pdl))
-    kernel(state_cache, token_req, positions, slot_mapping, block_table, kv_slot_mapping, buffer)
+    kernel, configs = path.pooling
+    request = PathRequest(call.config.ratio, block_size, num_tokens, "flashmla_fp8", 1, "float32", 16, False, policy,
+                          pdl)
+    compiled = plans.kernels().compile_kernel(kernel, configs(request))
+    metadata = buffers.unit_strides(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+    compiled(state_cache, *metadata, buffer)
     return out
 
 
@@ -264,7 +253,7 @@ class BoundLayer:
     launches: tensor type, rank, device type and index (every tensor on the state cache's
     device), dtype width and kind (int and uint of one width alike: hence the ``is`` checks
     here), static extents, one length ``T`` for every per-token array, unit last strides
-    (where the extent is above 1) and base alignment; :func:`.launch.bound_scratch` checks the
+    (where the extent is above 1) and base alignment; :func:`.host.buffers.bound_scratch` checks the
     workspace's rows. When TVM-FFI refuses an argument, nothing has been launched, and the
     call is validated the long way, which raises SPEC §9's ``ValueError`` (or, for a layout
     SPEC allows that the eager path does not take, runs the validated plan). ``debug=True``,
@@ -282,13 +271,12 @@ class BoundLayer:
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
         self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, hadamard
         self.c128_path, self.pdl, self.policy = c128_path, pdl, policy
+        self.options = CompressOptions(block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard,
+                                       c128_path, pdl, policy)
         empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
-        launch.build_compress_plan((state_cache, empty[0], empty[1], empty[1], empty[2], rms_norm_weight,
-                                    cos_sin_cache, k_cache, empty[1]), block_size, rms_norm_eps, compress_ratio,
-                                   layout, fp8_scale, False, None, c128_path, policy, pdl, False, self.hadamard)
-        fixed = (layout_key(state_cache), layout_key(k_cache), layout_key(rms_norm_weight), layout_key(cos_sin_cache),
-                 block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, self.hadamard, c128_path, pdl, policy,
-                 type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(pdl))
+        plans.build_compress_plan(CompressTensors._make(self._tensors(empty[0], empty[1], empty[1], empty[2], empty[1])),
+                                  None, self.options, False)
+        fixed = fixed_key(state_cache, rms_norm_weight, cos_sin_cache, k_cache, self.options)
         self._layout = _LAYER_LAYOUTS.setdefault(fixed, len(_LAYER_LAYOUTS))  # plans' key prefix
         self._launches = _BOUND_LAUNCHES.setdefault(self._layout, PlanCache())  # T -> plan.launch_bound
         self._held = None  # (state cache, norm weight, cos/sin, k_cache) as TVM-FFI tensors, then the device
@@ -300,65 +288,45 @@ class BoundLayer:
         if self._held is None:
             fixed = (self.state_cache, self.rms_norm_weight, self.cos_sin_cache, self.k_cache)
             try:
-                fixed = launch.held_tensors(*fixed)
-            except Exception:  # noqa: BLE001 - TVM-FFI converts them at each launch instead
+                fixed = buffers.held_tensors(*fixed)
+            except (ImportError, BufferError, TypeError, ValueError, RuntimeError):  # converted at each launch
                 log.debug("cutedsl: bound layer keeps torch tensors for its fixed arguments", exc_info=True)
             self._held = (*fixed, self.state_cache.device)
 
     def _tensors(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping) -> tuple:
         return (self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
-                self.cos_sin_cache, self.k_cache, kv_slot_mapping)
+                self.cos_sin_cache, self.k_cache, kv_slot_mapping)  # in CompressTensors' order
 
-    def _compress_plan(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, workspace,
-                       debug, early_metadata) -> launch.LaunchPlan:
-        try:  # the per-token arrays, the block table and the workspace: one flat tuple of their layouts
-            key = (self._layout, token_to_req_indices.dtype, token_to_req_indices.shape, token_to_req_indices.stride(),
-                   token_to_req_indices.device, positions.dtype, positions.shape, positions.stride(), positions.device,
-                   slot_mapping.dtype, slot_mapping.shape, slot_mapping.stride(), slot_mapping.device,
-                   block_table.dtype, block_table.shape, block_table.stride(), block_table.device,
-                   kv_slot_mapping.dtype, kv_slot_mapping.shape, kv_slot_mapping.stride(), kv_slot_mapping.device,
-                   None if workspace is None else layout_key(workspace), early_metadata)
+    def _compress_plan(self, tensors: tuple, workspace, debug: bool, early_metadata: bool) -> plans.LaunchPlan:
+        options = self.options._replace(early_metadata=True) if early_metadata else self.options
+        try:
+            key = (self._layout, early_metadata, *token_part(*tensors[1:5], tensors[8], workspace))
         except AttributeError:  # not a tensor: validate (and reject) it the long way
             key = None
-        plan = None if debug or key is None else _PLANS.get(key)
-        if plan is None:
-            plan = launch.build_compress_plan(
-                self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping),
-                self.block_size, self.rms_norm_eps, self.compress_ratio, self.layout, self.fp8_scale, debug, workspace,
-                self.c128_path, self.policy, self.pdl, early_metadata, self.hadamard)
-            if not debug:
-                _PLANS.put(key, plan)
-        return plan
+        return _compress_plan(tensors, workspace, options, debug, key)
 
-    def _save_plan(self, kv_score, ape, positions, slot_mapping, debug) -> launch.SavePlan:
-        key = (self._layout, "save", layout_key(kv_score), layout_key(ape), token_key(positions),
-               token_key(slot_mapping))
-        plan = None if debug else _PLANS.get(key)
-        if plan is None:
-            plan = launch.build_save_plan(kv_score, ape, positions, slot_mapping, self.state_cache, self.block_size,
-                                          debug, self.policy, self.pdl)
-            if not debug:
-                _PLANS.put(key, plan)
-        return plan
+    def _save_plan(self, kv_score, ape, positions, slot_mapping, debug: bool) -> plans.SavePlan:
+        return _save_plan(kv_score, ape, positions, slot_mapping, self.state_cache, self.block_size, debug, self.pdl,
+                          self.policy, fixed=self._layout)
 
     def compress_norm_rope_store(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, *,
                                  workspace=None, debug: bool = False) -> None:
         """:func:`compress_norm_rope_store` with this layer's fixed arguments (``workspace``:
-        pass a 2-D ``[S >= T, 512]`` one for the C128 scratch, see :func:`.launch.bound_scratch`)."""
+        pass a 2-D ``[S >= T, 512]`` one for the C128 scratch, see :func:`.host.buffers.bound_scratch`)."""
         if not debug:
-            try:  # the eager path (see the class): a KeyError for a token count not prepared yet
-                launch_bound = self._launches[positions.shape[0]]
-                if (token_to_req_indices.dtype is _INT32 and positions.dtype is _INT64 and slot_mapping.dtype is _INT64
-                        and block_table.dtype is _INT32 and kv_slot_mapping.dtype is _INT64):
-                    launch_bound(self._held, token_to_req_indices, positions, slot_mapping, block_table,
-                                 kv_slot_mapping, workspace)
+            try:  # the eager path (see the class)
+                launch_bound = self._launches.get(positions.shape[0])
+                if (launch_bound is not None and token_to_req_indices.dtype is _INT32 and positions.dtype is _INT64
+                        and slot_mapping.dtype is _INT64 and block_table.dtype is _INT32
+                        and kv_slot_mapping.dtype is _INT64):
+                    launch_bound(self._held, (token_to_req_indices, positions, slot_mapping, block_table,
+                                              kv_slot_mapping), workspace)
                     return
-            except Exception:  # noqa: BLE001 - refused before any launch: the validation below names the argument
+            except _REFUSED:  # refused before any launch: the validation below names the argument
                 pass
-        plan = self._compress_plan(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                                   workspace, debug, False)
-        plan.run(self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
-                 self.cos_sin_cache, self.k_cache, kv_slot_mapping, workspace)
+        tensors = self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+        plan = self._compress_plan(tensors, workspace, debug, False)
+        plan.run(tensors, workspace)
         if plan.kernels and not debug:  # validated and launched: later calls with this T take the eager path
             self._hold()
             self._launches.put(plan.num_tokens, plan.launch_bound)
@@ -373,30 +341,29 @@ class BoundLayer:
                         and not kv_score.stride(0) % 4 and not ape.stride(0) % 4):
                     kernel(kv_score, ape, positions, slot_mapping, self._held[0])
                     return
-            except Exception:  # noqa: BLE001 - refused before any launch: the validation below names the argument
+            except _REFUSED:  # refused before any launch: the validation below names the argument
                 pass
         plan = self._save_plan(kv_score, ape, positions, slot_mapping, debug)
         plan.run(kv_score, ape, positions, slot_mapping, self.state_cache)
         if plan.vector_inputs and not debug:
             self._hold()
-            self._save_kernel = launch.ffi_function(plan.kernel)
+            self._save_kernel = buffers.ffi_function(plan.kernel)
 
     def save_and_compress_norm_rope_store(self, kv_score, ape, token_to_req_indices, positions, slot_mapping,
                                           block_table, kv_slot_mapping, *, workspace=None, debug: bool = False) -> None:
         """:func:`save_and_compress_norm_rope_store` with this layer's fixed arguments."""
-        plan = self._compress_plan(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
-                                   workspace, debug, True)
+        tensors = self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
+        plan = self._compress_plan(tensors, workspace, debug, True)
         self._save_plan(kv_score, ape, positions, slot_mapping, debug).run(kv_score, ape, positions, slot_mapping,
                                                                           self.state_cache)
-        plan.run(self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
-                 self.cos_sin_cache, self.k_cache, kv_slot_mapping, workspace)
+        plan.run(tensors, workspace)
 
     def warm_up(self, token_counts=None, *, save: bool = True, save_and_compress: bool = False) -> list:
         """:func:`warm_up` for this layer's configuration."""
         return warm_up(compress_ratio=self.compress_ratio, block_size=self.block_size, layout=self.layout,
                        entries_per_page=self.k_cache.shape[1], weight_dtype=self.rms_norm_weight.dtype,
                        device=self.state_cache.device, token_counts=token_counts,
-                       store_align=launch.store_align(self.k_cache, self.layout), hadamard=self.hadamard,
+                       store_align=buffers.store_align(self.k_cache, self.layout), hadamard=self.hadamard,
                        c128_path=self.c128_path, pdl=self.pdl, policy=self.policy, save=save,
                        save_and_compress=save_and_compress)
 
@@ -452,51 +419,31 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     device = torch.device(device)
     if compress_ratio not in (4, 128) or isinstance(compress_ratio, bool):
         raise ValueError(f"compress_ratio: expected 4 or 128, got {compress_ratio!r}")
-    dispatch.check_c128_path(c128_path)
+    check_c128_path(c128_path)
     hadamard = check_hadamard(hadamard, layout)  # the calls' check and message
-    if layout in INDEXER_LAYOUTS:
-        return _warm_up_indexer(compress_ratio, block_size, layout, hadamard, entries_per_page, weight_dtype,
-                                pdl, policy, save)
-    if store_align is None:
-        store_align = {"flashmla_fp8": 16, "bf16": 8, "fp8_per_tensor": 4}.get(layout, 16)
-    entry = launch.entry_format(layout, entries_per_page, weight_dtype, store_align)
-    counts = range(1, DEFAULT_MAX_TOKENS + 1) if token_counts is None else token_counts
-    wanted = {}  # (compile function name, config), in first-use order
-    for early in (False, True) if save_and_compress and compress_ratio == 128 and pdl else (False,):
-        seen_decisions = set()
-        for num_tokens in counts:
-            if compress_ratio == 4:
-                path, tile = "c4", None
-            else:
-                path = dispatch.choose(c128_path, num_tokens, block_size, policy)
-                tile = dispatch.cluster_tile(num_tokens, policy) if path == "fused_cluster" else None
-            if (path, tile) in seen_decisions:
-                continue
-            seen_decisions.add((path, tile))
-            log.info("cutedsl warm_up: C%d from T=%d: %s", compress_ratio, num_tokens, path)
-            configs = launch.compress_configs(path, block_size, num_tokens, entry, policy, pdl, early)
-            wanted.update(dict.fromkeys(configs))
-    if save:
-        wanted[("compile_save", dispatch.save_config(compress_ratio, block_size, True, policy, pdl))] = None
-    compile_cache = launch.kernels()
-    for name, config in wanted:
-        compiled = getattr(compile_cache, name)(config)
-        if name == "compile_c128_pipelined" and device.type == "cuda":  # the driver's occupancy, asked now
-            launch.pipelined_grid(compiled, config, 1, policy, device)
-    return [config for _, config in wanted]
-
-
-def _warm_up_indexer(compress_ratio: int, block_size: int, layout: str, hadamard: bool, entries_per_page: int,
-                     weight_dtype: torch.dtype, pdl: bool, policy: Policy, save: bool) -> list:
-    """:func:`warm_up` of the indexer compressor (SPEC §12): one kernel for every token count."""
-    from . import indexer_launch
-
+    entry = ENTRY_LAYOUTS.get(layout)
+    if entry is None:
+        raise ValueError(f"layout: expected one of {', '.join(repr(name) for name in ENTRY_LAYOUTS)}, got {layout!r}")
+    if store_align is None:  # the aligned rows' alignment
+        store_align = max(store_alignments(entry))
     weight = "bfloat16" if weight_dtype == torch.bfloat16 else "float32"
-    configs = [dispatch.indexer_config(compress_ratio, block_size, layout, hadamard, entries_per_page, weight, policy,
-                                       pdl)]
-    log.info("cutedsl warm_up: indexer C%d %s%s", compress_ratio, layout, " hadamard" if hadamard else "")
-    indexer_launch.compile_indexer(configs[0])
+    counts = range(1, DEFAULT_MAX_TOKENS + 1) if token_counts is None else token_counts
+    wanted = {}  # (path, kernel, config), in first-use order
+    for early in (False, True) if save_and_compress and compress_ratio == 128 and pdl else (False,):
+        for num_tokens in counts:
+            path = choose(c128_path, compress_ratio, entry.head_dim, num_tokens, block_size, policy)
+            request = PathRequest(compress_ratio, block_size, num_tokens, layout, entries_per_page, weight,
+                                  store_align, hadamard, policy, pdl, early and pdl)
+            for kernel, config in zip(path.kernels, path.configs(request)):
+                if (path, kernel, config) not in wanted:
+                    log.info("cutedsl warm_up: C%d from T=%d: %s", compress_ratio, num_tokens, path.name)
+                    wanted[(path, kernel, config)] = request
     if save:
-        configs.append(dispatch.save_config(compress_ratio, block_size, True, policy, pdl, INDEXER_HEAD_DIM))
-        launch.kernels().compile_save(configs[-1])
-    return configs
+        config = save_config(compress_ratio, block_size, True, policy, pdl, entry.head_dim)
+        wanted[(None, "save", config)] = None
+    compile_cache = plans.kernels()
+    for (path, kernel, config), request in wanted.items():
+        compiled = compile_cache.compile_kernel(kernel, config)
+        if path is not None and path.persistent and device.type == "cuda":  # the driver's occupancy, asked now
+            plans.persistent_grid(compiled, config, request, device)
+    return [config for _, _, config in wanted]

@@ -1,29 +1,30 @@
 """Static (compile-time) configurations of the CuTe DSL kernels.
 
 Each frozen dataclass holds everything that changes a kernel's code, so it doubles as the
-key of the in-process compile cache (:mod:`.compile_cache`). Values that only change data
+key of the in-process compile cache (:mod:`.host.compile_cache`). Values that only change data
 (token counts, strides, positions, eps) stay dynamic. The constructors check their
 invariants in Python, before anything is traced, and raise ``ValueError`` naming the knob,
 what was expected and what was given.
 
 Knobs worth sweeping on the GPU are documented on each field; the defaults are the ones
-the dispatcher (:mod:`.dispatch`) uses.
+the dispatcher (:mod:`.host.paths`) uses.
 """
 
 from __future__ import annotations
 
 import math
+
 from dataclasses import dataclass
 
-from ...spec.validation import LAYOUTS
+from ...spec.constants import DATA_RECORD_BYTES, HEAD_DIM, INDEXER_HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ROPE_DIM
+from ...spec.constants import INDEXER_ROPE_START as INDEXER_ROPE_FIRST  # RoPE on channels 64..127
+from ...spec.constants import SCALE_RECORD_BYTES
+from ...spec.entry_layout import ENTRY_LAYOUTS, INDEXER_LAYOUTS, LAYOUTS, EntryLayout
 
-HEAD_DIM = 512
-NOPE_DIM = 448
-ROPE_DIM = 64
-QUANT_BLOCK = 64
-DATA_RECORD_BYTES = 576
-SCALE_RECORD_BYTES = 8
 WEIGHT_DTYPES = ("float32", "bfloat16")
+__all__ = ["DATA_RECORD_BYTES", "HEAD_DIM", "INDEXER_HEAD_DIM", "INDEXER_ROPE_FIRST", "NOPE_DIM", "QUANT_BLOCK",
+           "ROPE_DIM", "SCALE_RECORD_BYTES", "EntryFormat", "C4Config", "C128PoolConfig", "SplitStoreConfig",
+           "FusedClusterConfig", "FusedHandoffConfig", "FusedPipelinedConfig", "SaveConfig", "IndexerConfig"]
 
 
 def _fail(name: str, expected: str, given) -> None:
@@ -46,6 +47,15 @@ def _power_of_two(name: str, value: int, allowed=None) -> None:
         _fail(name, f"one of {allowed}", value)
 
 
+def store_alignments(entry: EntryLayout) -> tuple[int, ...]:
+    """The byte alignments a kernel's 4-channel stores may assume for a layout: paged records
+    sit in 16-byte aligned pages at multiples of 8 bytes; rows allow any strides, so one
+    element, or four when the base and strides allow it."""
+    if entry.paged:
+        return (16,)
+    return (entry.element_bytes, 4 * entry.element_bytes)
+
+
 @dataclass(frozen=True)
 class EntryFormat:
     """How one compressed entry is written (SPEC §6-§7), fixed per compile.
@@ -61,6 +71,13 @@ class EntryFormat:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     store_align: int = 16  # bytes; bf16: 8 or 2, fp8_per_tensor: 4 or 1, flashmla: 16
 
+    SWEEP = {  # values worth compiling (see :mod:`.space`); a layout goes with the alignments it allows
+        ("layout", "store_align"): tuple((name, align) for name in LAYOUTS
+                                         for align in store_alignments(ENTRY_LAYOUTS[name])),
+        "entries_per_page": (1, 7, 64),
+        "weight_dtype": WEIGHT_DTYPES,
+    }
+
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             _fail("layout", "one of " + ", ".join(LAYOUTS), self.layout)
@@ -68,13 +85,18 @@ class EntryFormat:
             _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
         if self.weight_dtype not in WEIGHT_DTYPES:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
-        allowed = {"flashmla_fp8": (16,), "bf16": (2, 8), "fp8_per_tensor": (1, 4)}[self.layout]
+        allowed = store_alignments(self.entry)
         if self.store_align not in allowed:
             _fail("store_align", f"one of {allowed} for layout {self.layout!r}", self.store_align)
 
     @property
+    def entry(self) -> EntryLayout:
+        """The layout's descriptor (SPEC §7): element dtype, entry width, records."""
+        return ENTRY_LAYOUTS[self.layout]
+
+    @property
     def cache_elem_bytes(self) -> int:
-        return {"flashmla_fp8": 1, "bf16": 2, "fp8_per_tensor": 1}[self.layout]
+        return self.entry.element_bytes
 
     @property
     def tag(self) -> str:
@@ -91,8 +113,10 @@ class C4Config:
 
     block_size: int  # bs, rows per state block (any >= 1)
     entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
-    tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
-    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
+    tokens_per_cta: int = 1  # 1, 2, 4 (128 threads per token)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+
+    SWEEP = {"block_size": (1, 2, 3, 4, 8, 16), "entry": (None,), "tokens_per_cta": (1, 2, 4), "pdl": (False, True)}
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -131,10 +155,18 @@ class C128PoolConfig:
     kv_after_max: bool = False  # sweep: issue the kv loads once the window max is known, so that
     #                             every CTA's scores (which gate the exps) reach HBM's queue first
     pdl: bool = False  # programmatic dependent launch (the split compress kernel, and the cluster
-    #                    and stream kernels built around this pooling; see :mod:`.dependent_launch`)
+    #                    cluster, handoff and pipelined kernels built around this pooling; see :mod:`.stages.dependent_launch`)
     early_metadata: bool = False  # with pdl (split, cluster and handoff kernels): read the per-token
     #                              metadata, the block table, weights and cos/sin before griddepcontrol.wait;
-    #                              the previous kernel must not write them (see :mod:`.dependent_launch`)
+    #                              the previous kernel must not write them (see :mod:`.stages.dependent_launch`)
+
+    SWEEP = {  # lookup runs of every length, each mapping with a run it allows
+        ("block_size", "rows_per_lookup"): ((8, 8), (16, 8), (4, 4), (5, 1), (2, 2), (8, 1)),
+        ("warps", "tile", "rows_per_lookup"): ((16, 64, 4), (4, 64, 8), (8, 32, 4), (16, 32, 2)),
+        "kv_in_smem": (False, True),
+        "kv_after_max": (False, True),
+        ("pdl", "early_metadata"): ((False, False), (True, False), (True, True)),
+    }
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -178,12 +210,14 @@ class C128PoolConfig:
 
 
 @dataclass(frozen=True)
-class StoreConfig:
+class SplitStoreConfig:
     """C128 split path's store kernel: x scratch -> RMSNorm, RoPE, quant, store."""
 
     entry: EntryFormat
-    tokens_per_cta: int = 1  # sweep: 1, 2, 4 (128 threads per token)
-    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
+    tokens_per_cta: int = 1  # 1, 2, 4 (128 threads per token)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+
+    SWEEP = {"tokens_per_cta": (1, 2, 4), "pdl": (False, True)}
 
     def __post_init__(self):
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
@@ -191,11 +225,11 @@ class StoreConfig:
 
     @property
     def tag(self) -> str:
-        return f"c128store_{self.entry.tag}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+        return f"split_store_{self.entry.tag}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
+class FusedClusterConfig:
     """C128 single-launch kernel: one thread-block cluster per token, one CTA per channel tile.
 
     ``pool.tile`` 64: 8 CTAs, each a quantization block (or the RoPE part); 32: 16 CTAs (a
@@ -215,14 +249,14 @@ class ClusterConfig:
 
     @property
     def tag(self) -> str:
-        return f"c128cluster_{self.pool.tag}_{self.entry.tag}"
+        return f"fused_cluster_{self.pool.tag}_{self.entry.tag}"
 
 
-HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm)
+FUSED_HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm)
 
 
 @dataclass(frozen=True)
-class HandoffConfig(ClusterConfig):
+class FusedHandoffConfig(FusedClusterConfig):
     """C128 single-launch kernel without clusters: 8 independent CTAs per token (64-channel
     tiles, 8 warps); the last of them to finish, found by a global atomic counter, reads
     the token's ``x`` back from the scratch and finishes the entry (a warp per 64-channel
@@ -240,18 +274,20 @@ class HandoffConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        return f"c128handoff_{self.pool.tag}_{self.entry.tag}"
+        return f"fused_handoff_{self.pool.tag}_{self.entry.tag}"
 
 
 @dataclass(frozen=True)
-class PipelinedConfig(ClusterConfig):
+class FusedPipelinedConfig(FusedClusterConfig):
     """C128 single-launch kernel on a persistent grid of 8-CTA clusters (64-channel tiles, 8
     warps): each cluster walks a contiguous run of the tokens, skips inactive ones for a ballot
     bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
     ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
 
-    ctas_per_sm: int = 3  # sweep: 3 (registers capped at 80) or 2 (128 registers)
+    ctas_per_sm: int = 3  # 3 (registers capped at 80) or 2 (128 registers)
+
+    SWEEP = {"ctas_per_sm": (2, 3)}
 
     def __post_init__(self):
         if self.ctas_per_sm not in (1, 2, 3):
@@ -266,7 +302,7 @@ class PipelinedConfig(ClusterConfig):
 
     @property
     def tag(self) -> str:
-        return f"c128pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
+        return f"fused_pipelined_{self.pool.tag}_{self.entry.tag}_occ{self.ctas_per_sm}"
 
 
 @dataclass(frozen=True)
@@ -277,8 +313,16 @@ class SaveConfig:
     block_size: int  # bs
     vector_inputs: bool  # kv_score and ape rows 16-byte aligned: 128-bit loads
     tokens_per_cta: int = 1
-    pdl: bool = False  # programmatic dependent launch (see :mod:`.dependent_launch`)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
+
+    SWEEP = {
+        ("compress_ratio", "block_size"): ((4, 4), (128, 8), (4, 3), (4, 16)),
+        "vector_inputs": (False, True),
+        "tokens_per_cta": (1, 2, 4),
+        "pdl": (False, True),
+        "head_dim": (HEAD_DIM, INDEXER_HEAD_DIM),
+    }
 
     def __post_init__(self):
         if self.compress_ratio not in (4, 128):
@@ -305,3 +349,79 @@ class SaveConfig:
         v = "v4" if self.vector_inputs else "v1"
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
         return f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """One ``compress_norm_rope_store`` kernel of the indexer compressor.
+
+    C4: one warp per token (lane ``l`` owns channels ``4l..4l+3``), ``warps`` tokens per CTA.
+    C128: one CTA of ``warps`` warps per token; warp ``w`` pools window rows
+    ``w*R .. w*R+R-1`` (``R = 128 / warps``), warp 0 finishes the entry.
+    """
+
+    ratio: int  # 4 or 128
+    block_size: int  # bs, rows per state block (any >= 1)
+    layout: str  # "indexer_fp8" | "indexer_mxfp4"
+    hadamard: bool  # the optional Hadamard rotation before quantization
+    entries_per_page: int  # B = k_cache.shape[1]
+    weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
+    warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
+    pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+
+    SWEEP = {  # lookup runs of 1, 2 and 4 rows (C4) and 1, 4, 8 and 16 (C128), every mapping width
+        ("ratio", "block_size", "warps"): ((4, 16, 4), (4, 8, 1), (4, 3, 2), (4, 2, 8), (128, 8, 16), (128, 5, 16),
+                                           (128, 4, 8), (128, 16, 8)),
+        ("layout", "hadamard"): tuple((layout, h) for layout in INDEXER_LAYOUTS for h in (False, True)),
+        "entries_per_page": (1, 3, 64),
+        "weight_dtype": WEIGHT_DTYPES,
+        "pdl": (False, True),
+    }
+
+    def __post_init__(self):
+        if self.ratio not in (4, 128):
+            _fail("compress_ratio", "4 or 128", self.ratio)
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            _fail("block_size", "an integer >= 1", self.block_size)
+        if self.layout not in INDEXER_LAYOUTS:
+            _fail("layout", "one of " + ", ".join(INDEXER_LAYOUTS), self.layout)
+        _flag("hadamard", self.hadamard)
+        if not isinstance(self.entries_per_page, int) or self.entries_per_page < 1:
+            _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
+        _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
+        _flag("pdl", self.pdl)
+
+    @property
+    def state_width(self) -> int:
+        """SW: 256 (C4, two halves) or 128 (C128); a state row holds ``2*SW`` floats."""
+        return (2 if self.ratio == 4 else 1) * INDEXER_HEAD_DIM
+
+    @property
+    def data_record_bytes(self) -> int:
+        return ENTRY_LAYOUTS[self.layout].data_bytes
+
+    @property
+    def entry_bytes(self) -> int:
+        """E: 132 (indexer_fp8) or 68 (indexer_mxfp4)."""
+        return ENTRY_LAYOUTS[self.layout].entry_bytes
+
+    @property
+    def rows_per_warp(self) -> int:
+        """Window rows a warp pools: 8 (C4: the whole window) or ``128 / warps`` (C128)."""
+        return 8 if self.ratio == 4 else 128 // self.warps
+
+    @property
+    def rows_per_lookup(self) -> int:
+        """Window rows that share one block-table lookup: runs of ``gcd(bs, run)`` rows that
+        start at a multiple of it (C4: each half is 4 rows from a multiple of 4; C128: a
+        warp's rows start at a multiple of ``R``)."""
+        return math.gcd(self.block_size, 4 if self.ratio == 4 else self.rows_per_warp)
+
+    @property
+    def tag(self) -> str:
+        w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
+        rotation = "_hadamard" if self.hadamard else ""
+        return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
+                f"_w{self.warps}{_pdl_tag(self.pdl)}")

@@ -227,7 +227,8 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     freshly allocated cache, so a layer whose caches have other strides compiles once more at
     its first call. The token count is not compiled in (the grid is ``T`` programs).
     """
-    from ...spec.constants import HEAD_DIM, PAGED_LAYOUTS, ratio_config
+    from ...spec.constants import HEAD_DIM, ratio_config
+    from ...spec.entry_layout import PAGED_LAYOUTS
 
     device = torch.device(device)
     start = time.perf_counter()

@@ -23,7 +23,8 @@ from dsv4_compressor import spec
 from dsv4_compressor.conformance.runner import Expected, first_difference, run_spec, to_torch
 from dsv4_compressor.conformance.scenarios import StepInputs, StepRecipe, build_step
 from dsv4_compressor.spec import batch as B
-from dsv4_compressor.spec.constants import INDEXER_HEAD_DIM, INDEXER_LAYOUTS
+from dsv4_compressor.spec.constants import INDEXER_HEAD_DIM
+from dsv4_compressor.spec.entry_layout import INDEXER_LAYOUTS
 
 METADATA = ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")
 FP8_SCALE = 0.0371  # fp8_per_tensor's scale in every case

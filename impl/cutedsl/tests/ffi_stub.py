@@ -1,7 +1,7 @@
 """Stand-ins for the compiled TVM-FFI functions on CPU: the checks TVM-FFI makes before a launch.
 
-:func:`stub_compiler` wraps a compile function of :mod:`dsv4_compressor.impl.cutedsl.compile_cache`
-(or the indexer's): the real compile function runs, building its fake tensors, but
+:func:`stub_compiler` wraps a compile function of :mod:`dsv4_compressor.impl.cutedsl.host.compile_cache`:
+the real compile function runs, building its fake tensors, but
 ``cute.compile`` is replaced, so nothing is compiled and the fake tensors become the
 parameter list of an :class:`FfiStub` (through CuTe DSL's own converter to TVM-FFI
 parameters). A call of the stub checks its arguments as the wrapper TVM-FFI generates does
@@ -24,7 +24,7 @@ import inspect
 
 import torch
 
-from dsv4_compressor.impl.cutedsl import compile_cache
+from dsv4_compressor.impl.cutedsl.host import compile_cache
 
 _WIDTHLESS = {"uint": "int"}  # TVM-FFI accepts int and uint of the same width alike
 
@@ -129,3 +129,20 @@ def stub_compiler(compile_function, kind: str, launches: list, compiled: list):
         return stubs[config]
 
     return compile_fn
+
+
+def stub_kernels(monkeypatch, make) -> None:
+    """Replace every kernel's compile function in the registry's table (``compile_cache.KERNELS``)
+    by ``make(kernel name, real compile function)``."""
+    for name, compile_function in list(compile_cache.KERNELS.items()):
+        monkeypatch.setitem(compile_cache.KERNELS, name, make(name, compile_function))
+
+
+def host_only(monkeypatch) -> None:
+    """The host's device facts for CPU tests: no CUDA check, 132 SMs, stream 0, fresh counters."""
+    from dsv4_compressor.impl.cutedsl.host import buffers
+
+    monkeypatch.setattr(buffers, "require_cuda", lambda name, tensor: None)
+    monkeypatch.setattr(buffers, "sm_count", lambda device: 132)  # the pipelined kernel's grid
+    monkeypatch.setattr(buffers, "_current_stream", lambda device: 0)  # the handoff counters' key
+    monkeypatch.setattr(buffers, "_COUNTERS", {})

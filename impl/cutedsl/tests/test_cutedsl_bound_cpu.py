@@ -18,7 +18,9 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is first impo
 pytest.importorskip("cutlass")
 pytest.importorskip("tvm_ffi")
 
-from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host import buffers, plans  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.paths import PATHS  # noqa: E402
 
 from test_cutedsl_host import _indexer_arguments, _layer, indexer_recorded, recorded  # noqa: E402,F401
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
@@ -36,7 +38,7 @@ def _workspaces(tokens: int) -> dict:
     return {"none": None, "2d": torch.empty(tokens + 3, 512), "1d": torch.empty((tokens + 1) * 512)}
 
 
-_SCRATCH_ARGUMENT = {"compile_c128_handoff": 9, "compile_c128_pool": 6, "compile_c128_store": 0}
+_SCRATCH_ARGUMENT = {"fused_handoff": 9, "split_pool": 6, "split_store": 0}
 
 
 def _without_scratch(kind, config, args):
@@ -67,8 +69,8 @@ def test_a_prepared_call_launches_what_the_unbound_call_does_unvalidated(recorde
         assert [_without_scratch(*r) for r in launches] == [_without_scratch(*r) for r in unbound * 2]
     else:
         assert launches == unbound * 2
-    assert {kind for kind, _, _ in unbound} <= {"compile_c4", "compile_c128_cluster", "compile_c128_handoff",
-                                                "compile_c128_pipelined", "compile_c128_pool", "compile_c128_store"}
+    assert {kind for kind, _, _ in unbound} <= {"c4", "fused_cluster", "fused_handoff",
+                                                "fused_pipelined", "split_pool", "split_store"}
 
 
 def _uint(tensor):
@@ -188,8 +190,8 @@ def test_debug_calls_validate_every_time(recorded, monkeypatch):
     layer, per_token = _layer(args, kwargs)
     layer.compress_norm_rope_store(*per_token)
     seen = []
-    real = launch.build_compress_plan
-    monkeypatch.setattr(launch, "build_compress_plan", lambda *a: seen.append(a[6]) or real(*a))
+    real = plans.build_compress_plan
+    monkeypatch.setattr(plans, "build_compress_plan", lambda *a: seen.append(a[3]) or real(*a))
     layer.compress_norm_rope_store(*per_token, debug=True)
     layer.compress_norm_rope_store(*per_token, debug=True)
     layer.compress_norm_rope_store(*per_token)
@@ -238,7 +240,7 @@ def test_a_bound_save_runs_unvalidated_once_prepared(recorded, unvalidated):
     layer.save_partial_states(kv_score, ape, args[2], args[3])
     layer.save_partial_states(kv_score[:1], ape, args[2][:1], args[3][:1])  # any T: one kernel
     assert launches[0] == launches[1] == launches[2] and launches[0][1].vector_inputs
-    assert launches[3][2][0] == kv_score.data_ptr() and launches[3][0] == "compile_save"
+    assert launches[3][2][0] == kv_score.data_ptr() and launches[3][0] == "save"
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -302,7 +304,7 @@ def test_an_indexer_layer_runs_unvalidated_and_rejects_uint(indexer_recorded, un
         layer.compress_norm_rope_store(*bad)
     unvalidated()
     layer.compress_norm_rope_store(*per_token)
-    assert launches == [launches[0]] * 3 and launches[0][0] == "compile_indexer"
+    assert launches == [launches[0]] * 3 and launches[0][0] == "indexer"
 
 
 # ---- the TVM-FFI function under a compiled kernel ----------------------------------------------------
@@ -320,10 +322,10 @@ class _Compiled:
 
 def test_the_bound_path_calls_the_tvm_ffi_function_where_every_argument_is_positional():
     plain = _Compiled(False)
-    assert launch.ffi_function(plain) is plain.function
+    assert buffers.ffi_function(plain) is plain.function
     for kernel in (_Compiled(True), _Compiled(None), lambda *args: None):
-        assert launch.ffi_function(kernel) is kernel
-    plan = launch.SingleLaunch((plain,), "c4", 1e-6, 1.0, 1, False)
+        assert buffers.ffi_function(kernel) is kernel
+    plan = plans.LaunchPlan(PATHS["c4"], (plain,), (1e-6, 1.0), 1, False)
     assert plan.ffi == (plain.function,) and plan.kernels == (plain,)
 
 
@@ -333,7 +335,7 @@ def test_fixed_tensors_that_tvm_ffi_cannot_hold_are_passed_as_torch_tensors(reco
     def refuse(*tensors):
         raise BufferError("no DLPack export")
 
-    monkeypatch.setattr(launch, "held_tensors", refuse)
+    monkeypatch.setattr(buffers, "held_tensors", refuse)
     args, kwargs = _arguments("c4_decode_boundary")
     layer, per_token = _layer(args, kwargs)
     layer.compress_norm_rope_store(*per_token)

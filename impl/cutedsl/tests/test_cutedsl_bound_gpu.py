@@ -178,10 +178,10 @@ STEPS = [
 @pytest.mark.parametrize("workspace_kind", ["2d", "none", "1d"])
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 def test_bound_calls_write_the_spec_bytes_on_the_eager_path(step, workspace_kind, unvalidated):
-    from dsv4_compressor.impl.cutedsl import dispatch, launch
+    from dsv4_compressor.impl.cutedsl.host.paths import choose
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
-    scratch = step.ratio == 128 and step.head_dim == 512 and launch.uses_scratch(
-        dispatch.choose(step.path, step.tokens, step.block_size))
+    scratch = choose(step.path, step.ratio, step.head_dim, step.tokens, step.block_size, DEFAULT_POLICY).scratch
     if workspace_kind != "2d" and not scratch:
         pytest.skip("no scratch on this path: the workspace is not used")
     args, expected, canary = build(step)

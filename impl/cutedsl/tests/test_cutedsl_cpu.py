@@ -19,9 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api, compile_cache, config, dispatch, launch  # noqa: E402
-from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
-from dsv4_compressor.impl.cutedsl.ptx import ptx_variants, variant_configs  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host import buffers, compile_cache, paths  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
+from dsv4_compressor.impl.cutedsl.ptx import kernel_configs, ptx_variants  # noqa: E402
 from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
@@ -45,12 +47,16 @@ def test_no_variant_uses_local_memory(ptx_reports):
 
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
-    kinds = {kind for _, kind, _, _ in variant_configs()}
-    assert kinds == {"c4", "c128_pool", "c128_store", "c128_cluster", "c128_handoff", "c128_pipelined", "save", "indexer"}
+    kernels = {kernel for kernel, _ in kernel_configs()}
+    assert kernels == {k for path in PATHS.values() for k in path.kernels} | {"save"}
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
-        for prefix in ("c4_", "c128_store_", "c128cluster_", "c128handoff_", "c128pipelined_"):
-            assert any(n.startswith(prefix) and layout in n for n in names), (prefix, layout)
-    assert {kind for name, kind, _, _ in variant_configs() if "_pdl" in name} == kinds  # PDL on every kernel kind
+        for prefix in ("c4_", "split_store_", "fused_cluster_", "fused_handoff_", "fused_pipelined_"):
+            for align in config.store_alignments(config.ENTRY_LAYOUTS[layout]):
+                assert any(n.startswith(prefix) and f"{layout}_B" in n and n.endswith(f"_a{align}") or
+                           f"{layout}_B" in n and f"_a{align}_" in n and n.startswith(prefix) for n in names), \
+                    (prefix, layout, align)
+    assert {kernel for kernel, cfg in kernel_configs() if "_pdl" in cfg.tag} == kernels  # PDL on every kernel
+    assert len(names) == len(list(kernel_configs()))  # one name per variant
 
 
 def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
@@ -64,7 +70,8 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
     memory_ops = ("ld.global", "st.global", "cp.async", "atom.global", "red.global", "ld.volatile.global")
     state_and_writes = ("ld.global.v4", "ld.global.nc.v4", "cp.async", "st.global", "atom.global", "red.global")
     early = 0
-    for name, kind, cfg, _ in variant_configs():
+    for kind, cfg in kernel_configs():
+        name = cfg.tag
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         if "_pdl" not in name:
             assert "griddepcontrol" not in body, name
@@ -83,8 +90,9 @@ def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
     fence, then the scratch read back through L2 (``ld.global.cg``), not L1."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
-    handoffs = [v for v in variant_configs() if v[1] == "c128_handoff"]
-    for name, kind, cfg, _ in handoffs[:2]:
+    handoffs = [(kind, cfg) for kind, cfg in kernel_configs() if kind == "fused_handoff"]
+    for kind, cfg in handoffs[:2]:
+        name = cfg.tag
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
         arrival = body.index("atom.global.acq_rel.add")
         assert body.rindex("fence.acq_rel.gpu", 0, arrival) > body.index("st.global"), name
@@ -93,7 +101,7 @@ def test_handoff_kernel_publishes_before_it_counts(ptx_reports):
 
 def test_exact_arithmetic_is_present(ptx_reports):
     by_name = {r.variant: r for r in ptx_reports}
-    pool = by_name["c128pool_block8_bs8_w8_t64"]
+    pool = by_name["c128pool_block8_bs8_w8_t64_pdl"]
     assert pool.counts["div.rn.f32"] >= 2 and pool.counts["ld.global.v4"] == 16  # 8 rows x (kv, score)
     fused = next(r for n, r in by_name.items() if n.startswith("c4_flashmla"))
     assert fused.counts["sqrt.rn.f32"] == 1 and fused.counts["cvt.e4m3"] >= 1 and fused.counts["cvt.bf16"] >= 1
@@ -102,9 +110,9 @@ def test_exact_arithmetic_is_present(ptx_reports):
 # ---- compile cache -----------------------------------------------------------------------
 def test_compile_cache_returns_the_same_object():
     cfg = config.C128PoolConfig(8, 8)
-    first = compile_cache.compile_c128_pool(cfg)
-    assert compile_cache.compile_c128_pool(config.C128PoolConfig(8, 8)) is first
-    assert compile_cache.compile_c128_pool(config.C128PoolConfig(8, 4)) is not first
+    first = compile_cache.compile_kernel("split_pool", cfg)
+    assert compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 8)) is first
+    assert compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 4)) is not first
 
 
 # ---- static configurations ---------------------------------------------------------------
@@ -119,9 +127,9 @@ def test_compile_cache_returns_the_same_object():
     (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
     (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
     (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
-    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 8), config.EntryFormat("bf16", 4, "float32", 8)),
+    (lambda: config.FusedHandoffConfig(config.C128PoolConfig(8, 8), config.EntryFormat("bf16", 4, "float32", 8)),
      "pool.kv_in_smem"),
-    (lambda: config.HandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
+    (lambda: config.FusedHandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
                                   config.EntryFormat("bf16", 4, "float32", 8)), "pool.tile"),
 ])
 def test_configurations_reject_bad_values(make, needle):
@@ -131,21 +139,25 @@ def test_configurations_reject_bad_values(make, needle):
 
 def test_cluster_sizes_follow_the_tile():
     entry = config.EntryFormat("bf16", 4, "float32", 8)
-    assert config.ClusterConfig(config.C128PoolConfig(8, 8), entry).cluster_size == 8
-    sixteen = config.ClusterConfig(config.C128PoolConfig(8, 4, tile=32), entry)
+    assert config.FusedClusterConfig(config.C128PoolConfig(8, 8), entry).cluster_size == 8
+    sixteen = config.FusedClusterConfig(config.C128PoolConfig(8, 4, tile=32), entry)
     assert sixteen.cluster_size == 16 and sixteen.pool.rows_per_lane == 4 and sixteen.pool.is_block8
 
 
 def test_the_retired_stream_path_is_an_unknown_c128_path():
     with pytest.raises(ValueError, match="c128_path: expected one of 'auto', 'fused_cluster', 'fused_handoff', "
                                          "'fused_pipelined', 'split_block8', 'split_generic', got 'fused_stream'"):
-        dispatch.choose("fused_stream", 8, 8)
+        paths.choose("fused_stream", 128, 512, 8, 8, DEFAULT_POLICY)
     with pytest.raises(ValueError, match="expected fields of Policy or KernelShapes, got \\['stream'\\]"):
         DEFAULT_POLICY.with_overrides(stream=PoolShape(8, 32))
 
 
-def _pool(path, block_size, num_tokens=1, policy=DEFAULT_POLICY, **kwargs):
-    return dispatch.c128_pool_config(path, block_size, policy, num_tokens=num_tokens, **kwargs)
+def _pool(path, block_size, num_tokens=1, policy=DEFAULT_POLICY, pdl=True, early_metadata=False):
+    """The C128 pooling configuration of a path's first kernel for a flashmla_fp8 request."""
+    request = PathRequest(128, block_size, num_tokens, "flashmla_fp8", 64, "bfloat16", 16, False, policy, pdl,
+                          early_metadata and pdl)
+    first = PATHS[path].configs(request)[0]
+    return getattr(first, "pool", first)
 
 
 def test_block8_and_generic_lookups():
@@ -158,13 +170,13 @@ def test_block8_and_generic_lookups():
 
 
 def test_cluster_tile_follows_the_token_count():
-    assert [dispatch.cluster_tile(t, DEFAULT_POLICY) for t in (1, 4, 5)] == [32, 32, 64]
+    assert [paths.cluster_tile(t, DEFAULT_POLICY) for t in (1, 4, 5)] == [32, 32, 64]
     assert _pool("fused_cluster", 8, 1).tile == 32
     assert _pool("fused_cluster", 8, 128).tile == 64
     assert _pool("fused_cluster", 8, 128).kv_after_max
     assert not _pool("split_block8", 8, 128).kv_after_max
     pinned = DEFAULT_POLICY.with_overrides(cluster=PoolShape(8, 64, True, True))
-    assert dispatch.cluster_tile(1, pinned) == 64
+    assert paths.cluster_tile(1, pinned) == 64
 
 
 def test_pdl_and_early_metadata_are_explicit_choices():
@@ -176,7 +188,9 @@ def test_pdl_and_early_metadata_are_explicit_choices():
 
 
 def test_auto_dispatch():
-    choose = dispatch.choose
+    def choose(c128_path, num_tokens, block_size, policy=DEFAULT_POLICY):
+        return paths.choose(c128_path, 128, 512, num_tokens, block_size, policy).name
+
     assert choose("auto", 1, 8) == "fused_cluster"
     assert choose("auto", 16, 8) == "fused_cluster"
     assert choose("auto", 17, 8) == "fused_handoff"
@@ -188,6 +202,9 @@ def test_auto_dispatch():
     assert choose("split_block8", 65, 8) == "split_block8"
     assert choose("auto", 1, 8, Policy(cluster_max_tokens=0, handoff_max_tokens=0)) == "fused_pipelined"
     assert choose("auto", 100000, 8, Policy(handoff_max_tokens=10**9)) == "fused_handoff"
+    # one path for a ratio and head width: C4 and the indexer, whatever c128_path names (a typo still raises)
+    assert paths.choose("split_block8", 4, 512, 8, 5, DEFAULT_POLICY).name == "c4"
+    assert paths.choose("auto", 128, 128, 8, 5, DEFAULT_POLICY).name == "indexer"
     with pytest.raises(ValueError, match="c128_path: expected one of"):
         choose("fused", 1, 8)
     with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
@@ -307,7 +324,7 @@ def test_variants_are_frozen_choices():
 
     assert variants.cluster16.policy.shapes.cluster.tile == 32 and variants.cluster16.c128_path == "fused_cluster"
     assert variants.nopdl.pdl is False and not variants.nopdl.c128_compress_only
-    assert variants.pipelined_occ2.c128_compress_only and variants.cluster16.c128_compress_only
+    assert variants.fused_pipelined.c128_compress_only and variants.cluster16.c128_compress_only
     with pytest.raises(ValueError, match="c128_path"):
         variants.Variant("bad", "cluster")
     with pytest.raises(AttributeError):
@@ -323,7 +340,7 @@ def test_variants_load_as_conformance_implementations():
 
 # ---- the pipelined kernel's host side ----------------------------------------------------------
 def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
-    clusters = dispatch.pipelined_clusters
+    clusters = paths.pipelined_clusters
     assert clusters(1, 45, 132, DEFAULT_POLICY) == 1
     assert clusters(100000, 45, 132, DEFAULT_POLICY) == 45
     assert clusters(256, 30, 132, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256
@@ -389,7 +406,7 @@ def test_occupancy_query_asks_for_the_kernels_cluster_shape_and_unloads_its_modu
 
     from cuda import bindings
 
-    from dsv4_compressor.impl.cutedsl import occupancy
+    from dsv4_compressor.impl.cutedsl.host import occupancy
 
     driver = _StandInDriver(fail=fail)
     monkeypatch.setattr(bindings, "driver", driver)
@@ -412,7 +429,7 @@ def test_occupancy_query_asks_for_the_kernels_cluster_shape_and_unloads_its_modu
 def test_resident_clusters_without_a_driver_answer_is_none_and_asked_once(monkeypatch):
     """No cubin or a device other than CUDA: None (the host then sizes the grid from the SM
     count); a driver error: None and a warning; an answer is kept per compiled kernel and device."""
-    from dsv4_compressor.impl.cutedsl import occupancy
+    from dsv4_compressor.impl.cutedsl.host import occupancy
 
     asked = []
 
@@ -443,23 +460,23 @@ def test_handoff_counters_are_filled_once_per_capture_until_a_fill_runs_outside(
     use outside capture fills it, and from then on nothing does (the kernel keeps it zero)."""
     device = torch.device("cpu")  # the bookkeeping only; the stream and capture ids are planted
     capture = [1]
-    monkeypatch.setattr(launch, "_current_stream", lambda d: 12345)
-    monkeypatch.setattr(launch, "_capture_id", lambda d: capture[0])
-    monkeypatch.setattr(launch, "_COUNTERS", {})
-    monkeypatch.setattr(launch, "_OUTGROWN", [])
-    first = launch.handoff_counters(device, 10)
+    monkeypatch.setattr(buffers, "_current_stream", lambda d: 12345)
+    monkeypatch.setattr(buffers, "_capture_id", lambda d: capture[0])
+    monkeypatch.setattr(buffers, "_COUNTERS", {})
+    monkeypatch.setattr(buffers, "_OUTGROWN", [])
+    first = buffers.handoff_counters(device, 10)
     assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
     first[3] = 7  # stands for "no fill issued": a fill would clear it
-    assert launch.handoff_counters(device, 10)[3] == 7  # same capture: its one fill precedes this call
+    assert buffers.handoff_counters(device, 10)[3] == 7  # same capture: its one fill precedes this call
     capture[0] = 2
-    assert not launch.handoff_counters(device, 10).any()  # another graph: a fill of its own
+    assert not buffers.handoff_counters(device, 10).any()  # another graph: a fill of its own
     first[3] = 7
     capture[0] = None
-    assert not launch.handoff_counters(device, 10).any()  # outside capture: filled for good
+    assert not buffers.handoff_counters(device, 10).any()  # outside capture: filled for good
     first[3] = 7
-    assert launch.handoff_counters(device, 10)[3] == 7
+    assert buffers.handoff_counters(device, 10)[3] == 7
     capture[0] = 3
-    assert launch.handoff_counters(device, 10)[3] == 7  # no more fills, in capture or not
-    bigger = launch.handoff_counters(device, 10**5)
+    assert buffers.handoff_counters(device, 10)[3] == 7  # no more fills, in capture or not
+    bigger = buffers.handoff_counters(device, 10**5)
     assert bigger.numel() >= 10**5 and not bigger.any()
-    assert any(t is first for t in launch._OUTGROWN)  # kept alive for graphs that captured it
+    assert any(t is first for t in buffers._OUTGROWN)  # kept alive for graphs that captured it

@@ -71,7 +71,7 @@ def test_pdl_chain_reads_what_the_previous_kernel_wrote(case, path, how):
     metadata and block table before it). Every replay must give the spec's bytes, in the
     state cache and in the k_cache."""
     from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl.dispatch import Policy
+    from dsv4_compressor.impl.cutedsl.host.policy import Policy
 
     inputs = case.inputs()
     expected = run_spec(inputs)

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.gpu
 
 def _counters(step: DeviceStep, stream: int | None = None):
     """The counter array the calls on ``stream`` (default: the current one) used, as they left it."""
-    from dsv4_compressor.impl.cutedsl import launch
+    from dsv4_compressor.impl.cutedsl.host import buffers
 
     device = step.state.device
-    return launch._COUNTERS[(device, launch._current_stream(device) if stream is None else stream)]
+    return buffers._COUNTERS[(device, buffers._current_stream(device) if stream is None else stream)]
 
 
 def test_handoff_counters_are_zero_between_calls():

@@ -17,16 +17,12 @@ import torch
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before cutlass is first imported (the PTX tests' target)
 pytest.importorskip("cutlass")
 
-from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
-from dsv4_compressor.impl.cutedsl.dispatch import Policy  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.policy import Policy  # noqa: E402
 from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
 
-from ffi_stub import stub_compiler  # noqa: E402
+from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
-
-COMPILE_FUNCTIONS = ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
-                     "compile_c128_pool", "compile_c128_store", "compile_save")
-
 
 @pytest.fixture
 def recorded(monkeypatch):
@@ -34,13 +30,8 @@ def recorded(monkeypatch):
     and every static configuration handed to a compile function. The kernels are
     ffi_stub.FfiStub objects (TVM-FFI's checks, then the record)."""
     launches, compiled = [], []
-    compile_cache = launch.kernels()
-    for name in COMPILE_FUNCTIONS:
-        monkeypatch.setattr(compile_cache, name, stub_compiler(getattr(compile_cache, name), name, launches, compiled))
-    monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-    monkeypatch.setattr(launch, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(launch, "_COUNTERS", {})
+    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, launches, compiled))
+    host_only(monkeypatch)
     monkeypatch.setattr(api, "_PLANS", PlanCache())
     monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
     return launches, compiled
@@ -123,13 +114,13 @@ def test_warm_up_compiles_what_the_calls_then_use(recorded, caplog):
                               device="cpu", token_counts=counts)
     assert any("warm_up" in r.getMessage() for r in caplog.records)
     kinds = [kind for kind, _ in compiled]
-    assert sorted(set(kinds)) == ["compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
-                                  "compile_save"]
+    assert sorted(set(kinds)) == ["fused_cluster", "fused_handoff", "fused_pipelined",
+                                  "save"]
     assert len(configs) == len(compiled) == len(set(configs))  # each configuration compiled once
-    assert {c.pool.tile for k, c in compiled if k == "compile_c128_cluster"} == {32, 64}
+    assert {c.pool.tile for k, c in compiled if k == "fused_cluster"} == {32, 64}
     every = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2, device="cpu",
                         save=False)
-    assert set(every) == set(configs) - {c for k, c in compiled if k == "compile_save"}
+    assert set(every) == set(configs) - {c for k, c in compiled if k == "save"}
     early = api.warm_up(compress_ratio=128, block_size=8, layout="flashmla_fp8", entries_per_page=2, device="cpu",
                         token_counts=(1,), save=False, save_and_compress=True)
     assert [c.pool.early_metadata for c in early] == [False, True]
@@ -217,7 +208,7 @@ def test_every_op_launches_what_its_direct_call_does(recorded):
     pooling = (args[0], *args[1:6], args[10])
     x = ops.cutedsl_compress(*pooling, 128)
     assert x.shape == (tokens, 512) and x.dtype == torch.float32
-    assert launches[-1][0] == "compile_c128_pool"
+    assert launches[-1][0] == "split_pool"
 
 
 def test_layers_with_the_same_layout_share_their_plans(recorded):
@@ -239,13 +230,8 @@ def test_layers_with_the_same_layout_share_their_plans(recorded):
 # ---- the indexer compressor (SPEC §12) on the same host path ---------------------------------------
 @pytest.fixture
 def indexer_recorded(recorded, monkeypatch):
-    """``recorded``, with the indexer kernel's compile function recorded too."""
-    from dsv4_compressor.impl.cutedsl import indexer_launch
-
-    launches, compiled = recorded
-    monkeypatch.setattr(indexer_launch, "compile_indexer",
-                        stub_compiler(indexer_launch.compile_indexer, "compile_indexer", launches, compiled))
-    return launches, compiled
+    """``recorded``: the indexer kernel's compile function is one of the registry's, recorded too."""
+    return recorded
 
 
 def _indexer_arguments(ratio=4, layout="indexer_fp8"):
@@ -269,9 +255,9 @@ def test_an_indexer_layer_launches_what_the_unbound_call_does(indexer_recorded, 
     api.save_partial_states(kv_score, ape, args[2], args[3], args[0], args[5])
     unbound = list(launches)
     (kind, config, _), (save_kind, save_config, _) = unbound
-    assert (kind, config.ratio, config.layout, config.hadamard, config.pdl) == ("compile_indexer", ratio, layout,
+    assert (kind, config.ratio, config.layout, config.hadamard, config.pdl) == ("indexer", ratio, layout,
                                                                                   hadamard, True)
-    assert (save_kind, save_config.head_dim, save_config.state_width) == ("compile_save", 128, width)
+    assert (save_kind, save_config.head_dim, save_config.state_width) == ("save", 128, width)
     launches.clear()
     layer = api.bind(args[0], args[9], args[6], args[8], block_size=args[5], compress_ratio=ratio,
                      rms_norm_eps=args[7], layout=layout, hadamard=hadamard)
@@ -281,7 +267,7 @@ def test_an_indexer_layer_launches_what_the_unbound_call_does(indexer_recorded, 
     assert launches == unbound
     launches.clear()
     api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, pdl=False)
-    assert [(k, c.pdl) for k, c, _ in launches] == [("compile_save", False), ("compile_indexer", False)]
+    assert [(k, c.pdl) for k, c, _ in launches] == [("save", False), ("indexer", False)]
 
 
 def test_indexer_policy_and_pdl_reach_the_kernel(indexer_recorded):
@@ -358,10 +344,10 @@ def test_the_ops_take_the_indexer_layouts(indexer_recorded, hadamard):
 def test_an_indexer_plan_restores_unit_strides_and_passes_eps(indexer_recorded, monkeypatch):
     """A one-token indexer call whose per-token arrays carry stride 2 (SPEC §9 allows any stride
     at length 1) reaches the kernel with unit strides on the same memory, and eps rounded to binary32."""
-    from dsv4_compressor.impl.cutedsl import indexer_launch
+    from dsv4_compressor.impl.cutedsl.host import compile_cache
 
     seen = []
-    monkeypatch.setattr(indexer_launch, "compile_indexer", lambda config, **_: lambda *a: seen.append(a))
+    monkeypatch.setitem(compile_cache.KERNELS, "indexer", lambda config, **_: lambda *a: seen.append(a))
     args = _indexer_arguments(4)
     for i in (1, 2, 3, 10):  # token_to_req_indices, positions, slot_mapping, kv_slot_mapping
         args[i] = args[i][:1].repeat_interleave(2)[::2]

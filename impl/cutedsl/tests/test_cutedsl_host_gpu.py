@@ -26,7 +26,7 @@ def test_bound_layer_after_warm_up_matches_spec_and_compiles_nothing_more(case):
     inside a CUDA graph captured right after the warm-up (no compile during capture); the
     indexer layouts (SPEC §12, with ``hadamard``) too."""
     from dsv4_compressor.impl import cutedsl
-    from dsv4_compressor.impl.cutedsl import compile_cache
+    from dsv4_compressor.impl.cutedsl.host import compile_cache
 
     inputs = case.inputs()
     expected = run_spec(inputs)

@@ -27,8 +27,8 @@ pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
-from dsv4_compressor.impl.cutedsl.indexer_config import IndexerConfig  # noqa: E402
-from dsv4_compressor.impl.cutedsl.ptx import compile_variant, indexer_variant_configs  # noqa: E402
+from dsv4_compressor.impl.cutedsl.config import IndexerConfig  # noqa: E402
+from dsv4_compressor.impl.cutedsl.ptx import compile_variant, kernel_configs, streams_rows  # noqa: E402
 from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
 
 
@@ -36,12 +36,12 @@ from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401 
 def indexer_ptx():
     """``[(config, ptx, report)]`` of every indexer kernel variant."""
     out = []
-    for name, kind, cfg, streams in indexer_variant_configs():
+    for kind, cfg in kernel_configs():
         if kind != "indexer":
             continue
         ptx = compile_variant(kind, cfg).__ptx__
-        out.append((cfg, ptx, ptx_rules.check_ptx("cutedsl", name, ptx, require_target="sm_90a",
-                                                  require_vector_loads=streams)))
+        out.append((cfg, ptx, ptx_rules.check_ptx("cutedsl", cfg.tag, ptx, require_target="sm_90a",
+                                                  require_vector_loads=streams_rows(kind, cfg))))
     return out
 
 
@@ -248,27 +248,31 @@ def test_indexer_variants_are_frozen_choices(no_compile):
     mapping) and ``pdl``, passed to each call; nothing global changes."""
     from dataclasses import FrozenInstanceError
 
-    from dsv4_compressor.impl.cutedsl import dispatch, variants
+    from dsv4_compressor.impl.cutedsl import variants
+    from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY, Policy
 
-    default = dispatch.DEFAULT_POLICY
-    assert variants.indexer_c4_w4.policy.shapes.indexer_c4_warps == 4 == default.shapes.indexer_c4_warps
+    def indexer_config(ratio, bs, layout, hadamard, weight, policy, pdl):
+        request = PathRequest(ratio, bs, 1, layout, 64, weight, 16, hadamard, policy, pdl)
+        return PATHS["indexer"].configs(request)[0]
+
+    default = DEFAULT_POLICY
+    assert default.shapes.indexer_c4_warps == 4
     assert variants.indexer_c4_w1.policy.shapes.indexer_c4_warps == 1
-    assert variants.indexer_c128_w8.policy.shapes.indexer_c128_warps == 8
     assert variants.indexer_nopdl.pdl is False and variants.indexer_nopdl.policy == default
-    config = dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", variants.indexer_c4_w8.policy, True)
+    config = indexer_config(4, 16, "indexer_fp8", False, "bfloat16", default.with_overrides(indexer_c4_warps=8), True)
     assert (config.warps, config.pdl) == (8, True)
-    config = dispatch.indexer_config(128, 8, "indexer_mxfp4", True, 64, "float32", default, False)
+    config = indexer_config(128, 8, "indexer_mxfp4", True, "float32", default, False)
     assert (config.warps, config.pdl) == (default.shapes.indexer_c128_warps, False)
     with pytest.raises(FrozenInstanceError):
-        variants.indexer_c4_w4.pdl = False  # type: ignore[misc]
+        variants.indexer_c4_w1.pdl = False  # type: ignore[misc]
     with pytest.raises(ValueError, match="indexer_c4_warp"):
         default.with_overrides(indexer_c4_warp=2)
     with pytest.raises(ValueError, match="warps"):  # the kernel configuration checks the mapping
-        dispatch.indexer_config(4, 16, "indexer_fp8", False, 64, "bfloat16", default.with_overrides(indexer_c4_warps=3),
-                                True)
+        indexer_config(4, 16, "indexer_fp8", False, "bfloat16", default.with_overrides(indexer_c4_warps=3), True)
     with pytest.raises(ValueError, match="state_cache: expected a tensor on one of"):  # validated, then refused on CPU
-        variants.indexer_c4_w4.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
-    assert default == dispatch.Policy()
+        variants.indexer_c4_w1.compress_norm_rope_store(**_indexer_call(), compress_ratio=4, layout="indexer_fp8")
+    assert default == Policy()
 
 
 def test_numpy_bools_take_the_same_path(no_compile):

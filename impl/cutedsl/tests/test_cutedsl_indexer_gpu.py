@@ -121,8 +121,8 @@ def _compile_mxfp4_encoders():
     (fp32 ``[n]``), compiled for TVM-FFI (torch tensors, the current stream)."""
     from cutlass import Float32, Int32
 
-    from dsv4_compressor.impl.cutedsl import compile_cache
-    from dsv4_compressor.impl.cutedsl.exact_math import e2m1_code, e2m1_scale_byte, pow2_neg_k
+    from dsv4_compressor.impl.cutedsl.host import compile_cache
+    from dsv4_compressor.impl.cutedsl.stages.exact_math import e2m1_code, e2m1_scale_byte, pow2_neg_k
 
     threads = 128
 

@@ -14,8 +14,9 @@ pytest.importorskip("cutlass")
 from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.conformance.scenarios import scenarios  # noqa: E402
 from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
-from dsv4_compressor.impl.cutedsl import api, launch  # noqa: E402
-from dsv4_compressor.impl.cutedsl.dispatch import Policy  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.policy import Policy  # noqa: E402
+from ffi_stub import host_only, stub_kernels  # noqa: E402
 
 
 class Recorder:
@@ -29,14 +30,8 @@ class Recorder:
 @pytest.fixture
 def launches(monkeypatch):
     log = []
-    compile_cache = launch.kernels()
-    for name in ("compile_c4", "compile_c128_cluster", "compile_c128_handoff", "compile_c128_pipelined",
-                 "compile_c128_pool", "compile_c128_store"):
-        monkeypatch.setattr(compile_cache, name, lambda config, _n=name: Recorder(_n, log))
-    monkeypatch.setattr(launch, "_require_cuda", lambda name, tensor: None)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)  # the pipelined kernel's grid
-    monkeypatch.setattr(launch, "_current_stream", lambda device: 0)  # the handoff counters' key
-    monkeypatch.setattr(launch, "_COUNTERS", {})
+    stub_kernels(monkeypatch, lambda name, _: lambda config, **_: Recorder(name, log))
+    host_only(monkeypatch)
     monkeypatch.setattr(api, "_PLANS", PlanCache())
     return log
 
@@ -98,25 +93,27 @@ def test_debug_calls_and_policy_changes_bypass_the_cache(launches):
     launches.clear()
     api.compress_norm_rope_store(*args, **kwargs, policy=Policy(cluster_max_tokens=0, handoff_max_tokens=0))
     assert len(api._PLANS) == 2
-    assert [n for n, _ in launches] == ["compile_c128_pipelined"]
+    assert [n for n, _ in launches] == ["fused_pipelined"]
 
 
 def test_save_and_compress_launches_the_save_then_an_early_metadata_compress(launches, monkeypatch):
     """The combined call: every argument validated before the first launch, the save kernel
     first, then a compress kernel compiled with early metadata; a plain compress call with
     the same layout keeps its own plan, which waits first."""
-    compile_cache = launch.kernels()
     configs = []
-    for name in ("compile_c128_cluster", "compile_c128_handoff", "compile_c128_pool"):
-        monkeypatch.setattr(compile_cache, name,
-                            lambda config, _n=name: configs.append(getattr(config, "pool", config)) or Recorder(_n, launches))
-    monkeypatch.setattr(compile_cache, "compile_save", lambda config: Recorder("compile_save", launches))
+
+    def recorder(name, _):  # the compress kernels' pooling configurations
+        if name == "save":
+            return lambda config, **_: Recorder(name, launches)
+        return lambda config, **_: configs.append(getattr(config, "pool", config)) or Recorder(name, launches)
+
+    stub_kernels(monkeypatch, recorder)
     args, kwargs = _arguments("c128_decode_boundary")
     tokens = len(args[2])
     kv_score, ape = torch.zeros(tokens, 1024), torch.zeros(128, 512)
     workspace = torch.empty((tokens, 512))
     api.save_and_compress_norm_rope_store(kv_score, ape, *args, **kwargs, workspace=workspace)
-    assert [n for n, _ in launches][0] == "compile_save" and len(launches) == 2
+    assert [n for n, _ in launches][0] == "save" and len(launches) == 2
     assert configs[-1].early_metadata and configs[-1].pdl
     launches.clear()
     for bad_ape, bad_kwargs, needle in ((ape[:, :256], {}, "ape"), (ape, {"layout": "fp8"}, "layout")):

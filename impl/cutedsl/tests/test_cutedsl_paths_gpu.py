@@ -81,7 +81,7 @@ def _choices(knobs: dict) -> dict:
     field>``, and the other fields of Policy or KernelShapes with an optional ``c128_`` prefix."""
     from dataclasses import fields, replace
 
-    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY, PoolShape
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY, PoolShape
 
     pool_fields = {f.name for f in fields(PoolShape)}
     pdl, shapes, flat = knobs.get("pdl", True), {}, {}
@@ -130,12 +130,13 @@ def test_compress_x_bits(case, path):
 
 def test_compress_per_row_lookups_at_block8_size():
     """The generic kernel's one-lookup-per-row code path on a Block8-sized cache."""
-    from dsv4_compressor.impl.cutedsl import compile_cache, config
+    from dsv4_compressor.impl.cutedsl import config
+    from dsv4_compressor.impl.cutedsl.host import compile_cache
 
     step = DeviceStep(Case(128, 8, 2).inputs())
     expected = _spec_x(step)
     out = torch.full((step.batch.num_tokens, 512), float("nan"), device="cuda")
-    kernel = compile_cache.compile_c128_pool(config.C128PoolConfig(8, 1))
+    kernel = compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 1))
     m = step.meta
     kernel(step.state, m["token_to_req_indices"], m["positions"], m["slot_mapping"], m["block_table"],
            m["kv_slot_mapping"], out)

@@ -27,7 +27,7 @@ PIPELINED_CASES = [case for case, paths in C128_CASES if "fused_pipelined" in pa
 @pytest.mark.parametrize("clusters", [1, 2, 3])
 @pytest.mark.parametrize("case", PIPELINED_CASES, ids=case_id)
 def test_few_clusters_walk_every_token(case, clusters):
-    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
     policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=clusters)
     step, _ = run_step(case, c128_path="fused_pipelined", policy=policy)
@@ -37,7 +37,7 @@ def test_few_clusters_walk_every_token(case, clusters):
 @pytest.mark.parametrize("overrides", [dict(pdl=False), dict(early_metadata=True)],
                          ids=lambda o: next(iter(o)))
 def test_launch_options_keep_the_bytes(overrides):
-    from dsv4_compressor.impl.cutedsl.dispatch import DEFAULT_POLICY
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
     fields = {k: v for k, v in overrides.items() if k != "pdl"}
     pdl = overrides.get("pdl", True)
@@ -50,15 +50,18 @@ def test_launch_options_keep_the_bytes(overrides):
 def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     """The driver's count of resident 8-CTA clusters is at most the SM slots allow (clusters
     live inside a GPC, so it may be fewer), and a large call's grid is exactly that count."""
-    from dsv4_compressor.impl.cutedsl import dispatch, launch, occupancy
-    from dsv4_compressor.impl.cutedsl.fused_c128_pipelined import C128PipelinedKernel
+    from dsv4_compressor.impl.cutedsl.host import buffers, occupancy, plans
+    from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
+    from dsv4_compressor.impl.cutedsl.kernels.fused_pipelined import FusedPipelinedKernel
 
     device = torch.device("cuda")
-    policy = dispatch.DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
-    entry = launch.entry_format("flashmla_fp8", 64, torch.bfloat16, 16)
-    compiled, grid = launch.compress_kernels("fused_pipelined", 8, 100000, entry, policy, True, False, device)
-    kernel = C128PipelinedKernel(launch.compress_configs("fused_pipelined", 8, 100000, entry, policy, True, False)[0][1])
+    policy = DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
+    path = PATHS["fused_pipelined"]
+    request = PathRequest(128, 8, 100000, "flashmla_fp8", 64, "bfloat16", 16, False, policy, True)
+    compiled, grid = plans.compile_path(path, request, device)
+    kernel = FusedPipelinedKernel(path.configs(request)[0])
     resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-    slots = launch.sm_count(device) * ctas_per_sm // kernel.tiles
+    slots = buffers.sm_count(device) * ctas_per_sm // kernel.tiles
     print(f"resident 8-CTA clusters at {ctas_per_sm} CTAs per SM: {resident} (SM slots: {slots})")
     assert resident is not None and 1 <= resident <= slots and grid == (resident,)

@@ -1,7 +1,7 @@
 """Compile each kernel once per static configuration, tensor-free, and cache it in process.
 
 Why tensor-free: the compile functions take only hashable configurations
-(:mod:`.config`), build fake tensors with symbolic sizes and strides, and return a TVM-FFI
+(:mod:`..config`), build fake tensors with symbolic sizes and strides, and return a TVM-FFI
 callable that takes torch tensors directly and launches on torch's current stream
 (``make_fake_stream(use_tvm_ffi_env_stream=True)``). So the hot path is one dictionary
 lookup and one FFI call: no ``from_dlpack``, no re-tracing, no host synchronization, and
@@ -11,7 +11,7 @@ the lock.
 Fake tensors: dynamic extents are ``sym_int``; the token count ``T`` is one shared symbol,
 so TVM-FFI checks that all per-token arrays have the same length. Strides are plain
 dynamic 64-bit symbols without divisibility promises (kernels build aligned pointers from
-the alignment the front end checked; see :mod:`.memory`); compile-time values (``bs``,
+the alignment the front end checked; see :mod:`..stages.memory`); compile-time values (``bs``,
 ``B``, row widths) are static extents, which TVM-FFI also checks at call time.
 """
 
@@ -30,17 +30,20 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint8
 
-from .config import (
+from ....spec.entry_layout import ENTRY_LAYOUTS
+from ..config import (
     HEAD_DIM,
+    INDEXER_HEAD_DIM,
     ROPE_DIM,
     C4Config,
     C128PoolConfig,
-    ClusterConfig,
+    FusedClusterConfig,
     EntryFormat,
-    HandoffConfig,
-    PipelinedConfig,
+    FusedHandoffConfig,
+    IndexerConfig,
+    FusedPipelinedConfig,
     SaveConfig,
-    StoreConfig,
+    SplitStoreConfig,
 )
 
 _LOCK = threading.RLock()
@@ -123,16 +126,21 @@ def fake_cos_sin():
     return cute.runtime.make_fake_tensor(Float32, (cute.sym_int(), ROPE_DIM), stride=(_dyn_stride(), 1), assumed_align=4)
 
 
-def fake_k_cache(entry: EntryFormat):
-    """``k_cache`` with a static ``B``; strides dynamic (SPEC allows padded page strides)."""
-    B = entry.entries_per_page
-    if entry.layout == "flashmla_fp8":
-        shape, dtype = (cute.sym_int(), B, 584), Uint8
-    elif entry.layout == "bf16":
-        shape, dtype = (cute.sym_int(), B, HEAD_DIM), BFloat16
-    else:
-        shape, dtype = (cute.sym_int(), B, HEAD_DIM), Float8E4M3FN
-    return cute.runtime.make_fake_tensor(dtype, shape, stride=(_dyn_stride(), _dyn_stride(), 1), assumed_align=entry.store_align)
+_ELEMENTS = {"uint8": Uint8, "bfloat16": BFloat16, "float8_e4m3fn": Float8E4M3FN}  # spec.entry_layout's dtypes
+
+
+def fake_k_cache(layout: str, entries_per_page: int, store_align: int):
+    """``k_cache`` of a layout (:mod:`dsv4_compressor.spec.entry_layout`) with a static ``B``;
+    strides dynamic (SPEC allows padded page strides)."""
+    entry = ENTRY_LAYOUTS[layout]
+    shape = (cute.sym_int(), entries_per_page, entry.entry_elements)
+    return cute.runtime.make_fake_tensor(_ELEMENTS[entry.element], shape, stride=(_dyn_stride(), _dyn_stride(), 1),
+                                         assumed_align=store_align)
+
+
+def fake_entry_cache(entry: EntryFormat):
+    """``k_cache`` of a 512-wide entry format."""
+    return fake_k_cache(entry.layout, entry.entries_per_page, entry.store_align)
 
 
 def fake_stream():
@@ -144,7 +152,7 @@ def compile_c4(config: C4Config, *, keep_ptx: bool = False):
     """C4 fused (``config.entry`` set) or pooling-only (``entry=None``) kernel."""
 
     def build():
-        from .pooling_c4 import C4FusedKernel, C4PoolKernel
+        from ..kernels.c4 import C4FusedKernel, C4PoolKernel
 
         T = cute.sym_int()
         state = fake_state_cache(config.block_size, 4 * HEAD_DIM)
@@ -155,105 +163,105 @@ def compile_c4(config: C4Config, *, keep_ptx: bool = False):
                                 fake_x_buffer(), fake_stream(), options=_options(keep_ptx))
         return cute.compile(
             C4FusedKernel(config), state, token_req, positions, slots, fake_block_table(),
-            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_k_cache(config.entry), kv_slots,
+            fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_entry_cache(config.entry), kv_slots,
             Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
         )
 
     return cached(("c4", config, keep_ptx), build)
 
 
-def compile_c128_pool(config: C128PoolConfig, *, keep_ptx: bool = False):
+def compile_split_pool(config: C128PoolConfig, *, keep_ptx: bool = False):
     """C128 split path, compress kernel (Block8 or generic): writes x to the scratch."""
 
     def build():
-        from .pooling_c128 import C128PoolKernel
+        from ..kernels.split_pool import SplitPoolKernel
 
         T = cute.sym_int()
         return cute.compile(
-            C128PoolKernel(config), fake_state_cache(config.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
+            SplitPoolKernel(config), fake_state_cache(config.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
             fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(), fake_per_token(Int64, T),
             fake_x_buffer(), fake_stream(), options=_options(keep_ptx),
         )
 
-    return cached(("c128_pool", config, keep_ptx), build)
+    return cached(("split_pool", config, keep_ptx), build)
 
 
-def compile_c128_store(config: StoreConfig, *, keep_ptx: bool = False):
+def compile_split_store(config: SplitStoreConfig, *, keep_ptx: bool = False):
     """C128 split path, store kernel: x scratch -> cache entries."""
 
     def build():
-        from .store import C128StoreKernel
+        from ..kernels.split_store import SplitStoreKernel
 
         T = cute.sym_int()
         return cute.compile(
-            C128StoreKernel(config), fake_x_buffer(), fake_per_token(Int64, T), fake_per_token(Int64, T),
+            SplitStoreKernel(config), fake_x_buffer(), fake_per_token(Int64, T), fake_per_token(Int64, T),
             fake_per_token(Int64, T), fake_weight(config.entry.weight_dtype), fake_cos_sin(),
-            fake_k_cache(config.entry), Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
+            fake_entry_cache(config.entry), Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
         )
 
-    return cached(("c128_store", config, keep_ptx), build)
+    return cached(("split_store", config, keep_ptx), build)
 
 
-def fused_c128_inputs(config: ClusterConfig) -> tuple:
+def fused_c128_inputs(config: FusedClusterConfig) -> tuple:
     """The nine tensor arguments every single-launch C128 kernel starts with (cluster, handoff,
     stream): state cache, token_to_req, positions, slots, block table, weight, cos/sin,
     k_cache, kv slots."""
     T = cute.sym_int()
     return (fake_state_cache(config.pool.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T), fake_per_token(Int64, T),
             fake_per_token(Int64, T), fake_block_table(), fake_weight(config.entry.weight_dtype), fake_cos_sin(),
-            fake_k_cache(config.entry), fake_per_token(Int64, T))
+            fake_entry_cache(config.entry), fake_per_token(Int64, T))
 
 
-def compile_c128_cluster(config: ClusterConfig, *, keep_ptx: bool = False):
+def compile_fused_cluster(config: FusedClusterConfig, *, keep_ptx: bool = False):
     """C128 single-launch kernel on 8-CTA clusters."""
 
     def build():
-        from .fused_c128_cluster import C128ClusterKernel
+        from ..kernels.fused_cluster import FusedClusterKernel
 
         return cute.compile(
-            C128ClusterKernel(config), *fused_c128_inputs(config),
+            FusedClusterKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
         )
 
-    return cached(("c128_cluster", config, keep_ptx), build)
+    return cached(("fused_cluster", config, keep_ptx), build)
 
 
-def compile_c128_handoff(config: HandoffConfig, *, keep_ptx: bool = False):
+def compile_fused_handoff(config: FusedHandoffConfig, *, keep_ptx: bool = False):
     """C128 single-launch kernel without clusters (the last CTA of a token finishes it)."""
 
     def build():
-        from .fused_c128_handoff import C128HandoffKernel
+        from ..kernels.fused_handoff import FusedHandoffKernel
 
         return cute.compile(
-            C128HandoffKernel(config), *fused_c128_inputs(config),
+            FusedHandoffKernel(config), *fused_c128_inputs(config),
             fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), fake_stream(),
             options=_options(keep_ptx),
         )
 
-    return cached(("c128_handoff", config, keep_ptx), build)
+    return cached(("fused_handoff", config, keep_ptx), build)
 
 
-def compile_c128_pipelined(config: PipelinedConfig, *, keep_ptx: bool = False):
+def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = False):
     """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument);
     its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`)."""
 
     def build():
-        from .fused_c128_pipelined import C128PipelinedKernel
+        from ..kernels.fused_pipelined import FusedPipelinedKernel
 
         return cute.compile(
-            C128PipelinedKernel(config), *fused_c128_inputs(config),
+            FusedPipelinedKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
             options=f"{_options(keep_ptx)} --keep-cubin --dump-dir={_dump_dir()}",
         )
 
-    return cached(("c128_pipelined", config, keep_ptx), build)
+    return cached(("fused_pipelined", config, keep_ptx), build)
 
 
 def compile_save(config: SaveConfig, *, keep_ptx: bool = False):
     """save_partial_states."""
 
     def build():
-        from .save_states import SavePartialStatesKernel
+        from ..kernels.save import SavePartialStatesKernel
 
         T = cute.sym_int()
         row = 2 * config.state_width
@@ -267,3 +275,42 @@ def compile_save(config: SaveConfig, *, keep_ptx: bool = False):
         )
 
     return cached(("save", config, keep_ptx), build)
+
+
+def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False):
+    """The indexer compressor's kernel (SPEC §12): C4 or C128 by ``config.ratio``."""
+
+    def build():
+        from ..kernels.indexer import indexer_kernel
+
+        T = cute.sym_int()
+        weight_dtype = BFloat16 if config.weight_dtype == "bfloat16" else Float32
+        weight = cute.runtime.make_fake_tensor(weight_dtype, (INDEXER_HEAD_DIM,), stride=(1,),
+                                               assumed_align=weight_dtype.width // 8)
+        k_cache = fake_k_cache(config.layout, config.entries_per_page, 16)  # page stride dynamic, aligned base
+        return cute.compile(
+            indexer_kernel(config), fake_state_cache(config.block_size, 2 * config.state_width),
+            fake_per_token(Int32, T), fake_per_token(Int64, T),
+            fake_per_token(Int64, T), fake_block_table(), weight,
+            fake_cos_sin(), k_cache, fake_per_token(Int64, T), Float32(1e-6),
+            fake_stream(), options=_options(keep_ptx),
+        )
+
+    return cached(("indexer", config, keep_ptx), build)
+
+
+KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPath.kernels)
+    "c4": compile_c4,
+    "split_pool": compile_split_pool,
+    "split_store": compile_split_store,
+    "fused_cluster": compile_fused_cluster,
+    "fused_handoff": compile_fused_handoff,
+    "fused_pipelined": compile_fused_pipelined,
+    "indexer": compile_indexer,
+    "save": compile_save,
+}
+
+
+def compile_kernel(kernel: str, config, *, keep_ptx: bool = False):
+    """The compiled TVM-FFI callable of kernel ``kernel`` for a static configuration (cached)."""
+    return KERNELS[kernel](config, keep_ptx=keep_ptx)

@@ -1,4 +1,4 @@
-"""The walk of the persistent C128 kernel (:mod:`.fused_c128_pipelined`): a CTA's run of
+"""The walk of the persistent C128 kernel (:mod:`..kernels.fused_pipelined`): a CTA's run of
 tokens, its active ones found by ballot, and their rows staged in shared memory ahead of the
 pooling.
 

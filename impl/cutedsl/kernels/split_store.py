@@ -2,7 +2,7 @@
 
 One 128-thread group per token (``tokens_per_cta`` groups per CTA, each with its own named
 barrier); thread ``t`` loads ``x[4t..4t+3]`` with one 128-bit load and runs the finishing
-stage of that mapping (:class:`.postprocess.GroupFinish`, SPEC §6-§7). ``B`` (entries per page) is a
+stage of that mapping (:class:`..stages.postprocess.GroupFinish`, SPEC §6-§7). ``B`` (entries per page) is a
 compile-time constant, so ``slot // B`` and ``slot % B`` are shifts or multiply-highs.
 Tokens that are not active (SPEC §5) write nothing; their scratch rows are never read.
 """
@@ -18,19 +18,19 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import token_activity
-from .config import StoreConfig
-from .dependent_launch import wait_for_prerequisite_grids
-from .memory import element_address, load_fragment
-from .postprocess import GroupFinish
+from ..stages.activity import token_activity
+from ..config import SplitStoreConfig
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.memory import element_address, load_fragment
+from ..stages.postprocess import GroupFinish
 
 RATIO = 128
 
 
-class C128StoreKernel:
+class SplitStoreKernel:
     """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: SplitStoreConfig):
         self.config = config
         self.pdl = config.pdl
         self.tokens_per_cta = config.tokens_per_cta

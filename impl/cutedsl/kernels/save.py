@@ -16,10 +16,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
-from .config import SaveConfig
-from .dependent_launch import wait_for_prerequisite_grids
-from .exact_math import fadd
-from .memory import element_address, load_fragment, store_fragment
+from ..config import SaveConfig
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.exact_math import fadd
+from ..stages.memory import element_address, load_fragment, store_fragment
 
 
 class SavePartialStatesKernel:

@@ -1,9 +1,9 @@
 """C128 pooling: one CTA pools one channel tile of one token's 128-row window.
 
 :class:`C128TilePooling` is the stage every C128 kernel pools with: the split path's
-compress kernel (:class:`C128PoolKernel`; Block8 and generic share the code, they differ
+compress kernel (:class:`SplitPoolKernel`; Block8 and generic share the code, they differ
 only in how many rows one block-table lookup serves) and the first half of the fused
-kernels (:mod:`.fused_c128_cluster`, :mod:`.fused_c128_handoff`).
+kernels (:mod:`..kernels.fused_cluster`, :mod:`..kernels.fused_handoff`).
 
 Thread mapping (``warps`` warps; ``tile`` channels; defaults 8 and 64): a warp's lanes form
 ``32 / (tile/4)`` row groups of ``tile/4`` lanes; lane ``(g, l)`` of warp ``w`` owns
@@ -44,22 +44,15 @@ overlap the kv transfer instead of waiting behind it.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-try:  # 4.8+
-    from cutlass.memory import SmemAllocator
-except ImportError:  # pragma: no cover - 4.0..4.7
-    from cutlass.utils import SmemAllocator
-
-from .activity import token_activity
-from .config import HEAD_DIM, C128PoolConfig
+from ..config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, gmem_tensor, load_into, store_fragment, window_row_addresses, window_run_starts
+from .memory import gmem_tensor, load_into, window_row_addresses, window_run_starts
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -291,49 +284,3 @@ def store_smem(sBuf: cute.Tensor, row, first, frag: cute.Tensor) -> None:
     """``sBuf[row, first:first+len]`` <- registers (one vector shared-memory store)."""
     count = cute.size(frag)
     cute.autovec_copy(frag, cute.local_tile(sBuf[row, None], (count,), (first // count,)))
-
-
-class C128PoolKernel:
-    """C128 split path, compress kernel: grid ``(512 / tile) * T``; writes ``x`` of active tokens.
-
-    ``x`` rows are exactly SPEC §5's bits, so the store kernel can finish them separately.
-    """
-
-    def __init__(self, pool: C128PoolConfig):
-        self.pool = pool
-        self.pdl = pool.pdl
-        self.pooling = C128TilePooling(pool)
-
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mOut: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
-        stream: cuda.CUstream,
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
-            grid=(self.pooling.num_tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
-            use_pdl=self.pdl
-        )
-
-    @cute.kernel
-    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
-        cta, _, _ = cute.arch.block_idx()
-        tile, tok = self.pooling.tile_and_token(cta)
-        sMax, sNum, sDen, sKv = self.pooling.allocate_smem(SmemAllocator())
-        position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
-        if active:
-            x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
-            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            if warp == 0:
-                channel = tile * self.pooling.tile + cute.arch.lane_idx() * self.pooling.final_channels
-                store_fragment(x, element_address(mOut, tok, channel), 4 * self.pooling.final_channels)

@@ -1,7 +1,7 @@
 """Distributed shared memory of a thread-block cluster: a store into a peer CTA's shared memory,
 and the per-token exchange of the C128 kernels on clusters built on it.
 
-The C128 kernels on clusters (:mod:`.fused_c128_cluster`, :mod:`.fused_c128_pipelined`) give
+The C128 kernels on clusters (:mod:`..kernels.fused_cluster`, :mod:`..kernels.fused_pipelined`) give
 every CTA of a token each tile's sum of squares this way (:class:`TileSumExchange`); the
 cluster barrier that follows publishes the stores.
 """

@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Uint32
 
-from ...spec.constants import AMAX_FLOOR, E2M1_MAX, EXP2S_COEFFS, FP8_MAX, LOG2E
+from ....spec.constants import AMAX_FLOOR, E2M1_MAX, EXP2S_COEFFS, FP8_MAX, LOG2E
 
 RN = cute.math.RoundingMode.NEAREST_EVEN
 

@@ -1,6 +1,6 @@
 """The hand-off of a C128 token between independent CTAs: the last tile finishes the entry.
 
-The stage of :mod:`.fused_c128_handoff`, whose 8 tiles of a token are 8 independent CTAs
+The stage of :mod:`..kernels.fused_handoff`, whose 8 tiles of a token are 8 independent CTAs
 rather than a cluster. Each CTA, once warp 0 holds its tile's ``x`` (2 channels per lane):
 
 1. warp 0 stores ``x`` into row ``t`` of the fp32 scratch and each of its threads makes its

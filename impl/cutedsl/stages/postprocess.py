@@ -30,7 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8
 
-from .config import DATA_RECORD_BYTES, HEAD_DIM, NOPE_DIM, QUANT_BLOCK, SCALE_RECORD_BYTES, EntryFormat
+from ..config import DATA_RECORD_BYTES, HEAD_DIM, NOPE_DIM, QUANT_BLOCK, SCALE_RECORD_BYTES, EntryFormat
 from .exact_math import (
     INV_HEAD_DIM,
     abs_max_fragment,

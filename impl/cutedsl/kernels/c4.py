@@ -1,103 +1,28 @@
-"""C4 kernels: the 8-row overlapped window, pooled and (fused) normalized, rotated, stored.
+"""The C4 kernels: the fused one (pool, RMSNorm, RoPE, quantize, store) and the pooling-only one.
 
-Thread mapping: a token group is 128 threads (4 warps); thread ``t`` owns channels
-``4t..4t+3`` of the 512-channel compressed vector and holds all 8 window rows of them in
-registers: row ``i`` (position ``p-7+i``) reads ``kv[h*512 + 4t ..]`` and
-``score[h*512 + 4t ..]`` of its state row, ``h = i // 4`` (rows 0..3 the first halves of
-group ``c-1``, rows 4..7 the second halves of group ``c``), as two 128-bit loads. A CTA
-holds ``tokens_per_cta`` groups, each synchronizing on its own named barrier, so a group
-of an inactive token simply skips.
-
-Block lookups: the window starts at ``4*(p//4) - 4`` (``= p - 7`` for a boundary token),
-so each half is 4 consecutive positions starting at a multiple of 4; a run of
-``gcd(bs, 4)`` of them lies in one state block and shares one ``block_table`` read.
-
-Exactness (SPEC §5): per channel, two passes over the registers: ``M`` = exact max over
-the valid rows, then ``e_i = exp2s(mul(sub(s_i, M), L))``, ``u_i = mul(kv_i, e_i)`` and
-``x = div(tree(u), tree(e))`` with the 8-leaf trees in row order. At ``p = 3`` rows 0..3
-(positions -4..-1) are invalid: they are not loaded, their score is ``-inf`` (so they
-drop out of the max and ``exp2s(-inf) = +0``) and their kv ``+0``, so ``e = u = +0`` and
-they still take part in the trees, as the spec says.
+Both pool with :class:`..stages.pooling_c4.C4Window` (a token group of 128 threads, 4
+channels a thread, the 8 window rows in registers); the fused kernel finishes with
+:class:`..stages.postprocess.GroupFinish`. A CTA holds ``tokens_per_cta`` token groups, each
+synchronizing on its own named barrier, so a group of an inactive token simply skips.
 """
 
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import token_activity
-from .config import HEAD_DIM, C4Config
-from .dependent_launch import wait_for_prerequisite_grids
-from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import element_address, load_into, row_address, store_fragment
-from .postprocess import GroupFinish
-
-RATIO = 4
-WINDOW = 8
-STATE_WIDTH = 2 * HEAD_DIM  # SW: kv[0:1024] then score[0:1024]
-
-
-def window_weights(sc: list, c: int) -> list:
-    """``e_i = exp2s(mul(sub(s_i, M), L))`` of channel ``c`` over the 8 register rows (SPEC §5)."""
-    row_max = tree_max([sc[i][c] for i in range(WINDOW)])
-    return [softmax_weight(sc[i][c], row_max) for i in range(WINDOW)]
-
-
-def pooled(kv: list, e: list, c: int):
-    """``x[c] = div(tree(u), tree(e))``, ``u_i = mul(kv_i, e_i)`` (SPEC §5)."""
-    return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(WINDOW)]), tree_sum(e))
-
-
-class C4Window:
-    """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
-    thread of a 128-thread token group."""
-
-    group_threads = 128
-    vec = 4
-
-    def __init__(self, config: C4Config):
-        self.block_size = config.block_size
-        self.rows_per_lookup = config.rows_per_lookup
-
-    @cute.jit
-    def pool_window(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 4 == 3)
-        t: Int32,  # thread index in the token group, 0..127
-        x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
-    ):
-        bs, run = self.block_size, self.rows_per_lookup
-        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
-        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
-        for i in cutlass.range_constexpr(WINDOW):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
-        window_start = (position // RATIO) * RATIO - RATIO  # p - 7 for a boundary token
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        for half in cutlass.range_constexpr(2):
-            kv_byte = (half * HEAD_DIM + t * self.vec) * 4
-            score_byte = kv_byte + STATE_WIDTH * 4
-            for r in cutlass.range_constexpr(RATIO // run):
-                first_row = half * RATIO + r * run
-                pos = window_start + first_row
-                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    start = row_address(mState, mBlockTable, req, pos, bs)
-                    for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                        load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
-                    for i in cutlass.range_constexpr(run):
-                        load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
-        for c in cutlass.range_constexpr(self.vec):
-            x[c] = pooled(kv, window_weights(sc, c), c)
+from ..config import C4Config
+from ..stages.activity import token_activity
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.memory import element_address, store_fragment
+from ..stages.pooling_c4 import RATIO, C4Window
+from ..stages.postprocess import GroupFinish
 
 
 class C4PoolKernel:

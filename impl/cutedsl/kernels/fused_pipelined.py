@@ -5,13 +5,13 @@ on every inactive token, and in a serving step almost every C128 token is inacti
 closes a window). A grid of one token per CTA *chunk* skips them for a ballot bit, but a CTA
 that pools its tokens one after the other leaves HBM idle while it computes. Here a fixed
 number ``G`` of 8-CTA clusters (as many as the device holds at once, never more than ``T``;
-the host asks the driver, :mod:`.occupancy`) each walk a contiguous run of ``ceil(T / G)``
+the host asks the driver, :mod:`..host.occupancy`) each walk a contiguous run of ``ceil(T / G)``
 tokens and overlap the next active token's reads with the current token's arithmetic.
 
 Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
 :class:`.pooling_c128.C128TilePooling`):
 
-1. the walk (:mod:`.pipelined_walk`): every CTA of the cluster reads the run's metadata a batch
+1. the walk (:mod:`..stages.pipelined_walk`): every CTA of the cluster reads the run's metadata a batch
    of 32 tokens at a time and ballots the active ones, so all agree on the order without shared
    memory; each thread stages its own rows of a token in shared memory with ``cp.async``.
 2. per active token ``A`` with next active token ``B``: read ``B``'s block-table entries; wait
@@ -21,7 +21,7 @@ Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
    rows into the kv stage. So ``B``'s 64 KiB per CTA stream while ``A`` is reduced, normalized
    and stored.
 3. finishing, as the cluster kernel: each CTA's tile sum of squares goes to every CTA of the
-   cluster through DSMEM, one cluster barrier per token, then :class:`.postprocess.TileFinish`.
+   cluster through DSMEM, one cluster barrier per token, then :class:`..stages.postprocess.TileFinish`.
    The tile sums are double-buffered by token parity: a CTA writes buffer ``k % 2`` for token
    ``k`` only after the barrier of token ``k - 1``, which every CTA passes after reading
    buffer ``k % 2`` for token ``k - 2``.
@@ -45,21 +45,21 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .cluster_smem import TileSumExchange
-from .config import PipelinedConfig
-from .dependent_launch import wait_for_prerequisite_grids
-from .pipelined_walk import RunWalk
-from .pooling_c128 import RATIO, C128TilePooling
-from .postprocess import TileFinish
+from ..stages.cluster_smem import TileSumExchange
+from ..config import FusedPipelinedConfig
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.pipelined_walk import RunWalk
+from ..stages.pooling_c128 import RATIO, C128TilePooling
+from ..stages.postprocess import TileFinish
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 3 x ~70 KiB
 
 
-class C128PipelinedKernel:
+class FusedPipelinedKernel:
     """Grid ``8 * G`` (1-D; CTAs ``8c .. 8c+7`` are cluster ``c``, its ranks the tiles), cluster
     ``(8, 1, 1)``, 256 threads."""
 
-    def __init__(self, config: PipelinedConfig):
+    def __init__(self, config: FusedPipelinedConfig):
         self.config = config
         self.pool = config.pool
         self.pdl = config.pool.pdl
@@ -141,4 +141,4 @@ class C128PipelinedKernel:
             parity = parity ^ Int32(1)
 
 
-__all__ = ["C128PipelinedKernel"]
+__all__ = ["FusedPipelinedKernel"]

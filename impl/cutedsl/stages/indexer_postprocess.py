@@ -29,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
-from ...spec.constants import HADAMARD_SCALE
+from ....spec.constants import HADAMARD_SCALE
 from .postprocess import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
 from .exact_math import (
     abs_max_fragment,
@@ -44,7 +44,7 @@ from .exact_math import (
     to_e4m3_fragment,
     ue8m0_scale_byte,
 )
-from .indexer_config import INDEXER_HEAD_DIM, INDEXER_ROPE_FIRST, IndexerConfig
+from ..config import INDEXER_HEAD_DIM, INDEXER_ROPE_FIRST, IndexerConfig
 from .memory import store_fragment, store_scalar
 
 VEC = 4  # channels per lane

@@ -10,7 +10,7 @@ Two cluster shapes (``pool.tile``): 8 CTAs of 64 channels, or 16 CTAs of 32 chan
 non-portable cluster size). Per CTA (rank ``g`` = tile ``g``, ``warps`` warps): pool the
 tile exactly as the split path's compress kernel (:class:`.pooling_c128.C128TilePooling`;
 Block8 or generic lookups); warp 0 ends up with ``x`` for ``tile/32`` consecutive channels
-per lane. Then (steps 3 and 4 are the finishing stage, :class:`.postprocess.TileFinish`):
+per lane. Then (steps 3 and 4 are the finishing stage, :class:`..stages.postprocess.TileFinish`):
 
 1. tile partial ``ss_g`` = SPEC's tree over the tile's channels (per-lane tree, xor
    butterfly 1..16: lanes hold consecutive aligned chunks);
@@ -18,7 +18,7 @@ per lane. Then (steps 3 and 4 are the finishing stage, :class:`.postprocess.Tile
    (``mapa`` + ``st.shared::cluster``); with 16 CTAs a NoPE CTA also writes its 32 ``x``
    values to the other half of its quantization block (rank ``g ^ 1``). The cluster
    barrier (arrive = release, wait = acquire) publishes everything
-   (:class:`.cluster_smem.TileSumExchange`, shared with the pipelined kernel);
+   (:class:`..stages.cluster_smem.TileSumExchange`, shared with the pipelined kernel);
 3. every CTA computes ``ss = tree(ss_0..ss_{C-1})``: SPEC's tree over 512 channels is the
    tree over the tile trees, so all CTAs get the identical, exact ``ss``;
 4. ``rr``, ``y = mul(mul(x, rr), w)`` for the tile. 8 CTAs: tiles 0..6 are exactly
@@ -43,7 +43,7 @@ arithmetic (~25 separately rounded operations per ``exp2s``): faster for a few t
 they stream worse, so dispatch switches to 8 CTAs above 4 tokens. Requesting the kv rows
 only after the window max (``kv_after_max``, the default) lets a wave's scores arrive first.
 A cluster must fit inside one GPC: only 62 eight-CTA clusters run at once on the H200
-(Nsight Compute), so from 32 tokens on the cluster-free :mod:`.fused_c128_handoff` is faster
+(Nsight Compute), so from 32 tokens on the cluster-free :mod:`.fused_handoff` is faster
 and dispatch uses clusters only up to 16 tokens.
 """
 
@@ -58,19 +58,19 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import token_activity
-from .cluster_smem import TileSumExchange
-from .config import ClusterConfig
-from .dependent_launch import wait_for_prerequisite_grids
-from .pooling_c128 import RATIO, C128TilePooling
-from .postprocess import TileFinish
+from ..stages.activity import token_activity
+from ..stages.cluster_smem import TileSumExchange
+from ..config import FusedClusterConfig
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.pooling_c128 import RATIO, C128TilePooling
+from ..stages.postprocess import TileFinish
 
 
-class C128ClusterKernel:
+class FusedClusterKernel:
     """Grid ``C * T`` (1-D), cluster ``(C, 1, 1)`` with ``C = 512 / tile`` (8 or 16 CTAs),
     ``32 * warps`` threads per CTA."""
 
-    def __init__(self, config: ClusterConfig):
+    def __init__(self, config: FusedClusterConfig):
         self.config = config
         self.pool = config.pool
         self.pdl = config.pool.pdl

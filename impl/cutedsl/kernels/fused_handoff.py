@@ -8,13 +8,13 @@ the 8 CTAs of a token are ordinary, independent CTAs: any free slot takes any of
 
 Per CTA (tile ``g`` of token ``t``, 8 warps): pool the 64-channel tile exactly as the split
 path's compress kernel (:class:`.pooling_c128.C128TilePooling`), then hand it off through the
-fp32 scratch (``workspace``) and a per-token arrival counter (:mod:`.handoff_stage`): the
+fp32 scratch (``workspace``) and a per-token arrival counter (:mod:`..stages.handoff_stage`): the
 token's last CTA finishes the entry and zeroes the counter. Activity is per token: inactive
 tokens touch nothing.
 
 A CTA per token and tile suits a few tokens (up to 64 in ``auto``); past that, 8 CTAs per
 inactive token, each waiting for a metadata load, dominate a serving step, and
-:mod:`.fused_c128_pipelined` takes over. Timings: ``bench/RESULTS.md``.
+:mod:`.fused_pipelined` takes over. Timings: ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from .activity import token_activity
-from .config import HANDOFF_CTAS_PER_SM, HandoffConfig
-from .dependent_launch import wait_for_prerequisite_grids
-from .handoff_stage import ScratchHandoff
-from .pooling_c128 import RATIO, C128TilePooling
-from .postprocess import TileFinish
+from ..stages.activity import token_activity
+from ..config import FUSED_HANDOFF_CTAS_PER_SM, FusedHandoffConfig
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.handoff_stage import ScratchHandoff
+from ..stages.pooling_c128 import RATIO, C128TilePooling
+from ..stages.postprocess import TileFinish
 
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
 
 
-class C128HandoffKernel:
+class FusedHandoffKernel:
     """Grid ``8 * T`` (1-D; CTAs ``8t .. 8t+7`` are the 8 tiles of token ``t``), 256 threads, no
     cluster."""
 
-    def __init__(self, config: HandoffConfig):
+    def __init__(self, config: FusedHandoffConfig):
         self.config = config
         self.pool = config.pool
         self.pdl = config.pool.pdl
@@ -73,7 +73,7 @@ class C128HandoffKernel:
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
                     fp8_inv).launch(grid=(self.tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1),
-                                    stream=stream, use_pdl=self.pdl, min_blocks_per_mp=HANDOFF_CTAS_PER_SM,
+                                    stream=stream, use_pdl=self.pdl, min_blocks_per_mp=FUSED_HANDOFF_CTAS_PER_SM,
                                     preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
@@ -107,7 +107,7 @@ class C128HandoffKernel:
         tile: Int32,  # this CTA's 64-channel tile
         smem: tuple,  # (sMax, sNum, sDen, sKv, sSums, sArrivals): the pooling's and the hand-off's
     ):
-        """Pool tile ``tile`` of ``tok``, then hand it off (:mod:`.handoff_stage`): the token's
+        """Pool tile ``tile`` of ``tok``, then hand it off (:mod:`..stages.handoff_stage`): the token's
         last tile finishes the entry and zeroes the counter."""
         sMax, sNum, sDen, sKv, sSums, sArrivals = smem
         x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
@@ -116,4 +116,4 @@ class C128HandoffKernel:
         self.handoff.hand_off(tables, x, tok, position, kv_slot, tile, sSums, sArrivals, eps, fp8_inv)
 
 
-__all__ = ["C128HandoffKernel"]
+__all__ = ["FusedHandoffKernel"]

@@ -1,0 +1,265 @@
+"""The kernel paths of ``compress_norm_rope_store``: one record each, in one registry.
+
+A :class:`KernelPath` is everything the host needs to run a call one way: its name (the one
+name of that way everywhere: ``c128_path=``, logs, variants, PTX), the kernels it launches in
+order and their static configurations for a call (:mod:`..config`), how their TVM-FFI
+functions are called, and what it needs besides the call's tensors (the fp32 ``x`` scratch,
+per-token arrival counters, a persistent grid sized by the device). :func:`choose` returns a
+record; the launch plans (:mod:`.plans`), ``warm_up``, ``compress``, the PTX list
+(:mod:`..ptx`) and the variants iterate :data:`PATHS`. A new path is one record here plus
+its kernel module (``kernels/``).
+
+Nothing here touches a tensor or the GPU: every function takes the call's shape
+(:class:`PathRequest`), the frozen :class:`.policy.Policy` and, for the persistent grid, the
+device's resident clusters.
+
+``c128_path="auto"`` picks by the number of tokens ``T``:
+
+- ``fused_cluster`` up to ``cluster_max_tokens``: a thread-block cluster per token (16 CTAs
+  of 32 channels up to ``cluster16_max_tokens``, 8 CTAs of 64 channels above);
+- ``fused_handoff`` up to ``handoff_max_tokens``: 8 independent CTAs per token, the last of
+  which (found by a per-token atomic counter) finishes the token from the scratch;
+- above: ``fused_pipelined``, a persistent grid of as many 8-CTA clusters as the device holds
+  at once, each walking a run of tokens: inactive tokens cost a ballot bit, and the next
+  active token's rows stream while the current one finishes. Real C128 steps are sparse
+  (about one token in 128 closes a window), and the token count alone cannot tell a sparse
+  step from a dense one, so ``auto`` takes the kernel that is fast on both.
+
+The split paths (``split_block8``, ``split_generic``: compress kernel + store kernel) run
+only when asked for by name. C4 runs ``c4``; the indexer layouts (SPEC §12) run ``indexer``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ....spec.constants import HEAD_DIM, INDEXER_HEAD_DIM
+from ..config import (C4Config, C128PoolConfig, EntryFormat, FusedClusterConfig, FusedHandoffConfig,
+                      FusedPipelinedConfig, IndexerConfig, SaveConfig, SplitStoreConfig)
+from .buffers import handoff_counters
+from .policy import Policy
+
+
+@dataclass(frozen=True)
+class PathRequest:
+    """What the static configurations of a call's kernels depend on."""
+
+    ratio: int  # 4 or 128
+    block_size: int  # bs
+    num_tokens: int  # T
+    layout: str  # a layout of spec.entry_layout
+    entries_per_page: int  # B = k_cache.shape[1]
+    weight_dtype: str  # "float32" | "bfloat16"
+    store_align: int  # bytes every 4-channel store may assume (config.store_alignments)
+    hadamard: bool  # SPEC §12's rotation (indexer layouts)
+    policy: Policy
+    pdl: bool
+    early_metadata: bool = False  # with pdl: metadata read before griddepcontrol.wait (C128 paths)
+
+    @property
+    def entry(self) -> EntryFormat:
+        return EntryFormat(self.layout, self.entries_per_page, self.weight_dtype, self.store_align)
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """One way to run ``compress_norm_rope_store``."""
+
+    name: str
+    ratios: tuple[int, ...]  # the compress ratios it takes
+    head_dim: int  # the head width it takes (512, or the indexer's 128)
+    kernels: tuple[str, ...]  # kernel names of the compile cache, in launch order
+    configs: Callable[[PathRequest], tuple]  # the kernels' static configurations for a call
+    launch: Callable  # launch(plan, fixed, metadata, scratch): the kernels' TVM-FFI calls
+    scratch: bool = False  # keeps x in the fp32 scratch (the call's ``workspace``)
+    counters: bool = False  # takes this stream's per-token arrival counters
+    persistent: bool = False  # a grid of as many clusters as the device holds (a launch argument)
+    auto: bool = True  # ``c128_path="auto"`` may pick it (the split paths: only by name)
+    pooling: tuple | None = None  # (kernel, configs) of the pooling-only kernel that writes x (``compress``)
+    takes_fp8_inv: bool = True  # the kernels take div(1, fp8_scale) after eps (the indexer's: eps alone)
+
+
+# ---- launches: the kernels' TVM-FFI signatures ------------------------------------------------
+# fixed = (state_cache, rms_norm_weight, cos_sin_cache, k_cache, device), the layer's tensors;
+# metadata = (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping).
+def launch_fused(plan, fixed, metadata, scratch) -> None:
+    """One kernel on the nine tensors, then the plan's scalars (and grid)."""
+    state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
+    token_req, positions, slots, block_table, kv_slots = metadata
+    plan.ffi[0](state_cache, token_req, positions, slots, block_table, rms_norm_weight, cos_sin_cache, k_cache,
+                kv_slots, *plan.scalars)
+
+
+def launch_handoff(plan, fixed, metadata, scratch) -> None:
+    """One kernel on the nine tensors, the x scratch and the stream's arrival counters."""
+    state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = fixed
+    token_req, positions, slots, block_table, kv_slots = metadata
+    plan.ffi[0](state_cache, token_req, positions, slots, block_table, rms_norm_weight, cos_sin_cache, k_cache,
+                kv_slots, scratch, handoff_counters(device, plan.num_tokens), *plan.scalars)
+
+
+def launch_split(plan, fixed, metadata, scratch) -> None:
+    """The compress kernel into the x scratch, then the store kernel. The store kernel takes
+    nothing the compress kernel has not checked already (the same per-token arrays and
+    scratch, the layer's fixed tensors): once the first launch passed TVM-FFI's checks, the
+    second passes them too."""
+    state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
+    token_req, positions, slots, block_table, kv_slots = metadata
+    pool, store = plan.ffi
+    pool(state_cache, token_req, positions, slots, block_table, kv_slots, scratch)
+    store(scratch, positions, slots, kv_slots, rms_norm_weight, cos_sin_cache, k_cache, *plan.scalars)
+
+
+# ---- static configurations ---------------------------------------------------------------------
+def cluster_tile(num_tokens: int, policy: Policy) -> int:
+    """Channels per CTA of the cluster kernel: 32 (16 CTAs per token) for a few tokens, where
+    more SMs per token shorten the exact arithmetic's critical path; 64 (8 CTAs) above."""
+    if policy.shapes.cluster.tile is not None:
+        return policy.shapes.cluster.tile
+    return 32 if num_tokens <= policy.cluster16_max_tokens else 64
+
+
+def _pool_config(request: PathRequest, mapping: tuple, block8: bool) -> C128PoolConfig:
+    """The C128 pooling configuration of ``mapping = (warps, tile, kv_in_smem, kv_after_max)``:
+    Block8 lookups (each lane's rows in one state block; ``ValueError`` if ``bs`` does not
+    allow it) or generic ones (runs of ``gcd(bs, rows per lane)`` rows: Block8's when ``bs``
+    allows)."""
+    warps, tile, staged, late = mapping
+    rows_per_lane = C128PoolConfig(request.block_size, 1, warps, tile).rows_per_lane
+    if block8 and request.block_size % rows_per_lane:
+        raise ValueError(
+            f"c128_path: 'split_block8' expected block_size a multiple of {rows_per_lane} (each lane's "
+            f"{rows_per_lane} rows in one state block), got block_size={request.block_size}; use 'split_generic' "
+            "or 'auto'")
+    rows_per_lookup = rows_per_lane if block8 else math.gcd(request.block_size, rows_per_lane)
+    early = request.pdl and (request.early_metadata or request.policy.early_metadata)
+    return C128PoolConfig(request.block_size, rows_per_lookup, warps, tile, staged, late, request.pdl, early)
+
+
+def _cluster_pool(request: PathRequest) -> C128PoolConfig:
+    shape = request.policy.shapes.cluster
+    mapping = (shape.warps, cluster_tile(request.num_tokens, request.policy), shape.kv_in_smem, shape.kv_after_max)
+    return _pool_config(request, mapping, block8=False)
+
+
+def _split_pool(request: PathRequest, block8: bool) -> C128PoolConfig:
+    shape = request.policy.shapes.split
+    return _pool_config(request, (shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max), block8)
+
+
+def _c4_configs(request: PathRequest) -> tuple:
+    return (C4Config(request.block_size, request.entry, request.policy.shapes.c4_tokens_per_cta, request.pdl),)
+
+
+def _indexer_configs(request: PathRequest) -> tuple:
+    shapes = request.policy.shapes
+    warps = shapes.indexer_c4_warps if request.ratio == 4 else shapes.indexer_c128_warps
+    return (IndexerConfig(request.ratio, request.block_size, request.layout, request.hadamard,
+                          request.entries_per_page, request.weight_dtype, warps, request.pdl),)
+
+
+def _fused_cluster_configs(request: PathRequest) -> tuple:
+    return (FusedClusterConfig(_cluster_pool(request), request.entry),)
+
+
+def _fused_handoff_configs(request: PathRequest) -> tuple:
+    # fixed mapping: a warp per 64-channel block when finishing
+    mapping = (8, 64, True, request.policy.shapes.handoff_kv_after_max)
+    return (FusedHandoffConfig(_pool_config(request, mapping, block8=False), request.entry),)
+
+
+def _fused_pipelined_configs(request: PathRequest) -> tuple:
+    # fixed mapping; the kernel orders its own loads
+    pool = _pool_config(request, (8, 64, True, False), block8=False)
+    return (FusedPipelinedConfig(pool, request.entry, request.policy.shapes.pipelined_ctas_per_sm),)
+
+
+def _split_configs(block8: bool) -> Callable[[PathRequest], tuple]:
+    def configs(request: PathRequest) -> tuple:
+        store = SplitStoreConfig(request.entry, request.policy.shapes.store_tokens_per_cta, request.pdl)
+        return (_split_pool(request, block8), store)
+
+    return configs
+
+
+def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
+                head_dim: int = HEAD_DIM) -> SaveConfig:
+    """``save_partial_states``' kernel (both head widths)."""
+    return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim)
+
+
+# the pooling-only kernels that write x (``compress``): C4's kernel without an entry, or the split
+# compress kernel (the fused C128 kernels pool like ``split_generic``)
+def _c4_pooling(request: PathRequest) -> C4Config:
+    return C4Config(request.block_size, None, request.policy.shapes.c4_tokens_per_cta, request.pdl)
+
+
+C4_POOLING = ("c4", _c4_pooling)
+GENERIC_POOLING = ("split_pool", lambda request: _split_pool(request, block8=False))
+BLOCK8_POOLING = ("split_pool", lambda request: _split_pool(request, block8=True))
+
+
+# ---- the registry -------------------------------------------------------------------------------
+_C128, _BOTH = (128,), (4, 128)
+PATHS = {path.name: path for path in (
+    KernelPath("c4", (4,), HEAD_DIM, ("c4",), _c4_configs, launch_fused, pooling=C4_POOLING),
+    KernelPath("indexer", _BOTH, INDEXER_HEAD_DIM, ("indexer",), _indexer_configs, launch_fused,
+               takes_fp8_inv=False),
+    KernelPath("fused_cluster", _C128, HEAD_DIM, ("fused_cluster",), _fused_cluster_configs, launch_fused,
+               pooling=GENERIC_POOLING),
+    KernelPath("fused_handoff", _C128, HEAD_DIM, ("fused_handoff",), _fused_handoff_configs, launch_handoff,
+               scratch=True, counters=True, pooling=GENERIC_POOLING),
+    KernelPath("fused_pipelined", _C128, HEAD_DIM, ("fused_pipelined",), _fused_pipelined_configs, launch_fused,
+               persistent=True, pooling=GENERIC_POOLING),
+    KernelPath("split_block8", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(True), launch_split,
+               scratch=True, auto=False, pooling=BLOCK8_POOLING),
+    KernelPath("split_generic", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(False), launch_split,
+               scratch=True, auto=False, pooling=GENERIC_POOLING),
+)}
+C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")
+
+
+def check_c128_path(c128_path) -> None:
+    if c128_path not in C128_PATHS:
+        raise ValueError(f"c128_path: expected one of {', '.join(repr(p) for p in C128_PATHS)}, got {c128_path!r}")
+
+
+def paths_for(ratio: int, head_dim: int) -> tuple[KernelPath, ...]:
+    """The paths that take a ratio and head width, in registry order."""
+    return tuple(path for path in PATHS.values() if ratio in path.ratios and path.head_dim == head_dim)
+
+
+def choose(c128_path: str, ratio: int, head_dim: int, num_tokens: int, block_size: int,
+           policy: Policy) -> KernelPath:
+    """The path of a call (raises ``ValueError`` for an unknown ``c128_path``, also where it has
+    no effect, or for a forced one the block size does not allow). A ratio and head width with
+    one path take it (C4, the indexer); C128 takes the forced path or ``auto``'s choice."""
+    check_c128_path(c128_path)
+    candidates = paths_for(ratio, head_dim)
+    if len(candidates) == 1:
+        return candidates[0]
+    if c128_path != "auto":
+        path = PATHS[c128_path]
+        path.configs(PathRequest(ratio, block_size, 1, "flashmla_fp8", 1, "float32", 16, False, policy, False))
+        return path  # (its configurations raise if the block size does not allow it)
+    if num_tokens <= policy.cluster_max_tokens:
+        return PATHS["fused_cluster"]
+    if num_tokens <= policy.handoff_max_tokens:
+        return PATHS["fused_handoff"]
+    return PATHS["fused_pipelined"]
+
+
+def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
+    """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
+    once (``resident``, from the driver; without it ``sm_count // 5``), at most
+    ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond the resident
+    ones would walk their share only after others ended."""
+    if resident is None:
+        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
+    clusters = min(num_tokens, resident)
+    if policy.pipelined_max_clusters is not None:
+        clusters = min(clusters, policy.pipelined_max_clusters)
+    share = -(-num_tokens // max(1, clusters))  # tokens per cluster; no cluster without a token
+    return max(1, -(-num_tokens // share))

@@ -1,0 +1,69 @@
+"""The C128 split path's compress kernel: pools one channel tile of one token per CTA into ``x``.
+
+Block8 and generic share the code (:class:`..stages.pooling_c128.C128TilePooling`); they
+differ only in how many rows one block-table lookup serves. The split path's store kernel
+(:mod:`.split_store`) finishes the entries from ``x``.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass.cute as cute
+from cutlass import Float32
+
+try:  # 4.8+
+    from cutlass.memory import SmemAllocator
+except ImportError:  # pragma: no cover - 4.0..4.7
+    from cutlass.utils import SmemAllocator
+
+from ..config import C128PoolConfig
+from ..stages.activity import token_activity
+from ..stages.dependent_launch import wait_for_prerequisite_grids
+from ..stages.memory import element_address, store_fragment
+from ..stages.pooling_c128 import RATIO, C128TilePooling
+
+
+class SplitPoolKernel:
+    """C128 split path, compress kernel: grid ``(512 / tile) * T``; writes ``x`` of active tokens.
+
+    ``x`` rows are exactly SPEC §5's bits, so the store kernel can finish them separately.
+    """
+
+    def __init__(self, pool: C128PoolConfig):
+        self.pool = pool
+        self.pdl = pool.pdl
+        self.pooling = C128TilePooling(pool)
+
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        mOut: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
+        stream: cuda.CUstream,
+    ):
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
+            grid=(self.pooling.num_tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
+            use_pdl=self.pdl
+        )
+
+    @cute.kernel
+    def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        cta, _, _ = cute.arch.block_idx()
+        tile, tok = self.pooling.tile_and_token(cta)
+        sMax, sNum, sDen, sKv = self.pooling.allocate_smem(SmemAllocator())
+        position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+        req = mTokenReq[tok]  # loaded with the activity metadata, not after it
+        if active:
+            x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
+            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp == 0:
+                channel = tile * self.pooling.tile + cute.arch.lane_idx() * self.pooling.final_channels
+                store_fragment(x, element_address(mOut, tok, channel), 4 * self.pooling.final_channels)
