@@ -411,7 +411,7 @@ def test_tiny_but_positive_eps_is_accepted():
 
 # ---- indexer.md -----------------------------------------------------------------------------------
 def test_indexer_numbers():
-    from dsv4_compressor.spec.constants import INDEXER_FP8, INDEXER_MXFP4
+    from dsv4_compressor.spec.entry_layout import INDEXER_FP8, INDEXER_MXFP4
     from dsv4_compressor.spec.formats import e2m1_bits, e2m1_to_f32, mxfp4_exponent
 
     text = (DOCS / "indexer.md").read_text(encoding="utf-8")
