@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dsv4_compressor.conformance import bounds
-from dsv4_compressor.conformance.implementations import LoadedImplementation
+from dsv4_compressor.conformance.fast_math import FastMathReference
+from dsv4_compressor.conformance.implementations import LoadedImplementation, load_implementation
 from dsv4_compressor.conformance.runner import run_scenario
 from dsv4_compressor.conformance.scenarios import Scenario, scenarios
 from dsv4_compressor.conformance.torch_reference import MUTANTS, TorchReference
@@ -50,6 +51,20 @@ def test_a_flipped_sign_of_zero_fails_exact_and_passes_tolerant(mutation, scenar
     assert exact.status == "fail", f"{mutation} writes the spec's bytes on {scenario.name}"
     tolerant = run_scenario(impl, scenario, tolerant=True)
     assert tolerant.status == "pass" and tolerant.counts, (tolerant.first_difference, tolerant.counts)
+
+
+def test_the_fast_math_sum_starts_at_plus_zero():
+    minus_zeros = torch.full((3, 8), -0.0)
+    assert not torch.signbit(FastMathReference()._sum(minus_zeros, 1)).any()
+    assert torch.signbit(TorchReference()._sum(minus_zeros, 1)).all()  # SPEC's tree keeps -0
+
+
+@pytest.mark.parametrize("scenario", SIGNED_ZEROS, ids=lambda s: s.name)
+def test_the_fast_math_reference_fails_exact_and_passes_tolerant(scenario):
+    fast_math = load_implementation("fast-math")
+    assert run_scenario(fast_math, scenario).status == "fail"  # its zero sums are +0 where SPEC's are -0
+    verdict = run_scenario(fast_math, scenario, tolerant=True)
+    assert verdict.status == "pass", (verdict.first_difference, verdict.counts)
 
 
 class NonzeroWhereTheWeightIsZero(TorchReference):
