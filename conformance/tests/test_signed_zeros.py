@@ -26,7 +26,7 @@ def _signed_zeros_in(layout: str, **recipe) -> Scenario:
 
 SIGNED_ZEROS = [scenarios(["signed_zeros"])[0], _signed_zeros_in("bf16"), _signed_zeros_in("fp8_per_tensor", fp8_scale=0.02),
                 *scenarios(["indexer_fp8_signed_zeros", "indexer_mxfp4_signed_zeros"])]
-SIGN_OF_ZERO_MUTANTS = ("skip_invalid_rows",)  # they change nothing but the sign of a zero sum
+SIGN_OF_ZERO_MUTANTS = ("plus_zero_sum", "skip_invalid_rows")  # they change nothing but the sign of a zero sum
 
 
 # (sign bit, smallest nonzero magnitude) of E4M3, bf16 and E2M1

@@ -206,7 +206,7 @@ KILLER_HINTS = {
     "approximate_exp2": "c4_ulp_ties", "sequential_sum": "c4_ulp_ties", "interleaved_tree": "c4_ulp_ties",
     "fma_exp2": "c4_ulp_ties", "fma_rope": "c4_ulp_ties", "weight_first": "c4_ulp_ties",
     "rsqrt_rounded_once": "c128_ulp_ties", "eps_before_mean": "c4_eps_1", "exp2_cutoff_inclusive": "c4_exp2_cutoff",
-    "exp2_no_cutoff": "c4_exp2_cutoff", "active_without_state_slot": "c128_activity_combinations",
+    "exp2_no_cutoff": "c4_exp2_cutoff", "plus_zero_sum": "signed_zeros", "active_without_state_slot": "c128_activity_combinations",
     "padding_is_minus_one": "c4_negative_slots", "power_of_two_block_size": "c4_bs3_b5", "ape_by_slot": "c128_decode_boundary",
     "assume_contiguous_inputs": "c4_strided_inputs", "position_low_16_bits": "c4_positions_2e15_2e16",
     "mxfp4_nibble_order": "indexer_c4_mxfp4", "indexer_scale_from_unrounded": "indexer_fp8_ties",
