@@ -16,9 +16,11 @@ each multiplied by ``SAFETY``. A written value is accepted iff some real value w
 bound of the float64 result converts to it by the spec's own conversions: the interval
 ``[ref − bound, ref + bound]`` is rounded to binary32 and then to bf16 (monotone), then to
 E4M3 at the *written* scale; the written code must lie between the codes of the interval's
-ends (with a bound of zero, the code itself: the sign of zero counts). A scale byte is
-accepted iff its exponent is that of some amax in the interval the channels' bf16 values
-allow. The constants are published in ``docs/conformance.md``.
+ends (with a bound of zero, the code itself). ``+0`` and ``-0`` are one point of that order:
+where a zero is allowed, either sign is accepted (a reduction that starts its accumulator at
+``+0`` turns a sum of ``-0`` into ``+0``); a nonzero code where only a zero is allowed is not.
+A scale byte is accepted iff its exponent is that of some amax in the interval the channels'
+bf16 values allow. The constants are published in ``docs/conformance.md``.
 """
 
 from __future__ import annotations
@@ -159,12 +161,12 @@ def ordered(bits: np.ndarray, sign_bit: int) -> np.ndarray:
     return np.where(bits & sign_bit, -magnitude, magnitude)
 
 
-def within(written: np.ndarray, low: np.ndarray, high: np.ndarray, exact: np.ndarray, sign_bit: int) -> np.ndarray:
-    """Whether each written code lies between the codes of the interval's ends; where the
-    interval is a single value (``exact``), whether it is that code."""
+def within(written: np.ndarray, low: np.ndarray, high: np.ndarray, sign_bit: int) -> np.ndarray:
+    """Whether each written code lies between the codes of the interval's ends, in the order of
+    :func:`ordered` (codes of one shape, any integer dtype). Where the bound is zero the ends are
+    one code and the written code must equal it, except that a zero may carry either sign."""
     w = ordered(written, sign_bit)
-    inside = (ordered(low, sign_bit) <= w) & (w <= ordered(high, sign_bit))
-    return np.where(exact, written.astype(np.int64) == low.astype(np.int64), inside)
+    return (ordered(low, sign_bit) <= w) & (w <= ordered(high, sign_bit))
 
 
 def e4m3_at(bf16_patterns: np.ndarray, k: np.ndarray) -> np.ndarray:

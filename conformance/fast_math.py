@@ -4,10 +4,11 @@ It follows SPEC.md except where engines' kernels do not: ``exp2`` and ``rsqrt`` 
 relative error of up to ``2^-21`` (each result moved by a deterministic pseudo-random
 factor in ``[1 - 2^-21, 1 + 2^-21]``), products feed additions unrounded (FMA-style
 contraction: the RoPE rotation and the norm's ``x·rr·w`` are computed in float64 and rounded
-once), and sums run in another order (right to left; the indexer's rotation stages with spans
-1, 2, ..., 64). Its bytes differ from the spec's near
-rounding ties; ``--tolerant`` must pass it on every scenario, so the tolerant verdict is no
-tighter than such arithmetic needs.
+once), and sums run in another order (right to left onto an accumulator that starts at ``+0``,
+as ``acc = 0.0; acc += v`` and ``torch.sum`` do, so a sum of ``-0`` is ``+0``; the indexer's
+rotation stages with spans 1, 2, ..., 64). Its bytes differ from the spec's near rounding ties
+and in the sign of zero sums; ``--tolerant`` must pass it on every scenario, so the tolerant
+verdict is no tighter than such arithmetic needs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def perturb(v: torch.Tensor, salt: int) -> torch.Tensor:
 
 
 class FastMathReference(TorchReference):
-    """SPEC.md with approximate exp2/rsqrt, fused products and right-to-left sums."""
+    """SPEC.md with approximate exp2/rsqrt, fused products and right-to-left sums from +0."""
 
     SUPPORTED_DEVICES = ("cpu", "cuda")
     CAPABILITIES = Capabilities(devices=("cpu", "cuda"), head_widths=(512, 128))
@@ -39,8 +40,9 @@ class FastMathReference(TorchReference):
         self.name = "fast-math"
 
     def _sum(self, v: torch.Tensor, dim: int) -> torch.Tensor:
-        acc = v.select(dim, v.shape[dim] - 1)
-        for i in range(v.shape[dim] - 2, -1, -1):
+        """Right-to-left sum over ``dim`` of float32 ``v``, from a ``+0`` accumulator."""
+        acc = torch.zeros_like(v.select(dim, 0))
+        for i in range(v.shape[dim] - 1, -1, -1):
             acc = acc + v.select(dim, i)
         return acc
 

@@ -48,6 +48,8 @@ MUTATIONS = (
     "eps_before_mean",  # ms = (ss + eps)·2^-9 instead of ss·2^-9 + eps
     "exp2_cutoff_inclusive",  # exp2s(-126) = +0 (the cut-off taken as x <= -126)
     "exp2_no_cutoff",  # no cut-off: 2^j subnormal below -126
+    # the sign of a zero only
+    "plus_zero_sum",  # the trees added onto a +0 accumulator: a sum of -0 gives +0 (acc = 0; acc += v)
     # activity, slots and addressing
     "active_without_state_slot",  # a boundary token with a cache slot is active even without a state slot
     "padding_is_minus_one",  # only slot -1 means padding (other negative slots index from the end)
@@ -140,11 +142,19 @@ class TorchReference:
 
     # ---- arithmetic --------------------------------------------------------------------
     def _sum(self, v: torch.Tensor, dim: int) -> torch.Tensor:
-        """SPEC tree: add(tree(first half), tree(second half)), recursively."""
+        """Sum over ``dim`` of float32 ``v``: SPEC's tree, onto a ``+0`` accumulator with
+        ``plus_zero_sum`` (which changes nothing but the sign of a zero sum)."""
+        if "plus_zero_sum" in self.mutations:
+            return torch.zeros_like(v.select(dim, 0)) + self._tree(v, dim)
+        return self._tree(v, dim)
+
+    def _tree(self, v: torch.Tensor, dim: int) -> torch.Tensor:
+        """SPEC tree: add(tree(first half), tree(second half)), recursively (or the order of
+        ``interleaved_tree`` or ``sequential_sum``)."""
         n = v.shape[dim]
         if "interleaved_tree" in self.mutations and n > 1:
             even, odd = v.narrow(dim, 0, n).unfold(dim, 2, 2).unbind(-1)
-            return self._sum(even, dim) + self._sum(odd, dim)
+            return self._tree(even, dim) + self._tree(odd, dim)
         if "sequential_sum" in self.mutations:
             acc = v.select(dim, 0)
             for i in range(1, n):
@@ -153,7 +163,7 @@ class TorchReference:
         if n == 1:
             return v.select(dim, 0)
         first, second = v.split(n // 2, dim=dim)
-        return self._sum(first, dim) + self._sum(second, dim)
+        return self._tree(first, dim) + self._tree(second, dim)
 
     def _exp2(self, x: torch.Tensor, c: _Constants) -> torch.Tensor:
         if "approximate_exp2" in self.mutations:
