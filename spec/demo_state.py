@@ -18,24 +18,12 @@ from .formats import bf16_bits, e4m3_to_f32
 from .layouts import flashmla_page_bytes
 from .pooling import window_positions
 from .rows import ChunkInputs, window_rows
-from .state import save_partial_states
 from .state_format import StateFormat
 from .step import compress_and_save
 
 RING_CAPACITY = {4: 12, 128: 256}  # C4: W + one block; C128: vLLM's 128 * ceil((128 + S) / 128) for S = 3 drafts
 STATE_BLOCK = {4: 4, 128: 8}
 ENTRIES = {4: 16, 128: 2}
-
-
-def _history(batch: B.Batch, state: np.ndarray, ape: np.ndarray, ape_at: str, rng: np.random.Generator) -> None:
-    """Fill every row of ``batch``'s blocks as earlier steps saved it (fresh projections, ``ape_at``)."""
-    bs = batch.block_size
-    req, column = np.nonzero(batch.block_table >= 0)
-    offsets = np.arange(bs)
-    positions = ((column * bs)[:, None] + offsets).reshape(-1).astype(np.int64)
-    slots = ((batch.block_table[req, column].astype(np.int64) * bs)[:, None] + offsets).reshape(-1)
-    kv_score = rng.standard_normal((positions.shape[0], state.shape[2])).astype(np.float32)
-    save_partial_states(kv_score, ape, positions, slots, state, bs, ape_at=ape_at)
 
 
 def _state(batch: B.Batch, width: int, dtype: str) -> np.ndarray:
@@ -64,7 +52,7 @@ def run(args) -> int:
     paged = B.build_batch(requests, compress_ratio=r, block_size=bs, entries_per_page=entries, rng=rng, num_padding=2)
     ape = B.random_ape(r, rng)
     paged_state = _state(paged, config.state_row_width, fmt.dtype)
-    _history(paged, paged_state, ape, fmt.ape_at, rng)
+    B.save_history(paged, paged_state, ape, rng, ape_at=fmt.ape_at)
     batch, state = B.as_ring(paged, paged_state, capacity, rng) if ring else (paged, paged_state.copy())
     projections = B.random_kv_score(paged.num_tokens, r, rng)
     kv, score = projections[:, :config.state_width], projections[:, config.state_width:]

@@ -109,3 +109,23 @@ def test_speculative_groups_hold_a_boundary(ratio, drafts):
         assert np.any((positions + 1) % ratio == 0)
     places = {int(np.flatnonzero((np.arange(r.context_len, r.context_len + r.num_tokens) + 1) % ratio == 0)[0]) for r in requests}
     assert len(places) > 1  # the boundary is not always at the same place in the group
+
+
+def test_save_history_writes_every_block_row_in_the_format():
+    from dsv4_compressor.spec.arithmetic import add
+
+    b = B.build_batch([B.Request(9, 3), B.Request(2, 6)], compress_ratio=4, block_size=4, entries_per_page=8,
+                      rng=np.random.default_rng(6))
+    ape = B.random_ape(4, np.random.default_rng(7))
+    states = {}
+    for ape_at in ("save", "compress"):
+        states[ape_at] = B.random_state_cache(b.num_state_blocks, 4, 4, np.random.default_rng(8), row_pad=4)
+        B.save_history(b, states[ape_at], ape, np.random.default_rng(9), ape_at=ape_at)
+    for req, column in zip(*np.nonzero(b.block_table >= 0)):
+        block = b.block_table[req, column]
+        positions = column * 4 + np.arange(4)
+        raw = states["compress"][block]
+        assert np.array_equal(states["save"][block, :, :1024], raw[:, :1024])
+        assert np.array_equal(states["save"][block, :, 1024:], add(raw[:, 1024:], ape[positions % 4]))
+    spare = np.setdiff1d(np.arange(b.num_state_blocks), b.block_table[b.block_table >= 0])
+    assert np.array_equal(states["save"][spare], states["compress"][spare])  # untouched

@@ -82,17 +82,9 @@ def make_step(ratio: int, requests, seed: int, *, head_dim: int = 512, layout: s
 
 
 def with_history(step: Step, ape_at: str, seed: int = 99) -> Step:
-    """``step`` with a state whose every row was saved by earlier steps with ``ape_at`` (fresh
-    projections of the row's position), as an engine keeping that format has it."""
-    b = step.batch
-    table = b.block_table
-    req, column = np.nonzero(table >= 0)
-    offsets = np.arange(b.block_size)
-    positions = ((column * b.block_size)[:, None] + offsets[None, :]).reshape(-1).astype(np.int64)
-    slots = ((table[req, column].astype(np.int64) * b.block_size)[:, None] + offsets[None, :]).reshape(-1)
-    kv_score = np.random.default_rng(seed).standard_normal((positions.shape[0], 2 * step.kv.shape[1])).astype(F32)
+    """``step`` with a state whose every row earlier steps saved with ``ape_at``."""
     state = Buffer.of(step.state)
-    spec.save_partial_states(kv_score, step.ape, positions, slots, state.view_of(state.owner), b.block_size, ape_at=ape_at)
+    B.save_history(step.batch, state.view_of(state.owner), step.ape, np.random.default_rng(seed), ape_at=ape_at)
     return replace(step, state=state.view_of(state.owner))
 
 
