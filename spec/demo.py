@@ -7,6 +7,9 @@ here from the plain formulas, the UE8M0 scale bytes, and the bf16 RoPE values.
 
 ``--layout indexer_fp8`` or ``indexer_mxfp4`` (optionally ``--hadamard``) runs the indexer's
 compressor (SPEC §12, head width 128) instead and explains one indexer entry.
+
+``--state-format ring``, ``--state-dtype bf16`` or ``--ape-at compress`` runs one step of SPEC
+§13.4's ``compress_and_save`` on that state format instead (:mod:`.demo_state`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"), default="flashmla_fp8",
                         help="the 512-wide FlashMLA entry, or an indexer entry (head width 128, SPEC §12)")
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
+    parser.add_argument("--state-format", choices=("paged", "ring"), default="paged",
+                        help="SPEC §13.3: a paged state, or a ring of C rows per request (runs compress_and_save)")
+    parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32", help="SPEC §13.1: the state's dtype")
+    parser.add_argument("--ape-at", choices=("save", "compress"), default="save",
+                        help="SPEC §13.2: where ape is added to the scores")
 
 
 def run_indexer(args) -> int:
@@ -86,6 +94,13 @@ def run_indexer(args) -> int:
 
 
 def run(args) -> int:
+    if (args.state_format, args.state_dtype, args.ape_at) != ("paged", "fp32", "save"):
+        if args.layout != "flashmla_fp8" or args.hadamard:
+            raise SystemExit("--state-format/--state-dtype/--ape-at: the state-format demo explains a flashmla_fp8 entry;"
+                             " leave out --layout and --hadamard")
+        from . import demo_state
+
+        return demo_state.run(args)
     if args.layout != "flashmla_fp8":
         return run_indexer(args)
     if args.hadamard:

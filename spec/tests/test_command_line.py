@@ -65,3 +65,18 @@ def test_impl_module_is_found_in_the_current_directory(tmp_path, monkeypatch, ca
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert main(["conformance", "--impl", "my_local_kernels:impl", "--scenarios", "c4_first_window", "--no-errors"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["--state-format", "ring"], ["--state-format", "ring", "--state-dtype", "bf16", "--ape-at", "compress"],
+                                  ["--ratio", "128", "--state-format", "ring"], ["--ape-at", "compress"]])
+def test_the_state_format_demo_explains_a_step_and_matches_its_paged_twin(args, capsys):
+    assert main(["demo", *args]) == 0
+    out = capsys.readouterr().out
+    assert "compress_and_save" in out and "chunk token" in out and "state block" in out
+    assert out.rstrip().endswith("paged twin that saves every token: yes")
+    assert ("(the tail)" in out) == ("ring" in args)
+
+
+def test_the_state_format_demo_refuses_an_indexer_layout():
+    with pytest.raises(SystemExit, match="--state-format"):
+        main(["demo", "--state-format", "ring", "--layout", "indexer_fp8"])
