@@ -39,17 +39,34 @@ HADAMARD_SPANS = (64, 32, 16, 8, 4, 2, 1)  # the seven butterfly stages, in orde
 
 @dataclass(frozen=True)
 class EntryLayout:
-    """A paged layout of per-page data records then scale records (``flashmla_fp8`` and SPEC §12)."""
+    """A paged layout of ``E``-byte entries, each a data record and a scale record.
+
+    Split (``flashmla_fp8`` and SPEC §12): a page holds its ``B`` data records, then its ``B``
+    scale records. Interleaved (SPEC §14.5's V4.1 records): entry ``o``'s scale record follows
+    its own data record inside its ``E`` bytes.
+    """
 
     name: str
     head_dim: int  # the head width whose entries it stores
     data_bytes: int  # bytes of one data record
     scale_bytes: int  # bytes of one scale record
+    interleaved: bool = False  # True: each entry's scales follow its own data (SPEC §14.5)
 
     @property
     def entry_bytes(self) -> int:
         """E: ``k_cache.shape[2]`` and the entry stride."""
         return self.data_bytes + self.scale_bytes
+
+    def data_offset(self, offsets, entries_per_page: int):
+        """Page byte of entry ``o``'s data record: ``o * E`` (interleaved) or ``o * data_bytes``."""
+        return offsets * (self.entry_bytes if self.interleaved else self.data_bytes)
+
+    def scale_offset(self, offsets, entries_per_page: int):
+        """Page byte of entry ``o``'s scale record: ``o * E + data_bytes`` (interleaved) or
+        ``B * data_bytes + o * scale_bytes``."""
+        if self.interleaved:
+            return offsets * self.entry_bytes + self.data_bytes
+        return entries_per_page * self.data_bytes + offsets * self.scale_bytes
 
 
 def f32_from_bits(bits: int) -> np.float32:
@@ -105,3 +122,27 @@ INDEXER_FP8 = EntryLayout("indexer_fp8", INDEXER_HEAD_DIM, INDEXER_FP8_DATA_BYTE
 INDEXER_MXFP4 = EntryLayout("indexer_mxfp4", INDEXER_HEAD_DIM, INDEXER_MXFP4_DATA_BYTES, INDEXER_MXFP4_SCALE_BYTES)  # E = 68
 PAGED_LAYOUTS = {layout.name: layout for layout in (FLASHMLA_FP8, INDEXER_FP8, INDEXER_MXFP4)}
 INDEXER_LAYOUTS = (INDEXER_FP8.name, INDEXER_MXFP4.name)
+
+
+# ---- SPEC §14: the DeepSeek-V4.1 compressors (ratios 1 and 2, no overlap, no ape) ----------
+V41_RATIOS = (1, 2)  # r; W = r rows per window, SW = 512
+V41_STATE_ROW_WIDTH = 2 * HEAD_DIM  # a ratio-2 state row: kv[0:512] then the raw score[0:512]
+MXFP8_BLOCK = 32  # v41_mxfp8: one UE8M0 scale per 32 channels
+MXFP8_BLOCKS = HEAD_DIM // MXFP8_BLOCK  # 16
+NVFP4_TILE = 16  # v41_nvfp4: one E4M3 scale per 16 channels
+NVFP4_TILES = HEAD_DIM // NVFP4_TILE  # 32
+NVFP4_AMAX_FLOOR = E2M1_MAX * 2.0**-9  # 6 * 2^-9: the tile amax floor, so that sigma >= 2^-9 (E4M3's smallest)
+V41_MXFP8 = EntryLayout("v41_mxfp8", HEAD_DIM, HEAD_DIM, MXFP8_BLOCKS, interleaved=True)  # E = 528
+V41_NVFP4 = EntryLayout("v41_nvfp4", HEAD_DIM, HEAD_DIM // 2, NVFP4_TILES, interleaved=True)  # E = 288
+
+
+def v41_ratio_config(compress_ratio: int) -> RatioConfig:
+    """SPEC §14.1: ``coff = 1``, ``SW = 512`` and ``W = r`` for ratio 1 or 2 (head width 512)."""
+    if isinstance(compress_ratio, bool) or compress_ratio not in V41_RATIOS:
+        raise ValueError(f"compress_ratio: expected one of {V41_RATIOS}, got {compress_ratio!r}")
+    return RatioConfig(ratio=int(compress_ratio), overlap=1, state_width=HEAD_DIM, window=int(compress_ratio))
+
+
+V41_RECORD_LAYOUTS = {layout.name: layout for layout in (V41_MXFP8, V41_NVFP4)}
+V41_STORE_LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor", V41_MXFP8.name, V41_NVFP4.name)  # v41_rope_quant_store
+V41_INDEX_KEY_LAYOUTS = INDEXER_LAYOUTS  # v41_index_key_store: SPEC §12's two records

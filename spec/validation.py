@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .constants import (
-    HEAD_DIM, HEAD_DIMS, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS,
-    ratio_config,
+    HEAD_DIM, HEAD_DIMS, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, V41_RECORD_LAYOUTS, EntryLayout,
+    RatioConfig, SUPPORTED_RATIOS, ratio_config,
 )
 
 LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")  # the 512-wide head's layouts (SPEC §7)
@@ -29,6 +29,7 @@ ALL_LAYOUTS = LAYOUTS + INDEXER_LAYOUTS
 STATE_ALIGN_BYTES = 16
 STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes)
 PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8 and the indexer layouts
+RECORD_LAYOUTS = {**PAGED_LAYOUTS, **V41_RECORD_LAYOUTS}  # layouts of E-byte records in a uint8 cache
 
 
 @dataclass(frozen=True)
@@ -284,12 +285,14 @@ def check_hadamard(hadamard, layout: str) -> bool:
     return bool(hadamard)
 
 
-def _paged_cache(k_cache: ArrayInfo, layout: str) -> int:
-    """SPEC §7/§12 checks of a paged ``k_cache`` (data records then scale records); returns B."""
-    entry = PAGED_LAYOUTS[layout].entry_bytes
+def _paged_cache(k_cache: ArrayInfo, layout: EntryLayout) -> int:
+    """SPEC §7/§12/§14.5 checks of a ``k_cache`` of ``E``-byte records (data and scales, split or
+    interleaved): uint8 ``[num_pages, B, E]``, entry stride ``E``, unit last stride, a page
+    stride ``>= B*E`` and a multiple of 16 when there is more than one page; returns B."""
+    entry = layout.entry_bytes
     _dtype(k_cache, "uint8")
     _rank(k_cache, 3, f"[num_pages, B, {entry}]")
-    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout == "flashmla_fp8" else f"bytes per {layout} entry")
+    _dim(k_cache, 2, entry, "bytes per FlashMLA entry" if layout.name == "flashmla_fp8" else f"bytes per {layout.name} entry")
     entries = k_cache.shape[1]
     if entries < 1:
         _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
@@ -302,6 +305,56 @@ def _paged_cache(k_cache: ArrayInfo, layout: str) -> int:
     return entries
 
 
+def _norm_weight(rms_norm_weight: ArrayInfo, head_dim: int) -> None:
+    _dtype(rms_norm_weight, "bfloat16", "float32")
+    _rank(rms_norm_weight, 1, f"[{head_dim}]")
+    _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")
+    _unit_last_stride(rms_norm_weight)
+
+
+def _eps(rms_norm_eps) -> np.float32:
+    eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
+    if not (math.isfinite(eps) and eps > 0):
+        _fail("rms_norm_eps", "a finite value > 0 after rounding to binary32", repr(rms_norm_eps))
+    return eps
+
+
+def _cos_sin_cache(cos_sin_cache: ArrayInfo) -> None:
+    _dtype(cos_sin_cache, "float32")
+    _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
+    _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
+    _unit_last_stride(cos_sin_cache)
+
+
+def _k_cache(k_cache: ArrayInfo, layout: str) -> int:
+    """The destination cache of a known ``layout`` (SPEC §7, §12, §14.5); returns B."""
+    if layout in RECORD_LAYOUTS:
+        return _paged_cache(k_cache, RECORD_LAYOUTS[layout])
+    _dtype(k_cache, "bfloat16" if layout == "bf16" else "float8_e4m3fn")
+    _rank(k_cache, 3, f"[num_pages, B, {HEAD_DIM}]")
+    _dim(k_cache, 2, HEAD_DIM, "head width H")
+    entries = k_cache.shape[1]
+    if entries < 1:
+        _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
+    _unit_last_stride(k_cache)
+    _no_self_overlap(k_cache)
+    return entries
+
+
+def _fp8_scale(fp8_scale, layout: str) -> np.float32 | None:
+    """The per-tensor scale: required (finite, > 0 in binary32) for ``fp8_per_tensor``, else None."""
+    if layout == "fp8_per_tensor":
+        if fp8_scale is None:
+            _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
+        scale = np.float32(_real("fp8_scale", fp8_scale))
+        if not (math.isfinite(scale) and scale > 0):
+            _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
+        return scale
+    if fp8_scale is not None:
+        _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
+    return None
+
+
 def check_store(
     rms_norm_weight: ArrayInfo, rms_norm_eps, cos_sin_cache: ArrayInfo, k_cache: ArrayInfo,
     layout, fp8_scale, reference: ArrayInfo, *, head_dim: int = HEAD_DIM, hadamard=False,
@@ -312,41 +365,13 @@ def check_store(
     """
     _layout(layout, head_dim)
     hadamard = check_hadamard(hadamard, layout)
-    _dtype(rms_norm_weight, "bfloat16", "float32")
-    _rank(rms_norm_weight, 1, f"[{head_dim}]")
-    _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")
-    _unit_last_stride(rms_norm_weight)
-    eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
-    if not (math.isfinite(eps) and eps > 0):
-        _fail("rms_norm_eps", "a finite value > 0 after rounding to binary32", repr(rms_norm_eps))
-    _dtype(cos_sin_cache, "float32")
-    _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
-    _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
-    _unit_last_stride(cos_sin_cache)
-    if layout in PAGED_LAYOUTS:
-        entries = _paged_cache(k_cache, layout)
-        page_stride = k_cache.strides[0]
-    else:
-        _dtype(k_cache, "bfloat16" if layout == "bf16" else "float8_e4m3fn")
-        _rank(k_cache, 3, f"[num_pages, B, {HEAD_DIM}]")
-        _dim(k_cache, 2, HEAD_DIM, "head width H")
-        entries = k_cache.shape[1]
-        if entries < 1:
-            _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
-        _unit_last_stride(k_cache)
-        _no_self_overlap(k_cache)
-        page_stride = k_cache.strides[0]
-    scale = None
-    if layout == "fp8_per_tensor":
-        if fp8_scale is None:
-            _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
-        scale = np.float32(_real("fp8_scale", fp8_scale))
-        if not (math.isfinite(scale) and scale > 0):
-            _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
-    elif fp8_scale is not None:
-        _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
+    _norm_weight(rms_norm_weight, head_dim)
+    eps = _eps(rms_norm_eps)
+    _cos_sin_cache(cos_sin_cache)
+    entries = _k_cache(k_cache, layout)
+    scale = _fp8_scale(fp8_scale, layout)
     _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
-    return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale,
+    return StoreCall(layout=layout, entries_per_page=entries, page_stride=k_cache.strides[0], eps=eps, fp8_scale=scale,
                      head_dim=head_dim, hadamard=hadamard)
 
 
