@@ -8,6 +8,11 @@ block table, ``-1`` for non-boundary tokens), with shuffled, non-identity block 
 optional padding tokens (slot ``-1``). Buffer builders make state caches with padded
 strides and canary-filled compressed caches with padded page strides.
 
+For SPEC §13.4's step call a batch also carries ``query_start_loc`` and ``save_slot_mapping``;
+:func:`build_ring_batch` and :func:`as_ring` give the same steps on a per-request ring state
+(§13.3) with the tail saves an engine makes, and :func:`speculative_requests` makes
+speculative verify groups.
+
 Everything here is NumPy; the torch front ends convert with ``torch.from_numpy``.
 """
 
@@ -49,6 +54,9 @@ class Batch:
     num_state_blocks: int  # state_cache.shape[0] needed
     num_pages: int  # k_cache.shape[0] needed
     notes: dict = field(default_factory=dict)
+    query_start_loc: np.ndarray | None = None  # int32 [num_reqs + 1]; None when padding is scattered among the tokens
+    save_slot_mapping: np.ndarray | None = None  # int64 [T]: the slots SPEC §13.4's save writes, -1 = not saved
+    ring_capacity: int | None = None  # C: each request's state is a ring of C rows (SPEC §13.3); None: paged
 
     @property
     def num_tokens(self) -> int:
@@ -138,6 +146,7 @@ def build_batch(
     if unsaved_fraction > 0:
         slot_mapping[rng.random(positions.shape) < unsaved_fraction] = -1
 
+    starts = None if num_padding and not padding_at_end else query_start_loc(requests)
     if num_padding:
         where = positions.shape[0] if padding_at_end else rng.integers(0, positions.shape[0] + 1, size=num_padding)
         insert = np.full(num_padding, where) if padding_at_end else np.sort(where)
@@ -159,10 +168,27 @@ def build_batch(
         kv_slot_mapping=kv_slot_mapping,
         num_state_blocks=num_state_blocks,
         num_pages=num_pages,
+        query_start_loc=starts,
+        save_slot_mapping=slot_mapping.astype(np.int64),
     )
 
 
 # ---- request mixes ---------------------------------------------------------------------
+def speculative_requests(num_requests: int, compress_ratio: int, num_drafts: int, rng: np.random.Generator, *,
+                         max_entries: int = 16) -> list[Request]:
+    """Speculative verify groups: ``num_drafts + 1`` consecutive tokens per request (the last
+    accepted token and its drafts), a boundary among them at a random place."""
+    group = num_drafts + 1
+    if group > compress_ratio * max_entries:
+        raise ValueError(f"num_drafts: expected at most {compress_ratio * max_entries - 1} for max_entries {max_entries}, got {num_drafts}")
+    requests = []
+    for _ in range(num_requests):
+        boundary = int(rng.integers(max(1, -(-group // compress_ratio)), max_entries + 1)) * compress_ratio - 1
+        inside = int(rng.integers(0, min(group, boundary + 1)))  # the boundary is token `inside` of the group
+        requests.append(Request(context_len=boundary - inside, num_tokens=group))
+    return requests
+
+
 def decode_requests(num_requests: int, compress_ratio: int, rng: np.random.Generator, *, boundary: bool = True, max_entries: int = 64) -> list[Request]:
     """One token per request; with ``boundary`` every token closes a window (``p = r*c - 1``)."""
     groups = rng.integers(1, max_entries + 1, size=num_requests)
@@ -299,5 +325,90 @@ def relocate_state_blocks(batch: Batch, state_cache: np.ndarray, rng: np.random.
     saved = slots >= 0
     new_slots = slots.copy()
     new_slots[saved] = new_id[slots[saved] // batch.block_size] * batch.block_size + slots[saved] % batch.block_size
-    relocated = Batch(**{**batch.__dict__, "block_table": table, "slot_mapping": new_slots})
+    relocated = Batch(**{**batch.__dict__, "block_table": table, "slot_mapping": new_slots,
+                         "save_slot_mapping": _relocated_slots(batch.save_slot_mapping, new_id, batch.block_size)})
     return relocated, moved
+
+
+def _relocated_slots(slots: np.ndarray | None, new_id: np.ndarray, block_size: int) -> np.ndarray | None:
+    if slots is None:
+        return None
+    moved = slots.copy()
+    saved = slots >= 0
+    moved[saved] = new_id[slots[saved] // block_size] * block_size + slots[saved] % block_size
+    return moved
+
+
+# ---- SPEC §13: step metadata, ring state, tail saves -------------------------------------
+def query_start_loc(requests: list[Request] | tuple[Request, ...]) -> np.ndarray:
+    """int32 ``[num_reqs + 1]``: the first token of each request's chunk, tokens packed request by request."""
+    return np.concatenate([[0], np.cumsum([r.num_tokens for r in requests])]).astype(np.int32)
+
+
+def ring_slots(block_table: np.ndarray, token_to_req: np.ndarray, positions: np.ndarray, ring_capacity: int,
+               block_size: int) -> np.ndarray:
+    """int64 ``[T]``: the ring slot of each token (SPEC §13.3), ``block_table[req, (p mod C) // bs] * bs
+    + (p mod C) mod bs``. ``block_table``: int32 ``[num_reqs, >= C / bs]``; ``token_to_req``: int32 ``[T]``;
+    ``positions``: int64 ``[T]``."""
+    index = positions % ring_capacity
+    return block_table[token_to_req, index // block_size].astype(np.int64) * block_size + index % block_size
+
+
+def tail_saves(slot_mapping: np.ndarray, starts: np.ndarray, ring_capacity: int) -> np.ndarray:
+    """int64 ``[T]``: ``slot_mapping`` for the last ``C`` tokens of each request's chunk (its tail),
+    ``-1`` for the others and for the padding after ``starts[-1]`` (SPEC §13.4's ring saves).
+    ``slot_mapping``: int64 ``[T]``; ``starts``: int32 ``[num_reqs + 1]`` (``query_start_loc``)."""
+    saves = np.full(slot_mapping.shape, -1, dtype=np.int64)
+    for first, end in zip(starts[:-1], starts[1:]):
+        tail = slice(max(int(first), int(end) - ring_capacity), int(end))
+        saves[tail] = slot_mapping[tail]
+    return saves
+
+
+def _on_ring(batch: Batch, ring_capacity: int, rng: np.random.Generator, spare_state_blocks: int) -> Batch:
+    """``batch``'s tokens and compressed-cache slots with ring metadata (see :func:`as_ring`)."""
+    if batch.query_start_loc is None:
+        raise ValueError("batch: expected tokens packed request by request (padding at the end), got scattered padding")
+    bs = batch.block_size
+    if ring_capacity % bs or ring_capacity < ratio_config(batch.compress_ratio).window:
+        raise ValueError(f"ring_capacity: expected a multiple of block_size {bs} that is at least W, got {ring_capacity}")
+    needed = np.ones((len(batch.requests), ring_capacity // bs), dtype=bool)
+    num_state_blocks = int(needed.sum()) + spare_state_blocks
+    table = _allocate(needed, num_state_blocks, rng)
+    slots = ring_slots(table, batch.token_to_req_indices, batch.positions, ring_capacity, bs)
+    slots = np.where(batch.slot_mapping >= 0, slots, -1)
+    return Batch(**{**batch.__dict__, "block_table": table, "slot_mapping": slots,
+                    "save_slot_mapping": tail_saves(slots, batch.query_start_loc, ring_capacity),
+                    "num_state_blocks": num_state_blocks, "ring_capacity": ring_capacity})
+
+
+def as_ring(batch: Batch, state_cache: np.ndarray, ring_capacity: int, rng: np.random.Generator, *,
+            spare_state_blocks: int = 3) -> tuple[Batch, np.ndarray]:
+    """The same step on a ring state (SPEC §13.3): each request's ring of ``C = ring_capacity`` rows
+    in the first ``C / bs`` blocks of its block-table row (distinct blocks of a shuffled pool), every
+    token's ``slot_mapping`` its ring slot (``-1`` stays ``-1``), ``save_slot_mapping`` the tail
+    saves, and a ring state of ``state_cache``'s dtype (float32, or uint16 bf16 patterns; other
+    rows NaN) holding ``state_cache``'s rows of each request's last ``C`` positions before its
+    chunk wherever the paged ``batch`` has a block for them. The compressed-cache slots stay.
+    ``batch`` must pack its tokens request by request (``query_start_loc``)."""
+    ringed = _on_ring(batch, ring_capacity, rng, spare_state_blocks)
+    bs, table = batch.block_size, ringed.block_table
+    nan = np.uint16(0x7FC0) if state_cache.dtype == np.uint16 else np.float32(np.nan)
+    ring = padded_view((ringed.num_state_blocks, bs, state_cache.shape[2]), state_cache.dtype, (0, 0, 0), nan)
+    for req, request in enumerate(batch.requests):
+        for q in range(max(0, request.context_len - ring_capacity), request.context_len):
+            block = batch.block_table[req, q // bs] if q // bs < batch.block_table.shape[1] else -1
+            if block >= 0:
+                ring[table[req, (q % ring_capacity) // bs], (q % ring_capacity) % bs] = state_cache[block, q % bs]
+    return ringed, ring
+
+
+def build_ring_batch(requests: list[Request], *, compress_ratio: int, ring_capacity: int, block_size: int,
+                     entries_per_page: int, rng: np.random.Generator, num_padding: int = 0,
+                     spare_state_blocks: int = 3, spare_pages: int = 2) -> Batch:
+    """A step on a ring state (SPEC §13.3/§13.4): :func:`build_batch`'s tokens, compressed-cache
+    slots and ``query_start_loc`` (padding at the end), each request's ring in the first ``C / bs``
+    blocks of its block-table row, ring slots for every token and the tail saves."""
+    paged = build_batch(requests, compress_ratio=compress_ratio, block_size=block_size, entries_per_page=entries_per_page,
+                        rng=rng, num_padding=num_padding, spare_pages=spare_pages)
+    return _on_ring(paged, ring_capacity, rng, spare_state_blocks)

@@ -1,4 +1,5 @@
-"""SPEC §5: which tokens are active, their window rows, and the softmax-gated pooling."""
+"""SPEC §5: which tokens are active, their window rows (read by :mod:`.rows`, with §13's
+state formats), the halves they use, and the softmax-gated pooling."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import numpy as np
 
 from .arithmetic import div, exp2s, mul, sub, tree
 from .constants import LOG2E, RatioConfig
+from .rows import ChunkInputs, window_rows
+from .state_format import PAGED_FP32, StateFormat
 
 F32 = np.float32
 TOKENS_PER_CHUNK = 32  # bounds the gathered window rows to ~32 * 128 * 4 KiB at C128
@@ -34,29 +37,32 @@ def window_positions(positions: np.ndarray, config: RatioConfig) -> tuple[np.nda
     return pos, pos >= 0
 
 
+def half_channels(rows: np.ndarray, config: RatioConfig) -> np.ndarray:
+    """Row ``i`` of a window uses half ``h = i // r`` of its state-width row: channels
+    ``h*H .. h*H + H - 1`` (C4: rows 0..3 half 0, rows 4..7 half 1; C128 has one half).
+
+    ``rows``: ``[n, W, SW]``; returns ``[n, W, H]`` (H = ``config.head_dim``, 512 or 128).
+    """
+    n, w = rows.shape[:2]
+    halves = rows.reshape(n, w, config.overlap, config.head_dim)
+    i = np.arange(w)
+    return halves[:, i, i // config.ratio]
+
+
 def gather_window(
     state_cache: np.ndarray, block_table: np.ndarray, requests: np.ndarray, positions: np.ndarray,
-    config: RatioConfig, block_size: int,
+    config: RatioConfig, block_size: int, *, state_format: StateFormat = PAGED_FP32,
+    chunk: ChunkInputs | None = None, ape: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The window of each token: ``kv[t, i, c]``, ``score[t, i, c]`` (fp32) and ``valid[t, i]``.
 
-    Row ``i`` reads state row ``S_i = state_cache[block_table[q, pos_i // bs], pos_i mod bs]``
-    and its half ``h = i // r`` (C4: rows 0..3 take channels 0..H-1 of kv and score, rows
-    4..7 channels H..2H-1; C128 has one half; H = ``config.head_dim``, 512 or 128). Invalid
-    rows read nothing (zeros here).
+    Row ``i`` is position ``pos_i`` (:func:`window_positions`), read by
+    :func:`.rows.window_rows` (from the state, paged or a ring, or from ``chunk``), and its
+    half ``h = i // r`` (:func:`half_channels`). Invalid rows read nothing (zeros here).
     """
-    pos, valid = window_positions(positions, config)
-    safe_pos = np.where(valid, pos, 0)
-    blocks = block_table[requests[:, None], safe_pos // block_size]
-    rows = state_cache[blocks, safe_pos % block_size]  # [t, W, 2*SW]
-    half = np.arange(config.window) // config.ratio  # h for each window row
-    head = config.head_dim
-    channel = half[:, None] * head + np.arange(head)[None, :]  # [W, H]
-    kv = np.take_along_axis(rows, channel[None, :, :], axis=2)
-    score = np.take_along_axis(rows, (config.state_width + channel)[None, :, :], axis=2)
-    kv = np.where(valid[:, :, None], kv, F32(0.0))
-    score = np.where(valid[:, :, None], score, F32(0.0))
-    return kv.astype(F32), score.astype(F32), valid
+    pos, _ = window_positions(positions, config)
+    rows = window_rows(pos, requests, state_format, state_cache, block_table, block_size, chunk, ape)
+    return half_channels(rows.kv, config), half_channels(rows.score, config), rows.valid
 
 
 def pool_window(kv: np.ndarray, score: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -76,12 +82,19 @@ def pool_window(kv: np.ndarray, score: np.ndarray, valid: np.ndarray) -> np.ndar
 
 def pool(
     state_cache: np.ndarray, block_table: np.ndarray, requests: np.ndarray, positions: np.ndarray,
-    config: RatioConfig, block_size: int,
+    config: RatioConfig, block_size: int, *, state_format: StateFormat = PAGED_FP32,
+    chunk: ChunkInputs | None = None, ape: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``x`` (fp32 ``[n, H]``) for the given (active) tokens, a few tokens at a time."""
+    """``x`` (fp32 ``[n, H]``) for the given (active) tokens, a few tokens at a time.
+
+    ``state_cache``: float32 or uint16 (bf16) ``[num_state_blocks, bs, 2*SW]``;
+    ``requests``: int32 ``[n]``; ``positions``: int64 ``[n]``; ``ape``: float32 ``[r, SW]``,
+    added where ``state_format.ape_at`` says (SPEC §13.2); ``chunk``: SPEC §13.4's rows.
+    """
     out = np.empty((positions.shape[0], config.head_dim), dtype=F32)
     for start in range(0, positions.shape[0], TOKENS_PER_CHUNK):
-        chunk = slice(start, start + TOKENS_PER_CHUNK)
-        kv, score, valid = gather_window(state_cache, block_table, requests[chunk], positions[chunk], config, block_size)
-        out[chunk] = pool_window(kv, score, valid)
+        part = slice(start, start + TOKENS_PER_CHUNK)
+        kv, score, valid = gather_window(state_cache, block_table, requests[part], positions[part], config, block_size,
+                                         state_format=state_format, chunk=chunk, ape=ape)
+        out[part] = pool_window(kv, score, valid)
     return out

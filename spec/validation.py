@@ -5,6 +5,12 @@ address, device), so the spec and the GPU wrappers reject exactly the same calls
 exactly the same messages, before anything is written. Every error is a ``ValueError``
 whose text names the argument, what was expected and what was given.
 
+SPEC §13's options (a bf16 state, ``ape_at``, ``ring_capacity``, and ``compress_and_save``'s
+inputs) are checked here too; a validated call carries its
+:class:`.state_format.StateFormat`. A caller names the state dtypes it supports
+(``state_dtypes``): the spec takes float32 and bf16, the GPU kernels float32 only, so a front
+end that passes nothing refuses a bf16 state.
+
 The debug checks (:func:`check_contract`) look at *values*: block-table entries and slots
 against the buffers. SPEC §9 leaves them to the caller; they cost a host pass over the
 metadata and are off unless asked for.
@@ -22,12 +28,15 @@ from .constants import (
     HEAD_DIM, HEAD_DIMS, INDEXER_HEAD_DIM, INDEXER_LAYOUTS, PAGED_LAYOUTS, ROPE_DIM, V41_RECORD_LAYOUTS, EntryLayout,
     RatioConfig, SUPPORTED_RATIOS, ratio_config,
 )
+from .state_format import APE_AT, PAGED_FP32, StateFormat
 
 LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")  # the 512-wide head's layouts (SPEC §7)
 LAYOUTS_BY_HEAD = {HEAD_DIM: LAYOUTS, INDEXER_HEAD_DIM: INDEXER_LAYOUTS}  # SPEC §7 and §12
 ALL_LAYOUTS = LAYOUTS + INDEXER_LAYOUTS
 STATE_ALIGN_BYTES = 16
-STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes)
+STATE_STRIDE_MULTIPLE = 4  # elements (16 bytes) of an fp32 state; 8 of a bf16 state (SPEC §13.1)
+STATE_CACHE_DTYPES = ("float32", "bfloat16")  # SPEC §13.1; front ends pass the dtypes their kernels read
+_STATE_FORMAT_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 PAGE_STRIDE_MULTIPLE = 16  # bytes, flashmla_fp8 and the indexer layouts
 RECORD_LAYOUTS = {**PAGED_LAYOUTS, **V41_RECORD_LAYOUTS}  # layouts of E-byte records in a uint8 cache
 
@@ -143,8 +152,8 @@ def _per_token(info: ArrayInfo, dtype: str, num_tokens: int, reference: str) -> 
     _unit_last_stride(info)
 
 
-def _state_cache(info: ArrayInfo, config: RatioConfig, block_size: int) -> None:
-    _dtype(info, "float32")
+def _state_cache(info: ArrayInfo, config: RatioConfig, block_size: int, state_dtypes: tuple[str, ...]) -> None:
+    _dtype(info, *state_dtypes)
     _rank(info, 3, "[num_state_blocks, block_size, 2*SW]")
     width = config.state_row_width
     if info.shape[2] != width:
@@ -152,8 +161,9 @@ def _state_cache(info: ArrayInfo, config: RatioConfig, block_size: int) -> None:
     _dim(info, 1, block_size, "block_size")
     _unit_last_stride(info)
     s0, s1 = info.strides[0], info.strides[1]
-    if (info.shape[0] > 1 and s0 % STATE_STRIDE_MULTIPLE) or (block_size > 1 and s1 % STATE_STRIDE_MULTIPLE):
-        _fail(info.name, f"strides[0] and strides[1] multiples of {STATE_STRIDE_MULTIPLE} elements (16 bytes)", f"strides {list(info.strides)}")
+    multiple = STATE_ALIGN_BYTES // info.itemsize  # 4 fp32 or 8 bf16 elements
+    if (info.shape[0] > 1 and s0 % multiple) or (block_size > 1 and s1 % multiple):
+        _fail(info.name, f"strides[0] and strides[1] multiples of {multiple} elements (16 bytes)", f"strides {list(info.strides)}")
     if (block_size > 1 and s1 < width) or (info.shape[0] > 1 and s0 < block_size * max(s1, width)):
         _fail(info.name, f"non-overlapping rows (strides[1] >= {width}, strides[0] >= block_size*strides[1])", f"strides {list(info.strides)}")
     _aligned(info, STATE_ALIGN_BYTES)
@@ -171,6 +181,47 @@ def _config_from_width(info: ArrayInfo, axis: int, compress_ratio: int, factor: 
           f"shape {list(info.shape)}")
 
 
+# ---- SPEC §13: the state options ----------------------------------------------------------------
+def _ape_at(ape_at) -> str:
+    if not isinstance(ape_at, str) or ape_at not in APE_AT:
+        _fail("ape_at", " or ".join(repr(x) for x in APE_AT), repr(ape_at))
+    return ape_at
+
+
+def _ape(ape: ArrayInfo | None, config: RatioConfig, why: str) -> None:
+    """``ape`` is fp32 ``[r, SW]`` with a unit last stride; ``why`` says what needs it."""
+    expected = f"[{config.ratio}, {config.state_width}] ([compress_ratio, SW])"
+    if ape is None:
+        _fail("ape", f"a float32 {expected} array ({why})", None)
+    _dtype(ape, "float32")
+    _rank(ape, 2, "[compress_ratio, SW]")
+    if tuple(ape.shape) != (config.ratio, config.state_width):
+        _fail(ape.name, f"shape {expected}", f"shape {list(ape.shape)}")
+    _unit_last_stride(ape)
+
+
+def _ring_capacity(ring_capacity, config: RatioConfig, block_size: int) -> int | None:
+    """``None`` (paged) or ``C``: a positive multiple of ``block_size``, at least ``W`` (SPEC §13.3)."""
+    if ring_capacity is None:
+        return None
+    if (isinstance(ring_capacity, bool) or not isinstance(ring_capacity, numbers.Integral)
+            or ring_capacity < config.window or ring_capacity % block_size):
+        _fail("ring_capacity", f"None or a positive multiple of block_size {block_size} that is at least W = {config.window}",
+              repr(ring_capacity))
+    return int(ring_capacity)
+
+
+def _ring_blocks(block_table: ArrayInfo, ring_capacity: int | None, block_size: int) -> None:
+    """A ring lives in the first ``C / bs`` blocks of each block-table row."""
+    if ring_capacity is not None and block_table.shape[1] < ring_capacity // block_size:
+        _fail(block_table.name, f"shape[1] >= ring_capacity / block_size = {ring_capacity // block_size} blocks (the ring)",
+              f"shape {list(block_table.shape)}")
+
+
+def _state_format(state_cache: ArrayInfo, ape_at: str, ring_capacity: int | None) -> StateFormat:
+    return StateFormat(_STATE_FORMAT_DTYPES[state_cache.dtype], ape_at, ring_capacity)
+
+
 # ---- per-operation checks --------------------------------------------------------------
 @dataclass(frozen=True)
 class SaveCall:
@@ -179,20 +230,38 @@ class SaveCall:
     config: RatioConfig
     num_tokens: int
     block_size: int
+    state_format: StateFormat = PAGED_FP32
+
+
+def _config_from_row_width(info: ArrayInfo, head_dims) -> RatioConfig:
+    """The ratio and head width whose ``2*SW`` is ``info.shape[1]`` (the four widths differ)."""
+    configs = [ratio_config(r, head) for head in head_dims for r in SUPPORTED_RATIOS]
+    for config in configs:
+        if info.shape[1] == config.state_row_width:
+            return config
+    expected = " or ".join(f"{c.state_row_width} (compress_ratio {c.ratio}, head width {c.head_dim})" for c in configs)
+    _fail(info.name, f"shape[1] = 2*SW = {expected}", f"shape {list(info.shape)}")
 
 
 def check_save_partial_states(
-    kv_score: ArrayInfo, ape: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
-    state_cache: ArrayInfo, block_size, *, head_dims: tuple[int, ...] = HEAD_DIMS,
+    kv_score: ArrayInfo, ape: ArrayInfo | None, positions: ArrayInfo, slot_mapping: ArrayInfo,
+    state_cache: ArrayInfo, block_size, *, head_dims: tuple[int, ...] = HEAD_DIMS, ape_at="save",
+    ring_capacity=None, state_dtypes: tuple[str, ...] = ("float32",),
 ) -> SaveCall:
-    """SPEC §4/§9 checks of ``save_partial_states``; the ratio is ``ape.shape[0]`` and the head
-    width follows from ``ape.shape[1] = SW`` (one of ``head_dims``, the widths the caller supports)."""
-    _dtype(ape, "float32")
-    _rank(ape, 2, "[compress_ratio, SW]")
-    if ape.shape[0] not in SUPPORTED_RATIOS:
-        _fail(ape.name, f"shape[0] = compress_ratio in {SUPPORTED_RATIOS}", f"shape {list(ape.shape)}")
-    config = _config_from_width(ape, 1, ape.shape[0], 1, "SW", head_dims)
-    _unit_last_stride(ape)
+    """SPEC §4/§9/§13 checks of ``save_partial_states``; the ratio is ``ape.shape[0]`` and the head
+    width follows from ``ape.shape[1] = SW`` (one of ``head_dims``, the widths the caller supports).
+    With ``ape_at = "compress"`` ``ape`` is not used (it may be ``None``) and both follow from
+    ``kv_score.shape[1] = 2*SW``. ``state_dtypes``: the state dtypes the caller supports."""
+    ape_at = _ape_at(ape_at)
+    if ape_at == "save":
+        if ape is None:
+            _fail("ape", "a float32 [compress_ratio, SW] array (ape_at 'save' adds it in the save)", None)
+        _dtype(ape, "float32")
+        _rank(ape, 2, "[compress_ratio, SW]")
+        if ape.shape[0] not in SUPPORTED_RATIOS:
+            _fail(ape.name, f"shape[0] = compress_ratio in {SUPPORTED_RATIOS}", f"shape {list(ape.shape)}")
+        config = _config_from_width(ape, 1, ape.shape[0], 1, "SW", head_dims)
+        _unit_last_stride(ape)
     block_size = _int_arg("block_size", block_size, 1)
     _dtype(positions, "int64")
     _rank(positions, 1, "[T]")
@@ -203,11 +272,15 @@ def check_save_partial_states(
     _rank(kv_score, 2, "[T, 2*SW]")
     if kv_score.shape[0] != num_tokens:
         _fail(kv_score.name, f"shape[0] = T = {num_tokens} (the length of {positions.name})", f"shape {list(kv_score.shape)}")
+    if ape_at == "compress":
+        config = _config_from_row_width(kv_score, head_dims)
     _dim(kv_score, 1, config.state_row_width, f"2*SW for compress_ratio {config.ratio}")
     _unit_last_stride(kv_score)
-    _state_cache(state_cache, config, block_size)
-    _same_device(state_cache, kv_score, ape, positions, slot_mapping)
-    return SaveCall(config=config, num_tokens=num_tokens, block_size=block_size)
+    _state_cache(state_cache, config, block_size, state_dtypes)
+    ring_capacity = _ring_capacity(ring_capacity, config, block_size)
+    _same_device(state_cache, kv_score, *([ape] if ape_at == "save" else []), positions, slot_mapping)
+    return SaveCall(config=config, num_tokens=num_tokens, block_size=block_size,
+                    state_format=_state_format(state_cache, ape_at, ring_capacity))
 
 
 @dataclass(frozen=True)
@@ -217,18 +290,22 @@ class CompressCall:
     config: RatioConfig
     num_tokens: int
     block_size: int
+    state_format: StateFormat = PAGED_FP32
 
 
 def check_compress(
     state_cache: ArrayInfo, token_to_req_indices: ArrayInfo, positions: ArrayInfo, slot_mapping: ArrayInfo,
     block_table: ArrayInfo, block_size, kv_slot_mapping: ArrayInfo, compress_ratio, *,
-    head_dims: tuple[int, ...] = HEAD_DIMS,
+    head_dims: tuple[int, ...] = HEAD_DIMS, ape: ArrayInfo | None = None, ape_at="save", ring_capacity=None,
+    state_dtypes: tuple[str, ...] = ("float32",),
 ) -> CompressCall:
-    """SPEC §3/§9 checks of the pooling inputs; the head width follows from
-    ``state_cache.shape[2] = 2*SW`` (one of ``head_dims``, the widths the caller supports)."""
+    """SPEC §3/§9/§13 checks of the pooling inputs; the head width follows from
+    ``state_cache.shape[2] = 2*SW`` (one of ``head_dims``, the widths the caller supports).
+    ``ape`` is needed (fp32 ``[r, SW]``) with ``ape_at = "compress"`` and not looked at otherwise;
+    ``state_dtypes``: the state dtypes the caller supports."""
     if isinstance(compress_ratio, bool) or compress_ratio not in SUPPORTED_RATIOS:
         _fail("compress_ratio", f"one of {SUPPORTED_RATIOS}", repr(compress_ratio))
-    _dtype(state_cache, "float32")
+    _dtype(state_cache, *state_dtypes)
     _rank(state_cache, 3, "[num_state_blocks, block_size, 2*SW]")
     config = _config_from_width(state_cache, 2, int(compress_ratio), 2, "2*SW", head_dims)
     block_size = _int_arg("block_size", block_size, 1)
@@ -242,9 +319,59 @@ def check_compress(
     _dtype(block_table, "int32")
     _rank(block_table, 2, "[num_reqs, max_blocks]")
     _unit_last_stride(block_table)
-    _state_cache(state_cache, config, block_size)
-    _same_device(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-    return CompressCall(config=config, num_tokens=num_tokens, block_size=block_size)
+    _state_cache(state_cache, config, block_size, state_dtypes)
+    ape_at = _ape_at(ape_at)
+    if ape_at == "compress":
+        _ape(ape, config, "ape_at 'compress' adds it in the compress")
+    ring_capacity = _ring_capacity(ring_capacity, config, block_size)
+    _ring_blocks(block_table, ring_capacity, block_size)
+    _same_device(state_cache, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping,
+                 *([ape] if ape_at == "compress" else []))
+    return CompressCall(config=config, num_tokens=num_tokens, block_size=block_size,
+                        state_format=_state_format(state_cache, ape_at, ring_capacity))
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """What a validated ``compress_and_save`` call adds to its pooling and store checks (SPEC §13.4)."""
+
+    num_reqs: int  # query_start_loc.shape[0] - 1
+
+
+def _projection(info: ArrayInfo, config: RatioConfig, num_tokens: int) -> None:
+    """``kv`` or ``score``: fp32 ``[T, SW]``, unit last stride, 16-byte aligned rows."""
+    _dtype(info, "float32")
+    _rank(info, 2, "[T, SW]")
+    if tuple(info.shape) != (num_tokens, config.state_width):
+        _fail(info.name, f"shape [{num_tokens}, {config.state_width}] ([T, SW] for compress_ratio {config.ratio})",
+              f"shape {list(info.shape)}")
+    _unit_last_stride(info)
+    if num_tokens > 1 and (info.strides[0] * info.itemsize) % STATE_ALIGN_BYTES:
+        _fail(info.name, f"a row stride (strides[0]) that is a multiple of {STATE_ALIGN_BYTES // info.itemsize} elements (16-byte aligned rows)",
+              f"strides {list(info.strides)}")
+    _aligned(info, STATE_ALIGN_BYTES)
+
+
+def check_step(
+    kv: ArrayInfo, score: ArrayInfo, ape: ArrayInfo | None, query_start_loc: ArrayInfo, save_slot_mapping: ArrayInfo,
+    block_table: ArrayInfo, config: RatioConfig, num_tokens: int,
+) -> StepCall:
+    """SPEC §9/§13.4 checks of what ``compress_and_save`` takes beyond the pooling and store
+    arguments (``check_compress`` and ``check_store`` run first): ``kv``, ``score``, ``ape``
+    (needed with either ``ape_at``), ``query_start_loc`` and ``save_slot_mapping``."""
+    _projection(kv, config, num_tokens)
+    _projection(score, config, num_tokens)
+    _ape(ape, config, "compress_and_save adds it to this call's scores")
+    _dtype(query_start_loc, "int32")
+    _rank(query_start_loc, 1, "[num_reqs + 1]")
+    _unit_last_stride(query_start_loc)
+    num_reqs = query_start_loc.shape[0] - 1
+    if num_reqs < 0 or num_reqs > block_table.shape[0]:
+        _fail(query_start_loc.name, f"length num_reqs + 1 with 0 <= num_reqs <= block_table.shape[0] = {block_table.shape[0]}",
+              query_start_loc.shape[0])
+    _per_token(save_slot_mapping, "int64", num_tokens, "positions")
+    _same_device(block_table, kv, score, ape, query_start_loc, save_slot_mapping)
+    return StepCall(num_reqs=num_reqs)
 
 
 @dataclass(frozen=True)
@@ -397,9 +524,12 @@ def check_save_contract(positions: np.ndarray, slot_mapping: np.ndarray, num_sta
 def check_contract(
     config: RatioConfig, active: np.ndarray, token_to_req_indices: np.ndarray, positions: np.ndarray,
     slot_mapping: np.ndarray, block_table: np.ndarray, num_state_blocks: int, block_size: int,
-    kv_slot_mapping: np.ndarray, num_entries: int | None = None, cos_sin_rows: int | None = None,
+    kv_slot_mapping: np.ndarray, num_entries: int | None = None, cos_sin_rows: int | None = None, *,
+    state_format: StateFormat = PAGED_FP32, query_start_loc: np.ndarray | None = None,
 ) -> None:
-    """Active tokens: request rows, every window row's block-table entry, entry slots, RoPE rows."""
+    """Active tokens: request rows, every window row's block-table entry (paged or in the ring;
+    with ``query_start_loc``, SPEC §13.4, only the rows before the request's chunk), entry
+    slots, RoPE rows."""
     num_reqs, max_blocks = block_table.shape
     for t in np.flatnonzero(slot_mapping >= 0):
         if positions[t] < 0:
@@ -411,11 +541,16 @@ def check_contract(
         if not 0 <= q < num_reqs:
             _contract(f"token_to_req_indices[{t}] = {q} is outside block_table's {num_reqs} rows")
         p = int(positions[t])
+        chunk_start = None
+        if query_start_loc is not None:
+            if q >= query_start_loc.shape[0] - 1:
+                _contract(f"token_to_req_indices[{t}] = {q} is outside query_start_loc's {query_start_loc.shape[0] - 1} requests")
+            chunk_start = int(positions[query_start_loc[q]])
         for i in range(config.window):
             pos = p - config.window + 1 + i
-            if pos < 0:
+            if pos < 0 or (chunk_start is not None and pos >= chunk_start):
                 continue
-            column = pos // block_size
+            column = (pos if state_format.ring_capacity is None else pos % state_format.ring_capacity) // block_size
             if column >= max_blocks:
                 _contract(f"token {t} (position {p}) needs block_table[{q}, {column}] but block_table has {max_blocks} columns")
             block = int(block_table[q, column])
@@ -431,3 +566,33 @@ def check_contract(
     values, counts = np.unique(slots, return_counts=True)
     if np.any(counts > 1):
         _contract(f"compressed-cache slot {values[counts > 1][0]} is written by more than one active token")
+
+
+def check_step_contract(
+    query_start_loc: np.ndarray, token_to_req_indices: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+    save_slot_mapping: np.ndarray, kv_slot_mapping: np.ndarray,
+) -> None:
+    """SPEC §13.4's caller's contract: ``query_start_loc`` nondecreasing from 0 up to at most
+    ``T``; request ``req``'s tokens at consecutive positions with ``token_to_req = req``; the
+    tokens after the last request are padding (every slot ``-1``)."""
+    num_tokens = positions.shape[0]
+    if query_start_loc[0] != 0 or np.any(np.diff(query_start_loc) < 0) or query_start_loc[-1] > num_tokens:
+        _contract(f"query_start_loc = {query_start_loc.tolist()} is not nondecreasing from 0 to at most T = {num_tokens}")
+    for req in range(query_start_loc.shape[0] - 1):
+        tokens = np.arange(query_start_loc[req], query_start_loc[req + 1])
+        if tokens.size == 0:
+            continue
+        wrong = tokens[token_to_req_indices[tokens] != req]
+        if wrong.size:
+            _contract(f"token {wrong[0]} lies in request {req}'s chunk but token_to_req_indices[{wrong[0]}] = {token_to_req_indices[wrong[0]]}")
+        expected = positions[tokens[0]] + np.arange(tokens.size)
+        wrong = tokens[positions[tokens] != expected]
+        if wrong.size:
+            _contract(f"token {wrong[0]} of request {req}'s chunk has position {positions[wrong[0]]}, not "
+                      f"{expected[wrong[0] - tokens[0]]} (a chunk's positions are consecutive)")
+    padding = np.arange(query_start_loc[-1], num_tokens)
+    for name, slots in (("slot_mapping", slot_mapping), ("save_slot_mapping", save_slot_mapping), ("kv_slot_mapping", kv_slot_mapping)):
+        wrong = padding[slots[padding] >= 0]
+        if wrong.size:
+            _contract(f"{name}[{wrong[0]}] = {slots[wrong[0]]} for a padding token (tokens from query_start_loc[-1] = "
+                      f"{query_start_loc[-1]} on have slot -1)")
