@@ -80,14 +80,15 @@ def v41_tables(
     rng: np.random.Generator, spare_blocks: int = 2, spare_pages: int = 2,
 ) -> V41Tables:
     """Block tables for requests that reach positions ``0 .. max_positions[req] - 1``, drawn from
-    shuffled pools with ``spare_blocks`` state blocks and ``spare_pages`` pages no request owns."""
+    shuffled pools with ``spare_blocks`` state blocks and ``spare_pages`` pages no request owns.
+    The pages are drawn first, so one seed gives every state layout the same compressed-cache pages."""
     num_reqs = len(max_positions)
     last = max(max(max_positions), 1)
+    pages = (last // compress_ratio) // entries_per_page + 1
+    kv_block_table, num_pages = _shuffled_table(num_reqs, pages, spare_pages, rng)  # first: the same for every state layout
     rows = state.ring_capacity if state.ring_capacity is not None else last  # a ring's C rows, or every position
     columns = -(-rows // state.block_size)
     block_table, num_blocks = _shuffled_table(num_reqs, columns, spare_blocks, rng)
-    pages = (last // compress_ratio) // entries_per_page + 1
-    kv_block_table, num_pages = _shuffled_table(num_reqs, pages, spare_pages, rng)
     return V41Tables(compress_ratio=compress_ratio, state=state, entries_per_page=entries_per_page, block_table=block_table,
                      kv_block_table=kv_block_table, num_state_blocks=num_blocks, num_pages=num_pages)
 

@@ -3,9 +3,13 @@
 - **Activity.** Every position is a boundary for ratio 1; for ratio 2 the odd positions are,
   and each pools positions ``p - 1`` and ``p``. A token is active iff it has a cache slot
   (``kv_slot_mapping >= 0``), its position is a boundary and, for ratio 2, it has a state slot.
-- **Pooled vector** ``x``: ratio 1 takes ``kv`` itself; ratio 2 normalizes the softmax weights
-  of its two rows first, then sums, as the reference's ``(kv * softmax(score)).sum()`` does.
+- **Pooled vector** ``x``: ratio 1 takes ``kv`` itself; ratio 2 finds its two rows with SPEC
+  §13.4's row function (:func:`.rows.window_rows`: the chunk's own rows from ``kv``/``score``,
+  earlier ones from the state, paged or a ring), normalizes their softmax weights first, then
+  sums, as the reference's ``(kv * softmax(score)).sum()`` does.
 - **Norm.** ``x' = bf16(x)``, §6's RMSNorm of ``x'``, and the latent ``bf16(y)``.
+- **Save** (ratio 2), after the compress: ``kv`` and the raw score of every token with
+  ``save_slot_mapping >= 0``, through the state format (bf16-rounded for a bf16 state).
 
 ``kv`` and ``score`` arrive in fp32 or bf16 (``uint16`` bit patterns) and are converted to
 binary32 exactly.
@@ -22,6 +26,9 @@ from .constants import LOG2E
 from .formats import bf16, bf16_bits, bf16_to_f32
 from .pooling import is_boundary
 from .postprocess import rms_norm
+from .rows import ChunkInputs, window_rows
+from .state import save_rows
+from .state_format import StateFormat
 
 F32 = np.float32
 
@@ -75,6 +82,36 @@ def softmax_then_sum(
     e1 = exp2s(mul(sub(score[:, 1], m), LOG2E))
     den = add(e0, e1)
     return add(mul(kv[:, 0], div(e0, den)), mul(kv[:, 1], div(e1, den)))
+
+
+def pooled_ratio2(
+    kv: np.ndarray,  # float32 [T, 512]: this call's kv (binary32 values)
+    score: np.ndarray,  # float32 [T, 512]: this call's raw scores
+    positions: np.ndarray,  # int64 [T]
+    tokens: np.ndarray,  # int64 [n]: the active tokens (odd positions)
+    state: StateArguments,
+    state_format: StateFormat,  # the state's dtype ("compress": no ape) and addressing
+) -> np.ndarray:
+    """Ratio 2's ``x`` (fp32 ``[n, 512]``) of each active token: its rows at positions ``p - 1``
+    and ``p`` by :func:`.rows.window_rows` (a row in the request's chunk from ``kv``/``score``
+    as the state would hold it, an earlier row from the state), then :func:`softmax_then_sum`."""
+    window = positions[tokens, None] - 1 + np.arange(2, dtype=np.int64)[None, :]
+    chunk = ChunkInputs(kv=kv, score=score, positions=positions, query_start_loc=state.query_start_loc)
+    rows = window_rows(window, state.token_to_req[tokens], state_format, state.state_cache, state.block_table, state.bs,
+                       chunk)
+    return softmax_then_sum(rows.kv, rows.score)
+
+
+def save_ratio2(
+    kv: np.ndarray,  # float32 [T, 512]
+    score: np.ndarray,  # float32 [T, 512]: raw
+    positions: np.ndarray,  # int64 [T]
+    state: StateArguments,
+    state_format: StateFormat,
+) -> None:
+    """Ratio 2's save (SPEC §14.3, §13.4 step 2): ``R(kv[t])`` then ``R(score[t])`` at
+    ``save_slot_mapping[t] >= 0`` (slot ``block * bs + offset``, a ring slot in a ring)."""
+    save_rows(kv, score, None, positions, state.save_slot_mapping, state.state_cache, state.bs, state_format)
 
 
 def latent_of(

@@ -14,10 +14,12 @@ exactly the bytes SPEC §14 names.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .postprocess import norm_weight_f32, rope_row
-from .v41_compress import StateArguments, active_tokens, as_binary32, latent_of, stored_tokens
+from .v41_compress import StateArguments, active_tokens, as_binary32, latent_of, pooled_ratio2, save_ratio2, stored_tokens
 from .v41_index_key import index_key_entries, store_index_keys
 from .v41_records import store_rotated_entries
 from .v41_rope import rotate_bf16
@@ -55,15 +57,19 @@ def _check_compress(kv, score, positions, state: StateArguments, rms_norm_weight
 
 def _compress(call: V41CompressCall, state_call: V41StateCall | None, kv, score, positions, state: StateArguments,
               rms_norm_weight, kv_slot_mapping) -> tuple[np.ndarray, np.ndarray]:
-    """The active tokens (int64 ``[n]``) and their latents (uint16 ``[n, 512]``); ratio 2 saves after pooling."""
+    """The active tokens (int64 ``[n]``) and their latents (uint16 ``[n, 512]``); ratio 2 then
+    saves (the caller writes the latents: the save is the last write to the state)."""
     r = call.config.ratio
     tokens = np.flatnonzero(active_tokens(positions, state.slot_mapping, kv_slot_mapping, r))
     kv32 = as_binary32(kv)
     if r == 1:
-        x = kv32[tokens]
-    else:
-        raise NotImplementedError("compress_ratio 2 follows")
-    return tokens, latent_of(x, norm_weight_f32(rms_norm_weight), call.eps)
+        return tokens, latent_of(kv32[tokens], norm_weight_f32(rms_norm_weight), call.eps)
+    score32 = as_binary32(score)
+    state = replace(state, bs=state_call.block_size)
+    x = pooled_ratio2(kv32, score32, positions, tokens, state, state_call.state_format)
+    bits = latent_of(x, norm_weight_f32(rms_norm_weight), call.eps)
+    save_ratio2(kv32, score32, positions, state, state_call.state_format)  # after the compress has read its rows
+    return tokens, bits
 
 
 def v41_compress_norm(

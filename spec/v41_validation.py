@@ -12,18 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import (
-    HEAD_DIM, INDEXER_HEAD_DIM, V41_INDEX_KEY_LAYOUTS, V41_RATIOS, V41_STATE_ROW_WIDTH, V41_STORE_LAYOUTS, RatioConfig,
-    v41_ratio_config,
-)
+from .constants import HEAD_DIM, INDEXER_HEAD_DIM, V41_INDEX_KEY_LAYOUTS, V41_RATIOS, V41_STORE_LAYOUTS, RatioConfig, v41_ratio_config
+from .state_format import StateFormat
 from .validation import (
-    STATE_ALIGN_BYTES, ArrayInfo, _aligned, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
-    _norm_weight, _per_token, _rank, _same_device, _unit_last_stride, describe_numpy,
+    STATE_CACHE_DTYPES, ArrayInfo, _aligned, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
+    _norm_weight, _per_token, _rank, _ring_blocks, _ring_capacity, _same_device, _state_cache, _state_format,
+    _unit_last_stride, describe_numpy,
 )
 
 ROW_ALIGN_BYTES = 16  # latent rows (and kv/score rows): base and row stride multiples of 16 bytes
 PROJECTION_DTYPES = ("float32", "bfloat16")  # kv, score (bf16 converted exactly)
-STATE_DTYPES = ("float32", "bfloat16")  # SPEC §13.1
 
 
 def describe_optional(name: str, array, **kwargs) -> ArrayInfo | None:
@@ -126,40 +124,21 @@ class V41StateCall:
     """What a validated ratio-2 state needs (SPEC §14.2, §13.1, §13.3)."""
 
     block_size: int  # bs: rows per state block
-    ring_capacity: int | None  # C rows per request (ring), or None (paged)
-    dtype: str  # "float32" or "bfloat16"
-
-
-def _v41_state_cache(info: ArrayInfo, block_size: int) -> None:
-    """``[num_state_blocks, bs, 1024]`` fp32 or bf16 rows (kv, then the raw score); strides that
-    are multiples of 16 bytes, rows that do not overlap, a 16-byte aligned base."""
-    _dtype(info, *STATE_DTYPES)
-    _rank(info, 3, f"[num_state_blocks, block_size, {V41_STATE_ROW_WIDTH}]")
-    width = V41_STATE_ROW_WIDTH
-    if info.shape[2] != width:
-        _fail(info.name, f"shape[2] = {width} (kv then score, 512 each) for compress_ratio 2", f"shape {list(info.shape)}")
-    _dim(info, 1, block_size, "block_size")
-    _unit_last_stride(info)
-    multiple = STATE_ALIGN_BYTES // info.itemsize
-    s0, s1 = info.strides[0], info.strides[1]
-    if (info.shape[0] > 1 and s0 % multiple) or (block_size > 1 and s1 % multiple):
-        _fail(info.name, f"strides[0] and strides[1] multiples of {multiple} elements (16 bytes)", f"strides {list(info.strides)}")
-    if (block_size > 1 and s1 < width) or (info.shape[0] > 1 and s0 < block_size * max(s1, width)):
-        _fail(info.name, f"non-overlapping rows (strides[1] >= {width}, strides[0] >= block_size*strides[1])", f"strides {list(info.strides)}")
-    _aligned(info, STATE_ALIGN_BYTES)
+    state_format: StateFormat  # fp32 or bf16 rows of kv and the raw score ("compress": no ape), paged or a ring
 
 
 def check_v41_state(
     token_to_req: ArrayInfo | None, query_start_loc: ArrayInfo | None, slot_mapping: ArrayInfo | None,
     save_slot_mapping: ArrayInfo | None, block_table: ArrayInfo | None, bs, state_cache: ArrayInfo | None, ring_capacity,
-    config: RatioConfig, num_tokens: int,
+    config: RatioConfig, num_tokens: int, *, state_dtypes: tuple[str, ...] = STATE_CACHE_DTYPES,
 ) -> V41StateCall | None:
     """SPEC §14.8/§9/§13 checks of the state arguments. Ratio 1 keeps no state: ``state_cache``
     must be ``None`` and the other state arguments are not read (``None`` or anything); returns
     ``None``. Ratio 2: the per-token metadata of length ``T``, ``query_start_loc`` int32
-    ``[num_reqs + 1]`` with ``num_reqs <= block_table.shape[0]``, the state cache (fp32 or
-    bf16), and ``ring_capacity`` (``None``, or a multiple of ``bs`` that is at least 2, with a
-    block table at least ``ring_capacity / bs`` blocks wide)."""
+    ``[num_reqs + 1]`` with ``num_reqs <= block_table.shape[0]``, the state cache
+    ``[num_state_blocks, bs, 1024]`` (one of ``state_dtypes``), and ``ring_capacity`` (``None``,
+    or a multiple of ``bs`` that is at least ``W = 2``, with a block table at least
+    ``ring_capacity / bs`` blocks wide)."""
     if config.ratio == 1:
         if state_cache is not None:
             _fail(state_cache.name, "None for compress_ratio 1 (ratio 1 keeps no state)", "an array")
@@ -178,20 +157,16 @@ def check_v41_state(
     _dtype(query_start_loc, "int32")
     _rank(query_start_loc, 1, "[num_reqs + 1]")
     _unit_last_stride(query_start_loc)
-    if not 1 <= query_start_loc.shape[0] <= block_table.shape[0] + 1:
-        _fail(query_start_loc.name, f"num_reqs + 1 entries with 0 <= num_reqs <= block_table.shape[0] = {block_table.shape[0]}",
-              f"shape {list(query_start_loc.shape)}")
+    num_reqs = query_start_loc.shape[0] - 1
+    if num_reqs < 0 or num_reqs > block_table.shape[0]:
+        _fail(query_start_loc.name, f"length num_reqs + 1 with 0 <= num_reqs <= block_table.shape[0] = {block_table.shape[0]}",
+              query_start_loc.shape[0])
     block_size = _int_arg("bs", bs, 1)
-    _v41_state_cache(state_cache, block_size)
-    if ring_capacity is not None:
-        ring_capacity = _int_arg("ring_capacity", ring_capacity, 2)
-        if ring_capacity % block_size:
-            _fail("ring_capacity", f"a multiple of bs = {block_size}", ring_capacity)
-        if block_table.shape[1] < ring_capacity // block_size:
-            _fail(block_table.name, f"at least ring_capacity / bs = {ring_capacity // block_size} blocks per request",
-                  f"shape {list(block_table.shape)}")
+    _state_cache(state_cache, config, block_size, state_dtypes)
+    ring_capacity = _ring_capacity(ring_capacity, config, block_size)
+    _ring_blocks(block_table, ring_capacity, block_size)
     _same_device(state_cache, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table)
-    return V41StateCall(block_size=block_size, ring_capacity=ring_capacity, dtype=state_cache.dtype)
+    return V41StateCall(block_size=block_size, state_format=_state_format(state_cache, "compress", ring_capacity))
 
 
 # ---- v41_rope_quant_store ------------------------------------------------------------------------

@@ -108,6 +108,10 @@ COMBINED_CASES = [
     (2, dict(query_start_loc=np.zeros(3, np.int64)), "query_start_loc"),
     (2, dict(query_start_loc=np.zeros(4, np.int32)), "query_start_loc"),  # 3 requests, 2 block-table rows
     (2, dict(block_table=np.zeros((2, 4), np.int64)), "block_table"),
+    (2, dict(state_cache=np.zeros((6, 4, 1024), np.float64)), "state_cache"),
+    (2, dict(state_cache=np.zeros((6, 4, 2048), F32)), "state_cache"),
+    (2, dict(state_cache=np.zeros((6, 4, 1028), np.uint16)[:, :, :1024]), "state_cache"),  # rows of 1028 bf16: 8 is the multiple
+    (2, dict(bs=0), "bs"),
 ]
 
 
@@ -186,3 +190,10 @@ def test_ratio1_does_not_read_the_state_arguments():
              "latent": V.latent_buffer(5), "k_cache": B.canary_k_cache("v41_nvfp4", call["k_cache"].shape[0], 2)}
     spec.v41_compress_norm_rope_store(**other)
     assert np.array_equal(reference["latent"], other["latent"]) and np.array_equal(reference["k_cache"], other["k_cache"])
+
+
+def test_a_ring_needs_its_blocks_in_the_block_table():
+    call = v41_call(2, ring=True)
+    _raises_and_writes_nothing(spec.v41_compress_norm_rope_store, {**call, "block_table": call["block_table"][:, :0]},
+                               "block_table")
+    _raises_and_writes_nothing(spec.v41_compress_norm_rope_store, {**call, "ring_capacity": 4}, "ring_capacity")
