@@ -6,7 +6,8 @@ region by region: E4M3 bytes with their dequantized values beside a float64 idea
 here from the plain formulas, the UE8M0 scale bytes, and the bf16 RoPE values.
 
 ``--layout indexer_fp8`` or ``indexer_mxfp4`` (optionally ``--hadamard``) runs the indexer's
-compressor (SPEC §12, head width 128) instead and explains one indexer entry.
+compressor (SPEC §12, head width 128) instead and explains one indexer entry. ``--model v4.1``
+runs DeepSeek-V4.1's compressor (SPEC §14, :mod:`.v41_demo`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from .state import save_partial_states
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ratio", type=int, choices=(4, 128), default=4, help="compress ratio (C4 or C128)")
+    parser.add_argument("--model", choices=("v4", "v4.1"), default="v4",
+                        help="DeepSeek V4's compressor (SPEC §1-§13) or DeepSeek-V4.1's (SPEC §14)")
+    parser.add_argument("--ratio", type=int, choices=(1, 2, 4, 128), default=None,
+                        help="compress ratio: 4 or 128 for v4 (default 4), 1 or 2 for v4.1 (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=4, help="NoPE channels shown per quantization block")
-    parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"), default="flashmla_fp8",
-                        help="the 512-wide FlashMLA entry, or an indexer entry (head width 128, SPEC §12)")
+    parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4", "bf16", "fp8_per_tensor",
+                                             "v41_mxfp8", "v41_nvfp4"), default=None,
+                        help="v4: the 512-wide FlashMLA entry (default) or an indexer entry (head width 128, SPEC §12);"
+                             " v4.1: v41_nvfp4 (default), v41_mxfp8, flashmla_fp8, bf16 or fp8_per_tensor")
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
+    parser.add_argument("--state", choices=("vllm-ring", "reference-ring", "paged"), default="vllm-ring",
+                        help="v4.1 ratio 2: vLLM's ring of 8 rows (default), the reference's ring of 2, or a paged state")
+    parser.add_argument("--bf16-state", action="store_true", help="v4.1 ratio 2: keep the state in bf16 (SPEC §13.1)")
 
 
 def run_indexer(args) -> int:
@@ -85,6 +94,16 @@ def run_indexer(args) -> int:
 
 
 def run(args) -> int:
+    if args.model == "v4.1":
+        from .v41_demo import run as run_v41
+
+        return run_v41(args)
+    args.ratio = 4 if args.ratio is None else args.ratio
+    args.layout = args.layout or "flashmla_fp8"
+    if args.ratio not in (4, 128):
+        raise SystemExit(f"--ratio: DeepSeek V4's compressors have ratio 4 or 128, got {args.ratio} (ratios 1 and 2: --model v4.1)")
+    if args.layout not in ("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"):
+        raise SystemExit(f"--layout: the v4 demo explains flashmla_fp8, indexer_fp8 or indexer_mxfp4, got {args.layout}")
     if args.layout != "flashmla_fp8":
         return run_indexer(args)
     if args.hadamard:

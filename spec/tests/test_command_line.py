@@ -65,3 +65,22 @@ def test_impl_module_is_found_in_the_current_directory(tmp_path, monkeypatch, ca
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert main(["conformance", "--impl", "my_local_kernels:impl", "--scenarios", "c4_first_window", "--no-errors"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arguments", [
+    ["--model", "v4.1"],
+    ["--model", "v4.1", "--ratio", "1", "--layout", "v41_mxfp8"],
+    ["--model", "v4.1", "--state", "reference-ring", "--bf16-state", "--layout", "flashmla_fp8"],
+    ["--model", "v4.1", "--state", "paged", "--layout", "fp8_per_tensor"],
+])
+def test_demo_of_v41_explains_one_entry(arguments, capsys):
+    assert main(["demo", *arguments]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSeek-V4.1 compressor" in out and "Latent l = bf16(RMSNorm(bf16(x)))" in out and "float64 ideal" in out
+
+
+def test_demo_refuses_a_ratio_of_the_other_model():
+    with pytest.raises(SystemExit, match="ratio 1 or 2"):
+        main(["demo", "--model", "v4.1", "--ratio", "4"])
+    with pytest.raises(SystemExit, match="ratio 4 or 128"):
+        main(["demo", "--ratio", "2"])
