@@ -23,9 +23,10 @@ from .v41_compress import StateArguments, active_tokens, as_binary32, latent_of,
 from .v41_index_key import index_key_entries, store_index_keys
 from .v41_records import store_rotated_entries
 from .v41_rope import rotate_bf16
+from .validation import check_contract, check_save_contract, check_step_contract
 from .v41_validation import (
     V41CompressCall, V41StateCall, check_v41_compress, check_v41_index_key, check_v41_state, check_v41_store,
-    describe_numpy, describe_optional,
+    check_v41_store_contract, describe_numpy, describe_optional,
 )
 
 __all__ = ["v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store"]
@@ -53,6 +54,21 @@ def _check_compress(kv, score, positions, state: StateArguments, rms_norm_weight
         state.ring_capacity, call.config, call.num_tokens,
     )
     return call, state_call
+
+
+def _check_state_contract(call: V41CompressCall, state_call: V41StateCall | None, positions, state: StateArguments,
+                          kv_slot_mapping) -> None:
+    """``debug=True`` at ratio 2: SPEC §13.4's chunk contract, the window rows before each chunk
+    inside the state (paged or the ring), the slots saved once and inside the state."""
+    if state_call is None:
+        return
+    active = active_tokens(positions, state.slot_mapping, kv_slot_mapping, call.config.ratio)
+    check_step_contract(state.query_start_loc, state.token_to_req, positions, state.slot_mapping, state.save_slot_mapping,
+                        kv_slot_mapping)
+    check_contract(call.config, active, state.token_to_req, positions, state.slot_mapping, state.block_table,
+                   state.state_cache.shape[0], state_call.block_size, kv_slot_mapping,
+                   state_format=state_call.state_format, query_start_loc=state.query_start_loc)
+    check_save_contract(positions, state.save_slot_mapping, state.state_cache.shape[0], state_call.block_size)
 
 
 def _compress(call: V41CompressCall, state_call: V41StateCall | None, kv, score, positions, state: StateArguments,
@@ -91,6 +107,7 @@ def v41_compress_norm(
     compress_ratio: int,  # 1 or 2
     ring_capacity: int | None = None,  # ratio 2: None (paged state) or C rows per request (a ring)
     ape=None,  # must be None: V4.1 has no absolute position embedding
+    debug: bool = False,  # also check values against the buffers (slots, block-table entries, chunks)
 ) -> None:
     """SPEC §14.3: write ``latent[t] = bf16(RMSNorm(bf16(x)))`` for every active token; for
     ratio 2, then save every token with ``save_slot_mapping >= 0`` into the state.
@@ -103,6 +120,8 @@ def v41_compress_norm(
                            ring_capacity)
     call, state_call = _check_compress(kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
                                        compress_ratio, ape)
+    if debug:
+        _check_state_contract(call, state_call, positions, state, kv_slot_mapping)
     tokens, bits = _compress(call, state_call, kv, score, positions, state, rms_norm_weight, kv_slot_mapping)
     latent[tokens] = bits
 
@@ -117,6 +136,7 @@ def v41_rope_quant_store(
     compress_ratio: int,  # 1 or 2
     layout: str,  # flashmla_fp8, bf16, fp8_per_tensor, v41_mxfp8 or v41_nvfp4
     fp8_scale: float | None = None,  # fp8_per_tensor only
+    debug: bool = False,  # also check slots and RoPE rows against the buffers
 ) -> None:
     """SPEC §14.4-§14.5: for every token with ``kv_slot_mapping >= 0`` at a boundary position,
     rotate its latent row (RoPE at ``cp = (p // r) * r``, bf16 outputs, NoPE copied) and store
@@ -124,7 +144,11 @@ def v41_rope_quant_store(
     call = check_v41_store(describe_numpy("latent", latent), describe_numpy("positions", positions),
                            describe_numpy("kv_slot_mapping", kv_slot_mapping), describe_numpy("cos_sin_cache", cos_sin_cache),
                            _k_cache_info(k_cache, layout), compress_ratio, layout, fp8_scale)
-    tokens = np.flatnonzero(stored_tokens(positions, kv_slot_mapping, call.config.ratio))
+    stores = stored_tokens(positions, kv_slot_mapping, call.config.ratio)
+    if debug:
+        check_v41_store_contract(stores, positions, kv_slot_mapping, k_cache.shape[0] * call.entries_per_page,
+                                 cos_sin_cache.shape[0], call.config.ratio)
+    tokens = np.flatnonzero(stores)
     _rotate_and_store(latent[tokens], tokens, positions, kv_slot_mapping, cos_sin_cache, k_cache, call.config.ratio,
                       call.layout, call.fp8_scale)
 
@@ -159,6 +183,7 @@ def v41_compress_norm_rope_store(
     ring_capacity: int | None = None,
     fp8_scale: float | None = None,
     ape=None,  # must be None
+    debug: bool = False,  # also check values against the buffers
 ) -> None:
     """:func:`v41_compress_norm` then :func:`v41_rope_quant_store` in one call, every check made
     before anything is written. Each token active in §14.3's sense writes its latent row
@@ -171,6 +196,11 @@ def v41_compress_norm_rope_store(
     store = check_v41_store(describe_optional("latent", latent), describe_numpy("positions", positions),
                             describe_numpy("kv_slot_mapping", kv_slot_mapping), describe_numpy("cos_sin_cache", cos_sin_cache),
                             _k_cache_info(k_cache, layout), compress_ratio, layout, fp8_scale)
+    if debug:
+        _check_state_contract(call, state_call, positions, state, kv_slot_mapping)
+        check_v41_store_contract(active_tokens(positions, slot_mapping, kv_slot_mapping, call.config.ratio), positions,
+                                 kv_slot_mapping, k_cache.shape[0] * store.entries_per_page, cos_sin_cache.shape[0],
+                                 call.config.ratio)
     tokens, bits = _compress(call, state_call, kv, score, positions, state, rms_norm_weight, kv_slot_mapping)
     if latent is not None:
         latent[tokens] = bits
@@ -189,6 +219,7 @@ def v41_index_key_store(
     *,
     compress_ratio: int,  # 1 or 2
     layout: str,  # indexer_fp8 or indexer_mxfp4
+    debug: bool = False,  # also check slots and RoPE rows against the buffers
 ) -> None:
     """SPEC §14.6: for every token with ``kv_slot_mapping >= 0`` at a boundary position, norm
     ``k_pre`` over 128 channels into bf16, rotate channels 64..127 at ``cp`` with bf16 outputs
@@ -198,7 +229,11 @@ def v41_index_key_store(
                                describe_numpy("rms_norm_weight", rms_norm_weight), rms_norm_eps,
                                describe_numpy("cos_sin_cache", cos_sin_cache), describe_numpy("k_cache", k_cache),
                                compress_ratio, layout)
-    tokens = np.flatnonzero(stored_tokens(positions, kv_slot_mapping, call.config.ratio))
+    stores = stored_tokens(positions, kv_slot_mapping, call.config.ratio)
+    if debug:
+        check_v41_store_contract(stores, positions, kv_slot_mapping, k_cache.shape[0] * call.entries_per_page,
+                                 cos_sin_cache.shape[0], call.config.ratio)
+    tokens = np.flatnonzero(stores)
     if tokens.size == 0:
         return
     cos_sin = cos_sin_cache[rope_row(positions[tokens], call.config.ratio)]

@@ -15,7 +15,7 @@ import numpy as np
 from .constants import HEAD_DIM, INDEXER_HEAD_DIM, V41_INDEX_KEY_LAYOUTS, V41_RATIOS, V41_STORE_LAYOUTS, RatioConfig, v41_ratio_config
 from .state_format import StateFormat
 from .validation import (
-    STATE_CACHE_DTYPES, ArrayInfo, _aligned, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
+    STATE_CACHE_DTYPES, ArrayInfo, _aligned, _contract, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
     _norm_weight, _per_token, _rank, _ring_blocks, _ring_capacity, _same_device, _state_cache, _state_format,
     _unit_last_stride, describe_numpy,
 )
@@ -230,3 +230,26 @@ def check_v41_index_key(
     entries = _k_cache(k_cache, layout)
     _same_device(k_pre, positions, kv_slot_mapping, rms_norm_weight, cos_sin_cache, k_cache)
     return V41IndexKeyCall(config=config, num_tokens=num_tokens, layout=layout, entries_per_page=entries, eps=eps)
+
+
+# ---- debug: values against buffers ---------------------------------------------------------------------
+def check_v41_store_contract(
+    stores: np.ndarray,  # bool [T]: the tokens that write a record
+    positions: np.ndarray,  # int64 [T]
+    kv_slot_mapping: np.ndarray,  # int64 [T]
+    num_entries: int,  # num_pages * B
+    cos_sin_rows: int,  # cos_sin_cache.shape[0]
+    compress_ratio: int,
+) -> None:
+    """The debug checks of a V4.1 store (SPEC §9 leaves them to the caller): every storing token's
+    slot inside ``k_cache``, its RoPE row ``cp = (p // r) * r`` inside ``cos_sin_cache``, and no
+    slot written by two tokens."""
+    for t in np.flatnonzero(stores):
+        if kv_slot_mapping[t] >= num_entries:
+            _contract(f"kv_slot_mapping[{t}] = {kv_slot_mapping[t]} is outside k_cache ({num_entries} entries)")
+        row = (int(positions[t]) // compress_ratio) * compress_ratio
+        if not 0 <= row < cos_sin_rows:
+            _contract(f"token {t} (position {positions[t]}) rotates with cos_sin_cache row {row} but cos_sin_cache has {cos_sin_rows} rows")
+    values, counts = np.unique(kv_slot_mapping[stores], return_counts=True)
+    if np.any(counts > 1):
+        _contract(f"compressed-cache slot {values[counts > 1][0]} is written by more than one token")
