@@ -47,12 +47,18 @@ class StateArguments:
     ring_capacity: int | None = None  # None: paged rows; C: a ring of C rows per request
 
 
-def as_binary32(values: np.ndarray) -> np.ndarray:
+def as_binary32(
+    values: np.ndarray,  # float32 [...], or uint16 [...] (bf16 bit patterns)
+) -> np.ndarray:
     """fp32 values as they are, or bf16 bit patterns (``uint16``) as the binary32 they represent (exact)."""
     return bf16_to_f32(values) if values.dtype == np.uint16 else np.asarray(values, dtype=F32)
 
 
-def stored_tokens(positions: np.ndarray, kv_slot_mapping: np.ndarray, compress_ratio: int) -> np.ndarray:
+def stored_tokens(
+    positions: np.ndarray,  # int64 [T]
+    kv_slot_mapping: np.ndarray,  # int64 [T]: compressed-cache slot, -1 = none
+    compress_ratio: int,  # 1 or 2
+) -> np.ndarray:
     """The tokens that write a record (SPEC §14.7's ``v41_rope_quant_store``): a cache slot and a
     boundary position (every position for ratio 1, the odd ones for ratio 2). bool ``[T]``."""
     return (kv_slot_mapping >= 0) & is_boundary(positions, compress_ratio)

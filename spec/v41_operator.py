@@ -23,7 +23,7 @@ from .v41_compress import StateArguments, active_tokens, as_binary32, latent_of,
 from .v41_index_key import index_key_entries, store_index_keys
 from .v41_records import store_rotated_entries
 from .v41_rope import rotate_bf16
-from .validation import check_contract, check_save_contract, check_step_contract
+from .validation import ArrayInfo, check_contract, check_save_contract, check_step_contract
 from .v41_validation import (
     V41CompressCall, V41StateCall, check_v41_compress, check_v41_index_key, check_v41_state, check_v41_store,
     check_v41_store_contract, describe_numpy, describe_optional,
@@ -32,12 +32,15 @@ from .v41_validation import (
 __all__ = ["v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store"]
 
 
-def _k_cache_info(k_cache: np.ndarray, layout) -> object:
+def _k_cache_info(k_cache: np.ndarray, layout) -> ArrayInfo:
+    """``k_cache`` described for validation: NumPy holds ``fp8_per_tensor``'s E4M3 as uint8."""
     return describe_numpy("k_cache", k_cache, uint8_as="float8_e4m3fn" if layout == "fp8_per_tensor" else "uint8")
 
 
 def _check_compress(kv, score, positions, state: StateArguments, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
                     compress_ratio, ape, latent_optional=False) -> tuple[V41CompressCall, V41StateCall | None]:
+    """The §14.8 checks of a compress (arrays as in :func:`v41_compress_norm`); ratio 1 describes
+    only ``state_cache`` of the state arguments, so the others may be anything."""
     call = check_v41_compress(
         describe_numpy("kv", kv), describe_optional("score", score), describe_numpy("positions", positions),
         describe_numpy("rms_norm_weight", rms_norm_weight), rms_norm_eps, describe_numpy("kv_slot_mapping", kv_slot_mapping),
@@ -153,7 +156,18 @@ def v41_rope_quant_store(
                       call.layout, call.fp8_scale)
 
 
-def _rotate_and_store(latent_bits, tokens, positions, kv_slot_mapping, cos_sin_cache, k_cache, ratio, layout, fp8_scale) -> None:
+def _rotate_and_store(
+    latent_bits: np.ndarray,  # uint16 [n, 512]: the latents of the storing tokens
+    tokens: np.ndarray,  # int64 [n]: those tokens
+    positions: np.ndarray,  # int64 [T]
+    kv_slot_mapping: np.ndarray,  # int64 [T]
+    cos_sin_cache: np.ndarray,  # float32 [max_pos, 64]
+    k_cache: np.ndarray,  # the layout's cache, written in place
+    ratio: int,
+    layout: str,
+    fp8_scale: np.float32 | None,
+) -> None:
+    """SPEC §14.4-§14.5 for validated arguments: rotate at ``cp = (p // r) * r``, store ``z``."""
     if tokens.size == 0:
         return
     z = rotate_bf16(latent_bits, cos_sin_cache[rope_row(positions[tokens], ratio)])

@@ -55,6 +55,8 @@ def _token_rows(info: ArrayInfo, dtypes: tuple[str, ...], width: int, num_tokens
     if info.shape[0] != num_tokens:
         _fail(info.name, f"shape[0] = T = {num_tokens} (the length of {reference})", f"shape {list(info.shape)}")
     _dim(info, 1, width, "head width H" if width == HEAD_DIM else "the indexer's head width")
+    if num_tokens == 0:  # no row is read or written (NumPy gives empty arrays zero strides)
+        return
     _unit_last_stride(info)
     if aligned:
         _rows_aligned(info)

@@ -265,3 +265,26 @@ def test_index_key_is_the_bf16_norm_rotated_with_bf16_outputs(ratio, layout):
         mask[base + o * data_bytes + np.arange(data_bytes)] = True
         mask[base + entries * data_bytes + o * 4 + np.arange(4)] = True
     assert not np.any((memory != before) & ~mask)
+
+
+def test_an_empty_step_and_an_empty_chunk_write_nothing_but_the_active_tokens():
+    """T = 0 is a valid call at both ratios; a request with no tokens this step has an empty chunk."""
+    empty = np.zeros(0, np.int64)
+    latent = V.latent_buffer(0)
+    spec.v41_compress_norm(np.zeros((0, 512), F32), None, empty, None, None, None, None, None, None, None,
+                           np.ones(512, F32), EPS, empty, latent, compress_ratio=1)
+    rng = np.random.default_rng(0)
+    tables = V.v41_tables([4, 6, 2], compress_ratio=2, state=V.vllm_ring(), entries_per_page=2, rng=rng)
+    step = V.v41_step(tables, [Request(3, 1), Request(4, 0), Request(0, 2)], num_padding=1)
+    assert step.query_start_loc.tolist() == [0, 1, 1, 3]
+    kv, score = V.projections(step.num_tokens, rng)
+    state = V.state_cache(tables.num_state_blocks, 8, rng)
+    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 2)
+    latent = V.latent_buffer(step.num_tokens)
+    spec.v41_compress_norm_rope_store(kv, score, step.positions, step.token_to_req, step.query_start_loc,
+                                      step.slot_mapping, step.save_slot_mapping, tables.block_table, 8, state,
+                                      np.ones(512, F32), EPS, B.rope_cos_sin_cache(8), k_cache, step.kv_slot_mapping, latent,
+                                      compress_ratio=2, layout="v41_nvfp4", ring_capacity=8, debug=True)
+    active = (step.kv_slot_mapping >= 0) & (step.positions % 2 == 1)
+    assert active.tolist() == [True, False, True, False]
+    assert np.all(latent[~active] == CANARY16) and not np.any(np.all(latent[active] == CANARY16, axis=1))

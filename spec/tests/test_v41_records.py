@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 from dsv4_compressor.spec import batch as B
-from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.arithmetic import div, mul
 from dsv4_compressor.spec.constants import V41_MXFP8, V41_NVFP4, EntryLayout
 from dsv4_compressor.spec.formats import bf16_bits, e4m3_bits, e4m3_to_f32, nvfp4_scale_bits
 from dsv4_compressor.spec.layouts import page_bytes, store_records
-from dsv4_compressor.spec.v41_index_key import index_key_entries
 from dsv4_compressor.spec.v41_records import quantize_mxfp8, quantize_nvfp4, store_rotated_entries
 from dsv4_compressor.spec.v41_rope import rotate_bf16
 import v41_float64 as F
