@@ -243,7 +243,8 @@ def _run(run: Run, layout: V.StateLayout, *, bf16_state: bool, bf16_inputs: bool
     plans = []
     for plan in run.steps:  # the context of each request at each step
         plans.append([(lengths[i], tokens) for i, (_, tokens, _) in enumerate(plan)])
-        lengths = [c + (accepted + 1 if kind == "verify" else tokens) for c, (kind, tokens, accepted) in zip(lengths, plan)]
+        lengths = [V.after_verify(V.verify_requests([c], tokens - 1), [accepted])[0] if kind == "verify" else c + tokens
+                   for c, (kind, tokens, accepted) in zip(lengths, plan)]
     reach = [max(c + n for steps in plans for c, n in [steps[i]]) for i in range(3)]
     tables = V.v41_tables(reach, compress_ratio=2, state=layout, entries_per_page=4, rng=np.random.default_rng(seed + 1))
     state = V.state_cache(tables.num_state_blocks, layout.block_size, np.random.default_rng(seed + 3), bf16=bf16_state)
