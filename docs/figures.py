@@ -14,6 +14,8 @@ Figures:
 - ``c128_window.svg``   C128's 128 rows through the block table, and the Block8 reduction
 - ``flashmla_page.svg`` a ``flashmla_fp8`` page byte by byte (B = 4)
 - ``indexer_pages.svg`` the indexer's ``indexer_fp8`` and ``indexer_mxfp4`` pages (B = 4, SPEC §12)
+- ``state_formats.svg`` where a window's rows come from in ``compress_and_save`` (SPEC §13.4): the
+  state (a ring of C rows) before the chunk, the call's own inputs from it on, and the tail saved after
 - ``v41_pipeline.svg``  DeepSeek-V4.1's data flow with its bf16 rounding points (SPEC §14)
 - ``v41_records.svg``   the ``v41_mxfp8`` and ``v41_nvfp4`` records and an interleaved page (SPEC §14.5)
 """
@@ -642,7 +644,89 @@ def indexer_pages(entries: int = 4) -> str:
     return svg.render()
 
 
-# ---- figures 7 and 8: DeepSeek-V4.1 (SPEC §14) --------------------------------------------------
+# ---- figure 7: SPEC §13, where a window's rows come from --------------------------------------
+def state_formats(ratio: int = 4, window: int = 8, capacity: int = 12, block: int = 4, first: int = 14, tokens: int = 16) -> str:
+    """C4, a ring of ``capacity`` rows in blocks of ``block``, one request's chunk of ``tokens`` tokens from ``first``."""
+    last = first + tokens - 1
+    svg = Svg(1000, 610, "SPEC 13.4: where the rows of a window come from")
+    svg.text(500, 30, f"compress_and_save (SPEC §13.4): C4, a ring of C = {capacity} rows, one request's chunk of "
+             f"{tokens} tokens", size=16.5, anchor="middle", weight="bold")
+    lo = first - capacity
+    x0, cw = 175, 29
+
+    def cx(p):
+        return x0 + (p - lo) * cw
+
+    ty = 92
+    svg.text(x0 - 12, ty - 20, "position q", size=11, anchor="end", fill=MUTED)
+    svg.text(x0 - 12, ty + 15, "rows the call reads", size=11, anchor="end", weight="bold")
+    for p in range(lo, last + 1):
+        x = cx(p)
+        svg.text(x + cw / 2, ty - 20, str(p), size=10.5, anchor="middle")
+        in_chunk = p >= first
+        svg.rect(x + 1.5, ty, cw - 3, 22, fill=KV_LIGHT if in_chunk else BLOCK_LIGHT, stroke=KV if in_chunk else BLOCK)
+        svg.text(x + cw / 2, ty + 15, f"u{p - first}" if in_chunk else f"s{p % capacity}", size=9.5, anchor="middle", mono=True)
+        if (p + 1) % ratio == 0:
+            svg.path(f"M{_n(x + cw / 2 - 5)},{_n(ty - 14)} L{_n(x + cw / 2 + 5)},{_n(ty - 14)} L{_n(x + cw / 2)},{_n(ty - 6)} z",
+                     fill=INK, stroke="none", sw=0)
+    svg.brace(cx(lo) + 2, cx(first) - 2, ty + 28, f"the state: the ring holds positions {lo}..{first - 1} (slot s = q mod {capacity})", size=10.5)
+    svg.brace(cx(first) + 2, cx(last + 1) - 2, ty + 28,
+              f"this call's kv/score: token u = query_start_loc[req] + (q − P0)", size=10.5)
+    px = cx(first)
+    svg.line(px, ty - 34, px, ty + 26, stroke="#B03030", sw=1.5, dash="4,3")
+    svg.text(px, ty - 38, f"P0 = positions[query_start_loc[req]] = {first}", size=11, anchor="middle", fill="#B03030", weight="bold")
+
+    wy = ty + 80
+    boundaries = [p for p in range(first, last + 1) if (p + 1) % ratio == 0]
+    for row, p in enumerate(boundaries):
+        y = wy + row * 34
+        svg.text(x0 - 12, y + 15, f"entry {p // ratio} (p = {p})", size=11.5, anchor="end", weight="bold")
+        for i in range(window):
+            q = p - window + 1 + i
+            in_chunk = q >= first
+            svg.rect(cx(q) + 1.5, y, cw - 3, 22, fill=KV_LIGHT if in_chunk else BLOCK_LIGHT, stroke=KV if in_chunk else BLOCK, sw=1.5)
+            svg.text(cx(q) + cw / 2, y + 15, f"i{i}", size=9.5, anchor="middle", mono=True)
+        from_state = sum(1 for i in range(window) if p - window + 1 + i < first)
+        note = f"{from_state} ring + {window - from_state} input rows" if from_state else f"{window} input rows"
+        svg.text(cx(p - window + 1) - 8, y + 15, note, size=10.5, anchor="end", fill=MUTED)
+
+    # the ring before and after the call
+    ry = wy + len(boundaries) * 34 + 48
+    svg.text(60, ry - 14, f"The ring: the first C / bs = {capacity // block} blocks of the request's block-table row (bs = {block})",
+             size=12.5, weight="bold")
+    rx, rw = 300, 44
+    for b in range(capacity // block):
+        svg.text(rx + (b * block + block / 2) * rw, ry + 4, f"block_table[req, {b}]", size=10, anchor="middle", mono=True, fill=MUTED)
+    tail = range(last - capacity + 1, last + 1)
+    for line, (label, fill, stroke, held) in enumerate((
+        ("before the call (the compress reads it)", BLOCK_LIGHT, BLOCK, {q % capacity: q for q in range(lo, first)}),
+        (f"after the save of the tail (positions {tail[0]}..{tail[-1]})", SAVE, KV, {q % capacity: q for q in tail}),
+    )):
+        y = ry + 12 + line * 32
+        svg.text(rx - 10, y + 16, label, size=11, anchor="end")
+        for slot in range(capacity):
+            svg.rect(rx + slot * rw + 1, y, rw - 2, 24, fill=fill, stroke=stroke)
+            svg.text(rx + slot * rw + rw / 2, y + 16, f"q={held[slot]}", size=9.5, anchor="middle", mono=True)
+        for b in range(1, capacity // block):
+            svg.line(rx + b * block * rw, y - 2, rx + b * block * rw, y + 26, stroke=INK, sw=2)
+    for slot in range(capacity):
+        svg.text(rx + slot * rw + rw / 2, ry + 90, f"s{slot}", size=9.5, anchor="middle", mono=True, fill=MUTED)
+
+    fy = ry + 122
+    for index, line in enumerate([
+        "q < P0: S = state_cache[block_table[req, (q mod C) // bs], (q mod C) mod bs]   (paged: q in place of q mod C)",
+        "q ≥ P0: kv_i = R(kv[u]), s_i = R(add(score[u], ape[q mod r]))  (ape_at save) or add(R(score[u]), ape[q mod r])",
+        "        (ape_at compress): the row as the save would store it, read back as pooling reads it; R = bf16 or identity",
+        f"then the save: the tail, the last C tokens of the chunk ({tail[0]}..{tail[-1]}); {first}..{tail[0] - 1} have"
+        f" save_slot_mapping = −1",
+    ]):
+        svg.text(40, fy + 19 * index, line, size=11.5, mono=True)
+    svg.legend(40, fy + 98, [(BLOCK_LIGHT, "a row from the state (here the ring)"), (KV_LIGHT, "a row from this call's kv/score"),
+                              (SAVE, "a ring row written by this call's save")], cols=3, col_width=300, size=11)
+    return svg.render()
+
+
+# ---- figures 8 and 9: DeepSeek-V4.1 (SPEC §14) --------------------------------------------------
 ROUND = "#D1495B"  # a bf16 rounding point (red)
 ROUND_LIGHT = "#F7D6DB"
 LATENT = "#EDE7D9"  # the bf16 latent, an interface between calls (sand)
@@ -822,6 +906,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "c128_window.svg": c128_window,
     "flashmla_page.svg": flashmla_page,
     "indexer_pages.svg": indexer_pages,
+    "state_formats.svg": state_formats,
     "v41_pipeline.svg": v41_pipeline,
     "v41_records.svg": v41_records,
 }

@@ -24,6 +24,7 @@ import numpy as np
 
 from .constants import HEAD_DIM, PAGED_LAYOUTS, ROPE_DIM, V41_RECORD_LAYOUTS, ratio_config
 from .pooling import active_tokens, is_boundary
+from .state import save_partial_states
 
 CANARY_BYTE = 0xA5  # fills untouched memory so that any stray write shows
 INDEXER_STATE_BLOCK_SIZE = {4: 16, 128: 8}  # production state block sizes of the indexer (C4: 16 rows)
@@ -308,6 +309,22 @@ def canary_k_cache(layout: str, num_pages: int, entries_per_page: int, *, page_p
         return padded_view((num_pages, entries_per_page, HEAD_DIM), np.uint8, (0, 0, 0), CANARY_BYTE)
     raise ValueError(f"layout: expected 'flashmla_fp8', 'bf16', 'fp8_per_tensor', 'indexer_fp8', 'indexer_mxfp4', 'v41_mxfp8'"
                      f" or 'v41_nvfp4', got {layout!r}")
+
+
+def save_history(batch: Batch, state_cache: np.ndarray, ape: np.ndarray, rng: np.random.Generator, *,
+                 ape_at: str = "save") -> None:
+    """Write every row of ``batch``'s state blocks as earlier steps saved it with ``ape_at``
+    (fresh projections of the row's position, through ``save_partial_states``): a state whose
+    rows are in that format, as an engine keeping it has them (a random state is in none in
+    particular once ``ape_at`` matters). ``state_cache``: float32 or uint16 (bf16)
+    ``[num_state_blocks, bs, 2*SW]``; ``ape``: float32 ``[r, SW]``."""
+    bs = batch.block_size
+    req, column = np.nonzero(batch.block_table >= 0)
+    offsets = np.arange(bs)
+    positions = ((column * bs)[:, None] + offsets[None, :]).reshape(-1).astype(np.int64)
+    slots = ((batch.block_table[req, column].astype(np.int64) * bs)[:, None] + offsets[None, :]).reshape(-1)
+    kv_score = rng.standard_normal((positions.shape[0], state_cache.shape[2])).astype(np.float32)
+    save_partial_states(kv_score, ape, positions, slots, state_cache, bs, ape_at=ape_at)
 
 
 def relocate_state_blocks(batch: Batch, state_cache: np.ndarray, rng: np.random.Generator) -> tuple[Batch, np.ndarray]:

@@ -6,8 +6,12 @@ region by region: E4M3 bytes with their dequantized values beside a float64 idea
 here from the plain formulas, the UE8M0 scale bytes, and the bf16 RoPE values.
 
 ``--layout indexer_fp8`` or ``indexer_mxfp4`` (optionally ``--hadamard``) runs the indexer's
-compressor (SPEC §12, head width 128) instead and explains one indexer entry. ``--model v4.1``
-runs DeepSeek-V4.1's compressor (SPEC §14, :mod:`.v41_demo`).
+compressor (SPEC §12, head width 128) instead and explains one indexer entry.
+
+``--state-format ring``, ``--state-dtype bf16`` or ``--ape-at compress`` runs one step of SPEC
+§13.4's ``compress_and_save`` on that state format instead (:mod:`.demo_state`).
+
+``--model v4.1`` runs DeepSeek-V4.1's compressor (SPEC §14) instead (:mod:`.v41_demo`).
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ def add_arguments(parser) -> None:
                         help="v4: the 512-wide FlashMLA entry (default) or an indexer entry (head width 128, SPEC §12);"
                              " v4.1: v41_nvfp4 (default), v41_mxfp8, flashmla_fp8, bf16 or fp8_per_tensor")
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
-    parser.add_argument("--state", choices=("vllm-ring", "reference-ring", "paged"), default="vllm-ring",
-                        help="v4.1 ratio 2: vLLM's ring of 8 rows (default), the reference's ring of 2, or a paged state")
-    parser.add_argument("--bf16-state", action="store_true", help="v4.1 ratio 2: keep the state in bf16 (SPEC §13.1)")
+    parser.add_argument("--state-format", choices=("paged", "ring"), default="paged",
+                        help="SPEC §13.3: a paged state, or a ring of C rows per request (runs compress_and_save)")
+    parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32", help="SPEC §13.1: the state's dtype")
+    parser.add_argument("--ape-at", choices=("save", "compress"), default="save",
+                        help="SPEC §13.2: where ape is added to the scores")
 
 
 def run_indexer(args) -> int:
@@ -104,6 +110,13 @@ def run(args) -> int:
         raise SystemExit(f"--ratio: DeepSeek V4's compressors have ratio 4 or 128, got {args.ratio} (ratios 1 and 2: --model v4.1)")
     if args.layout not in ("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"):
         raise SystemExit(f"--layout: the v4 demo explains flashmla_fp8, indexer_fp8 or indexer_mxfp4, got {args.layout}")
+    if (args.state_format, args.state_dtype, args.ape_at) != ("paged", "fp32", "save"):
+        if args.layout != "flashmla_fp8" or args.hadamard:
+            raise SystemExit("--state-format/--state-dtype/--ape-at: the state-format demo explains a flashmla_fp8 entry;"
+                             " leave out --layout and --hadamard")
+        from . import demo_state
+
+        return demo_state.run(args)
     if args.layout != "flashmla_fp8":
         return run_indexer(args)
     if args.hadamard:

@@ -1,8 +1,9 @@
 """``python -m dsv4_compressor demo --model v4.1``: DeepSeek-V4.1's compressor (SPEC §14) on a small
 step, one entry explained.
 
-It builds a step (decode requests, a prefill chunk, padding) on vLLM's ring of 8 rows (or the
-reference's ring of 2, or a paged state), runs ``v41_compress_norm_rope_store`` and prints, for
+It builds a step (decode requests, a prefill chunk, padding) on a paged state of 8-row blocks or
+(``--state-format ring``) vLLM's ring of 8 rows, fp32 or bf16 (``--state-dtype``), runs
+``v41_compress_norm_rope_store`` and prints, for
 one active token: where its two rows came from, its bf16 latent, its rotated entry ``z`` and
 its record decoded value by value, each beside a float64 ideal computed here from the plain
 formulas (softmax pooling, RMSNorm, RoPE) with none of the model's roundings.
@@ -22,7 +23,7 @@ from .v41_operator import v41_compress_norm_rope_store
 from .v41_rope import rotate_bf16
 
 V41_LAYOUTS = ("v41_nvfp4", "v41_mxfp8", "flashmla_fp8", "bf16", "fp8_per_tensor")
-STATES = {"vllm-ring": V.vllm_ring, "reference-ring": V.reference_ring, "paged": V.paged}
+STATES = {"ring": ("vLLM's ring", V.vllm_ring), "paged": ("paged", V.paged)}  # --state-format
 
 
 def _ideal(rows_kv: np.ndarray, rows_score: np.ndarray, weight: np.ndarray, eps: float, cos_sin: np.ndarray) -> np.ndarray:
@@ -71,15 +72,19 @@ def run(args) -> int:
         raise SystemExit(f"--layout: expected one of {', '.join(V41_LAYOUTS)} with --model v4.1, got {layout}")
     if args.hadamard:
         raise SystemExit("--hadamard: DeepSeek-V4.1's index key has no Hadamard rotation")
+    if args.ape_at != "save":
+        raise SystemExit("--ape-at: DeepSeek-V4.1's compressors have no ape (the state holds the raw score)")
     rng = np.random.default_rng(args.seed)
-    state_layout = STATES[args.state]()
+    state_name, make_state = STATES[args.state_format]
+    state_layout = make_state()
+    bf16_state = args.state_dtype == "bf16"
     requests = [Request(int(p), 1) for p in 2 * rng.integers(2, 30, size=3) + 1] + [Request(5, 10)]
     entries = 4
     tables = V.v41_tables([r.context_len + r.num_tokens for r in requests], compress_ratio=ratio, state=state_layout,
                           entries_per_page=entries, rng=rng)
     step = V.v41_step(tables, requests, num_padding=2)
     kv, score = V.projections(step.num_tokens, rng)
-    state = V.state_cache(tables.num_state_blocks, state_layout.block_size, rng, bf16=args.bf16_state)
+    state = V.state_cache(tables.num_state_blocks, state_layout.block_size, rng, bf16=bf16_state)
     state_before = state.copy()
     weight = B.random_norm_weight(rng, bf16=True)
     cos_sin = B.rope_cos_sin_cache(64)
@@ -90,8 +95,8 @@ def run(args) -> int:
     record = V41_RECORD_LAYOUTS.get(layout)
     size = f"{record.entry_bytes} bytes per entry, interleaved" if record else "SPEC §7's record of z"
     where = ("no state" if ratio == 1 else
-             f"{args.state} state (bs = {state_layout.block_size}, ring_capacity = {state_layout.ring_capacity}), "
-             f"{'bf16' if args.bf16_state else 'fp32'} rows of kv and the raw score")
+             f"{state_name} state (bs = {state_layout.block_size}, ring_capacity = {state_layout.ring_capacity}), "
+             f"{args.state_dtype} rows of kv and the raw score")
     print(f"DeepSeek-V4.1 compressor, NumPy spec (SPEC §14): ratio {ratio}, {where}; layout {layout} ({size},"
           f" {entries} entries per page)")
     print(f"\n{step.num_tokens} tokens: {len(requests)} requests (3 decode, a chunk of 10 from position 5) and 2 padding;"

@@ -569,7 +569,7 @@ def check_contract(
 
 
 def check_step_contract(
-    query_start_loc: np.ndarray, token_to_req_indices: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+    query_start_loc: np.ndarray, token_to_req: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
     save_slot_mapping: np.ndarray, kv_slot_mapping: np.ndarray,
 ) -> None:
     """SPEC §13.4's caller's contract: ``query_start_loc`` nondecreasing from 0 up to at most
@@ -582,9 +582,9 @@ def check_step_contract(
         tokens = np.arange(query_start_loc[req], query_start_loc[req + 1])
         if tokens.size == 0:
             continue
-        wrong = tokens[token_to_req_indices[tokens] != req]
+        wrong = tokens[token_to_req[tokens] != req]
         if wrong.size:
-            _contract(f"token {wrong[0]} lies in request {req}'s chunk but token_to_req_indices[{wrong[0]}] = {token_to_req_indices[wrong[0]]}")
+            _contract(f"token {wrong[0]} lies in request {req}'s chunk but token_to_req[{wrong[0]}] = {token_to_req[wrong[0]]}")
         expected = positions[tokens[0]] + np.arange(tokens.size)
         wrong = tokens[positions[tokens] != expected]
         if wrong.size:

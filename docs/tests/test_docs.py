@@ -305,6 +305,53 @@ def _paged(stride, strides1=584, pages=3, entries=2):
     return np.lib.stride_tricks.as_strided(base, (pages, entries, 584), (stride, strides1, 1))
 
 
+def _step(save: dict, store: dict) -> dict:
+    """The ``compress_and_save`` call of the same step: one request of 8 tokens, every token saved."""
+    kv_score = save["kv_score"]
+    return dict(kv=kv_score[:, :1024], score=kv_score[:, 1024:], ape=save["ape"], positions=store["positions"],
+                token_to_req=store["token_to_req_indices"], query_start_loc=np.array([0, 8], np.int32),
+                slot_mapping=store["slot_mapping"], save_slot_mapping=store["slot_mapping"], block_table=store["block_table"],
+                bs=4, state_cache=store["state_cache"], rms_norm_weight=store["rms_norm_weight"], rms_norm_eps=1e-6,
+                cos_sin_cache=store["cos_sin_cache"], k_cache=store["k_cache"], kv_slot_mapping=store["kv_slot_mapping"],
+                compress_ratio=4)
+
+
+def _state_format_cases(b) -> list[tuple[str, dict]]:
+    """One broken call per SPEC §13 check documented in errors.md."""
+    bf16_state = np.lib.stride_tricks.as_strided(_aligned(2 * b.num_state_blocks * 4 * 2052 + 64, np.uint16),
+                                                 (b.num_state_blocks, 4, 2048), (4 * 2052 * 2, 2052 * 2, 2))
+    kv_rows = np.lib.stride_tricks.as_strided(_aligned(4 * 9 * 1026, F32), (8, 1024), (1026 * 4, 4))
+    unaligned = _aligned(4 * (8 * 1024 + 4), F32)[1:1 + 8 * 1024].reshape(8, 1024)
+    positions_6 = b.positions.copy()
+    positions_6[5] = 6
+    req_1 = b.token_to_req_indices.copy()
+    req_1[3] = 1
+    kv_1 = b.kv_slot_mapping.copy()
+    kv_1[7] = 1
+    slot_none = b.slot_mapping.copy()
+    slot_none[7] = -1
+    return [
+        ("store", dict(state_cache=bf16_state)),
+        ("store", dict(ape_at="pool")),
+        ("save", dict(ape=None)),
+        ("store", dict(ape_at="compress")),
+        ("step", dict(ape=None)),
+        ("step", dict(ape=np.zeros((4, 512), F32))),
+        ("save", dict(ape_at="compress", kv_score=np.zeros((8, 1536), F32))),
+        ("store", dict(ring_capacity=6)),
+        ("store", dict(ring_capacity=16)),
+        ("step", dict(kv=np.zeros((8, 2048), F32))),
+        ("step", dict(kv=kv_rows)),
+        ("step", dict(score=unaligned)),
+        ("step", dict(query_start_loc=np.array([0, 4, 8], np.int32))),
+        ("step!", dict(query_start_loc=np.array([0, 9], np.int32))),
+        ("step!", dict(token_to_req=req_1)),
+        ("step!", dict(positions=positions_6)),
+        ("step!", dict(query_start_loc=np.array([0, 7], np.int32), slot_mapping=slot_none, save_slot_mapping=slot_none,
+                       kv_slot_mapping=kv_1)),
+    ]
+
+
 def _error_messages() -> list[str]:
     """The messages of one broken call per documented check (argument checks, then debug checks)."""
     b, save, store = _valid()
@@ -366,13 +413,14 @@ def _error_messages() -> list[str]:
         ("store!", dict(cos_sin_cache=rope_cos_sin_cache(4))),
         ("store!", dict(kv_slot_mapping=kv_dup)),
     ]
+    cases += _state_format_cases(b)
+    functions = {"save": spec.save_partial_states, "store": spec.compress_norm_rope_store, "step": spec.compress_and_save}
     messages = []
     for operation, changes in cases:
         _, save, store = _valid()
-        call = dict(save if operation.startswith("save") else store, **changes)
-        function = spec.save_partial_states if operation.startswith("save") else spec.compress_norm_rope_store
+        call = dict({"save": save, "store": store, "step": _step(save, store)}[operation.rstrip("!")], **changes)
         with pytest.raises(ValueError) as error:
-            function(**call, debug=operation.endswith("!"))
+            functions[operation.rstrip("!")](**call, debug=operation.endswith("!"))
         messages.append(str(error.value))
     # the device check of the torch front ends, through the shared validation
     _, _, store = _valid()
@@ -425,6 +473,20 @@ def test_indexer_numbers():
         assert e2m1_to_f32(e2m1_bits(np.array([float(value)], F32)))[0] == rounded
     assert e2m1_bits(np.array([-0.0], F32))[0] == 0x8 and "`0x8`" in text
     assert "0x3DB504F3" in text
+
+
+# ---- state-formats.md ------------------------------------------------------------------------------
+def test_state_formats_numbers():
+    from dsv4_compressor.spec.arithmetic import add
+    from dsv4_compressor.spec.formats import bf16
+
+    text = (DOCS / "state-formats.md").read_text(encoding="utf-8")
+    score, ape = _f32(0x3F808000), F32(2.0**-9)
+    assert float(score) == 1.00390625 and "`1.00390625` (`0x3F808000`)" in text
+    assert int(bf16_bits(score)) == 0x3F80 and int(bf16_bits(F32(1.0078125))) == 0x3F81
+    assert float(add(score, ape)) == 1.005859375 and float(bf16(add(score, ape))) == 1.0078125
+    assert float(add(bf16(score), ape)) == 1.001953125
+    assert "`bf16(1.005859375) = 1.0078125`" in text and "`add(1.0, 0.001953125) = 1.001953125`" in text
 
 
 # ---- the project speaks of itself alone ---------------------------------------------------------

@@ -67,11 +67,26 @@ def test_impl_module_is_found_in_the_current_directory(tmp_path, monkeypatch, ca
     assert "PASS" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("args", [["--state-format", "ring"], ["--state-format", "ring", "--state-dtype", "bf16", "--ape-at", "compress"],
+                                  ["--ratio", "128", "--state-format", "ring"], ["--ape-at", "compress"]])
+def test_the_state_format_demo_explains_a_step_and_matches_its_paged_twin(args, capsys):
+    assert main(["demo", *args]) == 0
+    out = capsys.readouterr().out
+    assert "compress_and_save" in out and "chunk token" in out and "state block" in out
+    assert out.rstrip().endswith("paged twin that saves every token: yes")
+    assert ("(the tail)" in out) == ("ring" in args)
+
+
+def test_the_state_format_demo_refuses_an_indexer_layout():
+    with pytest.raises(SystemExit, match="--state-format"):
+        main(["demo", "--state-format", "ring", "--layout", "indexer_fp8"])
+
+
 @pytest.mark.parametrize("arguments", [
     ["--model", "v4.1"],
     ["--model", "v4.1", "--ratio", "1", "--layout", "v41_mxfp8"],
-    ["--model", "v4.1", "--state", "reference-ring", "--bf16-state", "--layout", "flashmla_fp8"],
-    ["--model", "v4.1", "--state", "paged", "--layout", "fp8_per_tensor"],
+    ["--model", "v4.1", "--state-format", "ring", "--state-dtype", "bf16", "--layout", "flashmla_fp8"],
+    ["--model", "v4.1", "--state-format", "ring", "--layout", "fp8_per_tensor"],
 ])
 def test_demo_of_v41_explains_one_entry(arguments, capsys):
     assert main(["demo", *arguments]) == 0
@@ -84,3 +99,5 @@ def test_demo_refuses_a_ratio_of_the_other_model():
         main(["demo", "--model", "v4.1", "--ratio", "4"])
     with pytest.raises(SystemExit, match="ratio 4 or 128"):
         main(["demo", "--ratio", "2"])
+    with pytest.raises(SystemExit, match="no ape"):
+        main(["demo", "--model", "v4.1", "--ape-at", "compress"])

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsv4_compressor import spec
 from dsv4_compressor.conformance.buffers import Buffer
@@ -80,17 +82,9 @@ def make_step(ratio: int, requests, seed: int, *, head_dim: int = 512, layout: s
 
 
 def with_history(step: Step, ape_at: str, seed: int = 99) -> Step:
-    """``step`` with a state whose every row was saved by earlier steps with ``ape_at`` (fresh
-    projections of the row's position), as an engine keeping that format has it."""
-    b = step.batch
-    table = b.block_table
-    req, column = np.nonzero(table >= 0)
-    offsets = np.arange(b.block_size)
-    positions = ((column * b.block_size)[:, None] + offsets[None, :]).reshape(-1).astype(np.int64)
-    slots = ((table[req, column].astype(np.int64) * b.block_size)[:, None] + offsets[None, :]).reshape(-1)
-    kv_score = np.random.default_rng(seed).standard_normal((positions.shape[0], 2 * step.kv.shape[1])).astype(F32)
+    """``step`` with a state whose every row earlier steps saved with ``ape_at``."""
     state = Buffer.of(step.state)
-    spec.save_partial_states(kv_score, step.ape, positions, slots, state.view_of(state.owner), b.block_size, ape_at=ape_at)
+    B.save_history(step.batch, state.view_of(state.owner), step.ape, np.random.default_rng(seed), ape_at=ape_at)
     return replace(step, state=state.view_of(state.owner))
 
 
@@ -278,6 +272,37 @@ def test_compress_and_save_reads_the_chunk_from_its_inputs_not_the_state():
     state, k = compress_and_save(step, save_slot_mapping=np.full(step.batch.num_tokens, -1, np.int64))
     assert np.array_equal(k.owner, expected_k.owner)
     assert np.array_equal(state.owner, untouched.owner)
+
+
+@st.composite
+def step_recipes(draw):
+    ratio = draw(st.sampled_from([4, 128]))
+    head_dim = draw(st.sampled_from([512, 128])) if ratio == 4 else 512
+    longest = 40 if ratio == 4 else 300
+    requests = draw(st.lists(st.tuples(st.integers(0, 3 * ratio), st.integers(1, longest)), min_size=1, max_size=3))
+    w = ratio_config(ratio).window
+    capacity = w + STATE_BLOCK[ratio] * draw(st.integers(0, 3))
+    return dict(ratio=ratio, head_dim=head_dim, requests=[B.Request(*r) for r in requests], capacity=capacity,
+                bf16=draw(st.booleans()), ape_at=draw(st.sampled_from(["save", "compress"])), seed=draw(st.integers(0, 2**20)),
+                layout="flashmla_fp8" if head_dim == 512 else draw(st.sampled_from(["indexer_fp8", "indexer_mxfp4"])))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step_recipes())
+def test_compress_and_save_is_save_then_compress_and_a_ring_gives_the_same_entries(recipe):
+    """On any step of a state saved in its format: compress_and_save with every token saved
+    equals save-then-compress (state and cache bytes), and the same step on a ring of C rows
+    (tail saves; chunks of any length) writes the same cache bytes."""
+    step = make_step(recipe["ratio"], recipe["requests"], recipe["seed"], head_dim=recipe["head_dim"], layout=recipe["layout"],
+                     bf16=recipe["bf16"])
+    step = with_history(step, recipe["ape_at"])
+    expected_state, expected_k = save_then_compress(step, ape_at=recipe["ape_at"])
+    state, k = compress_and_save(step, ape_at=recipe["ape_at"])
+    assert np.array_equal(state.owner, expected_state.owner)
+    assert np.array_equal(k.owner, expected_k.owner)
+    ringed, ring = B.as_ring(step.batch, step.state, recipe["capacity"], np.random.default_rng(recipe["seed"]))
+    _, ring_k = compress_and_save(step, batch=ringed, state=ring, ape_at=recipe["ape_at"])
+    assert np.array_equal(ring_k.owner, expected_k.owner)
 
 
 # ---- steps of an engine: a ring against a paged twin -------------------------------------------------
