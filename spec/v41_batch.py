@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import CANARY_BYTE, Request, padded_view
+from .batch import CANARY_BYTE, Request, padded_view, query_start_loc, ring_slots, tail_saves
 from .constants import HEAD_DIM, INDEXER_HEAD_DIM, V41_STATE_ROW_WIDTH
 from .formats import bf16_bits
 from .pooling import is_boundary
@@ -34,10 +34,6 @@ class StateLayout:
 
     block_size: int  # bs
     ring_capacity: int | None = None  # C (a multiple of bs, >= 2), or None: paged
-
-    def index(self, positions: np.ndarray) -> np.ndarray:
-        """The row index of each position in its request's rows: ``q`` (paged) or ``q mod C`` (ring)."""
-        return positions if self.ring_capacity is None else positions % self.ring_capacity
 
 
 def reference_ring() -> StateLayout:
@@ -117,24 +113,23 @@ def v41_step(
     ``requests[i].num_tokens`` tokens at positions ``context_len, context_len + 1, ...``.
 
     - ``slot_mapping``: ``block_table[i, idx // bs] * bs + idx % bs`` with ``idx = q`` (paged)
-      or ``q mod C`` (ring); ``save_slot_mapping``: the same for every token when paged, for
-      the last ``C`` tokens of each chunk in a ring (``-1`` for the others);
+      or ``q mod C`` (ring, :func:`.batch.ring_slots`); ``save_slot_mapping``: the same for every
+      token when paged, for the last ``C`` tokens of each chunk in a ring (:func:`.batch.tail_saves`);
     - ``kv_slot_mapping``: entry ``p // r`` through the request's pages, boundary tokens only;
     - ``drop_entry_fraction`` of the boundary tokens get no cache slot and
       ``unslotted_fraction`` of all tokens no state slot (``slot_mapping = -1``, saved all the
       same): both are then inactive; ``num_padding`` padding tokens follow the requests'.
     """
-    counts = np.array([r.num_tokens for r in requests], dtype=np.int64)
-    query_start_loc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    token_to_req = np.repeat(np.arange(len(requests), dtype=np.int32), counts)
+    starts = query_start_loc(requests)
+    token_to_req = np.repeat(np.arange(len(requests), dtype=np.int32), np.diff(starts))
     positions = np.concatenate([np.arange(r.context_len, r.context_len + r.num_tokens, dtype=np.int64) for r in requests])
     layout, bs = tables.state, tables.state.block_size
-    index = layout.index(positions)
-    slot_mapping = tables.block_table[token_to_req, index // bs].astype(np.int64) * bs + index % bs
-    save_slot_mapping = slot_mapping.copy()
-    if layout.ring_capacity is not None:  # only each chunk's tail of C tokens is kept
-        last = query_start_loc[1:][token_to_req]
-        save_slot_mapping[np.arange(positions.shape[0]) < last - layout.ring_capacity] = -1
+    if layout.ring_capacity is None:
+        slot_mapping = tables.block_table[token_to_req, positions // bs].astype(np.int64) * bs + positions % bs
+        save_slot_mapping = slot_mapping.copy()
+    else:  # only each chunk's tail of C tokens is kept
+        slot_mapping = ring_slots(tables.block_table, token_to_req, positions, layout.ring_capacity, bs)
+        save_slot_mapping = tail_saves(slot_mapping, starts, layout.ring_capacity)
     r, per_page = tables.compress_ratio, tables.entries_per_page
     entries = positions // r
     kv_slot_mapping = np.where(
@@ -148,7 +143,7 @@ def v41_step(
     return V41Step(
         positions=np.concatenate([positions, np.zeros(num_padding, np.int64)]),
         token_to_req=np.concatenate([token_to_req, np.zeros(num_padding, np.int32)]),
-        query_start_loc=query_start_loc,
+        query_start_loc=starts,
         slot_mapping=np.concatenate([slot_mapping, pad]),
         save_slot_mapping=np.concatenate([save_slot_mapping, pad]),
         kv_slot_mapping=np.concatenate([kv_slot_mapping, pad]),
