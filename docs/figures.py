@@ -16,6 +16,8 @@ Figures:
 - ``indexer_pages.svg`` the indexer's ``indexer_fp8`` and ``indexer_mxfp4`` pages (B = 4, SPEC §12)
 - ``state_formats.svg`` where a window's rows come from in ``compress_and_save`` (SPEC §13.4): the
   state (a ring of C rows) before the chunk, the call's own inputs from it on, and the tail saved after
+- ``v41_pipeline.svg``  DeepSeek-V4.1's data flow with its bf16 rounding points (SPEC §14)
+- ``v41_records.svg``   the ``v41_mxfp8`` and ``v41_nvfp4`` records and an interleaved page (SPEC §14.5)
 """
 
 from __future__ import annotations
@@ -715,6 +717,179 @@ def state_formats(ratio: int = 4, window: int = 8, capacity: int = 12, block: in
     return svg.render()
 
 
+# ---- figures 8 and 9: DeepSeek-V4.1 (SPEC §14) --------------------------------------------------
+ROUND = "#D1495B"  # a bf16 rounding point (red)
+ROUND_LIGHT = "#F7D6DB"
+LATENT = "#EDE7D9"  # the bf16 latent, an interface between calls (sand)
+
+
+def _bf16_badge(svg: Svg, x: float, y: float, label: str = "bf16") -> None:
+    """A red badge centred at ``(x, y)``: a value is rounded to bf16 (nearest, ties to even) here."""
+    w = 9 + 6.6 * len(label)
+    svg.rect(x - w / 2, y - 9, w, 18, fill=ROUND, stroke=ROUND, rx=9)
+    svg.text(x, y + 4, label, size=10.5, anchor="middle", weight="bold", fill="#FFFFFF")
+
+
+def v41_pipeline() -> str:
+    svg = Svg(1000, 930, "DeepSeek-V4.1 compressors: data flow and bf16 rounding points")
+    svg.text(500, 30, "DeepSeek-V4.1 (SPEC §14): from projections to cache bytes, ratios 1 and 2", size=18,
+             anchor="middle", weight="bold")
+    svg.text(500, 50, "every red badge is a bf16 rounding (nearest, ties to even); everything between badges is §2's binary32",
+             size=12, anchor="middle", fill=MUTED)
+
+    def box(x, y, w, h, title, lines, fill, size=11.5):
+        svg.rect(x, y, w, h, fill=fill, stroke=LINE, rx=6)
+        svg.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
+        for index, line in enumerate(lines):
+            svg.text(x + w / 2, y + 38 + 16 * index, line, size=size, anchor="middle", mono=True)
+
+    lx, lw = 40, 600  # the main column
+    cx = lx + lw / 2
+    box(lx, 66, lw, 62, "inputs (T tokens)",
+        ["kv[T, 512], score[T, 512] (ratio 2): fp32, or bf16 read exactly",
+         "ratio 2: state rows kv ‖ raw score (fp32 or bf16; paged or a ring)"], "#FFFFFF")
+    box(lx, 150, lw, 78, "window (ratio 2: positions p − 1, p; ratio 1: x = kv[t])",
+        ["row q ≥ P0 (in the chunk): R(kv[u]), R(score[u]), u = qsl[req] + q − P0",
+         "row q < P0: the state row (paged, or the ring slot q mod C)",
+         "R = bf16 with a bf16 state, else the identity"], COMPRESS)
+    box(lx, 250, lw, 78, "softmax, then sum (ratio 2)   → x fp32[512]",
+        ["M = max(s0, s1);  e_i = exp2s(mul(sub(s_i, M), L))",
+         "den = add(e0, e1);  w_i = div(e_i, den)",
+         "x = add(mul(kv0, w0), mul(kv1, w1))   (weights first, then the sum)"], COMPRESS)
+    box(lx, 364, lw, 62, "RMSNorm of x' = bf16(x)   → y fp32[512]",
+        ["rr = div(1, sqrt(add(mul(tree(x'·x'), 2^−9), eps)))",
+         "y = mul(mul(x', rr), w)"], COMPRESS)
+    box(lx, 462, lw, 62, "latent ℓ = bf16(y)   → latent[t, 0:512] (bf16)",
+        ["an interface: v41_rope_quant_store reads it, and the indexer's",
+         "wk projection makes k_pre = wk(latent) from it"], LATENT)
+    box(lx, 560, lw, 78, "RoPE at cp = (p // r)·r   → rotated entry z (512 × bf16)",
+        ["z[d] = latent[d] for d < 448: copied bit for bit (−0 stays −0)",
+         "a = latent[448+2j], b = latent[449+2j]: o0 = a·co − b·si",
+         "o1 = a·si + b·co;  z[448+2j] = bf16(o0), z[449+2j] = bf16(o1)"], COMPRESS)
+    for y0, y1 in ((128, 150), (228, 250), (328, 364), (426, 462), (524, 560)):
+        svg.line(cx, y0, cx, y1 - 2, arrow=True, sw=1.4)
+    _bf16_badge(svg, cx + 120, 346, "x' = bf16(x)")
+    _bf16_badge(svg, cx + 120, 444, "ℓ = bf16(y)")
+    _bf16_badge(svg, lx + lw - 26, 625, "bf16")
+    _bf16_badge(svg, lx + lw - 20, 212, "R")
+
+    # the records
+    ry = 676
+    svg.line(cx, 638, cx, ry - 2, arrow=True, sw=1.4)
+    rw = (lw - 20) / 3
+    records = [
+        ("v41_nvfp4 (288 B)", ["32 tiles of 16:", "σ = e4m3(div(a, 6))", "code = e2m1(div(z, σ))"]),
+        ("v41_mxfp8 (528 B)", ["16 blocks of 32:", "k: a ≤ 448·2^k", "byte = e4m3(z·2^−k)"]),
+        ("§7 records of z", ["flashmla_fp8, bf16,", "fp8_per_tensor: NoPE", "= z[0:448], RoPE z[448:]"]),
+    ]
+    for index, (title, lines) in enumerate(records):
+        x = lx + index * (rw + 10)
+        svg.rect(x, ry, rw, 90, fill=NOPE_LIGHT if index < 2 else ROPE_LIGHT, stroke=LINE, rx=6)
+        svg.text(x + rw / 2, ry + 19, title, size=12.5, anchor="middle", weight="bold")
+        for k, line in enumerate(lines):
+            svg.text(x + rw / 2, ry + 40 + 16 * k, line, size=11, anchor="middle", mono=True)
+    svg.text(lx, ry + 112, "one record per boundary token with kv_slot_mapping ≥ 0, at page = slot // B, o = slot % B;",
+             size=11.5)
+    svg.text(lx, ry + 130, "the V4.1 records are interleaved (a token's scales follow its own data); no other byte is written",
+             size=11.5)
+
+    # the save (ratio 2), after the compress
+    sx, sw_ = 680, 280
+    box(sx, 250, sw_, 78, "save (ratio 2), after",
+        ["save_slot_mapping[t] ≥ 0:", "R(kv[t]), R(score[t])", "(raw score, no ape)"], SAVE)
+    svg.path(f"M{_n(lx + lw)},289 L{_n(sx - 2)},289", arrow=True, sw=1.2, dash="5,3")
+    svg.text(sx + sw_ / 2, 346, "a ring keeps each chunk's", size=11, anchor="middle", fill=MUTED)
+    svg.text(sx + sw_ / 2, 361, "last C tokens (its tail)", size=11, anchor="middle", fill=MUTED)
+    _bf16_badge(svg, sx + sw_ - 30, 312, "R")
+
+    # the index key, from the latent
+    kx, kw = 680, 280
+    svg.rect(kx, 462, kw, 176, fill="#FFFFFF", stroke=LINE, rx=6)
+    svg.text(kx + kw / 2, 481, "index key (§14.6)", size=13, anchor="middle", weight="bold")
+    for index, line in enumerate(["k_pre = wk(latent), bf16[128]", "(a bf16 GEMM, outside)", "norm over 128 → κ",
+                                  "RoPE on 64..127 at cp", "z = κ[0:64] ‖ (o0, o1)", "no Hadamard rotation",
+                                  "→ indexer_fp8 or _mxfp4"]):
+        svg.text(kx + 14, 500 + 19 * index, line, size=11, mono=True)
+    svg.path(f"M{_n(lx + lw)},493 L{_n(kx - 2)},493", arrow=True, sw=1.2)
+    _bf16_badge(svg, kx + kw - 58, 534, "κ = bf16")
+    _bf16_badge(svg, kx + kw - 58, 572, "bf16 (o0, o1)")
+
+    svg.legend(lx, 850, [(COMPRESS, "compress, norm, RoPE, records"), (SAVE, "ratio 2's save (the state)"),
+                         (LATENT, "the bf16 latent (an output)"), (ROUND, "a bf16 rounding")],
+               cols=4, col_width=230, size=11)
+    svg.text(lx, 905, "Against V4 (§5–§7): no ape, a window of r = 1 or 2 rows, the weights normalized before the sum, and the",
+             size=11, fill=MUTED)
+    svg.text(lx, 921, "bf16 roundings of x, y and the RoPE outputs, which the model was trained with.", size=11, fill=MUTED)
+    return svg.render()
+
+
+def _record_bar(svg: Svg, y: float, title: str, data_bytes: int, groups: int, scale_bytes: int, data_label: str,
+                scale_cell: str) -> None:
+    """One interleaved record as a bar of ``groups`` data groups then the scale bytes, and a zoom of the scale bytes."""
+    x0, width = 60, 880
+    entry = data_bytes + scale_bytes
+    k = width / entry
+    svg.text(x0, y - 14, title, size=13, weight="bold")
+    per = data_bytes / groups
+    for g in range(groups):
+        svg.rect(x0 + g * per * k, y, per * k, 34, fill=NOPE_LIGHT if g % 2 == 0 else NOPE, stroke=LINE, sw=0.5)
+    sx = x0 + data_bytes * k
+    svg.rect(sx, y, scale_bytes * k, 34, fill=SCALE, stroke=LINE, sw=0.5)
+    svg.rect(x0, y, width, 34, fill="none", stroke=INK, sw=1.6)
+    for tick, anchor in ((0, "middle"), (entry, "end")):
+        svg.line(x0 + tick * k, y + 34, x0 + tick * k, y + 40, stroke=INK)
+        svg.text(x0 + tick * k + (-3 if anchor == "end" else 0), y + 52, f"+{tick}", size=10.5, anchor=anchor)
+    svg.text(x0 + data_bytes * k / 2, y + 52, data_label, size=11, anchor="middle")
+    # the scale bytes, drawn large
+    zy = y + 78
+    svg.path(f"M{_n(sx)},{_n(y + 34)} L{_n(sx + scale_bytes * k)},{_n(y + 34)} L{_n(x0 + width)},{_n(zy)} L{_n(x0)},{_n(zy)} z",
+             fill=SCALE, stroke="none", sw=0, opacity=0.2)
+    cell = width / scale_bytes
+    for g in range(scale_bytes):
+        svg.rect(x0 + g * cell, zy, cell, 26, fill=SCALE_LIGHT if g % 2 == 0 else SCALE, stroke=LINE, sw=0.5)
+        svg.text(x0 + (g + 0.5) * cell, zy + 17, scale_cell.format(byte=data_bytes + g, g=g), size=10 if scale_bytes <= 16 else 8.5,
+                 anchor="middle")
+    svg.rect(x0, zy, width, 26, fill="none", stroke=INK, sw=1.4)
+
+
+def v41_records(entries: int = 4) -> str:
+    svg = Svg(1000, 640, "v41_mxfp8 and v41_nvfp4 records, and an interleaved page")
+    svg.text(500, 30, "DeepSeek-V4.1's records (SPEC §14.5): each token's scales follow its own data", size=17,
+             anchor="middle", weight="bold")
+    svg.text(500, 50, "entry o of page p starts at byte p·stride0 + o·E; stride0 ≥ B·E and a multiple of 16",
+             size=12, anchor="middle", fill=MUTED)
+    _record_bar(svg, 96, "v41_mxfp8 (E = 528): data byte d = e4m3(z[d]·2^−k_g), then scale byte g = 127 + k_g (UE8M0)",
+                512, 16, 16, "16 blocks g of 32 channels: bytes 32g .. 32g + 31", "+{byte}: g{g}")
+    _record_bar(svg, 256, "v41_nvfp4 (E = 288): byte j = code[2j] | code[2j+1] << 4, then scale byte g = the E4M3 code of σ_g",
+                256, 32, 32, "32 tiles g of 16 channels: bytes 8g .. 8g + 7", "{byte}")
+    svg.text(60, 392, "zoomed: the 16 UE8M0 bytes of blocks g at +512 + g, and the 32 E4M3 bytes of σ_g at +256 + g",
+             size=11, fill=MUTED)
+    # an interleaved page against a split one
+    y = 446
+    x0, width = 60, 880
+    svg.text(x0, y - 14, f"a page of B = {entries} v41_nvfp4 entries: data, scales, data, scales, …", size=13, weight="bold")
+    k = width / (entries * 288 + 32)
+    for o in range(entries):
+        x = x0 + o * 288 * k
+        svg.rect(x, y, 256 * k, 30, fill=NOPE_LIGHT, stroke=LINE)
+        svg.rect(x + 256 * k, y, 32 * k, 30, fill=SCALE, stroke=LINE)
+        svg.text(x + 128 * k, y + 19, f"data o = {o}", size=11, anchor="middle")
+        svg.text(x, y + 44, f"+{o * 288}", size=10, anchor="middle", fill=MUTED)
+    svg.hatched(x0 + entries * 288 * k, y, 32 * k, 30)
+    svg.rect(x0, y, width, 30, fill="none", stroke=INK, sw=1.6)
+    y2 = y + 84
+    svg.text(x0, y2 - 14, "for comparison, §7/§12's split pages: all B data records, then all B scale records", size=13,
+             weight="bold")
+    for o in range(entries):
+        svg.rect(x0 + o * 256 * k, y2, 256 * k, 30, fill=NOPE_LIGHT, stroke=LINE)
+        svg.text(x0 + (o * 256 + 128) * k, y2 + 19, f"data o = {o}", size=11, anchor="middle")
+        svg.rect(x0 + (entries * 256 + o * 32) * k, y2, 32 * k, 30, fill=SCALE, stroke=LINE)
+    svg.hatched(x0 + entries * 288 * k, y2, 32 * k, 30)
+    svg.rect(x0, y2, width, 30, fill="none", stroke=INK, sw=1.6)
+    svg.legend(x0, 618, [(NOPE_LIGHT, "data: E4M3 bytes / packed E2M1 codes"), (SCALE, "scales: UE8M0 / E4M3 bytes"),
+                         ("hatch", "page padding, never written")], cols=3, col_width=300, size=11)
+    return svg.render()
+
 FIGURES: dict[str, Callable[[], str]] = {
     "pipeline.svg": pipeline,
     "state_cache.svg": state_cache,
@@ -723,6 +898,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "flashmla_page.svg": flashmla_page,
     "indexer_pages.svg": indexer_pages,
     "state_formats.svg": state_formats,
+    "v41_pipeline.svg": v41_pipeline,
+    "v41_records.svg": v41_records,
 }
 
 

@@ -15,6 +15,12 @@ One module per concept, in SPEC.md's order:
 - :mod:`.operator`     §8 the public operations
 - :mod:`.step`         §13.4 ``compress_and_save``, the step call that reads the chunk's rows from its inputs
 - :mod:`.validation`   §9 errors (shared with the GPU front ends) and the debug checks
+- :mod:`.v41_compress`    §14.3 DeepSeek-V4.1's compress: activity, ratio-2 pooling, the bf16 latent
+- :mod:`.v41_rope`        §14.4 RoPE on bf16 values with bf16 outputs (the latent, the index key)
+- :mod:`.v41_records`     §14.5 the ``v41_mxfp8`` and ``v41_nvfp4`` records, and V4's records of ``z``
+- :mod:`.v41_index_key`   §14.6 the indexer key derived from the latent
+- :mod:`.v41_operator`    §14.7 the four V4.1 operations
+- :mod:`.v41_validation`  §14.8 their argument checks
 
 :mod:`.batch` builds vLLM-style batches for tests, conformance and benchmarks. The spec
 imports nothing but NumPy.
@@ -24,5 +30,9 @@ from .operator import compress, compress_norm_rope_store
 from .state import save_partial_states
 from .state_format import StateFormat
 from .step import compress_and_save
+from .v41_operator import v41_compress_norm, v41_compress_norm_rope_store, v41_index_key_store, v41_rope_quant_store
 
-__all__ = ["save_partial_states", "compress", "compress_norm_rope_store", "compress_and_save", "StateFormat"]
+__all__ = [
+    "save_partial_states", "compress", "compress_norm_rope_store", "compress_and_save", "StateFormat",
+    "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
+]

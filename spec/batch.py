@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .constants import HEAD_DIM, ROPE_DIM, ratio_config
-from .entry_layout import PAGED_LAYOUTS
+from .entry_layout import PAGED_LAYOUTS, V41_RECORD_LAYOUTS
 from .pooling import active_tokens, is_boundary
 from .state import save_partial_states
 
@@ -290,11 +290,13 @@ def canary_k_cache(layout: str, num_pages: int, entries_per_page: int, *, page_p
     ``flashmla_fp8``: uint8 ``[num_pages, B, 584]`` whose page stride is ``B*584`` rounded up
     to 576 (the engines' rule) plus ``page_pad_bytes`` (a multiple of 16).
     ``bf16``: uint16 ``[num_pages, B, 512]``; ``fp8_per_tensor``: uint8 ``[num_pages, B, 512]``.
-    ``indexer_fp8`` / ``indexer_mxfp4``: uint8 ``[num_pages, B, E]`` (E = 132 / 68) whose page
-    stride is ``B*E`` rounded up to 16, plus ``page_pad_bytes``.
+    ``indexer_fp8`` / ``indexer_mxfp4`` (and V4.1's ``v41_mxfp8`` / ``v41_nvfp4``): uint8
+    ``[num_pages, B, E]`` (E = 132 / 68 / 528 / 288) whose page stride is ``B*E`` rounded up to
+    16, plus ``page_pad_bytes``.
     """
-    if layout in PAGED_LAYOUTS:
-        entry = PAGED_LAYOUTS[layout].entry_bytes
+    records = {**PAGED_LAYOUTS, **V41_RECORD_LAYOUTS}
+    if layout in records:
+        entry = records[layout].entry_bytes
         page_bytes = entries_per_page * entry
         granule = 576 if layout == "flashmla_fp8" else 16
         page_stride = -(-page_bytes // granule) * granule + page_pad_bytes
@@ -306,7 +308,8 @@ def canary_k_cache(layout: str, num_pages: int, entries_per_page: int, *, page_p
         return padded_view((num_pages, entries_per_page, HEAD_DIM), np.uint16, (0, 0, 0), CANARY_BYTE * 0x0101)
     if layout == "fp8_per_tensor":
         return padded_view((num_pages, entries_per_page, HEAD_DIM), np.uint8, (0, 0, 0), CANARY_BYTE)
-    raise ValueError(f"layout: expected 'flashmla_fp8', 'bf16', 'fp8_per_tensor', 'indexer_fp8' or 'indexer_mxfp4', got {layout!r}")
+    raise ValueError(f"layout: expected 'flashmla_fp8', 'bf16', 'fp8_per_tensor', 'indexer_fp8', 'indexer_mxfp4', 'v41_mxfp8'"
+                     f" or 'v41_nvfp4', got {layout!r}")
 
 
 def save_history(batch: Batch, state_cache: np.ndarray, ape: np.ndarray, rng: np.random.Generator, *,

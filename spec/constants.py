@@ -83,3 +83,20 @@ def ratio_config(compress_ratio: int, head_dim: int = HEAD_DIM) -> RatioConfig:
         window=overlap * compress_ratio,
         head_dim=head_dim,
     )
+
+
+# ---- SPEC §14: the DeepSeek-V4.1 compressors (ratios 1 and 2, no overlap, no ape) ----------
+V41_RATIOS = (1, 2)  # r; W = r rows per window, SW = 512
+V41_STATE_ROW_WIDTH = 2 * HEAD_DIM  # a ratio-2 state row: kv[0:512] then the raw score[0:512]
+MXFP8_BLOCK = 32  # v41_mxfp8: one UE8M0 scale per 32 channels
+MXFP8_BLOCKS = HEAD_DIM // MXFP8_BLOCK  # 16
+NVFP4_TILE = 16  # v41_nvfp4: one E4M3 scale per 16 channels
+NVFP4_TILES = HEAD_DIM // NVFP4_TILE  # 32
+NVFP4_AMAX_FLOOR = E2M1_MAX * 2.0**-9  # 6 * 2^-9: the tile amax floor, so that sigma >= 2^-9 (E4M3's smallest)
+
+
+def v41_ratio_config(compress_ratio: int) -> RatioConfig:
+    """SPEC §14.1: ``coff = 1``, ``SW = 512`` and ``W = r`` for ratio 1 or 2 (head width 512)."""
+    if isinstance(compress_ratio, bool) or compress_ratio not in V41_RATIOS:
+        raise ValueError(f"compress_ratio: expected one of {V41_RATIOS}, got {compress_ratio!r}")
+    return RatioConfig(ratio=int(compress_ratio), overlap=1, state_width=HEAD_DIM, window=int(compress_ratio))

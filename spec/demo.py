@@ -10,6 +10,8 @@ compressor (SPEC §12, head width 128) instead and explains one indexer entry.
 
 ``--state-format ring``, ``--state-dtype bf16`` or ``--ape-at compress`` runs one step of SPEC
 §13.4's ``compress_and_save`` on that state format instead (:mod:`.demo_state`).
+
+``--model v4.1`` runs DeepSeek-V4.1's compressor (SPEC §14) instead (:mod:`.v41_demo`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ from .state import save_partial_states
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ratio", type=int, choices=(4, 128), default=4, help="compress ratio (C4 or C128)")
+    parser.add_argument("--model", choices=("v4", "v4.1"), default="v4",
+                        help="DeepSeek V4's compressor (SPEC §1-§13) or DeepSeek-V4.1's (SPEC §14)")
+    parser.add_argument("--ratio", type=int, choices=(1, 2, 4, 128), default=None,
+                        help="compress ratio: 4 or 128 for v4 (default 4), 1 or 2 for v4.1 (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=4, help="NoPE channels shown per quantization block")
-    parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"), default="flashmla_fp8",
-                        help="the 512-wide FlashMLA entry, or an indexer entry (head width 128, SPEC §12)")
+    parser.add_argument("--layout", choices=("flashmla_fp8", "indexer_fp8", "indexer_mxfp4", "bf16", "fp8_per_tensor",
+                                             "v41_mxfp8", "v41_nvfp4"), default=None,
+                        help="v4: the 512-wide FlashMLA entry (default) or an indexer entry (head width 128, SPEC §12);"
+                             " v4.1: v41_nvfp4 (default), v41_mxfp8, flashmla_fp8, bf16 or fp8_per_tensor")
     parser.add_argument("--hadamard", action="store_true", help="indexer layouts: apply the Hadamard rotation")
     parser.add_argument("--state-format", choices=("paged", "ring"), default="paged",
                         help="SPEC §13.3: a paged state, or a ring of C rows per request (runs compress_and_save)")
@@ -94,6 +101,16 @@ def run_indexer(args) -> int:
 
 
 def run(args) -> int:
+    if args.model == "v4.1":
+        from .v41_demo import run as run_v41
+
+        return run_v41(args)
+    args.ratio = 4 if args.ratio is None else args.ratio
+    args.layout = args.layout or "flashmla_fp8"
+    if args.ratio not in (4, 128):
+        raise SystemExit(f"--ratio: DeepSeek V4's compressors have ratio 4 or 128, got {args.ratio} (ratios 1 and 2: --model v4.1)")
+    if args.layout not in ("flashmla_fp8", "indexer_fp8", "indexer_mxfp4"):
+        raise SystemExit(f"--layout: the v4 demo explains flashmla_fp8, indexer_fp8 or indexer_mxfp4, got {args.layout}")
     if (args.state_format, args.state_dtype, args.ape_at) != ("paged", "fp32", "save"):
         if args.layout != "flashmla_fp8" or args.hadamard:
             raise SystemExit("--state-format/--state-dtype/--ape-at: the state-format demo explains a flashmla_fp8 entry;"

@@ -7,13 +7,19 @@ and the conformance suite's byte map (which byte of the cache is which channel o
 entry). A new layout is one more :class:`EntryLayout` in :data:`ENTRY_LAYOUTS` plus its
 encoder; its bytes are located by the fields below, not by a string switch.
 
-Two placements:
+Three placements:
 
 - ``"paged"`` (``flashmla_fp8``, ``indexer_fp8``, ``indexer_mxfp4``): ``k_cache`` is uint8
   ``[num_pages, B, E]`` whose page (stride ``stride(0)`` bytes, a multiple of 16) holds ``B``
   data records, then ``B`` scale records;
+- ``"interleaved"`` (SPEC §14.5's ``v41_mxfp8``, ``v41_nvfp4``): the same uint8 pages, but entry
+  ``o``'s scale record follows its own data record inside its ``E`` bytes;
 - ``"rows"`` (``bf16``, ``fp8_per_tensor``): an entry is one row of ``head_dim`` elements of
   ``k_cache`` ``[num_pages, B, head_dim]``, any strides.
+
+:data:`ENTRY_LAYOUTS` are DeepSeek V4's (SPEC §7, §12); :data:`V41_RECORD_LAYOUTS` the two
+records only the V4.1 operations write (SPEC §14.5); :data:`RECORD_LAYOUTS` every layout of
+``E``-byte records in a uint8 cache.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .constants import (
-    DATA_RECORD_BYTES, HEAD_DIM, INDEXER_FP8_DATA_BYTES, INDEXER_FP8_SCALE_BYTES, INDEXER_HEAD_DIM,
+    DATA_RECORD_BYTES, HEAD_DIM, MXFP8_BLOCKS, NVFP4_TILES, INDEXER_FP8_DATA_BYTES, INDEXER_FP8_SCALE_BYTES, INDEXER_HEAD_DIM,
     INDEXER_MXFP4_DATA_BYTES, INDEXER_MXFP4_SCALE_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS,
     SCALE_RECORD_BYTES,
 )
@@ -57,7 +63,7 @@ class EntryLayout:
     name: str
     head_dim: int  # the head width whose entries it stores (512, or the indexer's 128)
     element: str  # k_cache dtype: "uint8", "bfloat16" or "float8_e4m3fn"
-    placement: str  # "paged" (data records, then scale records, per page) or "rows"
+    placement: str  # "paged" (a page's data records, then its scale records), "interleaved" or "rows"
     data_bytes: int  # bytes of one data record (rows: the entry's bytes)
     scale_bytes: int = 0  # bytes of one scale record (rows: 0)
     data_regions: tuple[Region, ...] = ()  # the data record's byte map
@@ -80,29 +86,41 @@ class EntryLayout:
         return self.entry_bytes // self.element_bytes
 
     @property
-    def paged(self) -> bool:
-        return self.placement == "paged"
+    def records(self) -> bool:
+        """``E``-byte data and scale records in uint8 pages (paged or interleaved)."""
+        return self.placement != "rows"
 
-    def data_offset(self, offset: int, entries_per_page: int) -> int:
-        """Byte of entry ``o``'s data record in its page (paged layouts): ``o * data_bytes``."""
-        return offset * self.data_bytes
+    @property
+    def interleaved(self) -> bool:
+        return self.placement == "interleaved"
 
-    def scale_offset(self, offset: int, entries_per_page: int) -> int:
-        """Byte of entry ``o``'s scale record in its page: ``B * data_bytes + o * scale_bytes``."""
+    def data_offset(self, offset, entries_per_page: int):
+        """Byte of entry ``o``'s data record in its page: ``o * data_bytes`` (paged) or ``o * E``
+        (interleaved); ``o`` may be an array."""
+        return offset * (self.entry_bytes if self.interleaved else self.data_bytes)
+
+    def scale_offset(self, offset, entries_per_page: int):
+        """Byte of entry ``o``'s scale record in its page: ``B * data_bytes + o * scale_bytes``
+        (paged) or ``o * E + data_bytes`` (interleaved)."""
+        if self.interleaved:
+            return offset * self.entry_bytes + self.data_bytes
         return entries_per_page * self.data_bytes + offset * self.scale_bytes
 
     def locate_in_page(self, byte: int, entries_per_page: int) -> tuple[int, Region] | None:
-        """``(o, region)`` of byte ``byte`` of a page of a paged layout, or None past the
+        """``(o, region)`` of byte ``byte`` of a page of a record layout, or None past the
         ``B`` entries (the page's padding)."""
-        data_end = entries_per_page * self.data_bytes
-        if byte < data_end:
-            offset, in_record = divmod(byte, self.data_bytes)
-            regions = self.data_regions
-        elif byte < entries_per_page * self.entry_bytes:
-            offset, in_record = divmod(byte - data_end, self.scale_bytes)
-            regions = self.scale_regions
-        else:
+        if byte >= entries_per_page * self.entry_bytes:
             return None
+        data_end = entries_per_page * self.data_bytes
+        if self.interleaved:
+            offset, in_entry = divmod(byte, self.entry_bytes)
+            in_data = in_entry < self.data_bytes
+            in_record = in_entry if in_data else in_entry - self.data_bytes
+        else:
+            in_data = byte < data_end
+            offset, in_record = divmod(byte, self.data_bytes) if in_data else \
+                divmod(byte - data_end, self.scale_bytes)
+        regions = self.data_regions if in_data else self.scale_regions
         region = next(r for r in regions if r.first <= in_record < r.first + r.size)
         return offset, Region(region.name, in_record, 1, region.channel_of(in_record))
 
@@ -129,8 +147,19 @@ INDEXER_MXFP4 = EntryLayout(
     scale_regions=(Region("scale", 0, INDEXER_MXFP4_SCALE_BYTES, 0),), hadamard=True,
 )  # 64 + 4 = 68; scale byte g is block g (channels 32g..32g+31)
 
+V41_MXFP8 = EntryLayout(
+    "v41_mxfp8", HEAD_DIM, "uint8", "interleaved", HEAD_DIM, MXFP8_BLOCKS,
+    data_regions=(Region("data", 0, HEAD_DIM, 0),), scale_regions=(Region("scale", 0, MXFP8_BLOCKS, 0),),
+)  # 512 + 16 = 528: E4M3 codes of the 512 channels, then a UE8M0 byte per 32-channel block
+V41_NVFP4 = EntryLayout(
+    "v41_nvfp4", HEAD_DIM, "uint8", "interleaved", HEAD_DIM // 2, NVFP4_TILES,
+    data_regions=(Region("data", 0, HEAD_DIM // 2, 0, 1, 2),), scale_regions=(Region("scale", 0, NVFP4_TILES, 0),),
+)  # 256 + 32 = 288: packed E2M1 codes, then an E4M3 scale per 16-channel tile
+
 ENTRY_LAYOUTS = {layout.name: layout for layout in (FLASHMLA_FP8, BF16, FP8_PER_TENSOR, INDEXER_FP8, INDEXER_MXFP4)}
-PAGED_LAYOUTS = {name: layout for name, layout in ENTRY_LAYOUTS.items() if layout.paged}
+PAGED_LAYOUTS = {name: layout for name, layout in ENTRY_LAYOUTS.items() if layout.placement == "paged"}
+V41_RECORD_LAYOUTS = {layout.name: layout for layout in (V41_MXFP8, V41_NVFP4)}
+RECORD_LAYOUTS = {**PAGED_LAYOUTS, **V41_RECORD_LAYOUTS}  # every layout of E-byte records in a uint8 cache
 
 
 def layouts_for_head(head_dim: int) -> tuple[str, ...]:
@@ -140,3 +169,5 @@ def layouts_for_head(head_dim: int) -> tuple[str, ...]:
 
 LAYOUTS = layouts_for_head(HEAD_DIM)  # the 512-wide head's layouts (SPEC §7)
 INDEXER_LAYOUTS = layouts_for_head(INDEXER_HEAD_DIM)  # the indexer's (SPEC §12)
+V41_STORE_LAYOUTS = (*LAYOUTS, *V41_RECORD_LAYOUTS)  # v41_rope_quant_store (SPEC §14.5)
+V41_INDEX_KEY_LAYOUTS = INDEXER_LAYOUTS  # v41_index_key_store: SPEC §12's two records

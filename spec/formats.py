@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import AMAX_FLOOR, E2M1_MAX, FP8_MAX
+from .arithmetic import div
+from .constants import AMAX_FLOOR, E2M1_MAX, FP8_MAX, NVFP4_AMAX_FLOOR
 
 F32 = np.float32
 
@@ -142,3 +143,14 @@ def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:
 def mxfp4_exponent(amax: np.ndarray) -> np.ndarray:
     """SPEC §12: the smallest integer ``k`` with ``max(amax, 6 * 2^-126) <= 6 * 2^k``, in ``[-126, 126]``."""
     return smallest_scale_exponent(np.maximum(np.asarray(amax, dtype=F32), _MXFP4_AMAX_FLOOR), E2M1_MAX)
+
+
+# ---- NVFP4 tile scale (SPEC §14.5) ------------------------------------------------------------
+def nvfp4_scale_bits(amax: np.ndarray) -> np.ndarray:
+    """SPEC §14.5: the E4M3 byte of a tile's scale ``sigma = e4m3(div(max(amax, 6 * 2^-9), 6))``.
+
+    ``amax``: binary32 ``>= 0``. ``sigma`` is a positive E4M3 value (not a power of two), at
+    least ``2^-9`` (byte ``0x01``, what an all-zero tile gets) and saturating to 448 (``0x7E``).
+    """
+    a = np.maximum(np.asarray(amax, dtype=F32), F32(NVFP4_AMAX_FLOOR))
+    return e4m3_bits(div(a, F32(E2M1_MAX)))

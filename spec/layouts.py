@@ -44,13 +44,14 @@ def page_bytes(k_cache: np.ndarray, entry_bytes: int) -> np.ndarray:
 
 
 def store_records(k_cache: np.ndarray, layout: EntryLayout, slots: np.ndarray, data: np.ndarray, scales: np.ndarray) -> None:
-    """Write data record ``o`` at page byte ``o * data_bytes`` and scale record ``o`` at
-    ``B * data_bytes + o * scale_bytes`` (``data``/``scales``: uint8 ``[n, record bytes]``)."""
+    """Write entry ``o``'s data record and scale record where ``layout`` puts them: page bytes
+    ``o * data_bytes`` and ``B * data_bytes + o * scale_bytes`` (split), or ``o * E`` and
+    ``o * E + data_bytes`` (interleaved). ``data``/``scales``: uint8 ``[n, record bytes]``."""
     entries = k_cache.shape[1]
     pages = page_bytes(k_cache, layout.entry_bytes)
     page, offset = page_and_offset(slots, entries)
-    data_columns = (offset * layout.data_bytes)[:, None] + np.arange(layout.data_bytes)
-    scale_columns = (entries * layout.data_bytes + offset * layout.scale_bytes)[:, None] + np.arange(layout.scale_bytes)
+    data_columns = layout.data_offset(offset, entries)[:, None] + np.arange(layout.data_bytes)
+    scale_columns = layout.scale_offset(offset, entries)[:, None] + np.arange(layout.scale_bytes)
     pages[page[:, None], data_columns] = data
     pages[page[:, None], scale_columns] = scales
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arithmetic import add, div, mul, sqrt, sub, tree
-from .constants import NOPE_DIM, NUM_QUANT_BLOCKS, QUANT_BLOCK, ROPE_DIM
+from .constants import NOPE_DIM, QUANT_BLOCK, ROPE_DIM
 from .formats import bf16, bf16_bits, bf16_to_f32, e4m3_bits, ue8m0_exponent, ue8m0_scale_byte
 
 F32 = np.float32
@@ -45,19 +45,27 @@ class QuantizedNope:
     amax: np.ndarray  # float32 [n, 7]: block amax of the bf16-rounded values (for reports)
 
 
-def quantize_nope(y: np.ndarray) -> QuantizedNope:
-    """Per block ``g``: ``q = bf16(y)``, ``amax = max |q|``, ``k`` per UE8M0, ``e4m3(q * 2^-k)``.
+def e4m3_blocks(q: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of ``block`` consecutive channels of ``q`` (fp32 ``[..., m*block]``, bf16 values)
+    with power-of-two scales: ``amax = max |q|``, ``k`` per UE8M0 (``AMIN`` floor, 448), bytes
+    ``e4m3(q * 2^-k)``. Returns (codes uint8 ``[..., m*block]``, scale bytes ``127 + k`` uint8
+    ``[..., m]``, amax fp32 ``[..., m]``).
 
     Scaling by a power of two is exact whenever the result is a normal binary32; when it is
     subnormal it is far below E4M3's smallest half-step 2^-10 and encodes to a signed zero
     either way.
     """
-    q = bf16(y[..., :NOPE_DIM]).reshape(*y.shape[:-1], NUM_QUANT_BLOCKS, QUANT_BLOCK)
-    amax = np.max(np.abs(q), axis=-1)
+    blocks = q.reshape(*q.shape[:-1], -1, block)
+    amax = np.max(np.abs(blocks), axis=-1)
     k = ue8m0_exponent(amax)
-    scaled = np.ldexp(q, (-k[..., None]).astype(np.int32))
-    codes = e4m3_bits(scaled).reshape(*y.shape[:-1], NOPE_DIM)
-    return QuantizedNope(codes=codes, scale_bytes=ue8m0_scale_byte(k), amax=amax.astype(F32))
+    codes = e4m3_bits(np.ldexp(blocks, (-k[..., None]).astype(np.int32))).reshape(q.shape)
+    return codes, ue8m0_scale_byte(k), amax.astype(F32)
+
+
+def quantize_nope(y: np.ndarray) -> QuantizedNope:
+    """Per block ``g`` of 64: ``q = bf16(y)``, ``amax = max |q|``, ``k`` per UE8M0, ``e4m3(q * 2^-k)``."""
+    codes, scale_bytes, amax = e4m3_blocks(bf16(y[..., :NOPE_DIM]), QUANT_BLOCK)
+    return QuantizedNope(codes=codes, scale_bytes=scale_bytes, amax=amax)
 
 
 def rope_row(positions: np.ndarray, compress_ratio: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .constants import HEAD_DIM, HEAD_DIMS, ROPE_DIM, RatioConfig, SUPPORTED_RATIOS, ratio_config
-from .entry_layout import ENTRY_LAYOUTS, PAGE_STRIDE_MULTIPLE, EntryLayout, layouts_for_head
+from .entry_layout import ENTRY_LAYOUTS, PAGE_STRIDE_MULTIPLE, RECORD_LAYOUTS, EntryLayout, layouts_for_head
 from .state_format import APE_AT, PAGED_FP32, StateFormat
 
 ALL_LAYOUTS = tuple(ENTRY_LAYOUTS)
@@ -400,7 +400,8 @@ def check_hadamard(hadamard, layout: str) -> bool:
     """``hadamard`` is a bool, and True only for the indexer layouts (SPEC §12)."""
     if not isinstance(hadamard, (bool, np.bool_)):
         _fail("hadamard", "True or False", repr(hadamard))
-    if hadamard and not ENTRY_LAYOUTS[layout].hadamard:
+    entry = ENTRY_LAYOUTS.get(layout)
+    if hadamard and (entry is None or not entry.hadamard):
         rotating = ", ".join(repr(name) for name, entry in ENTRY_LAYOUTS.items() if entry.hadamard)
         _fail("hadamard", f"False for layout {layout!r} (the rotation belongs to the indexer layouts {rotating})",
               repr(hadamard))
@@ -408,7 +409,9 @@ def check_hadamard(hadamard, layout: str) -> bool:
 
 
 def _paged_cache(k_cache: ArrayInfo, layout: EntryLayout) -> int:
-    """SPEC §7/§12 checks of a paged ``k_cache`` (data records then scale records); returns B."""
+    """SPEC §7/§12/§14.5 checks of a ``k_cache`` of ``E``-byte records (data and scales, split or
+    interleaved): uint8 ``[num_pages, B, E]``, entry stride ``E``, unit last stride, a page
+    stride ``>= B*E`` and a multiple of 16 when there is more than one page; returns B."""
     entry = layout.entry_bytes
     _dtype(k_cache, layout.element)
     _rank(k_cache, 3, f"[num_pages, B, {entry}]")
@@ -425,6 +428,57 @@ def _paged_cache(k_cache: ArrayInfo, layout: EntryLayout) -> int:
     return entries
 
 
+def _norm_weight(rms_norm_weight: ArrayInfo, head_dim: int) -> None:
+    _dtype(rms_norm_weight, "bfloat16", "float32")
+    _rank(rms_norm_weight, 1, f"[{head_dim}]")
+    _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")
+    _unit_last_stride(rms_norm_weight)
+
+
+def _eps(rms_norm_eps) -> np.float32:
+    eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
+    if not (math.isfinite(eps) and eps > 0):
+        _fail("rms_norm_eps", "a finite value > 0 after rounding to binary32", repr(rms_norm_eps))
+    return eps
+
+
+def _cos_sin_cache(cos_sin_cache: ArrayInfo) -> None:
+    _dtype(cos_sin_cache, "float32")
+    _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
+    _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
+    _unit_last_stride(cos_sin_cache)
+
+
+def _k_cache(k_cache: ArrayInfo, layout: str) -> int:
+    """The destination cache of a known ``layout`` (SPEC §7, §12, §14.5); returns B."""
+    if layout in RECORD_LAYOUTS:
+        return _paged_cache(k_cache, RECORD_LAYOUTS[layout])
+    entry = ENTRY_LAYOUTS[layout]
+    _dtype(k_cache, entry.element)
+    _rank(k_cache, 3, f"[num_pages, B, {entry.entry_elements}]")
+    _dim(k_cache, 2, entry.entry_elements, "head width H")
+    entries = k_cache.shape[1]
+    if entries < 1:
+        _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
+    _unit_last_stride(k_cache)
+    _no_self_overlap(k_cache)
+    return entries
+
+
+def _fp8_scale(fp8_scale, layout: str) -> np.float32 | None:
+    """The per-tensor scale: required (finite, > 0 in binary32) for ``fp8_per_tensor``, else None."""
+    if ENTRY_LAYOUTS.get(layout) is not None and ENTRY_LAYOUTS[layout].per_tensor_scale:
+        if fp8_scale is None:
+            _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
+        scale = np.float32(_real("fp8_scale", fp8_scale))
+        if not (math.isfinite(scale) and scale > 0):
+            _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
+        return scale
+    if fp8_scale is not None:
+        _fail("fp8_scale", f"None for layout {layout!r} (only 'fp8_per_tensor' takes a scale)", repr(fp8_scale))
+    return None
+
+
 def check_store(
     rms_norm_weight: ArrayInfo, rms_norm_eps, cos_sin_cache: ArrayInfo, k_cache: ArrayInfo,
     layout, fp8_scale, reference: ArrayInfo, *, head_dim: int = HEAD_DIM, hadamard=False,
@@ -435,43 +489,13 @@ def check_store(
     """
     _layout(layout, head_dim)
     hadamard = check_hadamard(hadamard, layout)
-    _dtype(rms_norm_weight, "bfloat16", "float32")
-    _rank(rms_norm_weight, 1, f"[{head_dim}]")
-    _dim(rms_norm_weight, 0, head_dim, "head width H" if head_dim == HEAD_DIM else "the indexer's head width")
-    _unit_last_stride(rms_norm_weight)
-    eps = np.float32(_real("rms_norm_eps", rms_norm_eps))
-    if not (math.isfinite(eps) and eps > 0):
-        _fail("rms_norm_eps", "a finite value > 0 after rounding to binary32", repr(rms_norm_eps))
-    _dtype(cos_sin_cache, "float32")
-    _rank(cos_sin_cache, 2, f"[max_pos, {ROPE_DIM}]")
-    _dim(cos_sin_cache, 1, ROPE_DIM, "cos[0:32] then sin[0:32]")
-    _unit_last_stride(cos_sin_cache)
-    entry = ENTRY_LAYOUTS[layout]
-    if entry.paged:
-        entries = _paged_cache(k_cache, entry)
-        page_stride = k_cache.strides[0]
-    else:
-        _dtype(k_cache, entry.element)
-        _rank(k_cache, 3, f"[num_pages, B, {entry.entry_elements}]")
-        _dim(k_cache, 2, entry.entry_elements, "head width H")
-        entries = k_cache.shape[1]
-        if entries < 1:
-            _fail(k_cache.name, "shape[1] = B >= 1 entries per page", f"shape {list(k_cache.shape)}")
-        _unit_last_stride(k_cache)
-        _no_self_overlap(k_cache)
-        page_stride = k_cache.strides[0]
-    scale = None
-    if entry.per_tensor_scale:
-        if fp8_scale is None:
-            _fail("fp8_scale", "a positive finite scale for layout 'fp8_per_tensor'", None)
-        scale = np.float32(_real("fp8_scale", fp8_scale))
-        if not (math.isfinite(scale) and scale > 0):
-            _fail("fp8_scale", "a finite value > 0 after rounding to binary32", repr(fp8_scale))
-    elif fp8_scale is not None:
-        scaled = ", ".join(repr(name) for name, e in ENTRY_LAYOUTS.items() if e.per_tensor_scale)
-        _fail("fp8_scale", f"None for layout {layout!r} (only {scaled} takes a scale)", repr(fp8_scale))
+    _norm_weight(rms_norm_weight, head_dim)
+    eps = _eps(rms_norm_eps)
+    _cos_sin_cache(cos_sin_cache)
+    entries = _k_cache(k_cache, layout)
+    scale = _fp8_scale(fp8_scale, layout)
     _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
-    return StoreCall(layout=layout, entries_per_page=entries, page_stride=page_stride, eps=eps, fp8_scale=scale,
+    return StoreCall(layout=layout, entries_per_page=entries, page_stride=k_cache.strides[0], eps=eps, fp8_scale=scale,
                      head_dim=head_dim, hadamard=hadamard)
 
 

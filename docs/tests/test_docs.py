@@ -528,3 +528,70 @@ def test_user_facing_text_has_no_process_words_or_outside_paths():
 ])
 def test_the_process_word_patterns(text, caught):
     assert any(p.search(text) for p in _PROCESS_WORDS.values()) == caught
+
+
+# ---- v41.md ---------------------------------------------------------------------------------------
+def test_v41_numbers():
+    from dsv4_compressor.spec.arithmetic import mul
+    from dsv4_compressor.spec.entry_layout import V41_MXFP8, V41_NVFP4
+    from dsv4_compressor.spec.formats import e2m1_bits, e4m3_to_f32, nvfp4_scale_bits
+
+    text = (DOCS / "v41.md").read_text(encoding="utf-8")
+    assert "`E = 528`" in text and "`E = 288`" in text
+    assert (V41_MXFP8.entry_bytes, V41_NVFP4.entry_bytes) == (528, 288)
+    assert V41_MXFP8.interleaved and V41_NVFP4.interleaved
+    assert int(nvfp4_scale_bits(F32(0.0))) == 0x01 and "byte `0x01`" in text
+    assert float(e4m3_to_f32(nvfp4_scale_bits(F32(6.1875)))) == 1.0 and int(e2m1_bits(F32(6.1875))) == 7
+    assert 6 * 448 == 2688 and int(nvfp4_scale_bits(F32(2688.0 * 1.5))) == 0x7E
+    # the rounded reciprocal: 2.34375 / 1.875 = 1.25 (a tie, code 2) against 1.2500001 (code 3)
+    sigma = F32(1.875)
+    assert div(F32(2.34375), sigma) == F32(1.25) and int(e2m1_bits(div(F32(2.34375), sigma))) == 2
+    product = mul(F32(2.34375), div(F32(1.0), sigma))
+    assert product == np.nextafter(F32(1.25), F32(2)) and int(e2m1_bits(product)) == 3
+    z = (np.arange(1, 0x7F80, dtype=np.uint32) << np.uint32(16)).view(F32)
+    differs = 0
+    for code in range(1, 0x7F):
+        s = e4m3_to_f32(np.uint8(code))
+        values = z[z <= F32(6.5) * s]  # a tile's values: |z| <= a < 6.5 sigma
+        differs += int(np.count_nonzero(e2m1_bits(div(values, s)) != e2m1_bits(mul(values, div(F32(1.0), s)))))
+    assert differs == 42 and "42 bf16 values" in text
+
+
+def _v41_error_messages() -> list[str]:
+    from dsv4_compressor.spec import v41_batch as V
+
+    rng = np.random.default_rng(0)
+    positions = np.arange(5, dtype=np.int64)
+    ratio1 = dict(kv=V.projections(5, rng)[0], score=None, positions=positions, token_to_req=None, query_start_loc=None,
+                  slot_mapping=None, save_slot_mapping=None, block_table=None, bs=None, state_cache=None,
+                  rms_norm_weight=np.ones(512, F32), rms_norm_eps=1e-6, cos_sin_cache=rope_cos_sin_cache(8),
+                  k_cache=canary_k_cache("v41_nvfp4", 4, 2), kv_slot_mapping=positions.copy(),
+                  latent=V.latent_buffer(5), compress_ratio=1, layout="v41_nvfp4")
+    raw = np.zeros(5 * 516 * 2 + 64, np.uint8)
+    start = (-raw.__array_interface__["data"][0]) % 64
+    wide_rows = raw[start:start + 5 * 516 * 2].view(np.uint16).reshape(5, 516)[:, :512]
+    index_key = dict(k_pre=V.k_pre(5, rng), positions=positions, kv_slot_mapping=positions.copy(),
+                     rms_norm_weight=np.ones(128, F32), rms_norm_eps=1e-6, cos_sin_cache=rope_cos_sin_cache(8),
+                     k_cache=canary_k_cache("indexer_mxfp4", 4, 2), compress_ratio=1, layout="v41_nvfp4")
+    cases = [
+        (spec.v41_compress_norm_rope_store, {**ratio1, "compress_ratio": 4}),
+        (spec.v41_compress_norm_rope_store, {**ratio1, "ape": np.zeros((1, 512), F32)}),
+        (spec.v41_compress_norm_rope_store, {**ratio1, "score": np.zeros((5, 512), F32)}),
+        (spec.v41_compress_norm_rope_store, {**ratio1, "state_cache": np.zeros((2, 2, 1024), F32)}),
+        (spec.v41_compress_norm_rope_store, {**ratio1, "latent": wide_rows}),
+        (spec.v41_index_key_store, index_key),
+        (spec.v41_compress_norm_rope_store, {**ratio1, "k_cache": canary_k_cache("flashmla_fp8", 4, 2)}),
+    ]
+    messages = []
+    for function, call in cases:
+        with pytest.raises(ValueError) as error:
+            function(**call)
+        messages.append(str(error.value))
+    return messages
+
+
+def test_v41_error_messages_are_quoted_verbatim():
+    text = (DOCS / "v41.md").read_text(encoding="utf-8")
+    section = text[text.index("## Errors"):text.index("## Known deviations")]
+    quoted = [m for m in re.findall(r"^- `([^`\n]+)`$", section, re.MULTILINE)]
+    assert quoted == _v41_error_messages()

@@ -80,3 +80,24 @@ def test_the_state_format_demo_explains_a_step_and_matches_its_paged_twin(args, 
 def test_the_state_format_demo_refuses_an_indexer_layout():
     with pytest.raises(SystemExit, match="--state-format"):
         main(["demo", "--state-format", "ring", "--layout", "indexer_fp8"])
+
+
+@pytest.mark.parametrize("arguments", [
+    ["--model", "v4.1"],
+    ["--model", "v4.1", "--ratio", "1", "--layout", "v41_mxfp8"],
+    ["--model", "v4.1", "--state-format", "ring", "--state-dtype", "bf16", "--layout", "flashmla_fp8"],
+    ["--model", "v4.1", "--state-format", "ring", "--layout", "fp8_per_tensor"],
+])
+def test_demo_of_v41_explains_one_entry(arguments, capsys):
+    assert main(["demo", *arguments]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSeek-V4.1 compressor" in out and "Latent l = bf16(RMSNorm(bf16(x)))" in out and "float64 ideal" in out
+
+
+def test_demo_refuses_a_ratio_of_the_other_model():
+    with pytest.raises(SystemExit, match="ratio 1 or 2"):
+        main(["demo", "--model", "v4.1", "--ratio", "4"])
+    with pytest.raises(SystemExit, match="ratio 4 or 128"):
+        main(["demo", "--ratio", "2"])
+    with pytest.raises(SystemExit, match="no ape"):
+        main(["demo", "--model", "v4.1", "--ape-at", "compress"])
