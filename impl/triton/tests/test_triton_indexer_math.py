@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from dsv4_compressor.impl.triton.exact_math import e2m1_code, mxfp4_scale
-from dsv4_compressor.impl.triton.indexer_postprocess import hadamard_rotate
+from dsv4_compressor.impl.triton.indexer_entry import hadamard_rotate
 from dsv4_compressor.spec import formats
 from dsv4_compressor.spec.indexer import hadamard_rotate as spec_hadamard_rotate
 
