@@ -91,19 +91,29 @@ def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, 
 
 
 def _cache_views(k_cache: torch.Tensor, layout: str):
-    """(uint8 view, int16 view, page stride, entry stride) of ``k_cache`` for the kernel; the
-    indexer's layouts (page bytes) have no int16 view and no entry stride (None)."""
+    """(uint8 view, int16 view) of ``k_cache`` for the kernel, per call; the indexer's layouts
+    (page bytes) have no int16 view (None)."""
     if layout == "flashmla_fp8":
         pages = flashmla_page_view(k_cache)  # uint8 [num_pages, B*584], strides (page_stride, 1)
-        return pages, pages.view(torch.int16), pages.stride(0), 0
+        return pages, pages.view(torch.int16)
     if layout == "bf16":
         values = k_cache.view(torch.int16)
-        return values, values, values.stride(0), values.stride(1)
+        return values, values
     if layout == "fp8_per_tensor":
         codes = k_cache.view(torch.uint8)
-        return codes, codes, codes.stride(0), codes.stride(1)
-    pages = flashmla_page_view(k_cache)  # the indexer's: uint8 [num_pages, B*E], the kernel addresses page * stride + byte
-    return pages, None, pages.stride(0), None
+        return codes, codes
+    return flashmla_page_view(k_cache), None  # the indexer's: uint8 [num_pages, B*E]
+
+
+def _cache_strides(cache_u8: torch.Tensor, layout: str) -> tuple:
+    """(page stride, entry stride) kernel arguments of the views of :func:`_cache_views`: the page
+    layouts address ``page * page_stride + byte`` (entry stride unused: 0 for flashmla_fp8, None
+    for the indexer's); bf16 / fp8_per_tensor index ``[page, entry, channel]`` in elements."""
+    if layout == "flashmla_fp8":
+        return cache_u8.stride(0), 0
+    if layout in ("bf16", "fp8_per_tensor"):  # the int16 view of bf16 has bf16's element strides
+        return cache_u8.stride(0), cache_u8.stride(1)
+    return cache_u8.stride(0), None
 
 
 def compress_norm_rope_store(
@@ -149,11 +159,11 @@ def compress_norm_rope_store(
         return
     launch, scalars, weight_bf16 = plan
     weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
-    cache_u8, cache_i16 = _cache_views(k_cache, layout)[:2]
+    cache_u8, cache_i16 = _cache_views(k_cache, layout)
     state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entry_stride, entries, scale = scalars
-    launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
-           weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride, entries,
-           kv_slot_mapping, scale)
+    launch(state_cache, state_s0, state_s1, (token_to_req_indices, positions, slot_mapping, kv_slot_mapping),
+           block_table, table_s0, weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride,
+           entries, scale)
 
 
 def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
@@ -174,7 +184,7 @@ def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, b
     else:
         knobs, scale = fused_config(ratio, config), float(store.fp8_scale) if store.fp8_scale is not None else 1.0
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
-    _, _, page_stride, entry_stride = _cache_views(k_cache, store.layout)
+    page_stride, entry_stride = _cache_strides(_cache_views(k_cache, store.layout)[0], store.layout)
     scalars = (state_cache.stride(0) // 4, state_cache.stride(1) // 4, block_table.stride(0), float(store.eps),
                cos_sin_cache.stride(0), page_stride, entry_stride, store.entries_per_page, scale)
     constants = dict(

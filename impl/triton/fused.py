@@ -38,9 +38,7 @@ def compress_norm_rope_store_kernel(
     state_ptr,  # fp32 [num_state_blocks, bs, 2*SW], strides (4*state_block_stride4, 4*state_row_stride4, 1)
     state_block_stride4,  # state_cache.stride(0) // 4
     state_row_stride4,  # state_cache.stride(1) // 4
-    token_to_req_ptr,  # int32 [T]
-    positions_ptr,  # int64 [T]
-    slot_mapping_ptr,  # int64 [T]
+    tokens,  # the per-token metadata, a tuple: token_to_req int32 [T], positions, slot_mapping, kv_slot_mapping int64 [T]
     block_table_ptr,  # int32 [num_reqs, max_blocks], row stride block_table_stride
     block_table_stride,
     weight_ptr,  # fp32 [HEAD], or int16 [HEAD] of bf16 patterns when WEIGHT_BF16
@@ -52,7 +50,6 @@ def compress_norm_rope_store_kernel(
     cache_page_stride,  # page layouts: the page stride in bytes; bf16/fp8_per_tensor: k_cache.stride(0)
     cache_entry_stride,  # bf16/fp8_per_tensor: k_cache.stride(1); flashmla_fp8: unused; None for HEAD 128
     entries_per_page,  # B
-    kv_slot_mapping_ptr,  # int64 [T]
     fp8_scale,  # fp32 (fp8_per_tensor only); None for HEAD 128
     HEAD: tl.constexpr,  # 512, or the indexer's 128 (SPEC §12)
     RATIO: tl.constexpr,  # 4 or 128
@@ -68,8 +65,7 @@ def compress_norm_rope_store_kernel(
     REG_BITS: tl.constexpr,
 ):
     token = tl.program_id(0)
-    position, request, kv_slot, active = token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr,
-                                                        token_to_req_ptr, RATIO)
+    position, request, kv_slot, active = token_activity(token, tokens, RATIO)
     if active:
         W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
         kv_row_offsets, row_valid = window_row_offsets(

@@ -56,12 +56,12 @@ def _fused_arguments(layout: str, weight_bf16: bool) -> tuple[dict, dict]:
     cache_u8, cache_i16 = _CACHE_TYPES[layout]
     types = {
         "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
-        "token_to_req_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+        "tokens": ("*i32", "*i64", "*i64", "*i64"),
         "block_table_ptr": "*i32", "block_table_stride": "i32",
         "weight_ptr": "*i16" if weight_bf16 else "*fp32", "eps": "fp32",
         "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32",
         "cache_u8_ptr": cache_u8, "cache_i16_ptr": cache_i16, "cache_page_stride": "i32", "cache_entry_stride": "i32",
-        "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64", "fp8_scale": "fp32",
+        "entries_per_page": "i32", "fp8_scale": "fp32",
     }
     if cache_i16 is None:
         return types, dict.fromkeys(("cache_i16_ptr", "cache_entry_stride", "fp8_scale"))
@@ -155,6 +155,19 @@ def variants() -> list[Variant]:
     return out
 
 
+def _divisibility(signature: dict, names: list, divisible_ints: tuple) -> dict:
+    """Triton's ``tt.divisibility`` 16 attributes: every pointer (the bases of all tensor arguments
+    are 16-byte aligned, validated) and the integers in ``divisible_ints``; other integers get no
+    assumptions. A tuple argument's elements are keyed ``(argument, element)``."""
+    attrs = {}
+    for i, name in enumerate(names):
+        types = signature[name]
+        for key, ty in ([((i, j), t) for j, t in enumerate(types)] if isinstance(types, tuple) else [((i,), types)]):
+            if ty.startswith("*") or name in divisible_ints:
+                attrs[key] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def _compile(variant: Variant) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -169,9 +182,7 @@ def _compile(variant: Variant) -> str:
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("the kernels were decorated under TRITON_INTERPRET=1; compile in a process without it")
     signature = {name: ("constexpr" if name in variant.constexprs else variant.signature_types[name]) for name in kernel.arg_names}
-    # bases of every tensor argument are 16-byte aligned (validated); integers get no assumptions
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if signature[name].startswith("*") or name in variant.divisible_ints}
+    attrs = _divisibility(signature, kernel.arg_names, variant.divisible_ints)
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
                               options={**launch_options(variant.num_warps, variant.max_registers),

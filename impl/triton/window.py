@@ -15,9 +15,13 @@ from .pooling import window_row_of
 
 
 @triton.jit
-def token_activity(token, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr, token_to_req_ptr, RATIO: tl.constexpr):
+def token_activity(token, tokens, RATIO: tl.constexpr):
     """SPEC §5's activity rule for ``token``: ``(position, request (int64), kv_slot, active)``.
-    The request index is loaded with the other metadata: one round trip less before the block table."""
+
+    ``tokens``: the per-token metadata, ``(token_to_req_indices int32 [T], positions int64 [T],
+    slot_mapping int64 [T], kv_slot_mapping int64 [T])``. The request index is loaded with the
+    other metadata: one round trip less before the block table."""
+    token_to_req_ptr, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr = tokens
     slot = tl.load(slot_mapping_ptr + token)
     kv_slot = tl.load(kv_slot_mapping_ptr + token)
     position = tl.load(positions_ptr + token)
