@@ -25,8 +25,8 @@ kernel; all offsets are int64.
 import triton
 import triton.language as tl
 
-from .indexer_entry import INDEXER_HEAD, INDEXER_LAYOUT_CODES, LOG2_INDEXER_HEAD, hadamard_rotate, indexer_rope
-from .indexer_entry import ROWS as INDEXER_ROWS, store_indexer_entry
+from .indexer_entry import (INDEXER_HEAD, INDEXER_LAYOUT_CODES, LOG2_INDEXER_HEAD, ROWS as INDEXER_ROWS, hadamard_rotate,
+                            indexer_rope, store_indexer_entry)
 from .kv_entry import BLOCKS, LAYOUT_CODES, LOG2_HEAD_DIM, rope_rotate, store_entry
 from .pooling import pool_window_tiles
 from .postprocess import load_norm_weight, rms_norm, rope_row

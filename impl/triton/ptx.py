@@ -38,7 +38,7 @@ class Variant:
     name: str
     kernel: str  # "fused" (both head widths) or "save"
     constexprs: dict
-    signature_types: dict  # non-constexpr argument -> Triton type string
+    signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
     num_warps: int
     require_vector_loads: bool
     divisible_ints: tuple = ()  # integer arguments assumed multiples of 16 (Triton's JIT specializes such values)
