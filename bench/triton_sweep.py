@@ -1,23 +1,26 @@
 """Sweep the Triton kernels' knobs on a CUDA GPU: ``python -m dsv4_compressor.bench.triton_sweep``.
 
-For decode-boundary batches (every token closes a window, one token per request, the
-production case) of several sizes it times each :class:`FusedConfig` by CUDA-graph replay (the
-host-side validation and launch cost stays out of the kernel time; several input sets are
-rotated inside the graph so small batches do not run from L2), checks that every config writes
-the same ``k_cache`` bytes as the default one, and prints effective bandwidth against a measured
-device-to-device copy. It also reports the host cost of one eager call. Bytes counted: the state rows read (W rows x 4 KiB per token,
-read once) plus the entry written. ``--check-spec`` also compares the default config with the
-NumPy spec on the smallest batch of each ratio.
+On the main bench's decode-boundary cases (:mod:`.cases`: every token closes a window, one
+token per request, the production case) of several sizes it first runs every
+:class:`FusedConfig` once on one input set and checks that it writes the same ``k_cache`` bytes
+as the call's default configuration, then times all of them with the bench's own machinery
+(:func:`.sweep.run_case`: input sets rotated past L2 by :func:`.timing.prepare`, CUDA-graph
+replay, trials interleaved across configs; the host-side validation and launch cost stays out
+of the kernel time) and prints the effective bandwidth (the case's bytes moved,
+:meth:`.cases.Case.bytes_moved`) against a measured device-to-device copy. It also reports the
+host cost of one eager call. ``--check-spec`` also compares the default configuration's bytes
+with the NumPy spec on the smallest case of each sweep.
 
-``--head 128`` sweeps the indexer kernel (SPEC §12) instead, per layout (``--layout``,
-``--hadamard``), on the main bench's indexer cases (:mod:`.cases`, which also count the bytes:
-per active token its W window rows' own kv and score halves, the entry, the cos/sin row and
-the metadata); C4 by default, ``--ratio 128`` for the C128 path.
+``--head 128`` sweeps the fused kernel on the indexer's head (SPEC §12) instead, per layout
+(``--layout``, ``--hadamard``), on the main bench's indexer cases; C4 by default, ``--ratio 128``
+for the C128 path. Without ``--head 128`` the save pass's :class:`SaveConfig` are timed too on
+the bench's save cases (``--no-save`` to skip).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from dataclasses import dataclass
 
@@ -27,10 +30,11 @@ import torch
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
 from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
 from ..spec import batch as spec_batch
-from ..spec.constants import ENTRY_BYTES
 from ..spec.entry_layout import INDEXER_LAYOUTS
-from .cases import Case, indexer_c128_decode_sweep, indexer_decode_sweep
-from .timing import ROTATION_BYTES, InputSet, copy_bandwidth_gbs, prepare, rotation_sets
+from .cases import (Case, c4_decode_sweep, c128_decode_sweep, indexer_c128_decode_sweep, indexer_decode_sweep,
+                    save_sweep)
+from .sweep import TRIALS, Row, run_case
+from .timing import BenchImpl, InputSet, copy_bandwidth_gbs, prepare, time_eager
 
 C128_CONFIGS = [
     FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
@@ -49,8 +53,9 @@ C4_CONFIGS = [
     FusedConfig(block_c=256, num_warps=1),
     FusedConfig(block_c=128, num_warps=1),
 ]
+KV_TOKENS = {128: (256, 1024, 4096), 4: (1024, 4096, 16384, 65536)}
 
-# The indexer kernel (SPEC §12, head 128): block_c <= 128, tile_stages 1. A one-token program is
+# The indexer's head (SPEC §12, head 128): block_c <= 128, tile_stages 1. A one-token program is
 # small, so registers can bound the programs per SM (and the state bytes in flight): the
 # max_registers rows cap them at the counts that let 25 or 32 two-warp programs share an SM.
 INDEXER_C4_CONFIGS = [
@@ -73,6 +78,12 @@ INDEXER_C128_CONFIGS = [
 ]
 INDEXER_TOKENS = {4: (1024, 4096, 16384), 128: (256, 1024, 4096)}
 
+SAVE_CONFIGS = (SaveConfig(), SaveConfig(block=256, num_warps=2), SaveConfig(block=512, num_warps=8),
+                SaveConfig(block=128, num_warps=1))
+SAVE_TOKENS = 16384
+HOST_CALLS = 50  # eager calls timed for the host cost of one call
+K_CACHE_ARG = 9  # k_cache's place in compress_norm_rope_store's positional arguments
+
 
 def config_name(config: FusedConfig | None) -> str:
     if config is None:
@@ -82,87 +93,12 @@ def config_name(config: FusedConfig | None) -> str:
     return f"bc{config.block_c}_w{config.num_warps}_{loop}{cap}"
 
 
-def decode_batch(ratio: int, num_tokens: int, block_size: int, rng: np.random.Generator, entries_per_page: int = 64):
-    """A decode-boundary batch on the GPU: metadata from ``spec.batch``, a random state cache."""
-    requests = spec_batch.decode_requests(num_tokens, ratio, rng, max_entries=64 if ratio == 4 else 16)
-    b = spec_batch.build_batch(requests, compress_ratio=ratio, block_size=block_size, entries_per_page=entries_per_page, rng=rng)
-    width = 2 * (1024 if ratio == 4 else 512)
-    state = torch.randn(b.num_state_blocks, block_size, width, device="cuda")
-    state[..., width // 2:] *= 2.0
-    max_pos = int(b.positions.max()) + ratio
-    cos_sin = torch.from_numpy(spec_batch.rope_cos_sin_cache(max_pos)).cuda()
-    weight = torch.from_numpy(spec_batch.random_norm_weight(rng, bf16=True).view(np.int16)).cuda().view(torch.bfloat16)
-    k_cache = torch.full((b.num_pages, entries_per_page, ENTRY_BYTES), spec_batch.CANARY_BYTE, dtype=torch.uint8, device="cuda")
-    meta = {name: torch.from_numpy(getattr(b, name).copy()).cuda()
-            for name in ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    return b, state, cos_sin, weight, k_cache, meta
-
-
-def run_compress(ratio, b, state, cos_sin, weight, k_cache, meta, config):
-    compress_norm_rope_store(state, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"],
-                             b.block_size, weight, 1e-6, cos_sin, k_cache, meta["kv_slot_mapping"], compress_ratio=ratio,
-                             config=config)
-
-
-def graph_time_ms(calls) -> float:
-    """Median time of one call (ms) by replaying a CUDA graph of passes over ``calls`` (32 calls at least)."""
-    import triton
-
-    repeats = -(-32 // len(calls))
-
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            for call in calls:
-                call()
-    return triton.testing.do_bench(graph.replay, return_mode="median") / (repeats * len(calls))
-
-
-def sweep_ratio(ratio: int, token_counts, configs, block_size: int, copy_bw: float, check_spec: bool) -> None:
-    window = 8 if ratio == 4 else 128
-    for num_tokens in token_counts:
-        num_sets = rotation_sets(num_tokens * window * 4096)
-        sets = [decode_batch(ratio, num_tokens, block_size, np.random.default_rng(num_tokens + ratio + 1000 * i)) for i in range(num_sets)]
-        b, state, cos_sin, weight, k_cache, meta = sets[0]
-        nbytes = b.num_active * (window * 4096 + ENTRY_BYTES)
-        reference = None
-        for config in configs:
-            k_cache.fill_(spec_batch.CANARY_BYTE)
-            start = time.perf_counter()
-            run_compress(ratio, b, state, cos_sin, weight, k_cache, meta, config)
-            torch.cuda.synchronize()
-            first_call = time.perf_counter() - start
-            result = k_cache.clone()
-            if reference is None:
-                reference = result
-                if check_spec and num_tokens == token_counts[0]:
-                    _check_against_spec(ratio, b, state, cos_sin, weight, result)
-            same = torch.equal(result, reference)
-            calls = [lambda s=s_: run_compress(ratio, *s, config) for s_ in sets]
-            ms = graph_time_ms(calls)
-            bw = nbytes / (ms * 1e-3)
-            print(f"C{ratio:<3d} bs{block_size} T={num_tokens:6d} {config_name(config):22s} {ms * 1e3:9.1f} us "
-                  f"{bw / 1e12:6.3f} TB/s {100 * bw / copy_bw:5.1f}% of copy  bytes={'same' if same else 'DIFFERENT'}  "
-                  f"(first call {first_call:.1f}s, {num_sets} input sets)", flush=True)
-        if num_tokens == token_counts[0]:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(50):
-                run_compress(ratio, b, state, cos_sin, weight, k_cache, meta, configs[0])
-            host_us = (time.perf_counter() - start) / 50 * 1e6
-            torch.cuda.synchronize()
-            print(f"C{ratio} host cost of one eager call (validation + launch): {host_us:.1f} us", flush=True)
-        del sets, state, k_cache
-        torch.cuda.empty_cache()
-
-
 @dataclass(frozen=True)
-class IndexerSweep:
-    """One indexer sweep: a ratio and layout (and rotation), its token counts and configs."""
+class Sweep:
+    """One knob sweep: a head width, ratio and layout (and rotation), its token counts and configs
+    (None: the call's own default)."""
 
+    head: int  # 512, or the indexer's 128 (SPEC §12)
     ratio: int
     layout: str
     hadamard: bool
@@ -170,116 +106,114 @@ class IndexerSweep:
     configs: tuple
 
     def cases(self) -> list[Case]:
-        """The main bench's indexer decode cases (their batches and byte counts)."""
-        sweep = indexer_decode_sweep if self.ratio == 4 else indexer_c128_decode_sweep
-        return sweep(self.token_counts, layout=self.layout, hadamard=self.hadamard)
+        """The main bench's decode cases of this head and ratio (their batches and bytes moved)."""
+        if self.head == 128:
+            sweep = indexer_decode_sweep if self.ratio == 4 else indexer_c128_decode_sweep
+            return sweep(self.token_counts, layout=self.layout, hadamard=self.hadamard)
+        sweep = c4_decode_sweep if self.ratio == 4 else c128_decode_sweep
+        return sweep(self.token_counts, layout=self.layout)
 
     def label(self) -> str:
-        return f"idx C{self.ratio} {self.layout.removeprefix('indexer_')}{'+H' if self.hadamard else ''}"
+        if self.head == 128:
+            return f"idx C{self.ratio} {self.layout.removeprefix('indexer_')}{'+H' if self.hadamard else ''}"
+        return f"C{self.ratio}"
 
 
-def indexer_sweeps(ratios, layouts, hadamard: bool, token_counts, default_only: bool) -> list[IndexerSweep]:
+def kv_sweeps(ratios, token_counts, default_only: bool) -> list[Sweep]:
+    """The 512-wide sweeps (``flashmla_fp8``): C128 then C4 unless ``ratios`` says otherwise."""
+    out = []
+    for ratio in ratios or (128, 4):
+        configs = (DEFAULT_FUSED[ratio],) if default_only else tuple(C4_CONFIGS if ratio == 4 else C128_CONFIGS)
+        out.append(Sweep(512, ratio, "flashmla_fp8", False, tuple(token_counts or KV_TOKENS[ratio]), configs))
+    return out
+
+
+def indexer_sweeps(ratios, layouts, hadamard: bool, token_counts, default_only: bool) -> list[Sweep]:
     """The ``--head 128`` sweeps: C4 unless ``ratios`` says otherwise, both layouts unless ``layouts`` does."""
     out = []
     for ratio in ratios or (4,):
         configs = (None,) if default_only else tuple(INDEXER_C4_CONFIGS if ratio == 4 else INDEXER_C128_CONFIGS)
         for layout in layouts or INDEXER_LAYOUTS:
-            out.append(IndexerSweep(ratio, layout, hadamard, tuple(token_counts or INDEXER_TOKENS[ratio]), configs))
+            out.append(Sweep(128, ratio, layout, hadamard, tuple(token_counts or INDEXER_TOKENS[ratio]), configs))
     return out
 
 
-K_CACHE_ARG = 9  # k_cache's place in compress_norm_rope_store's positional arguments
+def compress_impl(config: FusedConfig | None) -> BenchImpl:
+    """The Triton compress call with ``config`` as a bench row named by :func:`config_name`."""
+    return BenchImpl(config_name(config), functools.partial(compress_norm_rope_store, config=config), None)
 
 
-def _run_indexer(input_set: InputSet, config: FusedConfig | None) -> None:
-    compress_norm_rope_store(*input_set.args, **input_set.kwargs, config=config)
+def save_impl(config: SaveConfig) -> BenchImpl:
+    return BenchImpl(f"block{config.block}_w{config.num_warps}", None, functools.partial(save_partial_states, config=config))
 
 
-def sweep_indexer(sweep: IndexerSweep, copy_bw: float, check_spec: bool) -> None:
-    """Time every config of ``sweep`` on each of its cases; bytes compared with the default config's."""
-    for case in sweep.cases():
-        seed = case.token_num + sweep.ratio
-        prepared = prepare(case, seed=seed)
-        num_sets = len(prepared.sets)
-        first = prepared.sets[0]
-        k_cache = first.args[K_CACHE_ARG]
+def check_configs(case: Case, configs, label: str, check_spec: bool, host_cost: bool) -> dict[str, tuple[float, bool]]:
+    """``{config name: (first call in seconds, compilation included; whether it wrote the default
+    configuration's k_cache bytes)}`` on one input set of ``case``. ``check_spec``: compare the
+    default's bytes with the NumPy spec too; ``host_cost``: print the host time of one eager call
+    of the default."""
+    prepared = prepare(case, num_sets=1)  # the first batch of the timed sets (the same seed)
+    first = prepared.sets[0]
+    k_cache = first.args[K_CACHE_ARG]
+    default = compress_impl(None).caller(prepared)
+    k_cache.fill_(spec_batch.CANARY_BYTE)
+    default(first)
+    torch.cuda.synchronize()
+    reference = k_cache.clone()
+    if check_spec:
+        _check_against_spec(label, case, first, reference)
+    out = {}
+    for config in configs:
+        call = compress_impl(config).caller(prepared)
         k_cache.fill_(spec_batch.CANARY_BYTE)
-        _run_indexer(first, None)
+        start = time.perf_counter()
+        call(first)
         torch.cuda.synchronize()
-        reference = k_cache.clone()
-        if check_spec and case.token_num == sweep.token_counts[0]:
-            _check_indexer_against_spec(sweep.label(), case, first, reference)
-        for config in sweep.configs:
-            k_cache.fill_(spec_batch.CANARY_BYTE)
-            start = time.perf_counter()
-            _run_indexer(first, config)
-            torch.cuda.synchronize()
-            first_call = time.perf_counter() - start
-            same = torch.equal(k_cache, reference)
-            ms = graph_time_ms([lambda s=s, c=config: _run_indexer(s, c) for s in prepared.sets])
-            bw = prepared.bytes_moved / (ms * 1e-3)
-            print(f"{sweep.label():18s} T={case.token_num:6d} {config_name(config):26s} {ms * 1e3:9.1f} us "
-                  f"{bw / 1e12:6.3f} TB/s {100 * bw / copy_bw:5.1f}% of copy  bytes={'same' if same else 'DIFFERENT'}  "
-                  f"(first call {first_call:.1f}s, {num_sets} input sets)", flush=True)
-        if case.token_num == sweep.token_counts[0]:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(50):
-                _run_indexer(first, None)
-            host_us = (time.perf_counter() - start) / 50 * 1e6
-            torch.cuda.synchronize()
-            print(f"{sweep.label()} host cost of one eager call (validation + launch): {host_us:.1f} us", flush=True)
-        del prepared, first, k_cache, reference
+        out[config_name(config)] = time.perf_counter() - start, torch.equal(k_cache, reference)
+    if host_cost:
+        _, host_us = time_eager(default, prepared.sets, HOST_CALLS)
+        print(f"{label} host cost of one eager call (validation + launch): {host_us:.1f} us", flush=True)
+    return out
+
+
+def run_sweep(sweep: Sweep, copy_gbs: float, check_spec: bool, trials: int = TRIALS) -> None:
+    """Check, then time, every config of ``sweep`` on each of its cases (graph replay)."""
+    for case in sweep.cases():
+        smallest = case.token_num == sweep.token_counts[0]
+        checks = check_configs(case, sweep.configs, f"{sweep.label()} T={case.token_num}", check_spec and smallest,
+                               smallest)
+        for row in run_case(case, [compress_impl(c) for c in sweep.configs], ["graph"], copy_gbs, trials):
+            first_call, same = checks[row.implementation]
+            print(f"{sweep.label():18s} bs{case.block_size} T={case.token_num:6d} {row.implementation:26s} {_timing(row)}"
+                  f"  bytes={'same' if same else 'DIFFERENT'}  (first call {first_call:.1f}s)", flush=True)
         torch.cuda.empty_cache()
 
 
-def _check_indexer_against_spec(label: str, case: Case, input_set: InputSet, k_cache_after) -> None:
+def _timing(row: Row) -> str:
+    if row.median_us is None:
+        return f"error: {row.error}"
+    return (f"{row.median_us:9.1f} us [{row.low_us:.1f}..{row.high_us:.1f}] {row.gbs / 1e3:6.3f} TB/s "
+            f"{row.pct_copy:5.1f}% of copy")
+
+
+def _check_against_spec(label: str, case: Case, input_set: InputSet, k_cache_after) -> None:
     """The default config's ``k_cache`` bytes against the NumPy spec on the same inputs."""
     from .. import spec
 
     host = [a.cpu().numpy() if isinstance(a, torch.Tensor) else a for a in input_set.args]
     k_cache = input_set.args[K_CACHE_ARG]
     host[K_CACHE_ARG] = spec_batch.canary_k_cache(case.layout, k_cache.shape[0], k_cache.shape[1])
-    spec.compress_norm_rope_store(*host, compress_ratio=case.compress_ratio, layout=case.layout, hadamard=case.hadamard)
-    _print_spec_check(f"{label} T={case.token_num}", host[K_CACHE_ARG], k_cache_after.cpu().numpy())
-
-
-def _print_spec_check(what: str, expected: np.ndarray, got: np.ndarray) -> None:
+    spec.compress_norm_rope_store(*host, **input_set.kwargs)
+    expected, got = host[K_CACHE_ARG], k_cache_after.cpu().numpy()
     differing = int(np.count_nonzero(expected != got))
-    print(f"{what}: spec check: {'IDENTICAL' if differing == 0 else f'{differing} DIFFERENT bytes'}", flush=True)
+    print(f"{label}: spec check: {'IDENTICAL' if differing == 0 else f'{differing} DIFFERENT bytes'}", flush=True)
 
 
-def _check_against_spec(ratio, b, state, cos_sin, weight, k_cache_after) -> None:
-    from .. import spec
-
-    cache = np.full(tuple(k_cache_after.shape), spec_batch.CANARY_BYTE, dtype=np.uint8)
-    spec.compress_norm_rope_store(
-        state.cpu().numpy(), b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
-        weight.view(torch.int16).cpu().numpy().view(np.uint16), 1e-6, cos_sin.cpu().numpy(), cache, b.kv_slot_mapping,
-        compress_ratio=ratio,
-    )
-    _print_spec_check(f"C{ratio} T={b.num_tokens}", cache, k_cache_after.cpu().numpy())
-
-
-def sweep_save(copy_bw: float) -> None:
-    for ratio in (4, 128):
-        rng = np.random.default_rng(ratio)
-        num_tokens = 16384
-        width = 2 * (1024 if ratio == 4 else 512)
-        block_size = 4 if ratio == 4 else 8
-        num_sets = max(1, -(-ROTATION_BYTES // (2 * num_tokens * width * 4)))
-        kv_score = [torch.randn(num_tokens, width, device="cuda") for _ in range(num_sets)]
-        ape = torch.randn(ratio, width // 2, device="cuda")
-        positions = torch.arange(num_tokens, device="cuda", dtype=torch.int64)
-        slots = torch.from_numpy(rng.permutation(num_tokens + block_size * 4)[:num_tokens].astype(np.int64)).cuda()
-        states = [torch.zeros((num_tokens + block_size * 4) // block_size + 1, block_size, width, device="cuda") for _ in range(num_sets)]
-        for config in (SaveConfig(), SaveConfig(block=256, num_warps=2), SaveConfig(block=512, num_warps=8), SaveConfig(block=128, num_warps=1)):
-            calls = [lambda i=i: save_partial_states(kv_score[i], ape, positions, slots, states[i], block_size, config=config)
-                     for i in range(num_sets)]
-            ms = graph_time_ms(calls)
-            bw = 2 * num_tokens * width * 4 / (ms * 1e-3)
-            print(f"save C{ratio} T={num_tokens} block{config.block}_w{config.num_warps}: {ms * 1e3:8.1f} us {bw / 1e12:6.3f} TB/s "
-                  f"{100 * bw / copy_bw:5.1f}% of copy", flush=True)
+def sweep_save(copy_gbs: float, trials: int = TRIALS) -> None:
+    """Every :data:`SAVE_CONFIGS` on the bench's save cases of :data:`SAVE_TOKENS` tokens (graph replay)."""
+    for case in save_sweep((SAVE_TOKENS,)):
+        for row in run_case(case, [save_impl(c) for c in SAVE_CONFIGS], ["graph"], copy_gbs, trials):
+            print(f"save C{case.compress_ratio} T={case.token_num} {row.implementation:14s} {_timing(row)}", flush=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -290,7 +224,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--check-spec", action="store_true")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--head", type=int, choices=(512, 128), default=512,
-                        help="512: the KV compressor's kernel and the save pass; 128: the indexer kernel (SPEC §12, "
+                        help="512: the KV compressor's head and the save pass; 128: the indexer's head (SPEC §12, "
                              "C4 unless --ratio 128; no save pass)")
     parser.add_argument("--layout", choices=INDEXER_LAYOUTS, action="append",
                         help="with --head 128: the indexer layout(s) (default: both)")
@@ -303,18 +237,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    copy_bw = copy_bandwidth_gbs() * 1e9  # bytes/s
-    print(f"device-to-device copy: {copy_bw / 1e12:.3f} TB/s", flush=True)
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"device-to-device copy: {copy_gbs / 1e3:.3f} TB/s", flush=True)
     if args.head == 128:
-        for sweep in indexer_sweeps(args.ratio, args.layout, args.hadamard, args.tokens, args.default_only):
-            sweep_indexer(sweep, copy_bw, args.check_spec)
-        return 0
-    for ratio in args.ratio or (128, 4):
-        configs = [DEFAULT_FUSED[ratio]] if args.default_only else (C128_CONFIGS if ratio == 128 else C4_CONFIGS)
-        tokens = args.tokens or ((256, 1024, 4096) if ratio == 128 else (1024, 4096, 16384, 65536))
-        sweep_ratio(ratio, tokens, configs, 8 if ratio == 128 else 4, copy_bw, args.check_spec)
-    if not args.no_save:
-        sweep_save(copy_bw)
+        sweeps = indexer_sweeps(args.ratio, args.layout, args.hadamard, args.tokens, args.default_only)
+    else:
+        sweeps = kv_sweeps(args.ratio, args.tokens, args.default_only)
+    for sweep in sweeps:
+        run_sweep(sweep, copy_gbs, args.check_spec)
+    if args.head == 512 and not args.no_save:
+        sweep_save(copy_gbs)
     return 0
 
 

@@ -1,8 +1,9 @@
 """Where a byte lives: token, region and channel of an offset in a cache allocation.
 
 Regions are SPEC §10's: ``NoPE`` (E4M3 or bf16/fp8 NoPE channels), ``scale`` (UE8M0
-bytes), ``pad`` (the scale record's byte 7), ``RoPE``, ``untouched`` (bytes no active
-token addresses) and ``state`` (the state cache).
+bytes), ``pad`` (the scale record's byte 7), ``RoPE``, ``data`` (a whole-entry record's codes),
+``untouched`` (bytes no active token addresses) and ``state`` (the state cache). Which byte of
+an entry is which comes from the layout's descriptor (:mod:`dsv4_compressor.spec.entry_layout`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, NUM_QUANT_BLOCKS
-from ..spec.entry_layout import PAGED_LAYOUTS
+from ..spec.entry_layout import ENTRY_LAYOUTS, RECORD_LAYOUTS, EntryLayout
 from .buffers import Buffer
 
 
@@ -48,59 +48,44 @@ def _token_of_slot(active_slots: dict[int, int], slot: int, detail: str) -> tupl
 
 
 def locate_k_cache(buffer: Buffer, layout: str, byte: int, active_slots: dict[int, int]) -> Place:
-    """Describe byte ``byte`` of ``buffer.owner`` (a compressed cache allocation)."""
-    rel = byte - buffer.offset
+    """Describe byte ``byte`` of ``buffer.owner`` (a compressed cache allocation) by the layout's
+    byte map (:mod:`dsv4_compressor.spec.entry_layout`)."""
+    entry = RECORD_LAYOUTS.get(layout) or ENTRY_LAYOUTS[layout]
+    if entry.records:
+        return _locate_record_byte(buffer, entry, byte - buffer.offset, active_slots)
+    return _locate_row_element(buffer, entry, byte - buffer.offset, active_slots)
+
+
+def _locate_record_byte(buffer: Buffer, entry: EntryLayout, rel: int, active_slots: dict[int, int]) -> Place:
+    """A byte of a layout of ``E``-byte records in uint8 pages (paged or interleaved)."""
     num_pages, entries = buffer.shape[0], buffer.shape[1]
-    if layout == "flashmla_fp8":
-        page_stride = buffer.strides[0] if num_pages > 1 else entries * ENTRY_BYTES
-        page, in_page = divmod(rel, page_stride)
-        if rel < 0 or page >= num_pages:
-            return Place("untouched", detail="outside the cache's pages")
-        if in_page >= entries * ENTRY_BYTES:
-            return Place("untouched", detail=f"page {page} padding byte {in_page}")
-        if in_page < entries * DATA_RECORD_BYTES:
-            o, b = divmod(in_page, DATA_RECORD_BYTES)
-            slot = page * entries + o
-            if b < NOPE_DIM:
-                region, channel = "NoPE", b
-            else:
-                region, channel = "RoPE", NOPE_DIM + (b - NOPE_DIM) // 2
-        else:
-            o, b = divmod(in_page - entries * DATA_RECORD_BYTES, ENTRY_BYTES - DATA_RECORD_BYTES)
-            slot = page * entries + o
-            region, channel = ("scale", b) if b < NUM_QUANT_BLOCKS else ("pad", None)
-        token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {o}")
-        return Place(region if token is not None else "untouched", token, slot, channel, detail)
-    if layout in PAGED_LAYOUTS:  # the indexer's pages (SPEC §12): B data records, then B scale records
-        entry = PAGED_LAYOUTS[layout]
-        page_stride = buffer.strides[0] if num_pages > 1 else entries * entry.entry_bytes
-        page, in_page = divmod(rel, page_stride)
-        if rel < 0 or page >= num_pages:
-            return Place("untouched", detail="outside the cache's pages")
-        if in_page >= entries * entry.entry_bytes:
-            return Place("untouched", detail=f"page {page} padding byte {in_page}")
-        if in_page < entries * entry.data_bytes:
-            o, b = divmod(in_page, entry.data_bytes)
-            region, channel = "data", (b if layout == "indexer_fp8" else 2 * b)
-        else:
-            o, b = divmod(in_page - entries * entry.data_bytes, entry.scale_bytes)
-            region, channel = "scale", (b if layout == "indexer_mxfp4" else None)
-        slot = page * entries + o
-        token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {o}")
-        return Place(region if token is not None else "untouched", token, slot, channel, detail)
-    itemsize = buffer.dtype.itemsize
-    index = []
+    page_stride = buffer.strides[0] if num_pages > 1 else entries * entry.entry_bytes
+    page, in_page = divmod(rel, page_stride)
+    if rel < 0 or page >= num_pages:
+        return Place("untouched", detail="outside the cache's pages")
+    found = entry.locate_in_page(in_page, entries)
+    if found is None:
+        return Place("untouched", detail=f"page {page} padding byte {in_page}")
+    offset, region = found
+    slot = page * entries + offset
+    token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {offset}")
+    return Place(region.name if token is not None else "untouched", token, slot, region.channel, detail)
+
+
+def _locate_row_element(buffer: Buffer, entry: EntryLayout, rel: int, active_slots: dict[int, int]) -> Place:
+    """A byte of a layout whose entry is a row of elements (any strides)."""
+    num_pages, entries = buffer.shape[0], buffer.shape[1]
+    index = {}
     remainder = rel
     for axis in sorted(range(3), key=lambda a: -buffer.strides[a]):
-        i, remainder = divmod(remainder, buffer.strides[axis])
-        index.append((axis, i))
-    index = dict(index)
+        index[axis], remainder = divmod(remainder, buffer.strides[axis])
     page, o, channel = index[0], index[1], index[2]
-    if rel < 0 or remainder >= itemsize or not (0 <= page < num_pages and 0 <= o < entries and 0 <= channel < 512):
+    if rel < 0 or remainder >= buffer.dtype.itemsize or not (
+            0 <= page < num_pages and 0 <= o < entries and 0 <= channel < entry.head_dim):
         return Place("untouched", detail="outside the cache's entries")
     slot = page * entries + o
     token, detail = _token_of_slot(active_slots, slot, f"page {page} entry {o}")
-    region = "NoPE" if channel < NOPE_DIM else "RoPE"
+    region = entry.region_of_channel(channel)
     return Place(region if token is not None else "untouched", token, slot, channel, detail)
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import spec
-from ..spec.constants import DATA_RECORD_BYTES, ENTRY_BYTES, NOPE_DIM, QUANT_BLOCK
-from ..spec.entry_layout import INDEXER_LAYOUTS, PAGED_LAYOUTS
+from ..spec.constants import NOPE_DIM, QUANT_BLOCK
+from ..spec.entry_layout import FLASHMLA_FP8, INDEXER_LAYOUTS, PAGED_LAYOUTS, EntryLayout
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
 from . import bounds
 from .buffers import Buffer
@@ -215,16 +215,25 @@ def first_difference(inputs: StepInputs, expected: np.ndarray, actual: np.ndarra
 
 
 # ---- tolerant comparison (SPEC §10) ----------------------------------------------------------
+def record_indices(buffer, layout: EntryLayout, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Byte indices (into ``buffer.owner``) of the data and scale records of the given slots'
+    entries, by the layout's descriptor: int ``[n, data_bytes]`` and ``[n, scale_bytes]``."""
+    entries = buffer.shape[1]
+    page_stride = buffer.strides[0] if buffer.shape[0] > 1 else entries * layout.entry_bytes
+    base = buffer.offset + (slots // entries) * page_stride
+    offset = slots % entries
+    data_idx = (base + layout.data_offset(offset, entries))[:, None] + np.arange(layout.data_bytes)
+    scale_idx = (base + layout.scale_offset(offset, entries))[:, None] + np.arange(layout.scale_bytes)
+    return data_idx, scale_idx
+
+
 def _entry_bytes(inputs: StepInputs, owner: np.ndarray, slots: np.ndarray) -> dict[str, np.ndarray]:
     """The written fields of the given slots' entries (and the byte indices they occupy)."""
     buffer = inputs.k_cache
     entries = buffer.shape[1]
     page, offset = slots // entries, slots % entries
     if inputs.layout == "flashmla_fp8":
-        page_stride = buffer.strides[0] if buffer.shape[0] > 1 else entries * ENTRY_BYTES
-        base = buffer.offset + page * page_stride
-        data_idx = (base + offset * DATA_RECORD_BYTES)[:, None] + np.arange(DATA_RECORD_BYTES)
-        scale_idx = (base + entries * DATA_RECORD_BYTES + offset * (ENTRY_BYTES - DATA_RECORD_BYTES))[:, None] + np.arange(8)
+        data_idx, scale_idx = record_indices(buffer, FLASHMLA_FP8, slots)
         rope = owner[data_idx[:, NOPE_DIM::2]].astype(np.uint16) | (owner[data_idx[:, NOPE_DIM + 1::2]].astype(np.uint16) << 8)
         return {"index": np.concatenate([data_idx, scale_idx], axis=1), "nope": owner[data_idx[:, :NOPE_DIM]],
                 "rope": rope, "scale": owner[scale_idx[:, :7]], "pad": owner[scale_idx[:, 7]]}
@@ -315,13 +324,7 @@ def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, coun
     """SPEC §12's entries judged by the bounds (the scale at its written value)."""
     from ..spec.formats import mxfp4_exponent
 
-    layout = PAGED_LAYOUTS[inputs.layout]
-    buffer = inputs.k_cache
-    entries = buffer.shape[1]
-    page_stride = buffer.strides[0] if buffer.shape[0] > 1 else entries * layout.entry_bytes
-    base = buffer.offset + (slots // entries) * page_stride
-    data_idx = (base + (slots % entries) * layout.data_bytes)[:, None] + np.arange(layout.data_bytes)
-    scale_idx = (base + entries * layout.data_bytes + (slots % entries) * layout.scale_bytes)[:, None] + np.arange(layout.scale_bytes)
+    data_idx, scale_idx = record_indices(inputs.k_cache, PAGED_LAYOUTS[inputs.layout], slots)
     addressed = np.zeros(expected.shape, dtype=bool)
     addressed[data_idx] = True
     addressed[scale_idx] = True

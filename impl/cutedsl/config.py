@@ -51,7 +51,7 @@ def store_alignments(entry: EntryLayout) -> tuple[int, ...]:
     """The byte alignments a kernel's 4-channel stores may assume for a layout: paged records
     sit in 16-byte aligned pages at multiples of 8 bytes; rows allow any strides, so one
     element, or four when the base and strides allow it."""
-    if entry.paged:
+    if entry.records:
         return (16,)
     return (entry.element_bytes, 4 * entry.element_bytes)
 

@@ -10,12 +10,15 @@
 - :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
 - :func:`warm_up`: compile a layer's kernels before CUDA-graph capture.
 
-Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.pooling` (one channel tile
-of a window), :mod:`.postprocess` (RMSNorm, RoPE, quantization, stores), :mod:`.indexer_postprocess`
-(the same for the indexer, with the rotation and the FP8 / MXFP4 entries), :mod:`.fused`,
-:mod:`.indexer` and :mod:`.save_states` (the kernels), :mod:`.launch` (a plan's fast launcher), :mod:`.api`
-(validation, launch plans, warm-up), :mod:`.ops` (the operations as ``torch.ops.dsv4_compressor.triton_*``
-custom ops), :mod:`.ptx` (PTX of every variant for the SPEC §2 instruction rules).
+Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.window` (a token's activity
+and its window's state rows), :mod:`.pooling` (the pooled vector, one channel tile at a time),
+:mod:`.postprocess` (what both head widths share: RMSNorm, the RoPE row and pairs),
+:mod:`.kv_entry` (the 512-wide entry: RoPE part, NoPE quantization, three layouts' stores),
+:mod:`.indexer_entry` (the indexer's: RoPE rows, the rotation, the FP8 / MXFP4 entries),
+:mod:`.fused` and :mod:`.save_states` (the kernels: one fused kernel for both head widths),
+:mod:`.launch` (a plan's fast launcher), :mod:`.api` (validation, launch plans, warm-up), :mod:`.ops`
+(the operations as ``torch.ops.dsv4_compressor.triton_*`` custom ops), :mod:`.ptx` (PTX of every
+variant for the SPEC §2 instruction rules).
 """
 
 from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states, warm_up

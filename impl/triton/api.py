@@ -22,11 +22,8 @@ from ..frontend import (PlanCache, flashmla_page_view, layout_key, validate_comp
                         validate_save_partial_states)
 from ...spec.constants import HEAD_DIMS, INDEXER_HEAD_DIM
 from .config import FusedConfig, SaveConfig, fused_config, indexer_config, save_config
-from .fused import compress_norm_rope_store_kernel
-from .indexer import indexer_compress_norm_rope_store_kernel
-from .indexer_postprocess import INDEXER_LAYOUT_CODES
+from .fused import compress_norm_rope_store_kernel, kernel_constants
 from .launch import Launcher
-from .postprocess import LAYOUT_CODES
 from .save_states import save_partial_states_kernel
 
 
@@ -94,15 +91,29 @@ def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, 
 
 
 def _cache_views(k_cache: torch.Tensor, layout: str):
-    """(uint8 view, int16 view, page stride, entry stride) of ``k_cache`` for the kernel."""
+    """(uint8 view, int16 view) of ``k_cache`` for the kernel, per call; the indexer's layouts
+    (page bytes) have no int16 view (None)."""
     if layout == "flashmla_fp8":
         pages = flashmla_page_view(k_cache)  # uint8 [num_pages, B*584], strides (page_stride, 1)
-        return pages, pages.view(torch.int16), pages.stride(0), 0
+        return pages, pages.view(torch.int16)
     if layout == "bf16":
         values = k_cache.view(torch.int16)
-        return values, values, values.stride(0), values.stride(1)
-    codes = k_cache.view(torch.uint8)
-    return codes, codes, codes.stride(0), codes.stride(1)
+        return values, values
+    if layout == "fp8_per_tensor":
+        codes = k_cache.view(torch.uint8)
+        return codes, codes
+    return flashmla_page_view(k_cache), None  # the indexer's: uint8 [num_pages, B*E]
+
+
+def _cache_strides(cache_u8: torch.Tensor, layout: str) -> tuple:
+    """(page stride, entry stride) kernel arguments of the views of :func:`_cache_views`: the page
+    layouts address ``page * page_stride + byte`` (entry stride unused: 0 for flashmla_fp8, None
+    for the indexer's); bf16 / fp8_per_tensor index ``[page, entry, channel]`` in elements."""
+    if layout == "flashmla_fp8":
+        return cache_u8.stride(0), 0
+    if layout in ("bf16", "fp8_per_tensor"):  # the int16 view of bf16 has bf16's element strides
+        return cache_u8.stride(0), cache_u8.stride(1)
+    return cache_u8.stride(0), None
 
 
 def compress_norm_rope_store(
@@ -146,24 +157,20 @@ def compress_norm_rope_store(
             config))
     if plan is None:  # no tokens
         return
-    launch, scalars, weight_bf16, indexer = plan
+    launch, scalars, weight_bf16 = plan
     weight = rms_norm_weight.view(torch.int16) if weight_bf16 else rms_norm_weight
-    if indexer:
-        state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entries = scalars
-        launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
-               weight, eps, cos_sin_cache, cos_s0, flashmla_page_view(k_cache), page_stride, entries, kv_slot_mapping)
-        return
-    cache_u8, cache_i16 = _cache_views(k_cache, layout)[:2]
+    cache_u8, cache_i16 = _cache_views(k_cache, layout)
     state_s0, state_s1, table_s0, eps, cos_s0, page_stride, entry_stride, entries, scale = scalars
-    launch(state_cache, state_s0, state_s1, token_to_req_indices, positions, slot_mapping, block_table, table_s0,
-           weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride, entries,
-           kv_slot_mapping, scale)
+    launch(state_cache, state_s0, state_s1, (token_to_req_indices, positions, slot_mapping, kv_slot_mapping),
+           block_table, table_s0, weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride,
+           entries, scale)
 
 
 def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
                    rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, hadamard,
                    debug, config) -> tuple | None:
-    """(launcher, scalar arguments, bf16 weight, indexer kernel) of a validated call (None: no tokens)."""
+    """(launcher, scalar arguments, bf16 weight) of a validated call (None: no tokens); the
+    indexer's head (SPEC §12) passes None for the arguments of the 512-wide layouts alone."""
     call = validate_compress_norm_rope_store(
         state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
         rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
@@ -171,45 +178,23 @@ def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, b
     )
     _check_device("state_cache", state_cache)
     pooling, store = call.pooling, call.store
-    if pooling.config.head_dim == INDEXER_HEAD_DIM:
-        return _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache, k_cache, config)
-    knobs = fused_config(pooling.config.ratio, config)
-    plan = knobs.plan(pooling.config.window)
+    head_dim, ratio = pooling.config.head_dim, pooling.config.ratio
+    if head_dim == INDEXER_HEAD_DIM:
+        knobs, scale = indexer_config(ratio, config, pooling.num_tokens), None
+    else:
+        knobs, scale = fused_config(ratio, config), float(store.fp8_scale) if store.fp8_scale is not None else 1.0
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
-    _, _, page_stride, entry_stride = _cache_views(k_cache, store.layout)
+    page_stride, entry_stride = _cache_strides(_cache_views(k_cache, store.layout)[0], store.layout)
     scalars = (state_cache.stride(0) // 4, state_cache.stride(1) // 4, block_table.stride(0), float(store.eps),
-               cos_sin_cache.stride(0), page_stride, entry_stride, store.entries_per_page,
-               float(store.fp8_scale) if store.fp8_scale is not None else 1.0)
+               cos_sin_cache.stride(0), page_stride, entry_stride, store.entries_per_page, scale)
     constants = dict(
-        RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=LAYOUT_CODES[store.layout],
-        WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
-        TILE_STAGES=knobs.tile_stages, LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
+        **kernel_constants(head_dim, ratio, pooling.block_size, store.layout, store.hadamard, weight_bf16, knobs,
+                           knobs.plan(pooling.config.window)),
         **knobs.launch_options(), enable_fp_fusion=False,
     )
     if pooling.num_tokens == 0:
         return None
-    return Launcher(compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16, False
-
-
-def _indexer_plan(call, state_cache, block_table, rms_norm_weight, cos_sin_cache, k_cache,
-                  config: FusedConfig | None) -> tuple | None:
-    """SPEC §12: the indexer kernel's plan for a validated call (tensors as in :func:`compress_norm_rope_store`)."""
-    pooling, store = call.pooling, call.store
-    knobs = indexer_config(pooling.config.ratio, config, pooling.num_tokens)
-    plan = knobs.plan(pooling.config.window)
-    weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
-    page_stride = flashmla_page_view(k_cache).stride(0)  # the kernel addresses page * page_stride + byte
-    scalars = (state_cache.stride(0) // 4, state_cache.stride(1) // 4, block_table.stride(0), float(store.eps),
-               cos_sin_cache.stride(0), page_stride, store.entries_per_page)
-    constants = dict(
-        RATIO=pooling.config.ratio, BLOCK_SIZE=pooling.block_size, LAYOUT=INDEXER_LAYOUT_CODES[store.layout],
-        HADAMARD=store.hadamard, WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
-        LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
-        **knobs.launch_options(), enable_fp_fusion=False,
-    )
-    if pooling.num_tokens == 0:
-        return None
-    return Launcher(indexer_compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16, True
+    return Launcher(compress_norm_rope_store_kernel, (pooling.num_tokens,), constants), scalars, weight_bf16
 
 
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,

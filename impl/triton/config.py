@@ -108,9 +108,9 @@ def save_config(config: SaveConfig | None) -> SaveConfig:
 
 
 def indexer_config(compress_ratio: int, config: FusedConfig | None, num_tokens: int = 0) -> FusedConfig:
-    """Knobs of the indexer kernel (SPEC §12): a :class:`FusedConfig` whose ``block_c`` divides 128;
-    without one, the default of the ratio (C4: :data:`INDEXER_C4_MANY` from
-    :data:`INDEXER_C4_MANY_TOKENS` tokens)."""
+    """Knobs of the fused kernel on the indexer's head (SPEC §12): a :class:`FusedConfig` whose
+    ``block_c`` divides 128; without one, the default of the ratio (C4: :data:`INDEXER_C4_MANY`
+    from :data:`INDEXER_C4_MANY_TOKENS` tokens)."""
     if config is None:
         if compress_ratio == 4 and num_tokens >= INDEXER_C4_MANY_TOKENS:
             return INDEXER_C4_MANY

@@ -1,4 +1,5 @@
-"""SPEC §5 pooling of one channel tile of one token's window, exact, as Triton device code.
+"""SPEC §5 pooling of one token's window, exact, as Triton device code: one channel tile
+(:func:`pool_channel_tile`) and the whole pooled vector, tile by tile (:func:`pool_window_tiles`).
 
 A program pools a ``[W, BLOCK_C]`` tile (W window rows, BLOCK_C channels) per step. The row
 trees of SPEC §5 must add window rows in index order, level by level; *which* tensor row holds
@@ -133,3 +134,50 @@ def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
         u = kv * e
     numerator, denominator = tree_sum_window_rows(e, u, W, BLOCK_C, LANE_BITS, WARP_BITS, REG_BITS)
     return tl.div_rn(numerator, denominator)
+
+
+@triton.jit
+def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, complete, HEAD: tl.constexpr, RATIO: tl.constexpr,
+                      BLOCK_C: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
+                      LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """SPEC §5's pooled vector of one token, fp32 ``[HEAD / BLOCK_C, BLOCK_C]`` (row-major = channel
+    order), from its window rows (:func:`.window.window_row_offsets`), one ``[W, BLOCK_C]`` channel
+    tile at a time (:func:`pool_channel_tile`). ``complete`` (int1): every window row is valid; a
+    C4 window that is not (the first of a request, ``p = 3``) takes the masked pooling, every
+    other window the same arithmetic without the masks (equal results on valid rows)."""
+    if RATIO == 4:
+        if complete:
+            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
+                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+        else:
+            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, True, UNROLL_TILES,
+                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+    else:  # a C128 window is never incomplete
+        pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
+                            TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+    return pooled
+
+
+@triton.jit
+def pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: tl.constexpr, BLOCK_C: tl.constexpr,
+               MAY_HAVE_INVALID_ROWS: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
+               LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """The tiles of :func:`pool_window_tiles`: a static unrolled loop, or a runtime loop with
+    ``TILE_STAGES`` software-pipelining stages."""
+    OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
+    STATE_WIDTH: tl.constexpr = OVERLAP * HEAD
+    W: tl.constexpr = OVERLAP * RATIO
+    NUM_TILES: tl.constexpr = HEAD // BLOCK_C
+    tile_index = tl.arange(0, NUM_TILES)[:, None]
+    pooled = tl.zeros((NUM_TILES, BLOCK_C), tl.float32)
+    if UNROLL_TILES:
+        for tile in tl.static_range(NUM_TILES):
+            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
+                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
+    else:
+        for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
+            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
+                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
+    return pooled

@@ -1,32 +1,19 @@
-"""SPEC §6/§7 in Triton device code: RMSNorm, RoPE, quantization and the store of one entry.
+"""SPEC §6 in Triton device code, the stages both head widths share: the RMSNorm weight, the
+RMSNorm, the cos/sin row of an entry and the RoPE of interleaved pairs (SPEC §12 runs the same
+stages at width 128).
 
-A token's compressed vector travels as ``x8``: fp32 ``[8, 64]``, row ``g`` = channels
-``64g .. 64g+63``. Rows 0..6 are exactly the seven NoPE quantization blocks and row 7 is the
-RoPE part, so block amaxes are row maxima and every layout's store is one masked ``[8, 64]``
-store. The RoPE rotation and the encoders run on all 8 rows (a few hundred extra ALU ops per
-token, invisible next to the 32 KiB - 512 KiB the token reads) and the stores pick rows.
+A token's normalized vector travels as a ``[ROWS, ROW_W]`` fp32 tensor whose row-major order is
+channel order; the head decides the view (:mod:`.kv_entry`: ``[8, 64]``, :mod:`.indexer_entry`:
+``[4, 32]``), which channels RoPE rotates, the quantization and the store.
 """
 
 
 import triton
 import triton.language as tl
 
-from .exact_math import bf16_rne_bits, bf16_round, e4m3_code, tree_sum_of_squares, ue8m0_scale
+from .exact_math import tree_sum_of_squares
 
-HEAD_DIM = tl.constexpr(512)
-BLOCKS = tl.constexpr(8)  # 7 NoPE quantization blocks + the RoPE block
-BLOCK_W = tl.constexpr(64)
-ROPE_BLOCK = tl.constexpr(7)
-ROPE_PAIRS = tl.constexpr(32)
-DATA_RECORD_BYTES = tl.constexpr(576)
-SCALE_RECORD_BYTES = tl.constexpr(8)
-INV_HEAD_DIM = tl.constexpr(2.0**-9)
-LOG2_HEAD_DIM = tl.constexpr(9)
-
-LAYOUT_FLASHMLA_FP8 = 0
-LAYOUT_BF16 = 1
-LAYOUT_FP8_PER_TENSOR = 2
-LAYOUT_CODES = {"flashmla_fp8": LAYOUT_FLASHMLA_FP8, "bf16": LAYOUT_BF16, "fp8_per_tensor": LAYOUT_FP8_PER_TENSOR}
+ROPE_PAIRS = tl.constexpr(32)  # a cos_sin_cache row: cos[0:32] ‖ sin[0:32]
 
 
 @triton.jit
@@ -43,14 +30,15 @@ def load_norm_weight(weight_ptr, ROWS: tl.constexpr, ROW_W: tl.constexpr, WEIGHT
 
 
 @triton.jit
-def rms_norm(x, weight, eps, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, INV_WIDTH: tl.constexpr):
+def rms_norm(x, weight, eps, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr):
     """SPEC §6 (and §12 at width 128): ``y = (x * rr) * w`` with
     ``rr = 1 / sqrt(tree(x*x) * 2^-LOG2_WIDTH + eps)``.
 
-    ``x``/``weight``: fp32 ``[rows, WIDTH / rows]``; the tree runs over the ``WIDTH`` channels in
-    channel order (flattening row-major is channel order); ``INV_WIDTH = 2^-LOG2_WIDTH`` (exact);
+    ``x``/``weight``: fp32 ``[rows, WIDTH / rows]``; the tree runs over the ``WIDTH = 2^LOG2_WIDTH``
+    channels in channel order (flattening row-major is channel order); ``1 / WIDTH`` is exact;
     ``div_rn``/``sqrt_rn`` are the correctly rounded PTX ``div.rn``/``sqrt.rn``.
     """
+    INV_WIDTH: tl.constexpr = 1.0 / WIDTH
     squares = tl.reshape(x * x, (WIDTH, ))
     mean_square = tree_sum_of_squares(squares, WIDTH, LOG2_WIDTH) * INV_WIDTH
     one = tl.full((), 1.0, tl.float32)
@@ -59,71 +47,32 @@ def rms_norm(x, weight, eps, WIDTH: tl.constexpr, LOG2_WIDTH: tl.constexpr, INV_
 
 
 @triton.jit
-def rope_rotate(y8, cos_sin_row_ptr):
-    """SPEC §6 RoPE of interleaved pairs ``(y[2j], y[2j+1])`` of every row of ``y8`` (only row 7,
-    channels 448..511, is stored). ``cos_sin_row_ptr``: fp32 [64] row ``cos[0:32] ‖ sin[0:32]``.
-    Each product is rounded before the add/sub (no FMA: the kernel runs without fp fusion).
+def rope_row(position, RATIO: tl.constexpr):
+    """SPEC §6: the ``cos_sin_cache`` row of the entry a boundary token at ``position`` closes,
+    ``(p // r) * r`` (the group's first position)."""
+    return (position // RATIO) * RATIO
+
+
+@triton.jit
+def apply_rope(y, cos_sin_row_ptr, FIRST_ROW: tl.constexpr, ROWS: tl.constexpr, ROW_W: tl.constexpr):
+    """SPEC §6's RoPE of the 64 channels from row ``FIRST_ROW`` of the fp32 ``[ROWS, ROW_W]``
+    tensor ``y`` (``spec.postprocess.apply_rope`` with ``start = FIRST_ROW * ROW_W``): every pair
+    ``(a, b) = (y[g, 2j], y[g, 2j+1])`` becomes ``(a*cos - b*sin, a*sin + b*cos)``, each product
+    rounded before the add/sub (no FMA: the kernel compiles without fp fusion).
+
+    ``cos_sin_row_ptr``: fp32 [64], ``cos[0:32] ‖ sin[0:32]`` (:func:`rope_row`). All rows are
+    rotated, those before ``FIRST_ROW`` with the first row's cos/sin (a by-product: the caller
+    keeps the rows it needs). One RoPE row (the 512-wide head) loads the 32 cos/sin values once
+    for every row.
     """
-    a, b = tl.split(tl.reshape(y8, (BLOCKS, ROPE_PAIRS, 2)))
-    pairs = tl.arange(0, ROPE_PAIRS)
-    cos = tl.load(cos_sin_row_ptr + pairs)[None, :]
-    sin = tl.load(cos_sin_row_ptr + ROPE_PAIRS + pairs)[None, :]
+    a, b = tl.split(tl.reshape(y, (ROWS, ROW_W // 2, 2)))
+    if ROWS - FIRST_ROW == 1:
+        pair = tl.arange(0, ROPE_PAIRS)  # [32]: the same pairs in every row (broadcast)
+    else:
+        row = tl.arange(0, ROWS)[:, None]
+        pair = tl.maximum(row - FIRST_ROW, 0) * (ROW_W // 2) + tl.arange(0, ROW_W // 2)[None, :]
+    cos = tl.load(cos_sin_row_ptr + pair)
+    sin = tl.load(cos_sin_row_ptr + ROPE_PAIRS + pair)
     out0 = a * cos - b * sin
     out1 = a * sin + b * cos
-    return tl.reshape(tl.join(out0, out1), (BLOCKS, BLOCK_W))
-
-
-@triton.jit
-def quantize_nope_blocks(y8):
-    """SPEC §6 NoPE quantization of every row of ``y8`` as one block of 64.
-
-    ``q = bf16(y)``; ``amax`` is an integer max over ``|q|``'s bit patterns; UE8M0 per block;
-    codes ``e4m3(q * 2^-k)`` (a power-of-two scaling). Returns ``(codes uint32 [8, 64],
-    scale_bytes int32 [8])``.
-    """
-    q_bits = bf16_rne_bits(y8) << 16
-    amax_bits = tl.max((q_bits & 0x7FFFFFFF).to(tl.int32, bitcast=True), axis=1)
-    scale_bytes, inv_scale = ue8m0_scale(amax_bits)
-    codes = e4m3_code(q_bits.to(tl.float32, bitcast=True) * inv_scale[:, None])
-    return codes, scale_bytes
-
-
-@triton.jit
-def store_entry(y8, rope8, cache_u8_ptr, cache_i16_ptr, slot, entries_per_page, page_stride, entry_stride,
-                fp8_scale, LAYOUT: tl.constexpr):
-    """SPEC §7: write the entry of ``slot`` in the chosen layout; nothing else is touched.
-
-    ``y8``: normalized fp32 [8, 64]; ``rope8``: rotated fp32 [8, 64] (row 7 is the RoPE part).
-    flashmla_fp8: ``cache_u8_ptr``/``cache_i16_ptr`` both address the page bytes (uint8 and int16
-    views), ``page_stride`` in bytes, data record at ``page*stride + o*576`` (448 E4M3 bytes, then
-    64 little-endian bf16), scale record at ``page*stride + B*576 + o*8`` (7 UE8M0 bytes, 0).
-    bf16: ``cache_i16_ptr`` [pages, B, 512] (strides in elements). fp8_per_tensor:
-    ``cache_u8_ptr`` [pages, B, 512] bytes, codes ``e4m3(z * (1 / fp8_scale))``.
-    """
-    page = slot // entries_per_page
-    entry = slot - page * entries_per_page
-    block = tl.arange(0, BLOCKS)[:, None]
-    channels = block * BLOCK_W + tl.arange(0, BLOCK_W)[None, :]
-    is_nope = block < ROPE_BLOCK
-    is_rope = block == ROPE_BLOCK
-    rope_bits = bf16_rne_bits(rope8)
-    if LAYOUT == 0:  # flashmla_fp8
-        codes, scale_bytes = quantize_nope_blocks(y8)
-        record = page * page_stride + entry * DATA_RECORD_BYTES
-        tl.store(cache_u8_ptr + (record + channels), codes.to(tl.uint8), mask=is_nope)
-        # RoPE bf16 values at bytes 448 + 2c of the record: int16 element (record + 448) / 2 + c
-        rope_i16 = rope_bits.to(tl.uint16).to(tl.int16, bitcast=True)
-        tl.store(cache_i16_ptr + ((record >> 1) + (channels - ROPE_BLOCK * BLOCK_W // 2)), rope_i16, mask=is_rope)
-        scale_record = page * page_stride + entries_per_page * DATA_RECORD_BYTES + entry * SCALE_RECORD_BYTES
-        blocks_1d = tl.arange(0, BLOCKS)
-        pad_or_scale = tl.where(blocks_1d < ROPE_BLOCK, scale_bytes, 0)
-        tl.store(cache_u8_ptr + (scale_record + blocks_1d), pad_or_scale.to(tl.uint8))
-    elif LAYOUT == 1:  # bf16
-        values = tl.where(is_nope, bf16_rne_bits(y8), rope_bits)
-        tl.store(cache_i16_ptr + (page * page_stride + entry * entry_stride + channels),
-                 values.to(tl.uint16).to(tl.int16, bitcast=True))
-    else:  # fp8_per_tensor
-        one = tl.full((), 1.0, tl.float32)
-        inv = tl.div_rn(one, fp8_scale)
-        z = tl.where(is_nope, bf16_round(y8), (rope_bits << 16).to(tl.float32, bitcast=True))
-        tl.store(cache_u8_ptr + (page * page_stride + entry * entry_stride + channels), e4m3_code(z * inv).to(tl.uint8))
+    return tl.reshape(tl.join(out0, out1), (ROWS, ROW_W))

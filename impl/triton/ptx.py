@@ -2,8 +2,9 @@
 
 :func:`ptx_variants` yields ``(variant_name, ptx_text, {"require_vector_loads": bool})`` for both
 ratios, all three layouts, both weight dtypes, representative state block sizes and the default
-and alternative knob settings, and the indexer kernel (SPEC §12: both layouts, with and without
-the rotation), compiled with ``enable_fp_fusion=False`` exactly as the launches are.
+and alternative knob settings, and the same kernel on the indexer's head (SPEC §12: both
+layouts, with and without the rotation), compiled with ``enable_fp_fusion=False`` exactly as the
+launches are.
 Feed them to :func:`dsv4_compressor.impl.ptx_rules.check_ptx`.
 
 ``TRITON_INTERPRET=1`` makes ``@triton.jit`` return interpreter objects that cannot be compiled.
@@ -35,55 +36,60 @@ class Variant:
     """One static configuration of a kernel."""
 
     name: str
-    kernel: str  # "fused", "indexer" or "save"
+    kernel: str  # "fused" (both head widths) or "save"
     constexprs: dict
-    signature_types: dict  # non-constexpr argument -> Triton type string
+    signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
     num_warps: int
     require_vector_loads: bool
     divisible_ints: tuple = ()  # integer arguments assumed multiples of 16 (Triton's JIT specializes such values)
     max_registers: int | None = None  # the launch's maxnreg (FusedConfig.max_registers)
 
 
-def _fused_types(layout: str, weight_bf16: bool) -> dict:
-    cache_u8, cache_i16 = {"flashmla_fp8": ("*u8", "*i16"), "bf16": ("*i16", "*i16"), "fp8_per_tensor": ("*u8", "*u8")}[layout]
-    return {
+#: Triton types of the fused kernel's pointer arguments to k_cache, by layout; None: the argument
+#: is None, a constexpr (the indexer's layouts have no int16 view, no entry stride, no fp8 scale).
+_CACHE_TYPES = {"flashmla_fp8": ("*u8", "*i16"), "bf16": ("*i16", "*i16"), "fp8_per_tensor": ("*u8", "*u8"),
+                "indexer_fp8": ("*u8", None), "indexer_mxfp4": ("*u8", None)}
+
+
+def _fused_arguments(layout: str, weight_bf16: bool) -> tuple[dict, dict]:
+    """(Triton type of every runtime argument, the arguments passed as None) of the fused kernel."""
+    cache_u8, cache_i16 = _CACHE_TYPES[layout]
+    types = {
         "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
-        "token_to_req_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+        "tokens": ("*i32", "*i64", "*i64", "*i64"),
         "block_table_ptr": "*i32", "block_table_stride": "i32",
         "weight_ptr": "*i16" if weight_bf16 else "*fp32", "eps": "fp32",
         "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32",
         "cache_u8_ptr": cache_u8, "cache_i16_ptr": cache_i16, "cache_page_stride": "i32", "cache_entry_stride": "i32",
-        "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64", "fp8_scale": "fp32",
+        "entries_per_page": "i32", "fp8_scale": "fp32",
     }
+    if cache_i16 is None:
+        return types, dict.fromkeys(("cache_i16_ptr", "cache_entry_stride", "fp8_scale"))
+    return types, {}
 
 
-_INDEXER_TYPES = {
-    "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
-    "token_to_req_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
-    "block_table_ptr": "*i32", "block_table_stride": "i32", "eps": "fp32",
-    "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32", "cache_ptr": "*u8", "cache_page_stride": "i32",
-    "entries_per_page": "i32", "kv_slot_mapping_ptr": "*i64",
-}
+def fused_variant(name: str, head_dim: int, ratio: int, block_size: int, layout: str, hadamard: bool,
+                  weight_bf16: bool, config) -> Variant:
+    """The :class:`Variant` of the fused kernel for one static configuration."""
+    from .fused import kernel_constants
+
+    window = 2 * ratio if ratio == 4 else ratio
+    types, nones = _fused_arguments(layout, weight_bf16)
+    constexprs = {**kernel_constants(head_dim, ratio, block_size, layout, hadamard, weight_bf16, config,
+                                     config.plan(window)), **nones}
+    return Variant(name, "fused", constexprs, types, config.num_warps, True, max_registers=config.max_registers)
 
 
 def indexer_variant(ratio: int, block_size: int, layout: str, hadamard: bool, weight_bf16: bool, config) -> Variant:
-    """The :class:`Variant` of the indexer kernel (SPEC §12) for one static configuration."""
-    from .indexer_postprocess import INDEXER_LAYOUT_CODES
-
-    window = 2 * ratio if ratio == 4 else ratio
-    plan = config.plan(window)
+    """The :class:`Variant` of the fused kernel on the indexer's head (SPEC §12) for one static configuration."""
     name = (f"indexer_c{ratio}_bs{block_size}_{layout}{'_hadamard' if hadamard else ''}_{'bf16w' if weight_bf16 else 'f32w'}"
             f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else '_loop'}"
             f"{'' if config.max_registers is None else f'_r{config.max_registers}'}")
-    constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=INDEXER_LAYOUT_CODES[layout], HADAMARD=hadamard,
-                      WEIGHT_BF16=weight_bf16, BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles,
-                      LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
-    types = {**_INDEXER_TYPES, "weight_ptr": "*i16" if weight_bf16 else "*fp32"}
-    return Variant(name, "indexer", constexprs, types, config.num_warps, True, max_registers=config.max_registers)
+    return fused_variant(name, 128, ratio, block_size, layout, hadamard, weight_bf16, config)
 
 
 def indexer_variants() -> list[Variant]:
-    """The indexer kernel's defaults for both layouts with and without the rotation, plus a knob sweep."""
+    """The indexer's defaults for both layouts with and without the rotation, plus a knob sweep."""
     from .config import DEFAULT_INDEXER, INDEXER_C4_MANY, FusedConfig
 
     out = []
@@ -104,25 +110,18 @@ _SAVE_TYPES = {
 }
 
 
-def fused_variant(ratio: int, block_size: int, layout: str, weight_bf16: bool, config, tag: str = "") -> Variant:
-    """The :class:`Variant` of the fused kernel for one static configuration."""
-    from .postprocess import LAYOUT_CODES
-
-    window = 2 * ratio if ratio == 4 else ratio
-    plan = config.plan(window)
+def kv_variant(ratio: int, block_size: int, layout: str, weight_bf16: bool, config) -> Variant:
+    """The :class:`Variant` of the fused kernel on the 512-wide head for one static configuration."""
     name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
-            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}{tag}")
-    constexprs = dict(RATIO=ratio, BLOCK_SIZE=block_size, LAYOUT=LAYOUT_CODES[layout], WEIGHT_BF16=weight_bf16,
-                      BLOCK_C=config.block_c, UNROLL_TILES=config.unroll_tiles, TILE_STAGES=config.tile_stages,
-                      LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits)
-    return Variant(name, "fused", constexprs, _fused_types(layout, weight_bf16), config.num_warps, True)
+            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}")
+    return fused_variant(name, 512, ratio, block_size, layout, False, weight_bf16, config)
 
 
 def variants() -> list[Variant]:
     """Every variant worth checking: defaults for all (ratio, layout, weight, bs), plus knob sweeps."""
     from .config import DEFAULT_FUSED, DEFAULT_SAVE, FusedConfig
 
-    fused = fused_variant
+    fused = kv_variant
     out = []
     for ratio, block_sizes in ((4, (4, 16)), (128, (8, 4))):
         for block_size in block_sizes:
@@ -156,6 +155,19 @@ def variants() -> list[Variant]:
     return out
 
 
+def _divisibility(signature: dict, names: list, divisible_ints: tuple) -> dict:
+    """Triton's ``tt.divisibility`` 16 attributes: every pointer (the bases of all tensor arguments
+    are 16-byte aligned, validated) and the integers in ``divisible_ints``; other integers get no
+    assumptions. A tuple argument's elements are keyed ``(argument, element)``."""
+    attrs = {}
+    for i, name in enumerate(names):
+        types = signature[name]
+        for key, ty in ([((i, j), t) for j, t in enumerate(types)] if isinstance(types, tuple) else [((i,), types)]):
+            if ty.startswith("*") or name in divisible_ints:
+                attrs[key] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def _compile(variant: Variant) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -165,16 +177,12 @@ def _compile(variant: Variant) -> str:
 
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
-    elif variant.kernel == "indexer":
-        from .indexer import indexer_compress_norm_rope_store_kernel as kernel
     else:
         from .save_states import save_partial_states_kernel as kernel
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("the kernels were decorated under TRITON_INTERPRET=1; compile in a process without it")
     signature = {name: ("constexpr" if name in variant.constexprs else variant.signature_types[name]) for name in kernel.arg_names}
-    # bases of every tensor argument are 16-byte aligned (validated); integers get no assumptions
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if signature[name].startswith("*") or name in variant.divisible_ints}
+    attrs = _divisibility(signature, kernel.arg_names, variant.divisible_ints)
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
                               options={**launch_options(variant.num_warps, variant.max_registers),

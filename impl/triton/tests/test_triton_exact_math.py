@@ -1,6 +1,8 @@
 """The Triton device helpers of :mod:`exact_math` and :mod:`pooling` against the NumPy spec (and
 torch / ml_dtypes where they implement the same rounding), bit for bit, on many values:
-ties, mantissa carries, subnormals, signed zeros, saturation, the exp2s underflow edge."""
+ties, mantissa carries, subnormals, signed zeros, saturation, the exp2s underflow edge; the
+indexer's E2M1 encoder over every 7th binary32 of a range and the MXFP4 exponent around every
+boundary."""
 
 import ml_dtypes
 import numpy as np
@@ -9,14 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4_compressor.impl.triton.exact_math import bf16_rne_bits, e4m3_code, exp2s, tree_sum_of_squares, ue8m0_scale
+from dsv4_compressor.impl.triton.exact_math import (bf16_rne_bits, e2m1_code, e4m3_code, exp2s, mxfp4_scale,
+                                                    tree_sum_of_squares, ue8m0_scale)
 from dsv4_compressor.impl.triton.pooling import RowPlan, row_plan, tree_sum_window_rows, window_row_of
 from dsv4_compressor.spec import arithmetic, formats
 from dsv4_compressor.spec.constants import AMAX_FLOOR
 
 DEVICE = "cpu" if not torch.cuda.is_available() else "cuda"
 F32 = np.float32
-BLOCK = 1024
+BLOCK = 4096
 
 
 @triton.jit
@@ -32,9 +35,17 @@ def _elementwise_kernel(x_ptr, out_ptr, out2_ptr, n, OP: tl.constexpr, BLOCK: tl
     elif OP == 2:
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
         tl.store(out_ptr + offsets, e4m3_code(x).to(tl.int32, bitcast=True), mask=mask)
-    else:
+    elif OP == 3:
         amax_bits = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.int32, bitcast=True)
         scale_byte, inv_scale = ue8m0_scale(amax_bits)
+        tl.store(out_ptr + offsets, scale_byte, mask=mask)
+        tl.store(out2_ptr + offsets, inv_scale, mask=mask)
+    elif OP == 4:
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        tl.store(out_ptr + offsets, e2m1_code(x).to(tl.int32, bitcast=True), mask=mask)
+    else:
+        amax_bits = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.int32, bitcast=True)
+        scale_byte, inv_scale = mxfp4_scale(amax_bits)
         tl.store(out_ptr + offsets, scale_byte, mask=mask)
         tl.store(out2_ptr + offsets, inv_scale, mask=mask)
 
@@ -208,3 +219,36 @@ def test_row_plan_follows_the_triton_default_layout():
     assert row_plan(128, 64, 8) == RowPlan(1, 3, 3)  # 16 lanes on channels, 2 on rows, 8 warps on rows
     assert row_plan(128, 16, 1) == RowPlan(3, 0, 4)
     assert row_plan(8, 512, 8) == RowPlan(0, 1, 2)  # 4 warps cover 512 channels, the other factor 2 goes to rows
+
+
+def test_e2m1_encoder_matches_spec_on_a_dense_range_and_edges():
+    rng = np.random.default_rng(4)
+    step = 7  # every 7th binary32 in [2^-3, 8); the ties and boundaries themselves are added below
+    first, last = int(np.array(0.125, F32).view(np.uint32)), int(np.array(8.0, F32).view(np.uint32))
+    dense = np.arange(first, last, step, dtype=np.uint32)
+    grid = np.array([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0], F32)
+    around = np.concatenate([grid, np.nextafter(grid, F32(0)), np.nextafter(grid, F32(np.inf))])
+    edges = np.array([0.0, 1e-45, 1e-38, 2.0**-126, 6.5, 1e30, 3.4e38], F32)
+    randoms = rng.integers(0, 0x7F800000, 100_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    values = np.concatenate([dense.view(F32), around, edges, randoms]).astype(F32)
+    values = np.concatenate([values, -values])
+    got, _ = _run(4, values)
+    expected = formats.e2m1_bits(values)
+    bad = np.flatnonzero(got.astype(np.uint8) != expected)
+    assert bad.size == 0, f"e2m1({values[bad[0]]!r}): triton {got[bad[0]]:#x}, spec {expected[bad[0]]:#x}"
+    assert _run(4, np.array([-0.0, 0.0], F32))[0].tolist() == [0x8, 0x0]
+
+
+def test_mxfp4_exponent_matches_spec_on_boundaries_and_random_amax():
+    rng = np.random.default_rng(5)
+    k = np.arange(-126, 126)  # 6 * 2^126 is beyond binary32
+    boundaries = (6.0 * np.exp2(k.astype(np.float64))).astype(F32)  # 6 * 2^k exactly
+    around = np.concatenate([np.nextafter(boundaries, F32(0)), np.nextafter(boundaries, F32(np.inf))])
+    floor = np.array([0.0, 1.4e-45, 1e-40, 2.0**-126, 3.4e38], F32)
+    random = rng.integers(0, 0x7F800000, 100_000, dtype=np.uint64).astype(np.uint32).view(F32)
+    amax = np.concatenate([boundaries, around, floor, random]).astype(F32)
+    amax = amax[np.isfinite(amax)]
+    scale_byte, inv_scale = _run(5, amax)
+    expected_k = formats.mxfp4_exponent(amax)
+    assert np.array_equal(scale_byte, (expected_k + 127).astype(np.int32))
+    assert np.array_equal(inv_scale.view(np.uint32), ((127 - expected_k).astype(np.uint32) << np.uint32(23)))

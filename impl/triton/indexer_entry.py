@@ -1,5 +1,6 @@
-"""SPEC §12 in Triton device code: the indexer's RMSNorm over 128 channels, RoPE on 64..127, the
-optional Hadamard rotation, and the two whole-entry quantizations with their stores.
+"""SPEC §12 in Triton device code for the indexer's 128-wide head: RoPE on channels 64..127, the
+optional Hadamard rotation, and the two whole-entry quantizations with their stores (the
+RMSNorm and the RoPE pairs are :mod:`.postprocess`'s, at width 128).
 
 A token's 128-wide vector travels as ``x4``: fp32 ``[4, 32]``, row ``g`` = channels
 ``32g .. 32g+31``. Rows are exactly the four MXFP4 blocks (block amaxes are row maxima); rows 2
@@ -12,12 +13,12 @@ import triton.language as tl
 
 from ...spec.constants import HADAMARD_SCALE
 from .exact_math import bf16_rne_bits, e2m1_code, e4m3_code, mxfp4_scale, ue8m0_scale
+from .postprocess import apply_rope
 
 INDEXER_HEAD = tl.constexpr(128)
 ROWS = tl.constexpr(4)  # MXFP4 blocks of 32 channels
 ROW_W = tl.constexpr(32)
 ROPE_FIRST_ROW = tl.constexpr(2)  # channels 64..127
-INV_INDEXER_HEAD = tl.constexpr(2.0**-7)
 LOG2_INDEXER_HEAD = tl.constexpr(7)
 HADAMARD_SCALE_F32 = tl.constexpr(float(HADAMARD_SCALE))  # 0x3DB504F3, exactly representable
 FP8_DATA_BYTES = tl.constexpr(128)
@@ -31,16 +32,10 @@ INDEXER_LAYOUT_CODES = {"indexer_fp8": 0, "indexer_mxfp4": 1}
 @triton.jit
 def indexer_rope(y4, cos_sin_row_ptr):
     """``z``: rows 0, 1 of ``y4`` unchanged; rows 2, 3 (channels 64..127) rotated as pairs
-    ``(y[64+2j], y[65+2j])`` with ``cos_sin_row_ptr``'s fp32 ``cos[0:32] ‖ sin[0:32]``."""
-    a, b = tl.split(tl.reshape(y4, (ROWS, ROW_W // 2, 2)))
-    row = tl.arange(0, ROWS)[:, None]
-    pair = tl.maximum(row - ROPE_FIRST_ROW, 0) * (ROW_W // 2) + tl.arange(0, ROW_W // 2)[None, :]  # rows 0, 1: unused
-    cos = tl.load(cos_sin_row_ptr + pair)
-    sin = tl.load(cos_sin_row_ptr + 32 + pair)
-    out0 = a * cos - b * sin
-    out1 = a * sin + b * cos
-    rotated = tl.reshape(tl.join(out0, out1), (ROWS, ROW_W))
-    return tl.where(row >= ROPE_FIRST_ROW, rotated, y4)
+    ``(y[64+2j], y[65+2j])`` (:func:`.postprocess.apply_rope`) with the fp32 row
+    ``cos_sin_row_ptr`` (``cos[0:32] ‖ sin[0:32]``)."""
+    rotated = apply_rope(y4, cos_sin_row_ptr, ROPE_FIRST_ROW, ROWS, ROW_W)
+    return tl.where(tl.arange(0, ROWS)[:, None] >= ROPE_FIRST_ROW, rotated, y4)
 
 
 @triton.jit
