@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 
 from ....spec.constants import HADAMARD_SCALE
-from .postprocess import load_cos_sin, load_weight, normalize, rms_scale, rotate_pairs, sum_of_squares
+from .postprocess import load_cos_sin, load_weight, normalize, rms_scale, rope_row, rotate_pairs, sum_of_squares
 from .exact_math import (
     abs_max_fragment,
     bf16_round_fragment,
@@ -143,7 +143,7 @@ class WarpFinish:
         ratio = self.config.ratio
         w = load_weight(mWeight, lane * VEC, VEC)
         first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-        cos, sin = load_cos_sin(mCosSin, (position // ratio) * ratio, first_pair, VEC // 2)
+        cos, sin = load_cos_sin(mCosSin, rope_row(position, ratio), first_pair, VEC // 2)
         return w, cos, sin
 
     @cute.jit

@@ -53,6 +53,7 @@ from ..config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import gmem_tensor, load_into, window_row_addresses, window_run_starts
+from .postprocess import rope_row
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -181,7 +182,7 @@ class C128TilePooling:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = lane // self.lanes_per_group
         first_row = (warp * self.groups_per_warp + group) * self.rows_per_lane
-        return (position // RATIO) * RATIO, first_row  # p - 127 for a boundary token
+        return rope_row(position, RATIO), first_row  # the group's first position, p - 127 for a boundary token
 
     def channel_bytes(self, tile, lane) -> tuple:
         """Byte offsets within a state row of lane ``lane``'s 4 kv and 4 score channels of channel

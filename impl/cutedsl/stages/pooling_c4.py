@@ -29,6 +29,7 @@ from cutlass import Float32, Int32, Int64
 from ..config import HEAD_DIM, C4Config
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import load_into, row_address
+from .postprocess import rope_row
 
 RATIO = 4
 WINDOW = 8
@@ -73,7 +74,7 @@ class C4Window:
         for i in cutlass.range_constexpr(WINDOW):
             kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
-        window_start = (position // RATIO) * RATIO - RATIO  # p - 7 for a boundary token
+        window_start = rope_row(position, RATIO) - RATIO  # the previous group's first position, p - 7
         row_stride_bytes = Int64(mState.stride[1]) * 4
         for half in cutlass.range_constexpr(2):
             kv_byte = (half * HEAD_DIM + t * self.vec) * 4

@@ -11,7 +11,8 @@ Every CuTe DSL kernel that writes an entry calls this module, in one of two thre
   tile ``w``). Tile 64: a tile is one quantization block (own amax) or the RoPE part; tile
   32: the two tiles of a block exchange ``x`` and both compute the block's amax.
 
-Both are built from the same pieces (:func:`quantize_block`, :func:`rotate_pairs`,
+Both are built from the same pieces (:func:`quantize_block` and :func:`encode_block`,
+:func:`rotate_pair`, :func:`rope_row`,
 :func:`entry_addresses`) and store through one layout switch, :func:`store_channels`; the
 scale byte and the pad byte of ``flashmla_fp8`` are written by one lane the mapping picks.
 
@@ -91,13 +92,25 @@ def quantize_block(y: cute.Tensor, n: int, lanes_per_block: int):
     Every lane of the warp must execute it (the amax butterfly shuffles).
     """
     q = bf16_round_fragment(y)
-    amax = butterfly_max(abs_max_fragment(q, n), 1, lanes_per_block // 2)
+    return encode_block(q, n, butterfly_max(abs_max_fragment(q, n), 1, lanes_per_block // 2))
+
+
+def encode_block(q: cute.Tensor, n: int, amax):
+    """SPEC §6's block encoding of ``n`` bf16 values ``q`` (fp32 fragment) of a block whose
+    amax is ``amax``: the UE8M0 scale byte (amax floor), then ``e4m3(q · 2^-k)`` (one exact
+    ``mul.rn``): ``(e4m3 codes, scale byte)``."""
     scale_byte = ue8m0_scale_byte(amax)
     inv = pow2_neg_k(scale_byte)
     scaled = cute.make_rmem_tensor((n,), Float32)
     for i in range(n):
         scaled[i] = fmul(q[i], inv)
     return to_e4m3_fragment(scaled), scale_byte
+
+
+def rope_row(position, ratio: int):
+    """The ``cos_sin_cache`` row of a token's entry: its group's first position ``(p // r) * r``
+    (SPEC §6; also the first row of a C128 window and the group a C4 window ends with)."""
+    return (position // ratio) * ratio
 
 
 def load_cos_sin(mCosSin: cute.Tensor, cos_sin_row, first_pair, pairs: int):
@@ -111,14 +124,17 @@ def load_cos_sin(mCosSin: cute.Tensor, cos_sin_row, first_pair, pairs: int):
     return cos, sin
 
 
+def rotate_pair(a, b, co, si) -> tuple:
+    """SPEC §6's RoPE of one pair: ``o0 = sub(mul(a, co), mul(b, si))``,
+    ``o1 = add(mul(a, si), mul(b, co))`` (unrounded fp32 ``a``, ``b``)."""
+    return fsub(fmul(a, co), fmul(b, si)), fadd(fmul(a, si), fmul(b, co))
+
+
 def rotate_pairs(y: cute.Tensor, n: int, cos: cute.Tensor, sin: cute.Tensor) -> cute.Tensor:
-    """RoPE of ``n/2`` interleaved pairs ``(a, b) = (y[2k], y[2k+1])`` (unrounded fp32 ``y``):
-    ``o0 = sub(mul(a, co), mul(b, si))``, ``o1 = add(mul(a, si), mul(b, co))``."""
+    """RoPE of ``n/2`` interleaved pairs ``(a, b) = (y[2k], y[2k+1])`` (:func:`rotate_pair`)."""
     out = cute.make_rmem_tensor((n,), Float32)
     for k in range(n // 2):
-        a, b = y[2 * k], y[2 * k + 1]
-        out[2 * k] = fsub(fmul(a, cos[k]), fmul(b, sin[k]))
-        out[2 * k + 1] = fadd(fmul(a, sin[k]), fmul(b, cos[k]))
+        out[2 * k], out[2 * k + 1] = rotate_pair(y[2 * k], y[2 * k + 1], cos[k], sin[k])
     return out
 
 
@@ -254,7 +270,7 @@ class GroupFinish:
         # issued before the barrier, so their latency hides behind the reduction
         w = load_weight(mWeight, first, self.vec)
         first_pair = Int32(cutlass.select_(t >= self.rope_first_thread, (t - self.rope_first_thread) * (self.vec // 2), 0))
-        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, first_pair, self.vec // 2)
+        cos, sin = load_cos_sin(mCosSin, rope_row(position, self.ratio), first_pair, self.vec // 2)
         # ss: per-thread tree (4 channels) -> butterfly (128 channels) -> tree of 4 warps
         sq = butterfly_sum(sum_of_squares(x, self.vec), 1, 16)
         if lane == 0:
@@ -325,7 +341,7 @@ class TileFinish:
         if cutlass.const_expr(self.sends_partner_x):
             w_partner = load_weight(mWeight, partner_first, n)
         pair = Int32(cutlass.select_(first >= NOPE_DIM, (first - NOPE_DIM) // 2, 0))
-        cos, sin = load_cos_sin(mCosSin, (position // self.ratio) * self.ratio, pair, 1)
+        cos, sin = load_cos_sin(mCosSin, rope_row(position, self.ratio), pair, 1)
         data, scales = entry_addresses(self.entry, mCache, slot)
         return w, w_partner, cos, sin, data, scales
 
@@ -424,10 +440,8 @@ class TileFinish:
                 q = bf16_round_fragment(y)
                 q_partner = bf16_round_fragment(y_partner)
                 lane_amax = cute.arch.fmax(cute.math.absf(q[0]), cute.math.absf(q_partner[0]))
-                scale_byte = ue8m0_scale_byte(butterfly_max(lane_amax, 1, 16))
-                scaled = cute.make_rmem_tensor((1,), Float32)
-                scaled[0] = fmul(q[0], pow2_neg_k(scale_byte))
-                store_channels(self.entry, data, to_e4m3_fragment(scaled), channel, 1, fp8_inv, rope=False)
+                codes, scale_byte = encode_block(q, 1, butterfly_max(lane_amax, 1, 16))  # the two halves' amax
+                store_channels(self.entry, data, codes, channel, 1, fp8_inv, rope=False)
                 if lane == 0:
                     if tile % 2 == 0:
                         store_scale_byte(scales, tile // 2, scale_byte)
@@ -438,9 +452,9 @@ class TileFinish:
             even = lane % 2 == 0
             a = Float32(cutlass.select_(even, y[0], other))
             b = Float32(cutlass.select_(even, other, y[0]))
+            o0, o1 = rotate_pair(a, b, cos[0], sin[0])
             rotated = cute.make_rmem_tensor((1,), Float32)
-            rotated[0] = Float32(cutlass.select_(even, fsub(fmul(a, cos[0]), fmul(b, sin[0])),
-                                                 fadd(fmul(a, sin[0]), fmul(b, cos[0]))))
+            rotated[0] = Float32(cutlass.select_(even, o0, o1))
             store_channels(self.entry, data, rotated, channel, 1, fp8_inv, rope=True)
             if cutlass.const_expr(self.entry.layout == "flashmla_fp8"):
                 if lane == 0:
@@ -448,5 +462,5 @@ class TileFinish:
                         store_pad_byte(scales)
 
 
-__all__ = ["GroupFinish", "TileFinish", "entry_addresses", "load_cos_sin", "load_weight", "normalize",
-           "quantize_block", "rms_scale", "rotate_pairs", "store_channels", "sum_of_squares"]
+__all__ = ["GroupFinish", "TileFinish", "encode_block", "entry_addresses", "load_cos_sin", "load_weight", "normalize",
+           "quantize_block", "rms_scale", "rope_row", "rotate_pair", "rotate_pairs", "store_channels", "sum_of_squares"]
