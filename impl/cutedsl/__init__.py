@@ -39,7 +39,7 @@ The package has three floors, each importing only the ones below it:
   :mod:`.kernels.save`; composed from
 - ``stages/``, the device stages, named as the spec's: :mod:`.stages.pooling_c4`,
   :mod:`.stages.pooling_c128` (window pooling), :mod:`.stages.postprocess` (RMSNorm, RoPE,
-  quantization, the stores), :mod:`.stages.indexer_postprocess` (SPEC §12's finishing warp),
+  quantization, the stores), :mod:`.stages.indexer_entry` (SPEC §12's finishing warp),
   :mod:`.stages.cluster_smem`, :mod:`.stages.handoff_stage`, :mod:`.stages.pipelined_walk`
   (how the fused C128 kernels share a token's tiles), :mod:`.stages.activity`,
   :mod:`.stages.memory`, :mod:`.stages.exact_math`, :mod:`.stages.dependent_launch`;

@@ -28,7 +28,7 @@ consecutive aligned row ranges), and warp 0 divides. Runs of ``gcd(bs, R)`` rows
 lookup, all issued before the rows. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
-Both hold the finishing stage :class:`..stages.indexer_postprocess.WarpFinish` and call it in one warp
+Both hold the finishing stage :class:`..stages.indexer_entry.WarpFinish` and call it in one warp
 (norm, RoPE, the optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
 """
 
@@ -50,7 +50,7 @@ from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.activity import token_activity
 from ..stages.exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from ..config import INDEXER_HEAD_DIM, IndexerConfig
-from ..stages.indexer_postprocess import VEC, WarpFinish
+from ..stages.indexer_entry import VEC, WarpFinish
 from ..stages.memory import element_address, load_into, row_address, window_row_addresses
 from ..stages.pooling_c4 import WINDOW, pooled, window_weights
 from ..stages.pooling_c128 import copy_row_async, load_smem, store_smem
