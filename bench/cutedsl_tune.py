@@ -45,7 +45,8 @@ def changed_fields(policy, base, prefix: str = "") -> list[str]:
 def _what_runs(c128_path: str, ratio: int, policy, sizes) -> tuple:
     """The path, kernel configurations and persistent grid cap a setting runs at each size
     (flashmla_fp8, bs 8 or 4)."""
-    from ..impl.cutedsl.host.paths import PathRequest, choose, pipelined_clusters
+    from ..impl.cutedsl.host.occupancy import pipelined_clusters
+    from ..impl.cutedsl.host.paths import PathRequest, choose
 
     block_size = 8 if ratio == 128 else 4
     runs = []

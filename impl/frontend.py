@@ -72,20 +72,6 @@ def token_key(tensor) -> tuple:
     return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device)
 
 
-PLANS_MAX = 8192  # launch plans remembered per implementation (one per layout and token count)
-
-
-class PlanCache(dict):
-    """Launch plans by argument-layout key; cleared when it reaches :data:`PLANS_MAX` entries."""
-
-    def put(self, key, plan):
-        if key is not None:
-            if len(self) >= PLANS_MAX:
-                self.clear()
-            self[key] = plan
-        return plan
-
-
 def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False,
                                  head_dims: tuple[int, ...] = (HEAD_DIM,)) -> SaveCall:
     """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks).

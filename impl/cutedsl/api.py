@@ -40,9 +40,10 @@ import torch
 from ...spec.constants import HEAD_DIM
 from ...spec.entry_layout import ENTRY_LAYOUTS
 from ...spec.validation import check_compress, check_hadamard
-from ..frontend import PlanCache, describe_torch
+from ..frontend import describe_torch
+from ..plan_cache import PlanCache
 from .config import store_alignments
-from .host import buffers, plans
+from .host import buffers, occupancy, plans
 from .host.arguments import (CompressOptions, CompressTensors, compress_key, fixed_key, save_fixed, save_key,
                              token_part)
 from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
@@ -445,5 +446,6 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     for (path, kernel, config), request in wanted.items():
         compiled = compile_cache.compile_kernel(kernel, config)
         if path is not None and path.persistent and device.type == "cuda":  # the driver's occupancy, asked now
-            plans.persistent_grid(compiled, config, request, device)
+            occupancy.persistent_grid(compiled, request, buffers.LaunchFacts(device, store_align,
+                                                                              buffers.sm_count(device)))
     return [config for _, _, config in wanted]

@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from ..frontend import (PlanCache, flashmla_page_view, layout_key, validate_compress_norm_rope_store,
+from ..plan_cache import PlanCache
+from ..frontend import (flashmla_page_view, layout_key, validate_compress_norm_rope_store,
                         validate_save_partial_states)
 from ...spec.constants import HEAD_DIMS, INDEXER_HEAD_DIM
 from .config import FusedConfig, SaveConfig, fused_config, indexer_config, save_config

@@ -136,6 +136,29 @@ def held_tensors(*tensors: torch.Tensor) -> tuple:
 
 
 # ---- device facts and the handoff kernel's counters -------------------------------------------
+@dataclass(frozen=True)
+class LaunchFacts:
+    """What a plan learns of the device and the destination before it compiles."""
+
+    device: torch.device
+    store_align: int  # bytes every 4-channel store of the entry may assume
+    sm_count: int | None  # multiprocessors (None off CUDA)
+
+
+def launch_facts(state_cache: torch.Tensor, k_cache: torch.Tensor, layout: str, workspace,
+                 num_tokens: int) -> LaunchFacts:
+    """This implementation's own checks of a validated call, and the facts a plan needs: CUDA
+    tensors, a usable ``workspace`` when one is given (fp32 ``[S >= T, 512]`` or a long enough
+    flat one: :func:`x_buffer`), the store alignment of ``k_cache`` and the device's SM count."""
+    device = state_cache.device
+    if workspace is not None:
+        x_buffer(workspace, num_tokens, device, "workspace")  # raises on a bad workspace
+    require_cuda("state_cache", state_cache)
+    multiprocessors = sm_count(device)
+    return LaunchFacts(device, store_align(k_cache, layout), multiprocessors)
+
+
+
 _SM_COUNTS: dict = {}
 _COUNTERS: dict = {}  # (device, stream) -> _CounterArray: the handoff kernel's arrival counters
 _OUTGROWN: list = []  # replaced counter arrays stay allocated: a captured CUDA graph may still use them

@@ -31,6 +31,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64, Uint8
 
 from ....spec.entry_layout import ENTRY_LAYOUTS
+from .buffers import ffi_function
 from ..config import (
     HEAD_DIM,
     INDEXER_HEAD_DIM,
@@ -314,3 +315,10 @@ KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPat
 def compile_kernel(kernel: str, config, *, keep_ptx: bool = False):
     """The compiled TVM-FFI callable of kernel ``kernel`` for a static configuration (cached)."""
     return KERNELS[kernel](config, keep_ptx=keep_ptx)
+
+
+def compile_path(path, request) -> tuple[tuple, tuple]:
+    """``(compiled kernels, their TVM-FFI functions)`` of a :class:`.paths.KernelPath` for a
+    :class:`.paths.PathRequest`, in launch order (compiled on first use)."""
+    compiled = tuple(compile_kernel(kernel, config) for kernel, config in zip(path.kernels, path.configs(request)))
+    return compiled, tuple(ffi_function(kernel) for kernel in compiled)

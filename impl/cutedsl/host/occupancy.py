@@ -77,3 +77,29 @@ def _cluster_launch(driver, threads: int, smem_bytes: int, cluster_size: int):
 
 
 __all__ = ["resident_clusters"]
+
+
+def persistent_grid(compiled, request, facts) -> int:
+    """Clusters of the pipelined kernel's persistent grid for a request (:class:`.paths.PathRequest`):
+    as many as the device holds at once (:func:`resident_clusters`, for the compiled kernel), by
+    :func:`pipelined_clusters`; ``facts``: the call's :class:`.buffers.LaunchFacts`."""
+    from ..kernels.fused_pipelined import FusedPipelinedKernel
+    from .paths import PATHS
+
+    kernel = FusedPipelinedKernel(PATHS["fused_pipelined"].configs(request)[0])
+    resident = resident_clusters(compiled, facts.device, kernel.threads, kernel.smem_bytes, kernel.tiles)
+    return pipelined_clusters(request.num_tokens, resident, facts.sm_count, request.policy)
+
+
+def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy) -> int:
+    """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
+    once (``resident``, from the driver; without it ``sm_count // 5``), at most
+    ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond the resident
+    ones would walk their share only after others ended."""
+    if resident is None:
+        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
+    clusters = min(num_tokens, resident)
+    if policy.pipelined_max_clusters is not None:
+        clusters = min(clusters, policy.pipelined_max_clusters)
+    share = -(-num_tokens // max(1, clusters))  # tokens per cluster; no cluster without a token
+    return max(1, -(-num_tokens // share))

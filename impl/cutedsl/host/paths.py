@@ -251,15 +251,14 @@ def choose(c128_path: str, ratio: int, head_dim: int, num_tokens: int, block_siz
     return PATHS["fused_pipelined"]
 
 
-def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy: Policy) -> int:
-    """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
-    once (``resident``, from the driver; without it ``sm_count // 5``), at most
-    ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond the resident
-    ones would walk their share only after others ended."""
-    if resident is None:
-        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
-    clusters = min(num_tokens, resident)
-    if policy.pipelined_max_clusters is not None:
-        clusters = min(clusters, policy.pipelined_max_clusters)
-    share = -(-num_tokens // max(1, clusters))  # tokens per cluster; no cluster without a token
-    return max(1, -(-num_tokens // share))
+def plan(call, options, store_align: int, bf16_weight: bool) -> tuple[KernelPath, PathRequest]:
+    """The path of a validated call (the front end's ``CompressStoreCall``) and the request its
+    configurations are built from; ``options``: the call's :class:`.arguments.CompressOptions`."""
+    pooling, store = call.pooling, call.store
+    path = choose(options.c128_path, pooling.config.ratio, pooling.config.head_dim, pooling.num_tokens,
+                  pooling.block_size, options.policy)
+    request = PathRequest(pooling.config.ratio, pooling.block_size, pooling.num_tokens, store.layout,
+                          store.entries_per_page, "bfloat16" if bf16_weight else "float32", store_align,
+                          store.hadamard, options.policy, options.pdl,
+                          options.early_metadata and options.pdl)  # without PDL there is no wait to read ahead of
+    return path, request

@@ -25,7 +25,7 @@ from ....spec.constants import HEAD_DIMS
 from ...frontend import validate_compress_norm_rope_store, validate_save_partial_states
 from . import buffers, occupancy
 from .arguments import CompressOptions, CompressTensors
-from .paths import KernelPath, PathRequest, check_c128_path, choose, pipelined_clusters, save_config
+from .paths import KernelPath, plan, save_config
 from .policy import Policy
 
 log = logging.getLogger("dsv4_compressor")
@@ -50,13 +50,10 @@ class LaunchPlan:
 
     path: KernelPath | None  # None: no tokens, nothing to launch
     kernels: tuple  # compiled TVM-FFI callables, in launch order
-    scalars: tuple  # the launches' trailing scalars: eps[, fp8_inv][, clusters]
-    num_tokens: int
-    restride: bool  # a per-token array or the block table needs its unit stride restored
-    ffi: tuple = field(init=False, repr=False, compare=False)  # the kernels' TVM-FFI functions
-
-    def __post_init__(self):
-        object.__setattr__(self, "ffi", tuple(buffers.ffi_function(kernel) for kernel in self.kernels))
+    ffi: tuple = field(repr=False, compare=False)  # the kernels' TVM-FFI functions (buffers.ffi_function)
+    scalars: tuple = ()  # the launches' trailing scalars: eps[, fp8_inv][, clusters]
+    num_tokens: int = 0
+    restride: bool = False  # a per-token array or the block table needs its unit stride restored
 
     def run(self, tensors: tuple, workspace) -> None:
         """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order): unit
@@ -82,70 +79,42 @@ class LaunchPlan:
 
 
 def _check_choices(options: CompressOptions) -> None:
-    check_c128_path(options.c128_path)  # also for C4, where it has no effect: a typo is still an error
     if not isinstance(options.pdl, bool):
         raise ValueError(f"pdl: expected True or False, got {options.pdl!r}")
     if not isinstance(options.policy, Policy):
         raise ValueError(f"policy: expected a dispatch Policy, got {type(options.policy).__name__}")
 
 
-def path_request(call, options: CompressOptions, weight_dtype: torch.dtype, store_align: int) -> PathRequest:
-    """The :class:`.paths.PathRequest` of a validated call."""
-    pooling, store = call.pooling, call.store
-    return PathRequest(
-        pooling.config.ratio, pooling.block_size, pooling.num_tokens, store.layout, store.entries_per_page,
-        "bfloat16" if weight_dtype == torch.bfloat16 else "float32", store_align, store.hadamard, options.policy,
-        options.pdl, options.early_metadata and options.pdl)  # without PDL there is no wait to read ahead of
-
-
-def compile_path(path: KernelPath, request: PathRequest, device: torch.device) -> tuple[tuple, tuple]:
-    """``(compiled kernels, grid)`` of a path for a request; a persistent path's grid is as many
-    clusters as ``device`` holds at once (asked of the driver once per kernel)."""
-    configs = path.configs(request)
-    compile_cache = kernels()
-    compiled = tuple(compile_cache.compile_kernel(kernel, config) for kernel, config in zip(path.kernels, configs))
-    if not path.persistent:
-        return compiled, ()
-    return compiled, (persistent_grid(compiled[0], configs[0], request, device),)
-
-
-def persistent_grid(compiled, config, request: PathRequest, device: torch.device) -> int:
-    """Clusters of the pipelined kernel for the request's token count (:func:`.paths.pipelined_clusters`)."""
-    from ..kernels.fused_pipelined import FusedPipelinedKernel
-
-    kernel = FusedPipelinedKernel(config)
-    resident = occupancy.resident_clusters(compiled, device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-    return pipelined_clusters(request.num_tokens, resident, buffers.sm_count(device), request.policy)
-
-
 def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOptions, debug: bool) -> LaunchPlan:
-    """Validate (SPEC §9 and this implementation's constraints), choose the path, compile."""
+    """Validate (SPEC §9, then this implementation's constraints), choose the path, compile.
+
+    One pass through the host's modules: the front end's checks, the device facts and the
+    workspace (:func:`.buffers.launch_facts`), the path and its request (:func:`.paths.plan`),
+    the compiled kernels (:func:`.compile_cache.compile_path`), the persistent grid
+    (:func:`.occupancy.persistent_grid`)."""
+    _check_choices(options)
     t = tensors
     call = validate_compress_norm_rope_store(
         t.state_cache, t.token_to_req_indices, t.positions, t.slot_mapping, t.block_table, options.block_size,
         t.rms_norm_weight, options.rms_norm_eps, t.cos_sin_cache, t.k_cache, t.kv_slot_mapping,
         compress_ratio=options.compress_ratio, layout=options.layout, fp8_scale=options.fp8_scale,
         hadamard=options.hadamard, debug=debug, head_dims=HEAD_DIMS)
-    _check_choices(options)
-    num_tokens, config = call.pooling.num_tokens, call.pooling.config
-    path = choose(options.c128_path, config.ratio, config.head_dim, num_tokens, call.pooling.block_size,
-                  options.policy)
-    device = tensors.state_cache.device
-    if path.scratch:
-        buffers.x_buffer(workspace, num_tokens, device, "workspace")  # raises on a bad workspace
-    buffers.require_cuda("state_cache", tensors.state_cache)
+    num_tokens = call.pooling.num_tokens
+    facts = buffers.launch_facts(t.state_cache, t.k_cache, call.store.layout, workspace, num_tokens)
+    path, request = plan(call, options, facts.store_align, t.rms_norm_weight.dtype == torch.bfloat16)
     if num_tokens == 0:
-        return LaunchPlan(None, (), (), 0, False)
-    request = path_request(call, options, tensors.rms_norm_weight.dtype,
-                           buffers.store_align(tensors.k_cache, call.store.layout))
-    compiled, grid = compile_path(path, request, device)
+        return LaunchPlan(None, (), (), (), 0, False)
+    from . import compile_cache  # CuTe DSL itself: imported once a call has been validated
+
+    compiled, ffi = compile_cache.compile_path(path, request)
+    grid = (occupancy.persistent_grid(compiled[0], request, facts),) if path.persistent else ()
     eps = float(call.store.eps)
     fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.fp8_scale is not None else 1.0
     scalars = (eps, fp8_inv, *grid) if path.takes_fp8_inv else (eps, *grid)
-    restride = any(t.stride(-1) != 1 for t in tensors.metadata)
-    log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", config.ratio, num_tokens,
+    restride = any(m.stride(-1) != 1 for m in t.metadata)
+    log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", request.ratio, num_tokens,
               request.block_size, options.layout, path.name, f" grid {grid}" if grid else "")
-    return LaunchPlan(path, compiled, scalars, num_tokens, restride)
+    return LaunchPlan(path, compiled, ffi, scalars, num_tokens, restride)
 
 
 # ---- save_partial_states --------------------------------------------------------------------

@@ -325,7 +325,7 @@ def test_the_bound_path_calls_the_tvm_ffi_function_where_every_argument_is_posit
     assert buffers.ffi_function(plain) is plain.function
     for kernel in (_Compiled(True), _Compiled(None), lambda *args: None):
         assert buffers.ffi_function(kernel) is kernel
-    plan = plans.LaunchPlan(PATHS["c4"], (plain,), (1e-6, 1.0), 1, False)
+    plan = plans.LaunchPlan(PATHS["c4"], (plain,), (buffers.ffi_function(plain),), (1e-6, 1.0), 1, False)
     assert plan.ffi == (plain.function,) and plan.kernels == (plain,)
 
 

@@ -20,7 +20,7 @@ pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
-from dsv4_compressor.impl.cutedsl.host import buffers, compile_cache, paths  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host import buffers, compile_cache, occupancy, paths  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import kernel_configs, ptx_variants  # noqa: E402
@@ -254,7 +254,8 @@ def test_wrong_ratio_and_layout_are_rejected(no_compile):
         api.compress_norm_rope_store(**_cpu_call(layout="fp8_per_tensor"), compress_ratio=128, layout="fp8_per_tensor")
 
 
-def test_forced_path_that_the_block_size_does_not_allow(no_compile):
+def test_forced_path_that_the_block_size_does_not_allow(no_compile, monkeypatch):
+    monkeypatch.setattr(buffers, "require_cuda", lambda name, tensor: None)  # CPU tensors stand for CUDA ones
     args = _cpu_call(block_size=4)
     with pytest.raises(ValueError, match="c128_path: 'split_block8' expected block_size a multiple of 8"):
         api.compress_norm_rope_store(**args, compress_ratio=128, c128_path="split_block8")
@@ -340,7 +341,7 @@ def test_variants_load_as_conformance_implementations():
 
 # ---- the pipelined kernel's host side ----------------------------------------------------------
 def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
-    clusters = paths.pipelined_clusters
+    clusters = occupancy.pipelined_clusters
     assert clusters(1, 45, 132, DEFAULT_POLICY) == 1
     assert clusters(100000, 45, 132, DEFAULT_POLICY) == 45
     assert clusters(256, 30, 132, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256

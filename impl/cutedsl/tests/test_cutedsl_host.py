@@ -19,7 +19,7 @@ pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl.cutedsl import api  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import Policy  # noqa: E402
-from dsv4_compressor.impl.frontend import PlanCache  # noqa: E402
+from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
 
 from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
 from test_cutedsl_launch_plans import _arguments  # noqa: E402

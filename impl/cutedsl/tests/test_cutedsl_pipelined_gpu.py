@@ -50,7 +50,7 @@ def test_launch_options_keep_the_bytes(overrides):
 def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     """The driver's count of resident 8-CTA clusters is at most the SM slots allow (clusters
     live inside a GPC, so it may be fewer), and a large call's grid is exactly that count."""
-    from dsv4_compressor.impl.cutedsl.host import buffers, occupancy, plans
+    from dsv4_compressor.impl.cutedsl.host import buffers, compile_cache, occupancy
     from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest
     from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
     from dsv4_compressor.impl.cutedsl.kernels.fused_pipelined import FusedPipelinedKernel
@@ -59,7 +59,8 @@ def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     policy = DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
     path = PATHS["fused_pipelined"]
     request = PathRequest(128, 8, 100000, "flashmla_fp8", 64, "bfloat16", 16, False, policy, True)
-    compiled, grid = plans.compile_path(path, request, device)
+    compiled, _ = compile_cache.compile_path(path, request)
+    grid = (occupancy.persistent_grid(compiled[0], request, buffers.LaunchFacts(device, 16, buffers.sm_count(device))),)
     kernel = FusedPipelinedKernel(path.configs(request)[0])
     resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
     slots = buffers.sm_count(device) * ctas_per_sm // kernel.tiles

@@ -1,0 +1,21 @@
+"""The launch plans of an implementation, by argument-layout key (shared by both kernel families).
+
+A plan is everything a call decides before its launches; it depends only on the arguments'
+layout (SPEC §9's dtypes, shapes, strides, devices, base alignments and scalars), so it is
+built once per layout and token count and found again by a key of tensor metadata.
+"""
+
+from __future__ import annotations
+
+PLANS_MAX = 8192  # launch plans remembered per implementation (one per layout and token count)
+
+
+class PlanCache(dict):
+    """Launch plans by argument-layout key; cleared when it reaches :data:`PLANS_MAX` entries."""
+
+    def put(self, key, plan):
+        if key is not None:
+            if len(self) >= PLANS_MAX:
+                self.clear()
+            self[key] = plan
+        return plan
