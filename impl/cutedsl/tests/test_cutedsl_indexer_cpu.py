@@ -203,7 +203,10 @@ def _indexer_call(compress_ratio=4, block_size=16, layout="indexer_fp8", entries
     (dict(k_cache=lambda a: a["k_cache"][:, :, :128]), {}, "k_cache"),
     (dict(block_size=lambda a: 3), {}, "state_cache: expected shape\\[1\\] = 3"),
 ])
-def test_indexer_call_rejects_bad_arguments(no_compile, ratio, change, keywords, needle):
+def test_indexer_call_rejects_bad_arguments(no_compile, monkeypatch, ratio, change, keywords, needle):
+    from dsv4_compressor.impl.cutedsl.host import buffers
+
+    monkeypatch.setattr(buffers, "require_cuda", lambda name, tensor: None)  # CPU tensors stand for CUDA ones
     args = _indexer_call(ratio, 16 if ratio == 4 else 8)
     for key, fn in change.items():
         args[key] = fn(args)
