@@ -61,18 +61,24 @@ class Verdict:
         return self.status in ("pass", "fail", "error")
 
 
-def run_spec(inputs: StepInputs) -> Expected:
-    """The spec's result for a step (debug checks on: a scenario bug shows as an error here)."""
+def spec_step(inputs: StepInputs, state: np.ndarray, k_cache: np.ndarray) -> None:
+    """The spec's two calls of a step on the given views, in place (debug checks on: a
+    scenario bug shows as an error here)."""
     b = inputs.batch
-    state_owner, state = inputs.state_cache.numpy_copy()
     spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True)
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
     spec.compress_norm_rope_store(
         state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale, debug=True,
         **({"hadamard": True} if inputs.hadamard else {}),
     )
+
+
+def run_spec(inputs: StepInputs) -> Expected:
+    """The spec's result for a step, from the step's own buffers."""
+    state_owner, state = inputs.state_cache.numpy_copy()
+    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    spec_step(inputs, state, k_cache)  # the store does not write the state: its bytes are those after the save
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
 
