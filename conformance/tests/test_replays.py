@@ -123,3 +123,22 @@ def test_cli_functions_have_one_job_each():
     tree = ast.parse(Path(cli.__file__).read_text())
     lengths = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert max(lengths.values()) <= 45, lengths
+
+
+def test_pytest_face_has_sequences_and_batch_invariance(tmp_path):
+    import os
+
+    (tmp_path / "conftest.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))}
+
+    def pytest_run(*extra: str) -> subprocess.CompletedProcess:
+        args = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "dsv4_compressor.pytest_plugin",
+                "--rootdir", str(tmp_path), "--dsv4-impl", "example_kernels:BatchVariant", "--dsv4-no-errors",
+                "--dsv4-scenarios", "c4_ulp_ties,rollback_c4_verify8", *extra, str(tmp_path)]
+        return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+
+    tolerant = pytest_run("--dsv4-tolerant")
+    assert tolerant.returncode == 0 and "2 passed, 1 xfailed" in tolerant.stdout, tolerant.stdout + tolerant.stderr
+    assert "invariance::c4_ulp_ties" in tolerant.stdout and "sequences::rollback_c4_verify8" in tolerant.stdout
+    exact = pytest_run("--dsv4-xfail", "c4_ulp_ties,rollback_c4_verify8")
+    assert exact.returncode == 1 and "1 failed" in exact.stdout and "2 xfailed" in exact.stdout, exact.stdout
