@@ -52,11 +52,23 @@ class BlockLists:
 
 @dataclass(frozen=True)
 class Geometry:
-    """A cache's addressing: the ratio, rows per state block and entries per page."""
+    """A cache's addressing: the ratio, rows per state block, entries per page, and paged or ring state."""
 
     compress_ratio: int  # r
     block_size: int  # bs
     entries_per_page: int  # B
+    ring_capacity: int | None = None  # SPEC §13.3: each request's state a ring of C rows (None: paged)
+
+    def __post_init__(self):
+        c = self.ring_capacity
+        if c is not None and (c <= 0 or c % self.block_size):
+            raise ValueError(f"ring_capacity: expected a positive multiple of block_size {self.block_size}, got {c}")
+
+    def state_row(self, position: int) -> int:
+        """The row of the request's state that ``position`` is saved in: the position itself
+        (paged), or its place in the ring (``position mod C``), where rows of rejected drafts
+        overwrite the rows ``C`` positions earlier."""
+        return position if self.ring_capacity is None else position % self.ring_capacity
 
 
 def grow_state_blocks(owner, end: int, block_size: int, pool: BlockPool) -> None:
@@ -65,10 +77,11 @@ def grow_state_blocks(owner, end: int, block_size: int, pool: BlockPool) -> None
         owner.state_blocks.append(pool.take())
 
 
-def state_slot(owner, position: int, block_size: int, pool: BlockPool) -> int:
-    """The state row of ``position`` (its block taken from ``pool`` when first reached)."""
-    grow_state_blocks(owner, position + 1, block_size, pool)
-    return owner.state_blocks[position // block_size] * block_size + position % block_size
+def state_slot(owner, position: int, geometry: Geometry, pool: BlockPool) -> int:
+    """The state slot of ``position`` (its block taken from ``pool`` when first reached)."""
+    row, bs = geometry.state_row(position), geometry.block_size
+    grow_state_blocks(owner, row + 1, bs, pool)
+    return owner.state_blocks[row // bs] * bs + row % bs
 
 
 def entry_slot(owner, entry: int, entries_per_page: int, pool: BlockPool) -> int:
@@ -94,7 +107,7 @@ def step_metadata(plan: list[tuple[int, int, int]], owners, geometry: Geometry, 
         for p in range(first, first + count):
             positions.append(p)
             rows.append(row)
-            slots.append(state_slot(owner, p, bs, state_pool))
+            slots.append(state_slot(owner, p, geometry, state_pool))
             # p closes window p // r: the one token that writes that entry
             kv_slots.append(entry_slot(owner, p // r, entries_per_page, page_pool) if (p + 1) % r == 0 else PADDING_SLOT)
         requests.append(Request(context_len=first, num_tokens=count))

@@ -251,7 +251,7 @@ class Soak:
         if not plan:
             return
         batch = layer.blocks.batch(plan)
-        kv_score = B.random_kv_score(batch.num_tokens, layer.layer.compress_ratio, self.rng, head_dim=layer.layer.head_dim)
+        kv_score = self.rng.standard_normal((batch.num_tokens, 2 * layer.ape.shape[1]), dtype=np.float32)  # [T, 2*SW]
         label = f"engine step {report.engine_steps}, layer {layer.layer.name}"
         checked = self._check_due()
         before = caches[0].host() if checked else None

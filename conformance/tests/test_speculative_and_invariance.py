@@ -102,6 +102,18 @@ def test_step_metadata_follows_the_slot_rules():
         verify_steps(0, 4, (5,))
 
 
+def test_ring_slots_wrap_after_capacity_rows():
+    rng = np.random.default_rng(1)
+    ring = Geometry(4, 4, 16, ring_capacity=8)
+    owner = BlockLists()
+    batch = step_metadata([(0, 5, 8)], [owner], ring, BlockPool(16, rng), BlockPool(4, rng))
+    assert len(owner.state_blocks) == 2  # C / bs blocks, whatever the positions
+    rows = [p % 8 for p in range(5, 13)]
+    assert batch.slot_mapping.tolist() == [owner.state_blocks[q // 4] * 4 + q % 4 for q in rows]
+    with pytest.raises(ValueError, match="ring_capacity"):
+        Geometry(4, 4, 16, ring_capacity=6)
+
+
 # ---- batch invariance ---------------------------------------------------------------------------
 def test_partitionings_split_every_token_once():
     batch = scenarios(["verify_mixed_c4"])[0].build().batch
