@@ -132,7 +132,8 @@ class Arena:
 
 
 def _outside(which: str, expected: np.ndarray, actual: np.ndarray, owned: slice) -> str:
-    """The first differing byte outside a step's own allocation."""
+    """The first differing byte outside a step's own allocation (``expected``, ``actual``: uint8
+    [bucket allocation bytes]; ``owned``: where the step's allocation lies in it)."""
     differ = np.flatnonzero(expected != actual)
     outside = differ[(differ < owned.start) | (differ >= owned.stop)]
     return (f"{which}: byte {int(outside[0])} of the bucket's allocation, outside the step's blocks and pages, "
@@ -141,7 +142,9 @@ def _outside(which: str, expected: np.ndarray, actual: np.ndarray, owned: slice)
 
 def _judge(verdict: ReplayVerdict, inputs: StepInputs, expected: Expected, before: tuple[np.ndarray, np.ndarray],
            after: tuple[np.ndarray, np.ndarray], owned: tuple[slice, slice]) -> None:
-    """Every byte of both allocations: the step's own as the spec says, the rest as before."""
+    """Every byte of both allocations: the step's own as the spec says, the rest as before
+    (``before``, ``after``: uint8 (state, k_cache) bucket allocations; ``owned``: the step's
+    place in each)."""
     for which, spec_bytes, old, new, at in (("state", expected.state_after_save, before[0], after[0], owned[0]),
                                             ("k_cache", expected.k_cache_after_store, before[1], after[1], owned[1])):
         want = old.copy()
@@ -223,7 +226,8 @@ def run_group(impl: LoadedImplementation, steps: list[tuple[Scenario, StepInputs
         if scenario.device and (impl.takes_numpy or scenario.device != device):
             verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "skip", f"runs on {scenario.device} only"))
         elif reason:
-            verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "unsupported", f"declared unsupported: {reason}"))
+            verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "unsupported",
+                                          f"declared unsupported: {reason}"))
         else:
             runnable.append((scenario, inputs, expected))
     if not runnable:

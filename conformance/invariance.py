@@ -28,7 +28,7 @@ from ..spec.batch import Batch
 from . import step_call
 from .arrays import HostArrays, TorchArrays, arrays_for
 from .implementations import LoadedImplementation
-from .runner import METADATA, features, first_difference, spec_result
+from .runner import features, first_difference, spec_result
 from .scenarios import Scenario, StepInputs
 from .step_call import StaticArgs, StepArrays
 
@@ -125,7 +125,8 @@ def _run_parts(target, arrays: HostArrays | TorchArrays, inputs: StepInputs, sta
 def _describe(partitioning: Partitioning, inputs: StepInputs, whole: np.ndarray, parts: np.ndarray, which: str) -> str:
     text, _ = first_difference(inputs, whole, parts, which)
     text = text.replace(": expected ", ": in the whole step ").replace(", got ", ", in its own call ")
-    return f"{partitioning.name} ({len(partitioning.parts)} calls of {'/'.join(str(p.size) for p in partitioning.parts)} tokens): {text}"
+    sizes = "/".join(str(p.size) for p in partitioning.parts)
+    return f"{partitioning.name} ({len(partitioning.parts)} calls of {sizes} tokens): {text}"
 
 
 def check_invariance(impl: LoadedImplementation, inputs: StepInputs, state_after_save: np.ndarray, device: str,

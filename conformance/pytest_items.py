@@ -106,7 +106,8 @@ class InvarianceItem(ScenarioItem):
         if verdict.status == "fail" and self.tolerant:
             pytest.xfail(f"NOT BATCH-INVARIANT (reported, not failed, in the tolerant verdict): {verdict.detail}")
         if not verdict.passed:
-            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}" + (f"\n{verdict.traceback}" if verdict.traceback else ""))
+            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}"
+                                     + (f"\n{verdict.traceback}" if verdict.traceback else ""))
 
 
 class ErrorCaseItem(_ConformanceItem):
@@ -156,7 +157,10 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
         chosen_sequences = sequences(patterns or None)
         if patterns and not in_catalogue and not chosen_sequences:
             raise ValueError(f"--dsv4-scenarios: no scenario or sequence matches {patterns}")
-        chosen = scenarios(in_catalogue, None) if in_catalogue else ([] if patterns else scenarios(None, config.getoption("--dsv4-size")))
+        if in_catalogue or patterns:
+            chosen = scenarios(in_catalogue, None) if in_catalogue else []
+        else:
+            chosen = scenarios(None, config.getoption("--dsv4-size"))
         loaded = [load_implementation(n) for n in names]
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None

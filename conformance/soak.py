@@ -154,7 +154,7 @@ class ImplCaches:
                           cos_sin_cache=self.arrays.convert(layer.cos_sin))
         self.programs: dict[tuple[int, str, bool], tuple[StepArrays, object]] = {}
 
-    def arrays_of(self, batch: Batch, kv_score: np.ndarray) -> StepArrays:
+    def arrays_of(self, batch: Batch, kv_score: np.ndarray) -> StepArrays:  # kv_score: fp32 [T, 2*SW]
         convert = self.arrays.convert
         return StepArrays(kv_score=convert(kv_score), block_table=convert(batch.block_table),
                           **{name: convert(getattr(batch, name)) for name in TOKEN_ARRAYS}, **self.fixed,
@@ -178,8 +178,9 @@ class ImplCaches:
         return self.programs[key]
 
     def step(self, batch: Batch, kv_score: np.ndarray, how: tuple[str, int, str], report: SoakReport) -> None:
-        """One step: ``how`` = (mode, bucket, form), mode "eager" (the step's own token count),
-        "padded" or "graph" (the bucket's tensors, written in place)."""
+        """One step (``kv_score``: fp32 [T, 2*SW], its projections): ``how`` = (mode, bucket, form),
+        mode "eager" (the step's own token count), "padded" or "graph" (the bucket's tensors,
+        written in place)."""
         mode, bucket, form = how
         if mode == "eager":
             step_call.step(self.impl.target, self.arrays_of(batch, kv_score), self.layer.static, form)
@@ -193,9 +194,11 @@ class ImplCaches:
         run()
 
     def host(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of both allocations: uint8 (state, k_cache)."""
         return self.arrays.host_bytes(self.state_owner), self.arrays.host_bytes(self.k_owner)
 
     def load(self, state: np.ndarray, k_cache: np.ndarray) -> None:
+        """Both allocations from host bytes (uint8, their whole sizes)."""
         self.arrays.load(self.state_owner, state)
         self.arrays.load(self.k_owner, k_cache)
 
@@ -261,7 +264,8 @@ class Soak:
             try:
                 cache.step(batch, kv_score, how, report)
             except Exception as error:  # a failing implementation ends the run (its device may be unusable)
-                report.stopped = f"{label}: {cache.impl.name} ({how[0]}, bucket {how[1]}, {how[2]}): {type(error).__name__}: {error}"
+                report.stopped = (f"{label}: {cache.impl.name} ({how[0]}, bucket {how[1]}, {how[2]}): "
+                                  f"{type(error).__name__}: {error}")
                 self.log(traceback.format_exc())
                 raise ImplementationFailed from error
             report.calls[how[0]] = report.calls.get(how[0], 0) + 1
@@ -290,8 +294,9 @@ class Soak:
             other.load(*want)
 
     def _compare_with_spec(self, layer: LayerState, inputs: StepInputs, before, caches: list[ImplCaches], label: str) -> None:
-        """The spec from the bytes before the step; every implementation's bytes after it; and
-        one implementation's batch invariance on the step."""
+        """The spec from the bytes before the step (``before``: uint8 (state, k_cache) of the
+        reference); every implementation's bytes after it; one implementation's batch
+        invariance on the step."""
         start = layer.inputs(inputs.batch, inputs.kv_score, *before)
         state_owner, k_owner = before[0].copy(), before[1].copy()
         spec_step(start, start.state_cache.view_of(state_owner), start.k_cache.view_of(k_owner))

@@ -74,7 +74,7 @@ def _print_report(report, implementations, options) -> None:
     print(f"steps: {report.engine_steps} engine steps, {report.layer_steps} layer steps, {report.tokens} tokens, "
           f"{report.entries} entries written; requests {report.arrived} arrived, {report.finished} finished; "
           f"{report.verify_groups} verify groups, {report.rerun_positions} positions run again")
-    print(f"calls: " + ", ".join(f"{mode} {count}" for mode, count in sorted(report.calls.items()))
+    print("calls: " + ", ".join(f"{mode} {count}" for mode, count in sorted(report.calls.items()))
           + f" (layer steps per implementation); {report.captures} graphs captured")
     print(f"compared: {report.bytes_compared} bytes across implementations, {report.spec_bytes} bytes with the spec on "
           f"{report.spec_checks} layer steps, {report.invariance_checks} batch-invariance checks")
@@ -108,7 +108,8 @@ def run(args) -> int:
     report = Soak(implementations, options).run()
     _print_report(report, implementations, options)
     if report.differences or report.stopped:
-        status, line = EXIT_FAILED, f"FAILED: {len(report.differences)} difference(s)" + (", stopped early" if report.stopped else "")
+        status = EXIT_FAILED
+        line = f"FAILED: {len(report.differences)} difference(s)" + (", stopped early" if report.stopped else "")
     elif not report.layer_steps:
         status, line = EXIT_NOTHING_RAN, "NOTHING RAN: no step finished in the time given"
     else:
