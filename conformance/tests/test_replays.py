@@ -72,6 +72,16 @@ def test_padded_replays_pass(impl):
     assert any(v.bucket == 64 and v.tokens <= 8 for v in verdicts)  # small steps in a large bucket
 
 
+def test_padded_replays_judge_a_tolerant_implementation_by_the_bounds():
+    fast = load_implementation("fast-math")
+    groups, _ = plan_groups(scenarios(["c4_ulp_ties"]), (8,))
+    steps = group_steps(groups[0])
+    exact = run_group(fast, steps, (8,), graph=False, device="cpu")
+    tolerant = run_group(fast, steps, (8,), graph=False, device="cpu", tolerant=True)
+    assert [v.status for v in exact] == ["pass", "fail", "pass", "fail"]  # padding only, the scenario; two forms
+    assert all(v.status == "pass" for v in tolerant) and any("within" in k for v in tolerant for k in v.counts)
+
+
 def test_work_for_the_padding_of_a_bucket_fails():
     writes = LoadedImplementation("writes_from_padding", example_kernels.WritesFromPadding(), ("cpu",))
     groups, _ = plan_groups(scenarios(["c4_decode_boundary"]), (8,))
