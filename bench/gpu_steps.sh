@@ -156,6 +156,8 @@ for s in "$@"; do
       step sanitize 3000 $PY -m dsv4_compressor.conformance.sanitize --logs "$LOGS" ;;
     sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|sanitize-initcheck)
       step "$s" 590 $PY -m dsv4_compressor.conformance.sanitize --tools "${s#sanitize-}" --logs "$LOGS" ;;
+    tests-serving)
+      step tests-serving 400 $PY -m pytest -p no:cacheprovider -q -m gpu conformance/tests/test_graphs_gpu.py ;;
     soak)
       step soak 540 $PY -m dsv4_compressor soak --minutes 6 --json "$LOGS/soak.json" ;;
     pytest-bench)
