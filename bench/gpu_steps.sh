@@ -3,7 +3,7 @@
 # work folder and are packed into one archive, $OUT/gpu-run.tgz.
 #
 #   bash bench/gpu_steps.sh STEP...    STEP: see the case list below (env, conformance-*,
-#                                              tests-*, tune-c128, bench*, pytest-bench)
+#                                              tests-*, tune-c128, bench*, sanitize*, soak, pytest-bench)
 #
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
 # installed; torch, Triton and CuTe DSL come from the active Python environment ($PYTHON,
@@ -144,6 +144,22 @@ for s in "$@"; do
       step bench-indexer-sets4 200 $PY -m dsv4_compressor bench --head 128 --mode graph --sizes 1 8 32 128 256 512 1024 2048 4096 --impl triton --impl cutedsl --sets 4 --trials 3 --tag indexer-sets4 --out "$LOGS" ;;
     probe-indexer-floor)
       step probe-indexer-floor 200 $PY -m dsv4_compressor.bench.probe indexer-floor --sizes 1 8 32 128 1024 4096 16384 ;;
+    conformance-graph)
+      step conformance-graph 590 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --graph ;;
+    conformance-graph-small)
+      step conformance-graph-small 590 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --graph --size small ;;
+    conformance-graph-big)
+      step conformance-graph-big 590 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --graph --scenarios 'medium_*' 'large_*' ;;
+    conformance-graph-variants)
+      step conformance-graph-variants 590 $PY -m dsv4_compressor conformance --impl dsv4_compressor.impl.cutedsl.variants:fused_handoff --impl dsv4_compressor.impl.cutedsl.variants:fused_pipelined --impl dsv4_compressor.impl.cutedsl.variants:nopdl --impl dsv4_compressor.impl.cutedsl.variants:early_metadata --graph --size small ;;
+    sanitize)
+      step sanitize 3000 $PY -m dsv4_compressor.conformance.sanitize --logs "$LOGS" ;;
+    sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|sanitize-initcheck)
+      step "$s" 590 $PY -m dsv4_compressor.conformance.sanitize --tools "${s#sanitize-}" --logs "$LOGS" ;;
+    tests-serving)
+      step tests-serving 400 $PY -m pytest -p no:cacheprovider -q -m gpu conformance/tests/test_graphs_gpu.py ;;
+    soak)
+      step soak 540 $PY -m dsv4_compressor soak --minutes 6 --json "$LOGS/soak.json" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

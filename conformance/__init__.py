@@ -5,7 +5,16 @@ it writes what SPEC.md says.
 - :mod:`.capabilities`     what an implementation declares it handles (the unsupported verdict)
 - :mod:`.scenarios`        the named scenario catalogue (small, medium, large; SPEC §12 too)
 - :mod:`.ties`             inputs tuned onto rounding ties, so one-ulp slips change bytes
+- :mod:`.speculative`      speculative decoding's verify groups and per-request step plans
 - :mod:`.runner`           spec vs implementation, exact and tolerant (SPEC §10) verdicts
+- :mod:`.arrays`           NumPy or torch arrays, one interface; :mod:`.step_call` a step's calls
+- :mod:`.engine`           block pools, each request's blocks, a step's metadata from a plan
+- :mod:`.sequences`        multi-step sequences (rollbacks), the caches carried from step to step
+- :mod:`.invariance`       batch invariance: a token's bytes alone, with its request, in any batch
+- :mod:`.buckets`          steps padded into buckets and the buffers a graph keeps
+- :mod:`.graphs`           ``--graph`` / ``--padded``: replays in captured graphs per bucket
+- :mod:`.soak_engine`      the soak's scheduler; :mod:`.soak` the soak; :mod:`.soak_cli` its command
+- :mod:`.sanitize`         every kernel path under compute-sanitizer
 - :mod:`.bounds`           the tolerant verdict's float64 evaluation and error bounds
 - :mod:`.errors`           SPEC §9 error cases, run in a worker process that survives crashes
 - :mod:`.torch_reference`  an independent torch implementation, with deliberate mutations

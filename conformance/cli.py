@@ -1,11 +1,15 @@
-"""``python -m dsv4_compressor conformance --impl NAME|module:attr [--scenarios ...] [--tolerant]``.
+"""``python -m dsv4_compressor conformance --impl NAME|module:attr [--scenarios ...] [--tolerant] [--graph|--padded]``.
 
 Prints one row per scenario (scenario, implementation, tokens, active, verdict, first
-difference), then the SPEC §9 error cases, then a summary naming what failed and what was
-unsupported. Exit status: 0 when at least one scenario or error case was checked and nothing
-failed; 1 when something failed; 2 on a usage error (an unknown implementation, a pattern
-that matches no scenario); 3 when nothing was checked (no device for the implementation,
-every scenario unsupported).
+difference), then the multi-step sequences (speculative decoding's rollbacks), the batch
+invariance of every scenario, the SPEC §9 error cases, and a summary naming what failed and
+what was unsupported. ``--graph`` replays every scenario that fits inside CUDA graphs captured
+per bucket (``--padded``: the same padded buckets, eagerly, on any device) instead.
+
+Exit status: 0 when at least one check ran and nothing failed; 1 when something failed; 2 on a
+usage error (an unknown implementation, a pattern that matches no scenario, ``--graph`` with
+an implementation that takes NumPy arrays); 3 when nothing was checked (no device for the
+implementation, every scenario unsupported, ``--graph`` without a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_NOTHING_CHECKED = 0, 1, 2, 3
+WIDTHS = (44, 12, 6, 6, 11, 80)  # scenario, impl, tokens, active, verdict, detail
+REPLAY_WIDTHS = (44, 12, 6, 10, 6, 6, 11, 80)  # scenario, impl, bucket, form, tokens, active, verdict, detail
 
 
 def add_arguments(parser) -> None:
@@ -23,13 +30,24 @@ def add_arguments(parser) -> None:
                         help="spec, torch, triton, cutedsl, module:attribute or an entry-point name (repeatable: "
                              "several implementations share the spec's results)")
     parser.add_argument("--scenarios", nargs="*", metavar="NAME",
-                        help="scenario names or glob patterns, looked up in the whole catalogue unless --size is given")
+                        help="scenario or sequence names or glob patterns, looked up in the whole catalogue unless "
+                             "--size is given")
     parser.add_argument("--size", choices=("small", "medium", "large", "all"), default=None,
                         help="catalogue part, cumulative: medium includes small, large includes both "
                              "(default: all on a GPU implementation, small otherwise)")
     parser.add_argument("--tolerant", action="store_true", help="SPEC §10 tolerant verdict (error bounds; docs/conformance.md)")
     parser.add_argument("--no-errors", action="store_true", help="skip the SPEC §9 error cases")
     parser.add_argument("--errors-only", action="store_true", help="run only the SPEC §9 error cases")
+    parser.add_argument("--no-sequences", action="store_true", help="skip the multi-step sequences")
+    parser.add_argument("--no-invariance", action="store_true", help="skip the batch-invariance verdict")
+    replay = parser.add_mutually_exclusive_group()
+    replay.add_argument("--graph", action="store_true",
+                        help="replay each scenario inside CUDA graphs captured once per bucket and static configuration "
+                             "(GPU; docs/conformance.md)")
+    replay.add_argument("--padded", action="store_true",
+                        help="as --graph, with eager calls instead of graph replays (any device)")
+    parser.add_argument("--buckets", nargs="+", type=int, metavar="TOKENS", default=None,
+                        help="bucket sizes for --graph / --padded (default 1 8 64 512 4096)")
     parser.add_argument("--device", default=None, help="override the device (cpu or cuda)")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write every verdict to FILE as JSON")
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
@@ -66,109 +84,301 @@ def _interpreter_warning(name: str, impl) -> str | None:
             f"fails here for reasons not its own. Judge Triton kernels on a GPU.")
 
 
-def run(args) -> int:
-    from .errors import CASES, run_error_cases
-    from .implementations import load_implementation
-    from .runner import run_scenario
-    from .scenarios import CATALOGUE, scenarios
+class UsageError(Exception):
+    """A bad command line: reported on stderr with exit status 2."""
 
-    if args.list:
-        for sc in CATALOGUE:
-            where = f"{sc.size} ({sc.device} only)" if sc.device else sc.size
-            print(f"{sc.name:40s} {where:18s} {sc.description}")
-        return EXIT_PASSED
-    if args.errors_only and args.no_errors:
-        return _usage("--errors-only and --no-errors exclude each other")
+
+class NothingToCheck(Exception):
+    """Nothing can run here (no device): reported with exit status 3."""
+
+
+@dataclass
+class Report:
+    """What the run found, section by section, and its JSON form."""
+
+    mode: str  # "exact" or "tolerant"
+    failed: dict = field(default_factory=dict)  # implementation -> [what failed]
+    unsupported: dict = field(default_factory=dict)  # implementation -> [what was declared unsupported]
+    variant: dict = field(default_factory=dict)  # implementation -> [scenarios whose bytes depend on the batch]
+    checked: int = 0
+    results: dict = field(default_factory=lambda: {"scenarios": [], "sequences": [], "invariance": [], "replays": [],
+                                                   "errors": []})
+
+    def count(self, impl: str, label: str, status: str, passed: bool) -> None:
+        """One verdict: checked or not, failed or not, unsupported or not."""
+        self.checked += status in ("pass", "fail", "error")
+        if not passed:
+            self.failed.setdefault(impl, []).append(label)
+        if status == "unsupported":
+            self.unsupported.setdefault(impl, []).append(label)
+
+
+# ---- choosing what runs ---------------------------------------------------------------------
+def _cuda_available() -> bool:
     try:
-        loaded = [load_implementation(name) for name in args.impl]
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _load(names: list[str]) -> list:
+    from .implementations import load_implementation
+
+    try:
+        return [load_implementation(name) for name in names]
     except ValueError as error:
-        return _usage(str(error))
+        raise UsageError(str(error)) from None
     except Exception as error:  # an implementation module that fails on import
-        return _usage(f"--impl: loading failed: {type(error).__name__}: {error}")
+        raise UsageError(f"--impl: loading failed: {type(error).__name__}: {error}") from None
+
+
+def _runnable(args, loaded: list) -> tuple[list[tuple[str, object, str]], list[str]]:
+    """(name, implementation, device) of each implementation that can run here, and the names of those that cannot."""
+    numpy_ones = [name for name, impl in zip(args.impl, loaded) if impl.takes_numpy]
+    if args.graph and numpy_ones:
+        raise UsageError(f"--graph: expected implementations taking torch tensors on a CUDA GPU, got {numpy_ones[0]!r}, "
+                         f"which takes NumPy arrays (--padded runs the same buckets eagerly)")
+    if args.graph and not _cuda_available():
+        raise NothingToCheck("--graph needs a CUDA GPU (none found here): CUDA graphs are captured and replayed on one "
+                             "(--padded runs the same padded buckets eagerly, on any device)")
     runnable, skipped = [], []
     for name, impl in zip(args.impl, loaded):
         device = args.device or impl.device()
         if impl.takes_numpy and device not in (None, "cpu"):
-            return _usage(f"--device: expected cpu for {name!r}, which takes NumPy arrays, got {device!r}")
+            raise UsageError(f"--device: expected cpu for {name!r}, which takes NumPy arrays, got {device!r}")
         if device is None:
             print(f"SKIPPED: implementation {name!r} needs one of {impl.devices} and none is available here "
                   f"(no CUDA GPU found).")
             skipped.append(name)
-        else:
-            runnable.append((name, impl, device))
-            warning = _interpreter_warning(name, impl)
-            if warning:
-                print(warning, file=sys.stderr)
-    size = args.size or ("all" if any(d == "cuda" for _, _, d in runnable) else "small")
-    try:
-        chosen = [] if args.errors_only else scenarios(args.scenarios, args.size if args.scenarios and not args.size else size)
-    except ValueError as error:
-        return _usage(str(error))
-    if args.scenarios and not chosen and not args.errors_only:
-        return _usage(f"--scenarios {' '.join(args.scenarios)} selects no scenario of size {args.size!r}")
-    results = {"implementations": {n: {"device": d} for n, _, d in runnable}, "skipped": skipped,
-               "mode": "tolerant" if args.tolerant else "exact", "scenarios": [], "errors": []}
-    failed: dict[str, list[str]] = {}
-    unsupported: dict[str, list[str]] = {}
-    checked = 0
-    if runnable and chosen:
-        mode = "tolerant (SPEC §10 error bounds)" if args.tolerant else "exact (every byte)"
-        names = ", ".join(f"{n!r} on {d}" for n, _, d in runnable)
-        print(f"conformance of {names}: {len(chosen)} scenarios, verdict {mode}", flush=True)
-        widths = (44, 12, 6, 6, 11, 80)
-        print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), widths))
-        print("-" * 150)
-        for scenario in chosen:
-            for name, impl, device in runnable:
-                start = time.perf_counter()
-                verdict = run_scenario(impl, scenario, tolerant=args.tolerant, device=device)
-                detail = verdict.first_difference
-                if args.tolerant and verdict.counts:
-                    detail = "; ".join(f"{k}: {v}" for k, v in verdict.counts.items() if k != "traceback") or detail
-                print(_row((scenario.name, name, verdict.tokens, verdict.active, verdict.status.upper(), detail), widths)
-                      + f"  ({time.perf_counter() - start:.1f}s)", flush=True)
+            continue
+        if args.graph and device != "cuda":
+            raise NothingToCheck(f"--graph needs a CUDA GPU: {name!r} runs on {device!r} here (--padded runs the same "
+                                 f"padded buckets eagerly, on any device)")
+        runnable.append((name, impl, device))
+        warning = _interpreter_warning(name, impl)
+        if warning:
+            print(warning, file=sys.stderr)
+    return runnable, skipped
+
+
+def _selection(args, on_gpu: bool) -> tuple[list, list]:
+    """(scenarios, sequences) chosen by ``--scenarios`` / ``--size``."""
+    import fnmatch
+
+    from .scenarios import CATALOGUE, scenarios
+    from .sequences import SEQUENCES, sequences
+
+    if args.errors_only:
+        return [], []
+    size = args.size or ("all" if on_gpu else "small")
+    patterns = args.scenarios
+    if patterns:
+        unknown = [p for p in patterns if not any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE + SEQUENCES)]
+        if unknown:
+            raise UsageError(f"--scenarios: no scenario matches {unknown} (python -m dsv4_compressor conformance --impl "
+                             f"spec --list shows the catalogue)")
+        in_catalogue = [p for p in patterns if any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE)]
+        chosen = scenarios(in_catalogue, args.size) if in_catalogue else []
+        chosen_sequences = sequences(patterns)
+        if not chosen and not chosen_sequences:
+            raise UsageError(f"--scenarios {' '.join(patterns)} selects no scenario of size {args.size!r}")
+    else:
+        chosen, chosen_sequences = scenarios(None, size), sequences()
+    if args.no_sequences or args.graph or args.padded:
+        chosen_sequences = []
+    return chosen, chosen_sequences
+
+
+# ---- the sections ---------------------------------------------------------------------------
+def _scenario_rows(args, runnable, chosen, report: Report) -> None:
+    from .runner import run_scenario
+
+    mode = "tolerant (SPEC §10 error bounds)" if args.tolerant else "exact (every byte)"
+    names = ", ".join(f"{n!r} on {d}" for n, _, d in runnable)
+    print(f"conformance of {names}: {len(chosen)} scenarios, verdict {mode}", flush=True)
+    print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), WIDTHS))
+    print("-" * 150)
+    for scenario in chosen:
+        for name, impl, device in runnable:
+            start = time.perf_counter()
+            verdict = run_scenario(impl, scenario, tolerant=args.tolerant, device=device)
+            _print_verdict(args, scenario.name, name, verdict, time.perf_counter() - start)
+            report.count(name, scenario.name, verdict.status, verdict.passed)
+            report.results["scenarios"].append({
+                "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
+                "device": device, **_verdict_json(verdict), "seconds": round(time.perf_counter() - start, 3)})
+
+
+def _print_verdict(args, label: str, name: str, verdict, seconds: float) -> None:
+    detail = verdict.first_difference
+    if args.tolerant and verdict.counts:
+        detail = "; ".join(f"{k}: {v}" for k, v in verdict.counts.items() if k != "traceback") or detail
+    print(_row((label, name, verdict.tokens, verdict.active, verdict.status.upper(), detail), WIDTHS)
+          + f"  ({seconds:.1f}s)", flush=True)
+    if verdict.status == "error" and "traceback" in verdict.counts:
+        print(verdict.counts["traceback"], file=sys.stderr)
+
+
+def _verdict_json(verdict) -> dict:
+    return {"tokens": verdict.tokens, "active": verdict.active, "status": verdict.status,
+            "detail": verdict.first_difference, "region": verdict.region,
+            "counts": {k: v for k, v in verdict.counts.items() if k != "traceback"}}
+
+
+def _sequence_rows(args, runnable, chosen_sequences, report: Report) -> None:
+    from .sequences import run_sequence
+
+    print(f"\nmulti-step sequences ({len(chosen_sequences)}: the caches carried from step to step, both compared with "
+          f"the spec's after every step):", flush=True)
+    for sequence in chosen_sequences:
+        for name, impl, device in runnable:
+            start = time.perf_counter()
+            verdict = run_sequence(impl, sequence, tolerant=args.tolerant, device=device)
+            _print_verdict(args, sequence.name, name, verdict, time.perf_counter() - start)
+            report.count(name, sequence.name, verdict.status, verdict.passed)
+            report.results["sequences"].append({"sequence": sequence.name, "impl": name, "device": device,
+                                                **_verdict_json(verdict)})
+
+
+def _invariance_rows(args, runnable, chosen, report: Report) -> None:
+    from .invariance import run_invariance
+
+    print("\nbatch invariance (each scenario's tokens alone, with their request, in random parts: the bytes of the "
+          "whole step; " + ("reported, not a failure, in the tolerant verdict):" if args.tolerant else "a failure otherwise):"),
+          flush=True)
+    for scenario in chosen:
+        for name, impl, device in runnable:
+            verdict = run_invariance(impl, scenario, device=device)
+            if not verdict.checked:  # unsupported or not on this device: the scenario's own row says so
+                continue
+            varies = verdict.status == "fail"
+            shown = "VARIANT" if varies and args.tolerant else verdict.status.upper()
+            detail = f"{verdict.calls} calls" if verdict.status == "pass" else verdict.detail
+            print(_row((scenario.name, name, "", "", shown, detail), WIDTHS), flush=True)
+            if verdict.traceback:
+                print(verdict.traceback, file=sys.stderr)
+            if varies:
+                report.variant.setdefault(name, []).append(scenario.name)
+            passed = verdict.passed or (varies and args.tolerant)
+            report.count(name, f"batch invariance {scenario.name}", verdict.status, passed)
+            report.results["invariance"].append({"scenario": scenario.name, "impl": name, "status": verdict.status,
+                                                 "detail": verdict.detail, "calls": verdict.calls})
+
+
+def _error_rows(runnable, report: Report) -> None:
+    from .errors import CASES, run_error_cases
+
+    print("\nSPEC §9 error cases (ValueError leading with the argument's name, no byte of any buffer changed):", flush=True)
+    for name, impl, device in runnable:
+        for result in run_error_cases(impl, CASES, device):
+            print(_row((result.case, name, "", "", result.status.upper(), result.detail[:110]), WIDTHS), flush=True)
+            report.count(name, f"§9 {result.case}", result.status, result.passed)
+            report.results["errors"].append({"case": result.case, "impl": name, "status": result.status,
+                                             "detail": result.detail})
+
+
+def _replay_rows(args, runnable, chosen, report: Report) -> None:
+    from .buckets import DEFAULT_BUCKETS
+    from .graphs import group_steps, plan_groups, run_group
+
+    buckets = tuple(args.buckets or DEFAULT_BUCKETS)
+    how = "CUDA graphs captured once per bucket and configuration" if args.graph else "eager calls padded into buckets"
+    groups, too_large = plan_groups(chosen, buckets)
+    judged = "tolerant: SPEC §10 bounds for the entries" if args.tolerant else "exact"
+    print(f"replays of {len(chosen) - len(too_large)} scenarios in {len(groups)} configurations, buckets "
+          f"{' '.join(map(str, buckets))}: {how}, every byte compared with the spec ({judged})", flush=True)
+    if too_large:
+        print(f"(larger than every bucket, not replayed: {', '.join(s.name for s in too_large)})")
+    print(_row(("scenario", "impl", "bucket", "form", "tokens", "active", "verdict", "first difference"), REPLAY_WIDTHS))
+    print("-" * 160)
+    for group in groups:
+        steps = group_steps(group)
+        for name, impl, device in runnable:
+            for verdict in run_group(impl, steps, buckets, graph=args.graph, device=device, tolerant=args.tolerant):
+                print(_row((verdict.scenario, name, verdict.bucket or "", verdict.form, verdict.tokens, verdict.active,
+                            verdict.status.upper(), verdict.first_difference), REPLAY_WIDTHS), flush=True)
                 if verdict.status == "error" and "traceback" in verdict.counts:
                     print(verdict.counts["traceback"], file=sys.stderr)
-                checked += verdict.checked
-                if not verdict.passed:
-                    failed.setdefault(name, []).append(scenario.name)
-                if verdict.status == "unsupported":
-                    unsupported.setdefault(name, []).append(scenario.name)
-                results["scenarios"].append({
-                    "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
-                    "device": device, "tokens": verdict.tokens, "active": verdict.active, "status": verdict.status,
-                    "detail": verdict.first_difference, "region": verdict.region,
-                    "counts": {k: v for k, v in verdict.counts.items() if k != "traceback"},
-                    "seconds": round(time.perf_counter() - start, 3)})
-    if runnable and not args.no_errors:
-        print("\nSPEC §9 error cases (ValueError leading with the argument's name, no byte of any buffer changed):",
-              flush=True)
-        widths = (44, 12, 6, 6, 11, 80)
-        for name, impl, device in runnable:
-            for result in run_error_cases(impl, CASES, device):
-                print(_row((result.case, name, "", "", result.status.upper(), result.detail[:110]), widths), flush=True)
-                checked += result.status in ("pass", "fail", "error")
-                if not result.passed:
-                    failed.setdefault(name, []).append(f"§9 {result.case}")
-                if result.status == "unsupported":
-                    unsupported.setdefault(name, []).append(f"§9 {result.case}")
-                results["errors"].append({"case": result.case, "impl": name, "status": result.status, "detail": result.detail})
+                label = f"{verdict.scenario} [bucket {verdict.bucket}, {verdict.form}]"
+                report.count(name, label, verdict.status, verdict.passed)
+                report.results["replays"].append({"scenario": verdict.scenario, "impl": name, "bucket": verdict.bucket,
+                                                  "form": verdict.form, **_verdict_json(verdict)})
+
+
+def _summary(report: Report, skipped: list[str]) -> tuple[int, str]:
     print()
-    for name, names in unsupported.items():
+    for name, names in report.unsupported.items():
         print(f"UNSUPPORTED by {name} (declared; not called): {len(names)}: {', '.join(names)}")
-    for name, names in failed.items():
+    for name, names in report.variant.items():
+        print(f"NOT BATCH-INVARIANT: {name}, on {len(names)} scenario(s): {', '.join(names)}")
+    for name, names in report.failed.items():
         print(f"FAILED by {name}: {len(names)}: {', '.join(names)}")
-    if failed:
-        status, line = EXIT_FAILED, f"FAILED: {sum(map(len, failed.values()))} failure(s) in {checked} check(s)"
-    elif not checked:
-        status, line = EXIT_NOTHING_CHECKED, ("NOTHING CHECKED: no scenario or error case ran "
-                                              + ("(no device for " + ", ".join(skipped) + ")" if skipped else "(all unsupported)")
-                                              + " — this is not a pass")
+    if report.failed:
+        status = EXIT_FAILED
+        line = f"FAILED: {sum(map(len, report.failed.values()))} failure(s) in {report.checked} check(s)"
+    elif not report.checked:
+        status = EXIT_NOTHING_CHECKED
+        line = ("NOTHING CHECKED: no scenario or error case ran "
+                + ("(no device for " + ", ".join(skipped) + ")" if skipped else "(all unsupported)") + " — this is not a pass")
     else:
-        status, line = EXIT_PASSED, f"PASSED: {checked} check(s), 0 failures"
+        status, line = EXIT_PASSED, f"PASSED: {report.checked} check(s), 0 failures"
     print(line)
+    return status, line
+
+
+def _list_catalogue() -> int:
+    from .scenarios import CATALOGUE
+    from .sequences import SEQUENCES
+
+    for sc in CATALOGUE:
+        where = f"{sc.size} ({sc.device} only)" if sc.device else sc.size
+        print(f"{sc.name:40s} {where:18s} {sc.description}")
+    for sq in SEQUENCES:
+        print(f"{sq.name:40s} {'small (steps)':18s} {sq.description}")
+    return EXIT_PASSED
+
+
+def run(args) -> int:
+    if args.list:
+        return _list_catalogue()
+    if args.errors_only and args.no_errors:
+        return _usage("--errors-only and --no-errors exclude each other")
+    if (args.graph or args.padded) and args.errors_only:
+        return _usage("--errors-only runs no scenario: it excludes --graph and --padded")
+    if args.buckets is not None and not (args.graph or args.padded):
+        return _usage("--buckets: expected with --graph or --padded")
+    if args.buckets is not None and min(args.buckets) < 1:
+        return _usage(f"--buckets: expected token counts of at least 1, got {args.buckets}")
+    try:
+        runnable, skipped = _runnable(args, _load(args.impl))
+        chosen, chosen_sequences = _selection(args, any(d == "cuda" for _, _, d in runnable))
+    except UsageError as error:
+        return _usage(str(error))
+    except NothingToCheck as error:
+        print(f"NOTHING CHECKED: {error}")
+        return EXIT_NOTHING_CHECKED
+    report = Report("tolerant" if args.tolerant else "exact")
+    if runnable and chosen and (args.graph or args.padded):
+        _replay_rows(args, runnable, chosen, report)
+    elif runnable:
+        if chosen:
+            _scenario_rows(args, runnable, chosen, report)
+        if chosen_sequences:
+            _sequence_rows(args, runnable, chosen_sequences, report)
+        if chosen and not args.no_invariance:
+            _invariance_rows(args, runnable, chosen, report)
+        if not args.no_errors:
+            _error_rows(runnable, report)
+    status, line = _summary(report, skipped)
     if args.json:
-        results.update(exit_status=status, summary=line, failed=failed, unsupported=unsupported, checked=checked)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        _write_json(args.json, report, runnable, skipped, status, line)
     return status
+
+
+def _write_json(path: str, report: Report, runnable, skipped: list[str], status: int, line: str) -> None:
+    results = {"implementations": {n: {"device": d} for n, _, d in runnable}, "skipped": skipped, "mode": report.mode,
+               **report.results, "exit_status": status, "summary": line, "failed": report.failed,
+               "unsupported": report.unsupported, "not_batch_invariant": report.variant, "checked": report.checked}
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)

@@ -1,15 +1,18 @@
-"""The conformance suite as pytest tests (one per scenario and per SPEC §9 error case).
+"""The conformance suite as pytest tests (one per scenario, per multi-step sequence, per
+scenario's batch invariance and per SPEC §9 error case).
 
 Enabled by the project's pytest plugin::
 
     pytest -p dsv4_compressor.pytest_plugin --dsv4-impl my_engine.kernels:compressor \
-        [--dsv4-size small|medium|large|all] [--dsv4-tolerant] [--dsv4-xfail NAME,...]
+        [--dsv4-size small|medium|large|all] [--dsv4-tolerant] [--dsv4-xfail NAME,...] [--dsv4-no-invariance]
 
 Each test is marked ``conformance`` and with the SPEC sections it checks (``spec_s5``,
 ``spec_s9``, ...), so ``-m spec_s9`` selects the error cases. Scenarios the implementation
 declares unsupported, or that need a device it lacks, are skipped with the reason; a run in
 which every conformance test was skipped ends with a non-zero status (nothing was checked).
-``--dsv4-xfail`` names scenarios or error cases expected to fail (a known deviation).
+``--dsv4-xfail`` names scenarios, sequences or error cases expected to fail (a known
+deviation), ``invariance::NAME`` a scenario's batch invariance. In the tolerant verdict a
+scenario whose bytes depend on the batch is an expected failure (reported, not failed).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def add_options(parser) -> None:
     group.addoption("--dsv4-xfail", default="", metavar="NAMES",
                     help="comma-separated scenario or error-case names expected to fail")
     group.addoption("--dsv4-no-errors", action="store_true", help="leave out the SPEC §9 error cases")
+    group.addoption("--dsv4-no-invariance", action="store_true", help="leave out the batch-invariance tests")
 
 
 def _sections_marker(section: str) -> str:
@@ -73,6 +77,39 @@ class ScenarioItem(_ConformanceItem):
         return "dsv4-conformance", None, f"{self.impl.name}: {self.scenario.name} ({self.scenario.description})"
 
 
+class SequenceItem(ScenarioItem):
+    """A multi-step sequence (``scenario`` is a :class:`~.sequences.Sequence`)."""
+
+    def runtest(self):
+        from .sequences import run_sequence
+
+        self._judge(run_sequence(self.impl, self.scenario, tolerant=self.tolerant))
+
+    def _judge(self, verdict):
+        if verdict.status in ("skip", "unsupported"):
+            pytest.skip(f"{verdict.status}: {verdict.first_difference}")
+        if not verdict.passed:
+            counts = {k: v for k, v in verdict.counts.items() if k != "traceback"}
+            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.first_difference}" + (f"\n{counts}" if counts else ""))
+
+
+class InvarianceItem(ScenarioItem):
+    """A scenario's batch invariance: a failure in the exact verdict, an expected failure
+    (reported, not failing) in the tolerant one."""
+
+    def runtest(self):
+        from .invariance import run_invariance
+
+        verdict = run_invariance(self.impl, self.scenario)
+        if verdict.status in ("skip", "unsupported"):
+            pytest.skip(f"{verdict.status}: {verdict.detail}")
+        if verdict.status == "fail" and self.tolerant:
+            pytest.xfail(f"NOT BATCH-INVARIANT (reported, not failed, in the tolerant verdict): {verdict.detail}")
+        if not verdict.passed:
+            raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}"
+                                     + (f"\n{verdict.traceback}" if verdict.traceback else ""))
+
+
 class ErrorCaseItem(_ConformanceItem):
     def __init__(self, *, impl, case, results: dict, **kwargs):
         super().__init__(**kwargs)
@@ -94,31 +131,52 @@ class ErrorCaseItem(_ConformanceItem):
         return "dsv4-conformance", None, f"{self.impl.name}: SPEC §9 {self.case.name}"
 
 
+def _xfail_name(item) -> str:
+    """The name ``--dsv4-xfail`` knows an item by: the scenario, sequence or error case, and
+    ``invariance::NAME`` for a scenario's batch invariance."""
+    name = item.name.rsplit("::", 1)[-1]
+    return f"invariance::{name}" if isinstance(item, InvarianceItem) else name
+
+
 def make_items(pytest_session, config) -> list[pytest.Item]:
     """The conformance tests for ``--dsv4-impl`` (none without it)."""
+    import fnmatch
+
     from .errors import CASES
     from .implementations import load_implementation
-    from .scenarios import scenarios
+    from .scenarios import CATALOGUE, scenarios
+    from .sequences import sequences
 
     names = config.getoption("--dsv4-impl")
     if not names:
         return []
     xfail = {n.strip() for n in config.getoption("--dsv4-xfail").split(",") if n.strip()}
     patterns = [p.strip() for p in config.getoption("--dsv4-scenarios").split(",") if p.strip()]
+    in_catalogue = [p for p in patterns if any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE)]
     try:
-        chosen = scenarios(patterns or None, config.getoption("--dsv4-size") if not patterns else None)
+        chosen_sequences = sequences(patterns or None)
+        if patterns and not in_catalogue and not chosen_sequences:
+            raise ValueError(f"--dsv4-scenarios: no scenario or sequence matches {patterns}")
+        if in_catalogue or patterns:
+            chosen = scenarios(in_catalogue, None) if in_catalogue else []
+        else:
+            chosen = scenarios(None, config.getoption("--dsv4-size"))
         loaded = [load_implementation(n) for n in names]
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     tolerant = config.getoption("--dsv4-tolerant")
     items, results = [], {}
     for impl in loaded:
-        for scenario in chosen:
-            item = ScenarioItem.from_parent(pytest_session, name=f"dsv4[{impl.name}]::{scenario.name}", impl=impl,
-                                            scenario=scenario, tolerant=tolerant)
-            for section in scenario.sections + (("§10",) if tolerant else ()):
-                item.add_marker(_sections_marker(section))
-            items.append(item)
+        kinds = [(ScenarioItem, "", chosen), (SequenceItem, "sequences::", chosen_sequences)]
+        if not config.getoption("--dsv4-no-invariance"):
+            kinds.append((InvarianceItem, "invariance::", chosen))
+        for kind, prefix, where in kinds:
+            for scenario in where:
+                item = kind.from_parent(pytest_session, name=f"dsv4[{impl.name}]::{prefix}{scenario.name}", impl=impl,
+                                        scenario=scenario, tolerant=tolerant)
+                for section in scenario.sections + (("§10",) if tolerant else ()):
+                    item.add_marker(_sections_marker(section))
+                items.append(item)
         if not config.getoption("--dsv4-no-errors") and not patterns:
             for case in CASES:
                 item = ErrorCaseItem.from_parent(pytest_session, name=f"dsv4[{impl.name}]::errors::{case.name}", impl=impl,
@@ -127,9 +185,9 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
                 items.append(item)
     for item in items:
         item.add_marker("conformance")
-        if item.name.rsplit("::", 1)[-1] in xfail:
+        if _xfail_name(item) in xfail:
             item.add_marker(pytest.mark.xfail(reason="--dsv4-xfail: a known deviation", strict=False))
-    unknown = xfail - {item.name.rsplit("::", 1)[-1] for item in items}
+    unknown = xfail - {_xfail_name(item) for item in items}
     if unknown:
         raise pytest.UsageError(f"--dsv4-xfail: no scenario or error case named {sorted(unknown)}")
     return items

@@ -18,11 +18,17 @@ from ..spec.constants import NOPE_DIM, QUANT_BLOCK
 from ..spec.entry_layout import FLASHMLA_FP8, INDEXER_LAYOUTS, PAGED_LAYOUTS, EntryLayout
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
 from . import bounds
+from ..spec.batch import Batch
+from . import step_call
+from .arrays import HostArrays, TorchArrays, arrays_for, to_numpy, to_torch  # noqa: F401  (to_numpy, to_torch: re-exported)
 from .buffers import Buffer
 from .capabilities import Features
 from .implementations import LoadedImplementation
 from .locate import Place, active_slot_map, locate_k_cache, locate_state
 from .scenarios import Scenario, StepInputs
+from .step_call import StaticArgs, StepArrays
+
+METADATA = ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")  # a batch's per-step arrays
 
 F32 = np.float32
 
@@ -56,57 +62,25 @@ class Verdict:
         return self.status in ("pass", "fail", "error")
 
 
-def run_spec(inputs: StepInputs) -> Expected:
-    """The spec's result for a step (debug checks on: a scenario bug shows as an error here)."""
+def spec_step(inputs: StepInputs, state: np.ndarray, k_cache: np.ndarray) -> None:
+    """The spec's two calls of a step on the given views, in place (debug checks on: a
+    scenario bug shows as an error here)."""
     b = inputs.batch
-    state_owner, state = inputs.state_cache.numpy_copy()
     spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True)
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
     spec.compress_norm_rope_store(
         state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale, debug=True,
         **({"hadamard": True} if inputs.hadamard else {}),
     )
+
+
+def run_spec(inputs: StepInputs) -> Expected:
+    """The spec's result for a step, from the step's own buffers."""
+    state_owner, state = inputs.state_cache.numpy_copy()
+    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    spec_step(inputs, state, k_cache)  # the store does not write the state: its bytes are those after the save
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
-
-
-def to_numpy(array: np.ndarray, strided: bool = False) -> np.ndarray:
-    """A NumPy copy of ``array``.
-
-    ``strided``: the copy is a view into a wider allocation — rows padded by 3 elements and
-    the base moved by 1 element (so neither the base nor the row stride is 16-byte aligned),
-    with a unit last stride as SPEC §9 requires; the padding holds NaN (-7 for integers).
-    """
-    if not strided or array.ndim == 0:
-        return np.array(array, copy=True, order="C")
-    shape = array.shape
-    padded = shape[:-1] + (shape[-1] + 3,) if array.ndim > 1 else shape
-    fill = np.uint16(0x7FC0) if array.dtype == np.uint16 else (np.nan if array.dtype.kind == "f" else -7)
-    wide = np.full(1 + int(np.prod(padded)) + 5, fill, dtype=array.dtype)
-    strides = [array.dtype.itemsize] * array.ndim
-    for axis in range(array.ndim - 2, -1, -1):
-        strides[axis] = strides[axis + 1] * padded[axis + 1]
-    view = np.ndarray(shape, dtype=array.dtype, buffer=wide, offset=array.dtype.itemsize, strides=tuple(strides))
-    view[...] = array
-    return view
-
-
-def to_torch(array: np.ndarray, device: str, strided: bool = False):
-    """:func:`to_numpy`'s copy as a torch tensor on ``device``, laid out alike (uint16 bf16
-    patterns become bfloat16)."""
-    import torch
-
-    host = to_numpy(array, strided)
-    owner = host if host.base is None else host.base  # the wider allocation of a strided view
-    if owner.dtype == np.uint16:
-        tensor = torch.from_numpy(owner.view(np.int16)).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(owner)
-    if host.base is None:
-        return tensor.to(device)
-    moved = tensor.to(device)
-    return torch.as_strided(moved, host.shape, tuple(s // host.itemsize for s in host.strides), 1)
 
 
 def features(inputs: StepInputs) -> Features:
@@ -122,55 +96,36 @@ def features(inputs: StepInputs) -> Features:
     )
 
 
+def implementation_arrays(arrays: HostArrays | TorchArrays, inputs: StepInputs, batch: Batch | None = None,
+                          kv_score: np.ndarray | None = None) -> tuple[StepArrays, object, object]:
+    """A step's arrays as an implementation takes them, with fresh copies of both cache
+    allocations: ``(arrays, state allocation, k_cache allocation)``. ``batch`` and ``kv_score``
+    replace the step's own (a part of it, say)."""
+    b = inputs.batch if batch is None else batch
+    kv_score = inputs.kv_score if kv_score is None else kv_score
+    strided = inputs.strided_inputs
+    state_owner, state = arrays.allocate(inputs.state_cache)
+    k_owner, k_cache = arrays.allocate(inputs.k_cache)
+    step = StepArrays(
+        kv_score=arrays.convert(kv_score, strided), ape=arrays.convert(inputs.ape, strided),
+        **{name: arrays.convert(getattr(b, name), strided) for name in METADATA},
+        rms_norm_weight=arrays.convert(inputs.rms_norm_weight, strided),
+        cos_sin_cache=arrays.convert(inputs.cos_sin_cache, strided), state_cache=state, k_cache=k_cache)
+    return step, state_owner, k_owner
+
+
 def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
     """The implementation's state bytes after save and cache bytes after store (NumPy arrays
-    on the host for an implementation that takes them, else torch tensors on ``device``)."""
-    b = inputs.batch
-    strided = inputs.strided_inputs
-    if impl.takes_numpy:
-        def convert(array):
-            return to_numpy(array, strided)
-
-        def allocate(buffer: Buffer):
-            return buffer.numpy_copy()
-
-        def load(owner, data: np.ndarray) -> None:
-            owner[...] = data
-
-        def host_bytes(owner) -> np.ndarray:
-            return owner.copy()
-    else:
-        import torch
-
-        def convert(array):
-            return to_torch(array, device, strided)
-
-        def allocate(buffer: Buffer):
-            return buffer.torch_copy(device)
-
-        def load(owner, data: np.ndarray) -> None:
-            owner.copy_(torch.from_numpy(data).to(device))
-
-        def host_bytes(owner) -> np.ndarray:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            return owner.cpu().numpy().copy()
-
-    a = {name: convert(getattr(b, name)) for name in
-         ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
-    state_owner, state = allocate(inputs.state_cache)
-    impl.target.save_partial_states(convert(inputs.kv_score), convert(inputs.ape), a["positions"], a["slot_mapping"],
-                                    state, b.block_size)
-    state_after_save = host_bytes(state_owner)
-    load(state_owner, expected.state_after_save)  # judge the store alone
-    k_owner, k_cache = allocate(inputs.k_cache)
-    impl.target.compress_norm_rope_store(
-        state, a["token_to_req_indices"], a["positions"], a["slot_mapping"], a["block_table"], b.block_size,
-        convert(inputs.rms_norm_weight), inputs.rms_norm_eps, convert(inputs.cos_sin_cache),
-        k_cache, a["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
-        **({"hadamard": True} if inputs.hadamard else {}),  # only the indexer's rotation takes the keyword
-    )
-    return state_after_save, host_bytes(k_owner)
+    on the host for an implementation that takes them, else torch tensors on ``device``).
+    The store runs on the spec's post-save state, so each operation is judged alone."""
+    arrays = arrays_for(impl.takes_numpy, device)
+    step, state_owner, k_owner = implementation_arrays(arrays, inputs)
+    static = StaticArgs.of(inputs)
+    step_call.save(impl.target, step, static)
+    state_after_save = arrays.host_bytes(state_owner)
+    arrays.load(state_owner, expected.state_after_save)  # judge the store alone
+    step_call.compress(impl.target, step, static)
+    return state_after_save, arrays.host_bytes(k_owner)
 
 
 # ---- describing a difference -----------------------------------------------------------------

@@ -18,6 +18,7 @@ from ..spec import batch as B
 from ..spec.batch import Batch, Request
 from ..spec.constants import HEAD_DIM, QUANT_BLOCK, ratio_config
 from .buffers import Buffer
+from .speculative import GROUP_SIZES, mixed_group_requests, verify_group_requests
 
 F32 = np.float32
 
@@ -522,6 +523,42 @@ def _indexer() -> list[Scenario]:
     return s
 
 
+def _speculative() -> list[Scenario]:
+    """Speculative decoding's verify groups (:mod:`.speculative`): ``k + 1 = 2 ... 8`` consecutive
+    tokens per request with the window boundary at every offset of a group, several requests,
+    beside prefill chunks, plain decode tokens and padding."""
+    s = []
+
+    def add(name, description, recipe, seed, sections=("§4", "§5", "§6", "§7")):
+        s.append(Scenario(name, description, "small", recipe, seed, tags=("speculative",), sections=sections))
+
+    for group in GROUP_SIZES:
+        add(f"verify_c4_group{group}", f"C4 verify groups of {group} tokens, the boundary at each offset of a group, "
+            "beside a prefill chunk, decode tokens and scattered padding",
+            StepRecipe(verify_group_requests(group, 4, num_groups=group, max_entries=12, prefill=(7,), num_decode=2), **C4,
+                       num_padding=3, padding_at_end=False), 60 + group)
+        add(f"verify_c128_group{group}", f"C128 verify groups of {group} tokens crossing a boundary at each offset, "
+            "beside a decode token and padding",
+            StepRecipe(verify_group_requests(group, 128, num_groups=group, max_entries=4, num_decode=1), **C128,
+                       num_padding=2), 70 + group)
+    add("verify_mixed_c4", "C4 verify groups of every size 2 ... 8, a group holding the first window, prefill and decode",
+        StepRecipe(mixed_group_requests(4, max_entries=10), **C4, num_padding=4, padding_at_end=False), 80)
+    add("verify_mixed_c128", "C128 verify groups of every size 2 ... 8 with prefill and decode",
+        StepRecipe(mixed_group_requests(128, max_entries=3), **C128, num_padding=2), 81)
+    add("verify_mixed_c4_bf16", "C4 verify groups of every size into the bf16 layout, bf16 weight",
+        StepRecipe(mixed_group_requests(4, max_entries=10), **C4, layout="bf16", bf16_weight=True), 82)
+    add("verify_mixed_c128_fp8_per_tensor", "C128 verify groups of every size into the fp8_per_tensor layout",
+        StepRecipe(mixed_group_requests(128, max_entries=3), **C128, layout="fp8_per_tensor", fp8_scale=0.0371), 83)
+    add("verify_indexer_c4_mxfp4_hadamard", "indexer C4 verify groups of 5 tokens into indexer_mxfp4 with the rotation",
+        StepRecipe(verify_group_requests(5, 4, num_groups=5, max_entries=8, num_decode=2), compress_ratio=4,
+                   block_size=16, entries_per_page=8, layout="indexer_mxfp4", head_dim=128, hadamard=True,
+                   num_padding=2), 84, ("§4", "§5", "§12"))
+    add("verify_indexer_c128_fp8", "indexer C128 verify groups of 8 tokens into indexer_fp8",
+        StepRecipe(verify_group_requests(8, 128, num_groups=4, max_entries=3), compress_ratio=128, block_size=8,
+                   entries_per_page=3, layout="indexer_fp8", head_dim=128), 85, ("§4", "§5", "§12"))
+    return s
+
+
 def _large() -> list[Scenario]:
     s = []
 
@@ -562,7 +599,7 @@ def _medium() -> list[Scenario]:
     ]
 
 
-CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _medium() + _large())
+CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _speculative() + _medium() + _large())
 
 
 def scenarios(names: list[str] | None = None, size: str | None = None) -> list[Scenario]:

@@ -419,6 +419,21 @@ class TorchReference:
             k_cache[page, offset] = (z * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
 
+    # ---- SPEC §8's combined call ------------------------------------------------------------
+    def save_and_compress_norm_rope_store(self, kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping,
+                                          block_table, block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache,
+                                          kv_slot_mapping, **keywords):
+        """The save, then the compress, on the same state cache; both calls' arguments are
+        validated before either writes (SPEC §9)."""
+        validate_compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                          rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
+                                          **keywords, head_dims=(512, 128))
+        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
+        self.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        self.compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                      rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, **keywords)
+
+
 # One instance per mutation, loadable as e.g.
 # ``--impl dsv4_compressor.conformance.torch_reference:MUTANTS.scale_floor``.
 MUTANTS = SimpleNamespace(**{m: TorchReference((m,)) for m in MUTATIONS})

@@ -56,3 +56,27 @@ class VllmLike(TorchReference):
 class GpuOnly(TorchReference):
     SUPPORTED_DEVICES = ("cuda",)
     CAPABILITIES = None  # the older declaration only
+
+
+class BatchVariant(TorchReference):
+    """Sums left to right in a call of more than one token and by the pairwise trees in a call
+    of one (a kernel whose path, and so its arithmetic, follows the batch size): within the
+    tolerant bounds, but a token's bytes depend on its batch."""
+
+    def __init__(self):
+        super().__init__(())
+        self.batched = TorchReference(("sequential_sum",))
+
+    def compress_norm_rope_store(self, state_cache, token_to_req_indices, *args, **kwargs):
+        chosen = self.batched if token_to_req_indices.shape[0] > 1 else super()
+        return chosen.compress_norm_rope_store(state_cache, token_to_req_indices, *args, **kwargs)
+
+
+class WritesFromPadding(TorchReference):
+    """Saves the last token's row into state row 0 when a call holds 8 tokens or more, whatever
+    its slot (out-of-range work for the padding of a large bucket)."""
+
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
+        super().save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+        if kv_score.shape[0] >= 8:
+            state_cache[0, 0, : kv_score.shape[1]] = kv_score[-1]

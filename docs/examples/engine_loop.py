@@ -8,7 +8,8 @@ What an engine does with the compressor, in miniature (docs/engine.md walks thro
    request's block lists, and build the step's metadata: ``positions``,
    ``token_to_req_indices``, the state ``slot_mapping``, the ``block_table`` and the
    compressed-cache ``kv_slot_mapping`` (a slot only for the token that closes a window),
-   padded to a fixed number of tokens as for a captured CUDA graph;
+   padded to a fixed number of tokens as for a captured CUDA graph (the free lists and the
+   slot rules are ``dsv4_compressor.conformance.engine``'s, which the soak shares);
 3. call ``save_partial_states`` and then ``compress_norm_rope_store``.
 
 Here every step also runs the NumPy spec on mirrors of both caches and compares every byte.
@@ -28,11 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dsv4_compressor import spec
+from dsv4_compressor.conformance.engine import BlockPool, Geometry, step_metadata
 from dsv4_compressor.spec.batch import random_norm_weight, rope_cos_sin_cache
 from dsv4_compressor.spec.constants import ENTRY_BYTES, ratio_config
-
-PADDING_SLOT = -1  # slot_mapping / kv_slot_mapping of a token that writes nothing
-
 
 @dataclass
 class Request:
@@ -47,18 +46,6 @@ class Request:
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.decode_len
-
-
-class BlockPool:
-    """A free list of block numbers, handed out in a shuffled order (as after a while of serving)."""
-
-    def __init__(self, num_blocks: int, rng: np.random.Generator):
-        self.free = [int(b) for b in rng.permutation(num_blocks)]
-
-    def take(self) -> int:
-        if not self.free:
-            raise RuntimeError("out of blocks: raise --state-blocks / --pages")
-        return self.free.pop()
 
 
 @dataclass(frozen=True)
@@ -87,44 +74,22 @@ def schedule(requests: list[Request], config: EngineConfig) -> list[tuple[int, i
 
 
 def build_step(requests, plan, config: EngineConfig, state_pool: BlockPool, page_pool: BlockPool) -> dict[str, np.ndarray]:
-    """The step's metadata as NumPy arrays (vLLM's names and dtypes), blocks allocated on demand."""
-    r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page
-    positions, owners, slots, kv_slots = [], [], [], []
-    for index, first, count in plan:
-        request = requests[index]
-        for p in range(first, first + count):
-            while len(request.state_blocks) <= p // bs:
-                request.state_blocks.append(state_pool.take())
-            slot = request.state_blocks[p // bs] * bs + p % bs  # the state row this token saves
-            kv_slot = PADDING_SLOT
-            if (p + 1) % r == 0:  # p closes window e = p // r: the one token that writes entry e
-                entry = p // r
-                while len(request.pages) <= entry // B:
-                    request.pages.append(page_pool.take())
-                kv_slot = request.pages[entry // B] * B + entry % B
-            positions.append(p)
-            owners.append(index)
-            slots.append(slot)
-            kv_slots.append(kv_slot)
-        request.computed = first + count
-    num_padding = config.padded_tokens - len(positions)
-    if num_padding < 0:
+    """The step's metadata as NumPy arrays (vLLM's names and dtypes), blocks allocated on demand
+    and the step padded to ``config.padded_tokens`` tokens of slot -1.
+
+    For each token at position ``p`` of a request: ``slot_mapping`` is the state row
+    ``state_blocks[p // bs] * bs + p % bs``; a token that closes a window (``(p + 1) % r == 0``)
+    gets the slot of entry ``p // r`` on the request's pages as its ``kv_slot_mapping``, every
+    other token -1 (``dsv4_compressor.conformance.engine.step_metadata`` applies these rules).
+    """
+    geometry = Geometry(config.compress_ratio, config.block_size, config.entries_per_page)
+    if sum(count for _, _, count in plan) > config.padded_tokens:
         raise RuntimeError("more tokens than padded_tokens: raise --padded-tokens")
-    positions += [0] * num_padding  # padding tokens: any position, slot -1, no entry
-    owners += [0] * num_padding
-    slots += [PADDING_SLOT] * num_padding
-    kv_slots += [PADDING_SLOT] * num_padding
-    max_blocks = max(len(request.state_blocks) for request in requests)
-    block_table = np.zeros((len(requests), max_blocks), dtype=np.int32)  # unused entries: 0, never read
-    for index, request in enumerate(requests):
-        block_table[index, :len(request.state_blocks)] = request.state_blocks
-    return dict(
-        positions=np.array(positions, dtype=np.int64),
-        token_to_req_indices=np.array(owners, dtype=np.int32),
-        slot_mapping=np.array(slots, dtype=np.int64),
-        block_table=block_table,
-        kv_slot_mapping=np.array(kv_slots, dtype=np.int64),
-    )
+    batch = step_metadata(plan, requests, geometry, state_pool, page_pool, padded_tokens=config.padded_tokens)
+    for index, first, count in plan:
+        requests[index].computed = first + count
+    return {name: getattr(batch, name) for name in
+            ("positions", "token_to_req_indices", "slot_mapping", "block_table", "kv_slot_mapping")}
 
 
 def load_backend(name: str):

@@ -82,7 +82,13 @@ cluster16 = Variant("cluster16", "fused_cluster", _cluster(32))  # 16-CTA cluste
 nopdl = Variant("nopdl", "auto", pdl=False)  # auto dispatch (also C4 and save) without programmatic dependent launch
 early_metadata = Variant("early_metadata", "auto", _policy(early_metadata=True))
 
-VARIANTS = {v.name: v for v in (*FORCED_PATHS.values(), cluster8, cluster16, nopdl, early_metadata)}
+# each forced path without PDL, and with its metadata read before the wait: the launch contracts
+# every path must keep (the sanitizers and the graph tests run them all)
+NOPDL_PATHS = {f"{name}_nopdl": Variant(f"{name}_nopdl", name, pdl=False) for name in FORCED_PATHS}
+EARLY_PATHS = {f"{name}_early": Variant(f"{name}_early", name, _policy(early_metadata=True)) for name in FORCED_PATHS}
+
+VARIANTS = {v.name: v for v in (*FORCED_PATHS.values(), cluster8, cluster16, nopdl, early_metadata,
+                                 *NOPDL_PATHS.values(), *EARLY_PATHS.values())}
 
 # the indexer compressor (SPEC §12): one token per CTA (the default runs four), and no PDL
 indexer_c4_w1 = Variant("indexer_c4_w1", policy=_policy(indexer_c4_warps=1))
