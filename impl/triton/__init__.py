@@ -9,6 +9,9 @@
   ``("cuda",)``.
 - :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
 - :func:`warm_up`: compile a layer's kernels before CUDA-graph capture.
+- DeepSeek-V4.1 (SPEC §14): :func:`v41_compress_norm`, :func:`v41_rope_quant_store`,
+  :func:`v41_compress_norm_rope_store` (one launch), :func:`v41_index_key_store` and
+  :func:`v41_warm_up` (:mod:`.v41`; kernels in :mod:`.v41_kernels`).
 
 Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.window` (a token's activity
 and its window's state rows), :mod:`.pooling` (the pooled vector, one channel tile at a time),
@@ -23,6 +26,9 @@ variant for the SPEC §2 instruction rules).
 
 from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states, warm_up
 from .config import FusedConfig, SaveConfig
+from .v41 import v41_compress_norm, v41_compress_norm_rope_store, v41_index_key_store, v41_rope_quant_store, v41_warm_up
 from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_*)
 
-__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig"]
+__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig",
+           "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
+           "v41_warm_up"]
