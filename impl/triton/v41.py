@@ -89,9 +89,11 @@ class _Plan:
 
 
 def _lookup(key, build):
-    """The plan of ``key`` (built by ``build()`` on a miss); an unhashable argument validates the long way."""
+    """The plan of ``key`` (built by ``build()`` on a miss, and always for ``key = None``: debug calls
+    and calls with an ``ape``); an unhashable argument validates the long way. A plan is ``None``
+    for a call that launches nothing (no tokens)."""
     try:
-        plan = None if key is None else _PLANS.get(key, False)
+        plan = False if key is None else _PLANS.get(key, False)
     except TypeError:
         key, plan = None, False
     if plan is False:
