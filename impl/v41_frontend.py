@@ -99,11 +99,12 @@ def _check_state_contract(call: V41CompressCall, state_call: V41StateCall, posit
 
 
 def validate_v41_rope_quant_store(latent, positions, kv_slot_mapping, cos_sin_cache, k_cache, *, compress_ratio, layout,
-                                  fp8_scale, debug: bool = False) -> V41StoreCall:
+                                  fp8_scale, debug: bool = False, latent_optional: bool = False) -> V41StoreCall:
     """SPEC §14.8 checks of ``v41_rope_quant_store``'s torch arguments (``latent`` may be
-    ``None``: the combined call computes it), plus the debug store contract of §14.7's storing
-    tokens (a cache slot and a boundary position)."""
-    call = check_v41_store(describe_optional("latent", latent), describe_torch("positions", positions),
+    ``None`` where ``latent_optional``: the combined call computes it), plus the debug store
+    contract of §14.7's storing tokens (a cache slot and a boundary position)."""
+    latent_info = describe_optional("latent", latent) if latent_optional else describe_torch("latent", latent)
+    call = check_v41_store(latent_info, describe_torch("positions", positions),
                            describe_torch("kv_slot_mapping", kv_slot_mapping), describe_torch("cos_sin_cache", cos_sin_cache),
                            describe_torch("k_cache", k_cache), compress_ratio, layout, fp8_scale)
     if debug:
@@ -136,7 +137,8 @@ def validate_v41_compress_norm_rope_store(kv, score, positions, state: V41StateA
     compress = validate_v41_compress_norm(kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping,
                                           latent, compress_ratio=compress_ratio, ape=ape, latent_optional=True)
     store = validate_v41_rope_quant_store(latent, positions, kv_slot_mapping, cos_sin_cache, k_cache,
-                                          compress_ratio=compress_ratio, layout=layout, fp8_scale=fp8_scale)
+                                          compress_ratio=compress_ratio, layout=layout, fp8_scale=fp8_scale,
+                                          latent_optional=True)
     if debug:
         call = compress.call
         if compress.state is not None:
