@@ -28,6 +28,7 @@ from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_state
 from .config import FusedConfig, SaveConfig
 from .v41 import v41_compress_norm, v41_compress_norm_rope_store, v41_index_key_store, v41_rope_quant_store, v41_warm_up
 from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_*)
+from . import v41_ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_v41_*)
 
 __all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig",
            "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
