@@ -159,7 +159,7 @@ def v41_compress_norm(
     state = V41StateArguments(token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs, state_cache,
                               ring_capacity)
     key = None if debug or ape is not None else _compress_key(kv, score, positions, state, rms_norm_weight, rms_norm_eps,
-                                                              kv_slot_mapping, latent, ("compress_norm", compress_ratio))
+                                                              kv_slot_mapping, latent, ("compress_norm", compress_ratio, type(compress_ratio)))
 
     def build():
         check = validate_v41_compress_norm(kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping,

@@ -148,6 +148,17 @@ def test_messages_are_the_specs():
     assert str(triton_error.value) == "latent: expected a row stride that is a multiple of 16 bytes, got strides [516, 1]"
 
 
+@pytest.mark.parametrize("operation", ["v41_compress_norm", "v41_compress_norm_rope_store"])
+def test_a_cached_plan_does_not_admit_a_bool_ratio(operation):
+    """``True == 1`` and hashes alike: after a valid call, the same layout with ``compress_ratio=True``
+    must still be refused (the plan key holds the argument's type)."""
+    arguments, owners = v41_call(1)
+    if operation == "v41_compress_norm":
+        arguments = {k: v for k, v in arguments.items() if k not in COMPRESS_ONLY}
+    getattr(T, operation)(**arguments)
+    _raises_and_writes_nothing(getattr(T, operation), {**arguments, "compress_ratio": True}, owners, "compress_ratio")
+
+
 def test_v41_compress_norm_needs_a_latent():
     arguments, owners = v41_call(1)
     arguments = {k: v for k, v in arguments.items() if k not in COMPRESS_ONLY}
