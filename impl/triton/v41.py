@@ -53,11 +53,11 @@ def _values(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.int16) if tensor.dtype == BF16 else tensor
 
 
-def _state_group(state: V41StateArguments, ring_capacity: int | None) -> tuple:
+def _state_group(state: V41StateArguments) -> tuple:
     """:mod:`.v41_rows`' state group: the state, its strides, the block table, ``bs``, ``C`` (0: paged)."""
     cache, table = state.state_cache, state.block_table
     return (_values(cache), _stride16(cache, 0), _stride16(cache, 1), table, table.stride(0), int(state.bs),
-            int(ring_capacity or 0))
+            int(state.ring_capacity or 0))
 
 
 def _cache_group(k_cache: torch.Tensor, layout: str, entries_per_page: int, fp8_scale) -> tuple:
@@ -127,7 +127,7 @@ def _launch_compress(plan: _Plan, kv, score, positions, state: V41StateArguments
         tokens = (positions, kv_slot_mapping, state.token_to_req, state.slot_mapping, state.save_slot_mapping,
                   state.query_start_loc)
         inputs = (_values(kv), _stride16(kv, 0), _values(score), _stride16(score, 0))
-        state_group = _state_group(state, state.ring_capacity)
+        state_group = _state_group(state)
     plan.launch(tokens, inputs, state_group, (_values(rms_norm_weight), plan.eps), _latent_group(latent), rope, cache)
 
 
