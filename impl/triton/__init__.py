@@ -9,6 +9,9 @@
   ``("cuda",)``.
 - :class:`FusedConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of the calls).
 - :func:`warm_up`: compile a layer's kernels before CUDA-graph capture.
+- DeepSeek-V4.1 (SPEC §14): :func:`v41_compress_norm`, :func:`v41_rope_quant_store`,
+  :func:`v41_compress_norm_rope_store` (one launch), :func:`v41_index_key_store` and
+  :func:`v41_warm_up` (:mod:`.v41`; kernels in :mod:`.v41_kernels`).
 
 Module map: :mod:`.exact_math` (exp2s, encoders, UE8M0, trees), :mod:`.window` (a token's activity
 and its window's state rows), :mod:`.pooling` (the pooled vector, one channel tile at a time),
@@ -18,11 +21,19 @@ and its window's state rows), :mod:`.pooling` (the pooled vector, one channel ti
 :mod:`.fused` and :mod:`.save_states` (the kernels: one fused kernel for both head widths),
 :mod:`.launch` (a plan's fast launcher), :mod:`.api` (validation, launch plans, warm-up), :mod:`.ops`
 (the operations as ``torch.ops.dsv4_compressor.triton_*`` custom ops), :mod:`.ptx` (PTX of every
-variant for the SPEC §2 instruction rules).
+variant for the SPEC §2 instruction rules). DeepSeek-V4.1: :mod:`.v41_rows` (the projections and
+ratio 2's state rows), :mod:`.v41_latent` (pooling, norm, latent), :mod:`.v41_records` (RoPE and
+the five records), :mod:`.v41_index_key`, :mod:`.v41_save` (the save after the compress),
+:mod:`.v41_kernels` (three kernels and their static configurations), :mod:`.v41` (the API),
+:mod:`.v41_ops` (``torch.ops.dsv4_compressor.triton_v41_*``), :mod:`.v41_ptx` (their PTX variants).
 """
 
 from .api import SUPPORTED_DEVICES, compress_norm_rope_store, save_partial_states, warm_up
 from .config import FusedConfig, SaveConfig
+from .v41 import v41_compress_norm, v41_compress_norm_rope_store, v41_index_key_store, v41_rope_quant_store, v41_warm_up
 from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_*)
+from . import v41_ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.triton_v41_*)
 
-__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig"]
+__all__ = ["SUPPORTED_DEVICES", "compress_norm_rope_store", "save_partial_states", "warm_up", "FusedConfig", "SaveConfig",
+           "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
+           "v41_warm_up"]

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from . import v41_ptx
+
 TARGET_ARCH = 90
 #: The PTX target Triton writes for compute capability 9.0. Triton's NVIDIA backend always appends
 #: "a" for capability >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX
@@ -36,7 +38,7 @@ class Variant:
     """One static configuration of a kernel."""
 
     name: str
-    kernel: str  # "fused" (both head widths) or "save"
+    kernel: str  # "fused" (both head widths), "save", or one of v41_ptx.V41_KERNELS
     constexprs: dict
     signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
     num_warps: int
@@ -152,6 +154,7 @@ def variants() -> list[Variant]:
         out.append(Variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", "save",
                            dict(RATIO=ratio, STATE_WIDTH=state_width, BLOCK=block),
                            _SAVE_TYPES, warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
+    out += v41_ptx.variants()  # DeepSeek-V4.1's kernels (SPEC §14)
     return out
 
 
@@ -177,6 +180,8 @@ def _compile(variant: Variant) -> str:
 
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
+    elif variant.kernel in v41_ptx.V41_KERNELS:
+        kernel = v41_ptx.kernel(variant.kernel)
     else:
         from .save_states import save_partial_states_kernel as kernel
     if not isinstance(kernel, triton.runtime.JITFunction):
