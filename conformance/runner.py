@@ -3,7 +3,8 @@
 Both start from identical buffers (canary-filled caches, NaN-filled state padding). The
 implementation's ``save_partial_states`` is judged on the state cache; its
 ``compress_norm_rope_store`` then runs on the *spec's* post-save state, so each operation
-is judged on identical inputs.
+is judged on identical inputs. A step-call scenario (SPEC §13.4) makes one
+``compress_and_save`` call, judged on the state and ``k_cache`` after it (:mod:`.state_calls`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from .. import spec
 from ..spec.constants import NOPE_DIM, QUANT_BLOCK
 from ..spec.entry_layout import FLASHMLA_FP8, INDEXER_LAYOUTS, PAGED_LAYOUTS, EntryLayout
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
-from . import bounds
+from ..spec.rows import ChunkInputs
+from ..spec.state_format import StateFormat
+from . import bounds, state_calls
 from .buffers import Buffer
 from .capabilities import Features
 from .implementations import LoadedImplementation
@@ -58,15 +61,18 @@ class Verdict:
 
 def run_spec(inputs: StepInputs) -> Expected:
     """The spec's result for a step (debug checks on: a scenario bug shows as an error here)."""
+    if inputs.step_call:  # the state after the whole step
+        return Expected(*state_calls.spec_step_call(inputs))
     b = inputs.batch
     state_owner, state = inputs.state_cache.numpy_copy()
-    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True)
+    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True,
+                             **state_calls.save_keywords(inputs))
     k_owner, k_cache = inputs.k_cache.numpy_copy()
     spec.compress_norm_rope_store(
         state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale, debug=True,
-        **({"hadamard": True} if inputs.hadamard else {}),
+        **({"hadamard": True} if inputs.hadamard else {}), **state_calls.compress_keywords(inputs, inputs.ape),
     )
     return Expected(state_after_save=state_owner, k_cache_after_store=k_owner)
 
@@ -119,6 +125,8 @@ def features(inputs: StepInputs) -> Features:
         state_strides=(state.strides[0] // 4, state.strides[1] // 4), strided_inputs=inputs.strided_inputs,
         hadamard=inputs.hadamard, max_position=int(b.positions.max(initial=0)),
         large_offsets=max(inputs.state_cache.nbytes, inputs.k_cache.nbytes) > 2 ** 31,
+        state_dtype="bf16" if state.dtype == np.uint16 else "fp32", ape_at=inputs.ape_at,
+        ring_addressing=inputs.ring_capacity is not None, step_call=inputs.step_call,
     )
 
 
@@ -156,11 +164,14 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
                 torch.cuda.synchronize()
             return owner.cpu().numpy().copy()
 
+    if inputs.step_call:
+        return _run_step_call(impl, inputs, convert, allocate, host_bytes)
     a = {name: convert(getattr(b, name)) for name in
          ("token_to_req_indices", "positions", "slot_mapping", "block_table", "kv_slot_mapping")}
+    ape = convert(inputs.ape)
     state_owner, state = allocate(inputs.state_cache)
-    impl.target.save_partial_states(convert(inputs.kv_score), convert(inputs.ape), a["positions"], a["slot_mapping"],
-                                    state, b.block_size)
+    impl.target.save_partial_states(convert(inputs.kv_score), ape, a["positions"], a["slot_mapping"],
+                                    state, b.block_size, **state_calls.save_keywords(inputs))
     state_after_save = host_bytes(state_owner)
     load(state_owner, expected.state_after_save)  # judge the store alone
     k_owner, k_cache = allocate(inputs.k_cache)
@@ -169,14 +180,32 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
         convert(inputs.rms_norm_weight), inputs.rms_norm_eps, convert(inputs.cos_sin_cache),
         k_cache, a["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale,
         **({"hadamard": True} if inputs.hadamard else {}),  # only the indexer's rotation takes the keyword
+        **state_calls.compress_keywords(inputs, ape),  # SPEC §13's keywords only where the scenario uses them
     )
     return state_after_save, host_bytes(k_owner)
+
+
+def _run_step_call(impl: LoadedImplementation, inputs: StepInputs, convert, allocate,
+                   host_bytes) -> tuple[np.ndarray, np.ndarray]:
+    """SPEC §13.4: the implementation's ``compress_and_save`` on fresh copies of the step's
+    allocations (``kv`` and ``score`` two views of one projection output); the state and
+    ``k_cache`` bytes after it."""
+    state_owner, state = allocate(inputs.state_cache)
+    k_owner, k_cache = allocate(inputs.k_cache)
+    _, projections = allocate(inputs.projections)
+    positional, keywords = state_calls.step_call_arguments(inputs, convert, projections, state, k_cache)
+    impl.target.compress_and_save(*positional, **keywords)
+    return host_bytes(state_owner), host_bytes(k_owner)
 
 
 # ---- describing a difference -----------------------------------------------------------------
 def _value_text(layout: str, place: Place, owner: np.ndarray, buffer: Buffer, byte: int) -> str:
     """A byte (or the value around it) as a reader wants to see it."""
     value = owner[byte]
+    if place.region == "state" and buffer.dtype == np.uint16:  # a bf16 state (SPEC §13.1)
+        start = byte - (byte - buffer.offset) % 2
+        bits = owner[start:start + 2].view("<u2")[0]
+        return f"0x{bits:04x} (bf16 {float(bf16_to_f32(np.uint16(bits))):g})"
     if place.region == "state":
         word = owner[byte - (byte - buffer.offset) % 4: byte - (byte - buffer.offset) % 4 + 4].view(F32)[0]
         return f"{word!r}"
@@ -197,7 +226,8 @@ def first_difference(inputs: StepInputs, expected: np.ndarray, actual: np.ndarra
     byte = int(np.flatnonzero(expected != actual)[0])
     count = int(np.count_nonzero(expected != actual))
     if which == "state":
-        saved = {int(s): int(i) for i, s in enumerate(b.slot_mapping) if s >= 0}
+        saves = b.save_slot_mapping if inputs.step_call else b.slot_mapping
+        saved = {int(s): int(i) for i, s in enumerate(saves) if s >= 0}
         place = locate_state(inputs.state_cache, byte, saved)
         buffer, layout = inputs.state_cache, None
         op = "save_partial_states"
@@ -205,6 +235,8 @@ def first_difference(inputs: StepInputs, expected: np.ndarray, actual: np.ndarra
         place = locate_k_cache(inputs.k_cache, inputs.layout, byte, active_slot_map(b.kv_slot_mapping, b.active))
         buffer, layout = inputs.k_cache, inputs.layout
         op = "compress_norm_rope_store"
+    if inputs.step_call:  # one call wrote both
+        op = "compress_and_save"
     if place.token is not None:
         position = f" (position {int(b.positions[place.token])})"
     else:
@@ -267,11 +299,10 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         return counts
     tokens = np.flatnonzero(b.active)
     slots = b.kv_slot_mapping[tokens]
-    state = inputs.state_cache.view_of(state_after_save)
     weight = inputs.rms_norm_weight
     weight = bf16_to_f32(weight) if weight.dtype == np.uint16 else weight.astype(F32)
-    ref = bounds.reference(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens], b.compress_ratio,
-                           b.block_size, weight, inputs.rms_norm_eps, inputs.cos_sin_cache)
+    ref = bounds.reference(pooled_rows(inputs, state_after_save), b.token_to_req_indices[tokens], b.positions[tokens],
+                           b.compress_ratio, weight, inputs.rms_norm_eps, inputs.cos_sin_cache)
     if inputs.layout in INDEXER_LAYOUTS:
         return _indexer_counts(inputs, expected, actual, slots, ref, bump, counts)
     got = _entry_bytes(inputs, actual, slots)
@@ -318,6 +349,22 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
             bump(f"{name} beyond bound", np.count_nonzero(~accepted[:, part]))
     bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
     return counts
+
+
+def pooled_rows(inputs: StepInputs, state_after_save: np.ndarray) -> bounds.StateRows:
+    """Where the compress of a step reads its rows (SPEC §5, §13): the spec's state after the save,
+    or for the step call the state before it and the call's own ``kv``/``score``."""
+    b = inputs.batch
+    chunk = None
+    if inputs.step_call:
+        state = inputs.state_cache.view_of(inputs.state_cache.owner)
+        _, projections = inputs.projections.numpy_copy()
+        kv, score = state_calls.projection_halves(projections)
+        chunk = ChunkInputs(kv=kv, score=score, positions=b.positions, query_start_loc=b.query_start_loc)
+    else:
+        state = inputs.state_cache.view_of(state_after_save)
+    state_format = StateFormat.of(state, inputs.ape_at, inputs.ring_capacity)
+    return bounds.StateRows(state, b.block_table, b.block_size, state_format, inputs.ape, chunk)
 
 
 def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, counts) -> dict[str, int]:

@@ -1,7 +1,9 @@
 """The scenario catalogue: named, documented layer steps built with the spec's batch builders.
 
 A scenario is one layer step: ``save_partial_states`` for this step's tokens, then
-``compress_norm_rope_store``. Each has a size class: ``small`` runs everywhere (CPU, the
+``compress_norm_rope_store``, or (SPEC §13.4) one ``compress_and_save`` call; SPEC §13's
+state formats (a bf16 state, ``ape`` added at the compress, a ring per request) are options
+of its recipe. Each has a size class: ``small`` runs everywhere (CPU, the
 Triton interpreter); ``medium`` holds about a million output values, enough for one-ulp
 arithmetic differences (approximate exp2, other summation orders) to reach the bytes;
 ``large`` (thousands to ~16K tokens) is for GPUs.
@@ -18,6 +20,7 @@ from ..spec import batch as B
 from ..spec.batch import Batch, Request
 from ..spec.constants import HEAD_DIM, QUANT_BLOCK, ratio_config
 from .buffers import Buffer
+from .state_inputs import bf16_state, projection_view, tune_bf16_ties
 
 F32 = np.float32
 
@@ -26,10 +29,10 @@ F32 = np.float32
 class StepInputs:
     """Everything one step's two calls take, as NumPy data (buffers with their padding)."""
 
-    batch: Batch
-    kv_score: np.ndarray  # float32 [T, 2*SW]: this step's projections
+    batch: Batch  # with ring_capacity, query_start_loc and save_slot_mapping (SPEC §13)
+    kv_score: np.ndarray  # float32 [T, 2*SW]: this step's projections (score without ape)
     ape: np.ndarray  # float32 [r, SW]
-    state_cache: Buffer  # float32 [num_blocks, bs, 2*SW] view (padding = NaN canary)
+    state_cache: Buffer  # float32, or uint16 bf16 patterns, [num_blocks, bs, 2*SW] view (padding = NaN canary)
     rms_norm_weight: np.ndarray  # float32 [512] or uint16 [512] (bf16 patterns)
     rms_norm_eps: float
     cos_sin_cache: np.ndarray  # float32 [max_pos, 64]
@@ -38,6 +41,15 @@ class StepInputs:
     fp8_scale: float | None = None
     strided_inputs: bool = False  # hand the implementation strided views (see runner.to_torch)
     hadamard: bool = False  # SPEC §12's rotation (indexer layouts)
+    state_dtype: str = "fp32"  # SPEC §13.1: "fp32" or "bf16" (the state_cache's dtype)
+    ape_at: str = "save"  # SPEC §13.2: "save" or "compress"
+    step_call: bool = False  # SPEC §13.4: one compress_and_save call instead of the save and the compress
+    projections: Buffer | None = None  # float32 [T, 2*SW] (kv then raw score): the step call's kv and score views
+
+    @property
+    def ring_capacity(self) -> int | None:
+        """SPEC §13.3: ``C`` of a ring state, ``None`` for a paged one."""
+        return self.batch.ring_capacity
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,10 @@ class StepRecipe:
     rope_rows: int = 0  # cos_sin_cache rows (default: the largest position + 8)
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
     hadamard: bool = False  # SPEC §12's rotation
+    state_dtype: str = "fp32"  # SPEC §13.1: "bf16" holds the state as bf16 (row_pad then a multiple of 8)
+    ape_at: str = "save"  # SPEC §13.2: where ape is added
+    ring_capacity: int | None = None  # SPEC §13.3: a ring of C rows per request with tail saves (build_ring_batch)
+    step_call: bool = False  # SPEC §13.4: one compress_and_save call (tokens packed, padding at the end)
 
 
 @dataclass(frozen=True)
@@ -199,6 +215,7 @@ def _indexer_tiny(state, kv_score, weight, rng):
 
 
 VALUE_PROFILES = {
+    "bf16_ties": _normal,  # this step's kv, score and score + ape on bf16 ties (state_inputs.tune_bf16_ties, after ape)
     "hadamard_cancel": _hadamard_cancel,
     "indexer_tiny": _indexer_tiny,
     "cutoff_window": _cutoff_window,
@@ -236,14 +253,32 @@ def _k_cache(recipe: StepRecipe, batch: Batch) -> np.ndarray:
     return B.canary_k_cache(recipe.layout, batch.num_pages, recipe.entries_per_page, page_pad_bytes=recipe.page_pad_bytes)
 
 
+def _build_batch(recipe: StepRecipe, rng: np.random.Generator) -> Batch:
+    """The step's metadata: paged (:func:`~..spec.batch.build_batch`) or on a ring of
+    ``recipe.ring_capacity`` rows per request with the tail saves (``build_ring_batch``)."""
+    if recipe.ring_capacity is None:
+        batch = B.build_batch(
+            recipe.requests(rng), compress_ratio=recipe.compress_ratio, block_size=recipe.block_size,
+            entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding,
+            padding_at_end=recipe.padding_at_end, drop_entry_fraction=recipe.drop_entry_fraction,
+            unsaved_fraction=recipe.unsaved_fraction, slot_for_non_boundary=recipe.slot_for_non_boundary,
+        )
+    elif not recipe.padding_at_end or recipe.drop_entry_fraction or recipe.unsaved_fraction or recipe.slot_for_non_boundary:
+        raise ValueError("StepRecipe.ring_capacity: expected padding at the end and every slot given (a ring batch), "
+                         "got scattered padding or dropped slots")
+    else:
+        batch = B.build_ring_batch(recipe.requests(rng), compress_ratio=recipe.compress_ratio,
+                                   ring_capacity=recipe.ring_capacity, block_size=recipe.block_size,
+                                   entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding)
+    if recipe.step_call and batch.query_start_loc is None:
+        raise ValueError("StepRecipe.step_call: expected tokens packed request by request (padding_at_end=True), "
+                         "got scattered padding")
+    return batch
+
+
 def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
     """Metadata from the batch builder, random buffers, then the value profile."""
-    batch = B.build_batch(
-        recipe.requests(rng), compress_ratio=recipe.compress_ratio, block_size=recipe.block_size,
-        entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding,
-        padding_at_end=recipe.padding_at_end, drop_entry_fraction=recipe.drop_entry_fraction,
-        unsaved_fraction=recipe.unsaved_fraction, slot_for_non_boundary=recipe.slot_for_non_boundary,
-    )
+    batch = _build_batch(recipe, rng)
     if recipe.edit is not None:
         batch = recipe.edit(batch, rng)
     head = recipe.head_dim
@@ -260,6 +295,10 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
             ape[:, base + 64] = ape[:, base]
     if recipe.values == "cutoff_window":  # add(-a, a) = +0: this step's scores are exactly 0
         kv_score[:, kv_score.shape[1] // 2:] = -ape[batch.positions % recipe.compress_ratio]
+    if recipe.values == "bf16_ties":
+        kv_score, ape = tune_bf16_ties(kv_score, ape, rng)
+    if recipe.state_dtype == "bf16":
+        state = bf16_state(state, recipe.row_pad, recipe.block_pad_rows)
     k_cache = _k_cache(recipe, batch)
     max_pos = int(batch.positions.max()) + 1
     inputs = StepInputs(
@@ -275,11 +314,19 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         fp8_scale=recipe.fp8_scale,
         strided_inputs=recipe.strided_inputs,
         hadamard=recipe.hadamard,
+        state_dtype=recipe.state_dtype,
+        ape_at=recipe.ape_at,
+        step_call=recipe.step_call,
     )
     if recipe.tune_to_ties:
         from .ties import tune_indexer_ties, tune_to_ties
 
+        if recipe.state_dtype != "fp32" or recipe.ape_at != "save" or recipe.ring_capacity or recipe.step_call:
+            raise ValueError("StepRecipe.tune_to_ties: expected the default state format and the two calls (ties.py "
+                             "tunes on their state), got SPEC §13 options")
         (tune_indexer_ties if head != HEAD_DIM else tune_to_ties)(inputs)
+    if recipe.step_call:  # kv and score: two views of one projection output (rows padded with strided inputs)
+        inputs.projections = Buffer.of(projection_view(inputs.kv_score, 4 if recipe.strided_inputs else 0))
     return inputs
 
 
