@@ -56,3 +56,10 @@ class VllmLike(TorchReference):
 class GpuOnly(TorchReference):
     SUPPORTED_DEVICES = ("cuda",)
     CAPABILITIES = None  # the older declaration only
+
+
+class StepCallWithoutTheCall(TorchReference):
+    """Declares SPEC §13.4's step call but offers no compress_and_save."""
+
+    CAPABILITIES = Capabilities(devices=("cpu",), step_call=True)
+    compress_and_save = None
