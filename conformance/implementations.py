@@ -88,7 +88,9 @@ class SpecImplementation:
 
 # The project's kernels handle every valid call (general paths behind the fast ones), the
 # indexer's head width where their compress call takes ``hadamard``; their devices come from
-# their own SUPPORTED_DEVICES.
+# their own SUPPORTED_DEVICES. None of SPEC §13's options yet (an fp32 paged state, ape at the
+# save, the two calls): a kernel that adds one declares it here, e.g.
+# ``Capabilities(state_dtypes=("fp32", "bf16"), ring_addressing=True, step_call=True)``.
 BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
 
 
