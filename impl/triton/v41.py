@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..frontend import PlanCache, flashmla_page_view, layout_key
+from ..frontend import flashmla_page_view, layout_key
+from ..plan_cache import PlanCache
 from ..v41_frontend import (
     V41StateArguments, validate_v41_compress_norm, validate_v41_compress_norm_rope_store, validate_v41_index_key_store,
     validate_v41_rope_quant_store,
