@@ -91,7 +91,11 @@ class SpecImplementation:
 # their own SUPPORTED_DEVICES. None of SPEC §13's options yet (an fp32 paged state, ape at the
 # save, the two calls): a kernel that adds one declares it here, e.g.
 # ``Capabilities(state_dtypes=("fp32", "bf16"), ring_addressing=True, step_call=True)``.
-BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
+BUILTIN_CAPABILITIES = {  # the project's kernels: Triton runs SPEC §13's state formats and step call
+    "triton": Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"), ring_addressing=True,
+                           step_call=True),
+    "cutedsl": Capabilities(),
+}
 
 
 @dataclass

@@ -8,8 +8,8 @@ whose text names the argument, what was expected and what was given.
 SPEC §13's options (a bf16 state, ``ape_at``, ``ring_capacity``, and ``compress_and_save``'s
 inputs) are checked here too; a validated call carries its
 :class:`.state_format.StateFormat`. A caller names the state dtypes it supports
-(``state_dtypes``): the spec takes float32 and bf16, the GPU kernels float32 only, so a front
-end that passes nothing refuses a bf16 state.
+(``state_dtypes``): the spec and the Triton kernels take float32 and bf16, the CuTe DSL kernels
+float32 only, so a front end that passes nothing refuses a bf16 state.
 
 The debug checks (:func:`check_contract`) look at *values*: block-table entries and slots
 against the buffers. SPEC §9 leaves them to the caller; they cost a host pass over the
