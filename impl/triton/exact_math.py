@@ -184,3 +184,13 @@ def mxfp4_scale(amax_bits):
     scale_byte = (a >> 23) - 2 + ((a & 0x7FFFFF) > 0x400000).to(tl.int32)
     inv_scale = ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)
     return scale_byte, inv_scale
+
+
+@triton.jit
+def load_values(ptr, offsets, IS_BF16: tl.constexpr):
+    """fp32 values of fp32 elements, or of bf16 bit patterns read through an int16 view (exact)."""
+    if IS_BF16:
+        bits = tl.load(ptr + offsets).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + offsets)

@@ -11,7 +11,7 @@ channel order; the head decides the view (:mod:`.kv_entry`: ``[8, 64]``, :mod:`.
 import triton
 import triton.language as tl
 
-from .exact_math import tree_sum_of_squares
+from .exact_math import load_values, tree_sum_of_squares
 
 ROPE_PAIRS = tl.constexpr(32)  # a cos_sin_cache row: cos[0:32] ‖ sin[0:32]
 
@@ -22,11 +22,7 @@ def load_norm_weight(weight_ptr, ROWS: tl.constexpr, ROW_W: tl.constexpr, WEIGHT
     fp32 [ROWS*ROW_W], or int16 of bf16 bit patterns (converted exactly: the pattern is the top
     half of the fp32)."""
     channels = tl.arange(0, ROWS)[:, None] * ROW_W + tl.arange(0, ROW_W)[None, :]
-    if WEIGHT_BF16:
-        bits = tl.load(weight_ptr + channels).to(tl.uint16, bitcast=True).to(tl.uint32)
-        return (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(weight_ptr + channels)
+    return load_values(weight_ptr, channels, WEIGHT_BF16)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 from .exact_math import bf16_round
 from .indexer_entry import LOG2_INDEXER_HEAD, ROW_W, ROWS, indexer_rope
 from .postprocess import load_norm_weight, rms_norm
-from .v41_rows import load_values
+from .exact_math import load_values
 
 
 @triton.jit

@@ -31,6 +31,17 @@ from .v41_save import defers_to_first, save_deferred
 
 
 @triton.jit
+def boundary_entry(tokens, token, rope, RATIO: tl.constexpr):
+    """A token's position and cache slot (``tokens``: positions int64 [T], kv_slot_mapping int64 [T]),
+    and the pointer of its entry's ``cos_sin_cache`` row (``rope``: the cache and its row stride); the
+    token writes iff ``kv_slot >= 0`` and its position closes a group of ``RATIO`` (SPEC §14.1)."""
+    positions_ptr, kv_slots_ptr = tokens
+    cos_sin_ptr, cos_sin_stride = rope
+    position = tl.load(positions_ptr + token)
+    return position, tl.load(kv_slots_ptr + token), cos_sin_ptr + rope_row(position, RATIO) * cos_sin_stride
+
+
+@triton.jit
 def latent_rope_store(x, token, position, kv_slot, norm, latent, rope, cache, channels, RATIO: tl.constexpr,
                       WEIGHT_BF16: tl.constexpr, LAYOUT: tl.constexpr):
     """An active token's stages after the pooling: the latent ``l = bf16(RMSNorm(bf16(x)))``,
@@ -104,13 +115,10 @@ def v41_rope_quant_store_kernel(
     LAYOUT: tl.constexpr,  # .v41_records.LAYOUT_CODES
 ):
     token = tl.program_id(0).to(tl.int64)
-    positions_ptr, kv_slots_ptr = tokens
-    kv_slot = tl.load(kv_slots_ptr + token)
-    position = tl.load(positions_ptr + token)
+    position, kv_slot, cos_sin_row_ptr = boundary_entry(tokens, token, rope, RATIO)
     if (kv_slot >= 0) & ((position + 1) % RATIO == 0):
-        cos_sin_ptr, cos_sin_stride = rope
         l8 = load_latent(latent, token, entry_channels())
-        store_record(l8, cos_sin_ptr + rope_row(position, RATIO) * cos_sin_stride, cache, kv_slot, LAYOUT)
+        store_record(l8, cos_sin_row_ptr, cache, kv_slot, LAYOUT)
 
 
 @triton.jit
@@ -125,13 +133,10 @@ def v41_index_key_kernel(
     LAYOUT: tl.constexpr,  # 0 indexer_fp8, 1 indexer_mxfp4
 ):
     token = tl.program_id(0).to(tl.int64)
-    positions_ptr, kv_slots_ptr = tokens
-    kv_slot = tl.load(kv_slots_ptr + token)
-    position = tl.load(positions_ptr + token)
+    position, kv_slot, cos_sin_row_ptr = boundary_entry(tokens, token, rope, RATIO)
     if (kv_slot >= 0) & ((position + 1) % RATIO == 0):
-        cos_sin_ptr, cos_sin_stride = rope
         cache_ptr, page_stride, entries_per_page = cache
-        z4 = index_key_entry(k_pre, token, norm, cos_sin_ptr + rope_row(position, RATIO) * cos_sin_stride, WEIGHT_BF16)
+        z4 = index_key_entry(k_pre, token, norm, cos_sin_row_ptr, WEIGHT_BF16)
         store_indexer_entry(z4, cache_ptr, kv_slot, entries_per_page, page_stride, LAYOUT)
 
 

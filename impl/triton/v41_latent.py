@@ -12,7 +12,8 @@ import triton.language as tl
 
 from .exact_math import LOG2E_F32, bf16_round, exp2s
 from .postprocess import load_norm_weight, rms_norm
-from .v41_rows import ROW_W, ROWS, chunk_row, load_values, state_row, state_slot
+from .exact_math import load_values
+from .v41_rows import ROW_W, ROWS, chunk_row, state_row, state_slot
 
 LOG2_HEAD = tl.constexpr(9)
 

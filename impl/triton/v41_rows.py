@@ -23,7 +23,7 @@ The argument groups (tuples):
 import triton
 import triton.language as tl
 
-from .exact_math import bf16_rne_bits, bf16_round
+from .exact_math import bf16_rne_bits, bf16_round, load_values
 
 ROWS = tl.constexpr(8)  # an entry as [8, 64]: rows 0..6 the NoPE blocks, row 7 RoPE
 ROW_W = tl.constexpr(64)
@@ -34,16 +34,6 @@ HEAD = tl.constexpr(512)
 def entry_channels():
     """int32 ``[8, 64]``: the channel of each element of an entry's ``[8, 64]`` view."""
     return tl.arange(0, ROWS)[:, None] * ROW_W + tl.arange(0, ROW_W)[None, :]
-
-
-@triton.jit
-def load_values(ptr, offsets, IS_BF16: tl.constexpr):
-    """fp32 values of fp32 elements, or of bf16 bit patterns read through an int16 view (exact)."""
-    if IS_BF16:
-        bits = tl.load(ptr + offsets).to(tl.uint16, bitcast=True).to(tl.uint32)
-        return (bits << 16).to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptr + offsets)
 
 
 @triton.jit
