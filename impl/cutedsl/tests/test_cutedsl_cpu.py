@@ -115,6 +115,21 @@ def test_compile_cache_returns_the_same_object():
     assert compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 4)) is not first
 
 
+def test_each_compile_names_its_target_in_one_process(monkeypatch):
+    """The DSL reads CUTE_DSL_ARCH once per process; a compile names its target (``--gpu-arch``),
+    so Hopper and Blackwell PTX come from one process, each cached under its own target."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant, knows_target
+
+    cfg = config.C128PoolConfig(8, 8)
+    hopper, blackwell = (compile_variant("split_pool", cfg, target=t) for t in ("sm_90a", "sm_100a"))
+    assert hopper is not blackwell and compile_variant("split_pool", cfg, target="sm_100a") is blackwell
+    assert ".target sm_90a" in hopper.__ptx__ and ".target sm_100a" in blackwell.__ptx__
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")  # no target named: CUTE_DSL_ARCH as it is now
+    assert compile_cache.target_arch() == "sm_100a" and compile_cache.target_arch("sm_103a") == "sm_103a"
+    assert compile_cache.compile_kernel("split_pool", cfg, keep_ptx=True) is blackwell
+    assert knows_target("sm_100a") and knows_target("sm_103a") and not knows_target("sm_999a")
+
+
 # ---- static configurations ---------------------------------------------------------------
 @pytest.mark.parametrize("make, needle", [
     (lambda: config.EntryFormat("fp8", 64, "bfloat16"), "layout"),
