@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from .. import custom_ops
 from ..plan_cache import PlanCache
 from ..frontend import (flashmla_page_view, layout_key, validate_compress_norm_rope_store,
                         validate_save_partial_states)
@@ -37,6 +38,7 @@ def _interpreting() -> bool:
 
 #: Devices whose tensors the kernels accept: CPU tensors under the Triton interpreter, else CUDA.
 SUPPORTED_DEVICES: tuple[str, ...] = ("cpu",) if _interpreting() else ("cuda",)
+_compiling = torch.compiler.is_compiling  # True while torch.compile traces: the calls take their custom op
 
 
 def _check_device(name: str, tensor: torch.Tensor) -> None:
@@ -57,7 +59,10 @@ def save_partial_states(
     config: SaveConfig | None = None,
 ) -> None:
     """SPEC §4: write each saved token's state row (kv copied, score + ape[p mod r]); any head width
-    (512, or the indexer's 128: SW = 256 for C4, 128 for C128)."""
+    (512, or the indexer's 128: SW = 256 for C4, 128 for C128). Under ``torch.compile``: the custom
+    op ``triton_save_partial_states`` (``config`` must be None)."""
+    if _compiling():
+        return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config)
     key = None if debug else ("save", layout_key(kv_score), layout_key(ape), layout_key(positions),
                               layout_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), config)
     try:
@@ -73,6 +78,13 @@ def save_partial_states(
 
 
 _PLANS = PlanCache()
+
+
+def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config) -> None:
+    """``save_partial_states`` as ``torch.compile`` traces it: one custom op (default launch shapes)."""
+    custom_ops.refuse("config", config, None, "triton_save_partial_states")
+    custom_ops.op("triton", "save_partial_states")(kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                                                   debug)
 
 
 def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, config) -> tuple | None:
@@ -140,8 +152,13 @@ def compress_norm_rope_store(
     """SPEC §5-§7 in one launch: pool, RMSNorm, RoPE, quantize and store each active token's entry.
 
     The head width follows from the state width: 512, or the indexer's 128 (SPEC §12, layouts
-    ``indexer_fp8`` / ``indexer_mxfp4``, ``hadamard`` optional).
+    ``indexer_fp8`` / ``indexer_mxfp4``, ``hadamard`` optional). Under ``torch.compile``: the
+    custom op ``triton_compress_norm_rope_store`` (``config`` must be None).
     """
+    if _compiling():
+        return _traced_compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
+                                compress_ratio, layout, fp8_scale, hadamard, debug, config)
     key = None if debug else (
         layout_key(state_cache), layout_key(token_to_req_indices), layout_key(positions), layout_key(slot_mapping),
         layout_key(block_table), layout_key(rms_norm_weight), layout_key(cos_sin_cache), layout_key(k_cache),
@@ -165,6 +182,18 @@ def compress_norm_rope_store(
     launch(state_cache, state_s0, state_s1, (token_to_req_indices, positions, slot_mapping, kv_slot_mapping),
            block_table, table_s0, weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride,
            entries, scale)
+
+
+def _traced_compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                     rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout,
+                     fp8_scale, hadamard, debug, config) -> None:
+    """``compress_norm_rope_store`` as ``torch.compile`` traces it: one custom op (default launch
+    configuration)."""
+    custom_ops.refuse("config", config, None, "triton_compress_norm_rope_store")
+    custom_ops.op("triton", "compress_norm_rope_store")(
+        state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+        rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
+        hadamard=hadamard)
 
 
 def _compress_plan(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
