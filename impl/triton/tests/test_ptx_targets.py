@@ -75,6 +75,7 @@ class _Backend:
 
 
 def _run(monkeypatch, capsys, backend, *argv) -> tuple[int, str]:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as run() does; restored for the tests after this one
     monkeypatch.setattr(ptx_check.importlib, "import_module", lambda name: backend)
     parser = argparse.ArgumentParser()
     ptx_check.add_arguments(parser)
