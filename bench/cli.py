@@ -21,7 +21,8 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both)")
     parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-<variant> (the names in "
-                        "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-bound (a bound layer), cutedsl-op and "
+                        "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-<setting> (a setting of the tuner's generated "
+                        "space, e.g. cutedsl-fused_cluster+cluster.tile=32), cutedsl-bound (a bound layer), cutedsl-op and "
                         "triton-op (the torch custom ops), triton-indexer_bc<c>_w<w> and cutedsl-indexer_* (indexer knobs, "
                         "--head 128), or module:attribute (default: triton, cutedsl and its split_block8, cluster8, "
                         "cluster16; triton and cutedsl with --head 128)")

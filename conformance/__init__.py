@@ -3,7 +3,7 @@ it writes what SPEC.md says.
 
 - :mod:`.implementations`  the protocol, the built-ins and how third-party kernels load
 - :mod:`.capabilities`     what an implementation declares it handles (the unsupported verdict)
-- :mod:`.scenarios`        the named scenario catalogue (small, medium, large; SPEC §12 too)
+- :mod:`.scenarios`        the named scenario catalogue (small, medium, large; SPEC §12 and §13 too)
 - :mod:`.ties`             inputs tuned onto rounding ties, so one-ulp slips change bytes
 - :mod:`.speculative`      speculative decoding's verify groups and per-request step plans
 - :mod:`.runner`           spec vs implementation, exact and tolerant (SPEC §10) verdicts
@@ -15,9 +15,12 @@ it writes what SPEC.md says.
 - :mod:`.graphs`           ``--graph`` / ``--padded``: replays in captured graphs per bucket
 - :mod:`.soak_engine`      the soak's scheduler; :mod:`.soak` the soak; :mod:`.soak_cli` its command
 - :mod:`.sanitize`         every kernel path under compute-sanitizer
+- :mod:`.state_inputs`     SPEC §13 inputs: a bf16 state, the step call's projections, bf16 ties of score + ape
+- :mod:`.state_calls`      SPEC §13's keywords of the two calls and the step call's arguments
 - :mod:`.bounds`           the tolerant verdict's float64 evaluation and error bounds
 - :mod:`.errors`           SPEC §9 error cases, run in a worker process that survives crashes
 - :mod:`.torch_reference`  an independent torch implementation, with deliberate mutations
+- :mod:`.torch_calls`      the torch references' call descriptions and their SPEC §9 checks
 - :mod:`.fast_math`        SPEC.md with fast-math arithmetic: what the tolerant verdict must pass
 - :mod:`.pytest_items`     the suite as pytest tests (``--dsv4-impl``)
 - :mod:`.cli`              ``python -m dsv4_compressor conformance``

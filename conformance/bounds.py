@@ -21,6 +21,11 @@ where a zero is allowed, either sign is accepted (a reduction that starts its ac
 ``+0`` turns a sum of ``-0`` into ``+0``); a nonzero code where only a zero is allowed is not.
 A scale byte is accepted iff its exponent is that of some amax in the interval the channels'
 bf16 values allow. The constants are published in ``docs/conformance.md``.
+
+The window rows themselves carry no tolerance: pooling reads each row exactly as SPEC §13 says
+(:class:`StateRows`: a bf16 state's elements are exact binary32 values, ``add(score, ape)`` is
+rounded once, at the save or at the compress, and the step call's chunk rows are rounded as the
+save would store them), so the bounds start from those binary32 rows.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.constants import QUANT_BLOCK, ratio_config
+from ..spec.constants import QUANT_BLOCK, RatioConfig, ratio_config
 from ..spec.formats import bf16_bits, bf16_to_f32, e4m3_bits
-from ..spec.pooling import window_positions
+from ..spec.pooling import gather_window
+from ..spec.rows import ChunkInputs
+from ..spec.state_format import PAGED_FP32, StateFormat
 
 F32 = np.float32
 U = 2.0 ** -24  # binary32 unit roundoff
@@ -61,6 +68,26 @@ class Reference:
     y_bound: np.ndarray  # float64 [n, H]
     rope: np.ndarray  # float64 [n, 64]: o0, o1 interleaved as stored
     rope_bound: np.ndarray  # float64 [n, 64]
+
+
+@dataclass(frozen=True)
+class StateRows:
+    """Where a compress reads its window rows (SPEC §5, §13): the state it sees, in its format,
+    and for the step call (§13.4) the call's own projections."""
+
+    state: np.ndarray  # float32, or uint16 bf16 patterns, [num_state_blocks, bs, 2*SW]
+    block_table: np.ndarray  # int32 [num_reqs, max_blocks]
+    block_size: int  # bs
+    state_format: StateFormat = PAGED_FP32  # dtype, ape_at, ring_capacity
+    ape: np.ndarray | None = None  # float32 [r, SW]: added where the format or the chunk's save adds it
+    chunk: ChunkInputs | None = None  # the step call's kv, score, positions and query_start_loc
+
+    def window(self, requests: np.ndarray, positions: np.ndarray, config: RatioConfig):
+        """float32 ``kv``, ``score`` ``[n, W, H]`` (each row's half) and bool ``valid`` ``[n, W]`` of the
+        windows of the given tokens (``requests`` int ``[n]``, ``positions`` int64 ``[n]``), as pooling
+        reads them; invalid rows hold +0."""
+        return gather_window(self.state, self.block_table, requests, positions, config, self.block_size,
+                             state_format=self.state_format, chunk=self.chunk, ape=self.ape)
 
 
 def _ieee_sum(v: np.ndarray) -> np.ndarray:
@@ -93,30 +120,23 @@ def _pool_bounds(kv: np.ndarray, score: np.ndarray, valid: np.ndarray, c: Tolera
     return x, c.safety * bound
 
 
-def reference(state: np.ndarray, block_table: np.ndarray, requests: np.ndarray, positions: np.ndarray,
-              compress_ratio: int, block_size: int, weight: np.ndarray, eps: float, cos_sin_cache: np.ndarray,
-              c: ToleranceConstants = CONSTANTS, chunk: int = 64) -> Reference:
+def reference(rows: StateRows, requests: np.ndarray, positions: np.ndarray, compress_ratio: int, weight: np.ndarray,
+              eps: float, cos_sin_cache: np.ndarray, c: ToleranceConstants = CONSTANTS, chunk: int = 64) -> Reference:
     """Float64 §5–§6 with bounds for the given active tokens (a chunk of tokens at a time).
 
-    ``state`` fp32 [blocks, bs, 2*SW] (after the save), ``weight`` fp32 [H], ``cos_sin_cache``
-    fp32 [max_pos, 64].
+    ``rows``: where the compress reads its windows (the state after the save, or SPEC §13.4's
+    state before the step call and its chunk); ``requests`` int32 [n], ``positions`` int64 [n],
+    ``weight`` fp32 [H], ``cos_sin_cache`` fp32 [max_pos, 64].
     """
     head = weight.shape[0]
     rope_start = head - 64
     config = ratio_config(compress_ratio, head)
     w = weight.astype(np.float64)
-    half = np.arange(config.window) // config.ratio
-    channel = half[:, None] * head + np.arange(head)[None, :]  # [W, H]: each window row's kv channels
     out = [[], [], [], []]
     for start in range(0, len(positions), chunk):
         p = positions[start:start + chunk]
         q = requests[start:start + chunk]
-        pos, valid = window_positions(p, config)
-        safe = np.where(valid, pos, 0)
-        rows = state[block_table[q[:, None], safe // block_size], safe % block_size]  # [n, W, 2*SW]
-        kv = np.take_along_axis(rows, channel[None], axis=2)
-        score = np.take_along_axis(rows, (config.state_width + channel)[None], axis=2)
-        kv = np.where(valid[:, :, None], kv, F32(0.0))
+        kv, score, valid = rows.window(q, p, config)
         x, bx = _pool_bounds(kv, score, valid, c)
         # RMSNorm: relative
         ss = (x * x).sum(axis=1)

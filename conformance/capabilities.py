@@ -11,6 +11,17 @@ implementation without a declaration is assumed to handle every valid call (its
 ``arrays`` says what the operations take: ``"torch"`` tensors (the default) or ``"numpy"``
 arrays as the spec takes them (bf16 as ``uint16`` bit patterns, E4M3 as ``uint8``); a NumPy
 implementation runs on ``"cpu"`` and the suite never imports torch for it.
+
+SPEC §13's state formats are declared by four fields whose defaults are what every kernel
+handled before §13 (an fp32 paged state with ``ape`` added at the save, the two calls only)::
+
+    CAPABILITIES = Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"),
+                                ring_addressing=True, step_call=True)
+
+A scenario using an option outside the declaration is unsupported and not called; one inside
+it is called with the option's keywords (``ape_at=``, ``ring_capacity=``, ``ape=`` on the
+compress) or, for ``step_call``, through ``compress_and_save``. Declaring is all a kernel that
+adds an option has to change.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..spec.entry_layout import layouts_for_head
+from ..spec.state_format import APE_AT, STATE_DTYPES
 
 ARRAY_KINDS = ("torch", "numpy")
 
@@ -37,6 +49,10 @@ class Features:
     hadamard: bool = False
     max_position: int = 0
     large_offsets: bool = False  # a cache offset beyond 2^31 bytes
+    state_dtype: str = "fp32"  # SPEC §13.1: "fp32" or "bf16"
+    ape_at: str = "save"  # SPEC §13.2: "save" or "compress"
+    ring_addressing: bool = False  # SPEC §13.3: each request's state is a ring (ring_capacity=C)
+    step_call: bool = False  # SPEC §13.4: the step is one compress_and_save call
 
 
 def _freeze(block_sizes) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
@@ -56,17 +72,27 @@ class Capabilities:
     layouts: tuple[str, ...] | None = None  # None: every layout of the declared head widths
     block_sizes: Mapping[int, tuple[int, ...]] | tuple | None = None  # per ratio, e.g. {128: (8,)}
     entries_per_page: tuple[int, ...] | None = None
-    state_stride_multiple: int = 4  # floats; SPEC §3 allows any multiple of 4
+    state_stride_multiple: int = 4  # 4-byte units (floats of an fp32 state); SPEC §3 allows any multiple of 4
     strided_inputs: bool = True  # accepts non-contiguous views of the input arrays
     hadamard: bool = True  # the §12 rotation (head width 128 only)
     max_position: int | None = None  # the largest position handled
     large_offsets: bool = True  # cache offsets beyond 2^31 bytes
     arrays: str = "torch"  # what the operations take: "torch" tensors or "numpy" arrays (cpu only)
+    state_dtypes: tuple[str, ...] = ("fp32",)  # SPEC §13.1: state_cache dtypes, "fp32" and/or "bf16"
+    ape_at: tuple[str, ...] = ("save",)  # SPEC §13.2: where ape may be added, "save" and/or "compress"
+    ring_addressing: bool = False  # SPEC §13.3: ring_capacity=C (a ring of C rows per request)
+    step_call: bool = False  # SPEC §13.4: offers compress_and_save
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "block_sizes", _freeze(self.block_sizes))
+        for name, allowed in (("state_dtypes", STATE_DTYPES), ("ape_at", APE_AT)):
+            values = (getattr(self, name),) if isinstance(getattr(self, name), str) else tuple(getattr(self, name))
+            if not values or set(values) - set(allowed):
+                raise ValueError(f"Capabilities.{name}: expected a non-empty tuple of {allowed}, "
+                                 f"got {getattr(self, name)!r}")
+            object.__setattr__(self, name, values)
         if self.arrays not in ARRAY_KINDS:
             raise ValueError(f"Capabilities.arrays: expected one of {ARRAY_KINDS}, got {self.arrays!r}")
         if self.arrays == "numpy" and self.devices == ("cuda",):  # the default devices: NumPy runs on the host
@@ -97,7 +123,25 @@ class Capabilities:
             (self.large_offsets or not f.large_offsets, "cache offsets beyond 2^31 bytes"),
         )
         reasons = [text for ok, text in checks if not ok]
+        state = self.unsupported_state(f.state_dtype, f.ape_at, f.ring_addressing, f.step_call)
+        reasons += [state] if state else []
+        return "; ".join(reasons) if reasons else None
+
+    def unsupported_state(self, state_dtype: str = "fp32", ape_at: str = "save", ring_addressing: bool = False,
+                          step_call: bool = False) -> str | None:
+        """Why SPEC §13's options lie outside this declaration, or ``None`` (scenarios and §9
+        error cases alike)."""
+        checks = (
+            (state_dtype in self.state_dtypes, f"a {state_dtype} state_cache (declared {self.state_dtypes}, SPEC §13.1)"),
+            (ape_at in self.ape_at, f"ape_at {ape_at!r} (declared {self.ape_at}, SPEC §13.2)"),
+            (self.ring_addressing or not ring_addressing, "ring addressing (SPEC §13.3)"),
+            (self.step_call or not step_call, "the step call compress_and_save (SPEC §13.4)"),
+        )
+        reasons = [text for ok, text in checks if not ok]
         return "; ".join(reasons) if reasons else None
 
 
 ANY = Capabilities(devices=("cpu", "cuda"))
+
+STATE_FORMATS = dict(state_dtypes=STATE_DTYPES, ape_at=APE_AT, ring_addressing=True, step_call=True)
+"""Every SPEC §13 option: ``Capabilities(**STATE_FORMATS, ...)`` declares them all."""

@@ -3,9 +3,12 @@ write nothing (no byte of any buffer of the call changes, padding included).
 
 Each case starts from a valid small C4 step on the implementation's device (torch tensors, or
 NumPy arrays for an implementation declaring ``arrays="numpy"``) and breaks one thing about
-one argument. The message must *lead* with the argument's name
-(``"state_cache: expected ..."``) or the exception must carry it as an attribute. Cases run
-in a worker process that is replaced when a case crashes it (:func:`run_error_cases`).
+one argument. The message must *lead* with the argument's name (``"state_cache: expected ..."``)
+or the exception must carry it as an attribute. Cases run in a worker process that is replaced
+when a case crashes it (:func:`run_error_cases`). The checks of SPEC §13's options (a bf16
+state, ``ape_at``, ``ring_capacity`` and the step call ``compress_and_save``) run where the
+implementation declares the option (:meth:`~.capabilities.Capabilities.unsupported_state`);
+elsewhere they are unsupported.
 """
 
 from __future__ import annotations
@@ -21,15 +24,31 @@ from .runner import to_numpy, to_torch
 from .scenarios import C4, StepRecipe, build_step, _decode
 
 
+NEEDS = {  # SPEC §13 option -> the unsupported_state() keywords of an implementation that handles it
+    "bf16": dict(state_dtype="bf16"), "ape_at": dict(ape_at="compress"), "ring": dict(ring_addressing=True),
+    "step_call": dict(step_call=True),
+}
+KEYWORDS = {  # keyword-only arguments of each operation (the others are passed by position, in order)
+    "save": ("ape_at", "ring_capacity"),
+    "store": ("compress_ratio", "layout", "fp8_scale", "hadamard", "ape", "ape_at", "ring_capacity"),
+    "step": ("compress_ratio", "layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard"),
+}
+
+
 @dataclass(frozen=True)
 class ErrorCase:
     name: str
-    operation: str  # "save" or "store"
+    operation: str  # "save", "store" or "step" (compress_and_save, SPEC §13.4)
     argument: str  # the argument the error message must name
     breaks: Callable  # (call: dict, ctx: dict) -> None, edits the call's arguments
     indexer: bool = False  # needs an implementation of SPEC §12 (head width 128)
     layout: str | None = None  # the (valid) layout the broken call is built on, when not flashmla_fp8
     numpy: bool = True  # expressible with NumPy arrays (where E4M3 is held as uint8)
+    needs: tuple[str, ...] = ()  # SPEC §13 options the implementation must declare: keys of NEEDS
+
+    def __post_init__(self):
+        if self.operation == "step" and "step_call" not in self.needs:
+            object.__setattr__(self, "needs", self.needs + ("step_call",))
 
 
 @dataclass
@@ -46,6 +65,8 @@ class ErrorVerdict:
 
 class TorchArrays:
     """The few array operations the cases need, on torch tensors of one device."""
+
+    bf16 = "bfloat16"  # the dtype name of a bf16 state
 
     def __init__(self, device: str):
         import torch
@@ -72,6 +93,10 @@ class TorchArrays:
         view.copy_(tensor)
         return view
 
+    def aligned_copy(self, tensor):
+        """A copy in a fresh (64-byte aligned) allocation."""
+        return tensor.clone(memory_format=self.torch.contiguous_format)
+
     def storage_bytes(self, tensor):
         """A host copy of every byte of the allocation behind ``tensor`` (its padding included)."""
         whole = self.torch.empty(0, dtype=self.torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
@@ -90,6 +115,7 @@ class NumpyArrays:
 
     Array = np.ndarray
     device = "cpu"
+    bf16 = "uint16"  # the spec's bf16 containers
 
     def zeros(self, shape, dtype: str):
         """Zeros in a fresh 64-byte-aligned allocation (as torch's), so alignment cases mean the same."""
@@ -114,6 +140,12 @@ class NumpyArrays:
         view = wide[..., ::2]
         view[...] = array
         return view
+
+    def aligned_copy(self, array):
+        """A copy in a fresh 64-byte aligned allocation."""
+        copy = self.zeros(array.shape, array.dtype.name)
+        copy[...] = array
+        return copy
 
     def storage_bytes(self, array):
         owner = array
@@ -152,8 +184,24 @@ def _valid_call(device: str, layout: str = "flashmla_fp8", numpy: bool = False):
                  rms_norm_weight=convert(inputs.rms_norm_weight), rms_norm_eps=1e-6,
                  cos_sin_cache=convert(inputs.cos_sin_cache), k_cache=k_cache,
                  kv_slot_mapping=meta["kv_slot_mapping"], compress_ratio=4, layout=layout, fp8_scale=inputs.fp8_scale)
-    ctx = {"state_owner": state_owner, "k_owner": k_owner, "device": device, "arrays": arrays, "numpy": numpy}
+    ctx = {"state_owner": state_owner, "k_owner": k_owner, "device": device, "arrays": arrays, "numpy": numpy,
+           "query_start_loc": convert(b.query_start_loc), "ape": save["ape"]}
     return save, store, ctx
+
+
+def _step_call(save: dict, store: dict, ctx: dict) -> dict:
+    """SPEC §13.4's ``compress_and_save`` on the valid step: ``kv`` and ``score`` two views of one
+    (aligned) projection output, every token saved at its slot (paged)."""
+    projections = ctx["arrays"].aligned_copy(save["kv_score"])
+    width = projections.shape[1] // 2
+    return dict(kv=projections[:, :width], score=projections[:, width:], ape=save["ape"], positions=store["positions"],
+                token_to_req=store["token_to_req_indices"], query_start_loc=ctx["query_start_loc"],
+                slot_mapping=store["slot_mapping"], save_slot_mapping=store["slot_mapping"],
+                block_table=store["block_table"], bs=store["block_size"], state_cache=store["state_cache"],
+                rms_norm_weight=store["rms_norm_weight"], rms_norm_eps=store["rms_norm_eps"],
+                cos_sin_cache=store["cos_sin_cache"], k_cache=store["k_cache"], kv_slot_mapping=store["kv_slot_mapping"],
+                compress_ratio=store["compress_ratio"], layout=store["layout"], fp8_scale=store["fp8_scale"],
+                ape_at="save", ring_capacity=None)
 
 
 def _strided_state(ctx, *, extra_offset=0, row_stride=None, last_stride=1):
@@ -178,6 +226,43 @@ def _set(key, value_fn):
     def breaks(call, ctx):
         call[key] = value_fn(call, ctx)
     return breaks
+
+
+def _settings(**values):
+    """Set plain values (``ape_at``, ``ring_capacity``, ...) on the call."""
+    def breaks(call, ctx):
+        call.update(values)
+    return breaks
+
+
+def _compress_ape(ape_fn):
+    """``ape_at="compress"`` on the compress, with ``ape`` from ``ape_fn(call, ctx)`` (``ctx["ape"]``: the valid one)."""
+    def breaks(call, ctx):
+        call["ape_at"] = "compress"
+        call["ape"] = ape_fn(call, ctx)
+    return breaks
+
+
+def _ring_wider_than_the_table(call, ctx):
+    """A ring of one block more than each block-table row holds (SPEC §13.3: ``C / bs`` blocks)."""
+    call["ring_capacity"] = call.get("block_size", call.get("bs")) * (call["block_table"].shape[1] + 1)
+
+
+def _bf16_state_rows_4_apart(call, ctx):
+    """A bf16 state whose rows are 2052 elements apart: 16-byte multiples are 8 elements (SPEC §13.1)."""
+    arrays = ctx["arrays"]
+    owner = arrays.zeros(4 * 4 * 2052 + 64, arrays.bf16)
+    call["state_cache"] = arrays.as_strided(owner, (4, 4, 2048), (4 * 2052, 2052, 1))
+
+
+def _projection_rows(row: int, offset: int = 0):
+    """A ``[T, SW]`` fp32 view whose rows are ``row`` floats apart, ``offset`` floats past a 64-byte aligned base."""
+    def make(call, ctx):
+        arrays = ctx["arrays"]
+        shape = tuple(call["kv"].shape)
+        owner = arrays.zeros(offset + shape[0] * row + 64, "float32")
+        return arrays.as_strided(owner, shape, (row, 1), offset)
+    return make
 
 
 def _every_other(ctx, tensor):
@@ -233,7 +318,7 @@ def _fp8_k_cache_uint8(call, ctx):
     call["k_cache"] = ctx["arrays"].reinterpret(call["k_cache"], "uint8")
 
 
-CASES: tuple[ErrorCase, ...] = (
+BASE_CASES: tuple[ErrorCase, ...] = (
     ErrorCase("positions int32", "store", "positions", _cast("positions", "int32")),
     ErrorCase("slot_mapping int32", "save", "slot_mapping", _cast("slot_mapping", "int32")),
     ErrorCase("token_to_req_indices int64", "store", "token_to_req_indices", _cast("token_to_req_indices", "int64")),
@@ -302,6 +387,58 @@ CASES: tuple[ErrorCase, ...] = (
               _indexer_cache_for_512, indexer=True),
 )
 
+STATE_CASES: tuple[ErrorCase, ...] = (  # SPEC §9's checks of the §13 options, run where declared
+    ErrorCase("state_cache float16", "store", "state_cache", _cast("state_cache", "float16"), needs=("bf16",)),
+    ErrorCase("bf16 state rows 2052 elements apart", "store", "state_cache", _bf16_state_rows_4_apart, needs=("bf16",)),
+    ErrorCase("bf16 state rows 2052 elements apart for save", "save", "state_cache", _bf16_state_rows_4_apart,
+              needs=("bf16",)),
+    ErrorCase("ape_at unknown", "store", "ape_at", _settings(ape_at="pool"), needs=("ape_at",)),
+    ErrorCase("ape_at not a string", "store", "ape_at", _settings(ape_at=1), needs=("ape_at",)),
+    ErrorCase("ape_at unknown for save", "save", "ape_at", _settings(ape_at="compress "), needs=("ape_at",)),
+    ErrorCase("ape missing for save with ape_at save", "save", "ape", _set("ape", lambda c, x: None), needs=("ape_at",)),
+    ErrorCase("ape missing with ape_at compress", "store", "ape", _compress_ape(lambda c, x: None), needs=("ape_at",)),
+    ErrorCase("ape float64 with ape_at compress", "store", "ape",
+              _compress_ape(lambda c, x: x["arrays"].cast(x["ape"], "float64")), needs=("ape_at",)),
+    ErrorCase("ape of ratio 128 with ape_at compress", "store", "ape",
+              _compress_ape(lambda c, x: x["arrays"].zeros((128, 512), "float32")), needs=("ape_at",)),
+    ErrorCase("ape half wide with ape_at compress", "store", "ape",
+              _compress_ape(lambda c, x: x["arrays"].aligned_copy(x["ape"][:, :512])), needs=("ape_at",)),
+    ErrorCase("ring_capacity not a multiple of block_size", "store", "ring_capacity", _settings(ring_capacity=10),
+              needs=("ring",)),
+    ErrorCase("ring_capacity below W", "store", "ring_capacity", _settings(ring_capacity=4), needs=("ring",)),
+    ErrorCase("ring_capacity a float", "store", "ring_capacity", _settings(ring_capacity=16.0), needs=("ring",)),
+    ErrorCase("ring_capacity a bool", "store", "ring_capacity", _settings(ring_capacity=True), needs=("ring",)),
+    ErrorCase("ring_capacity 0 for save", "save", "ring_capacity", _settings(ring_capacity=0), needs=("ring",)),
+    ErrorCase("block_table narrower than the ring", "store", "block_table", _ring_wider_than_the_table, needs=("ring",)),
+    # the step call (SPEC §13.4)
+    ErrorCase("kv float64", "step", "kv", _cast("kv", "float64")),
+    ErrorCase("kv rows 1026 floats apart", "step", "kv", _set("kv", _projection_rows(1026))),
+    ErrorCase("kv base not 16-byte aligned", "step", "kv", _set("kv", _projection_rows(2048, offset=1))),
+    ErrorCase("kv with a non-unit last stride", "step", "kv", _set("kv", lambda c, x: _every_other(x, c["kv"]))),
+    ErrorCase("score half wide", "step", "score", _set("score", lambda c, x: x["arrays"].aligned_copy(c["kv"][:, :512]))),
+    ErrorCase("score one row short", "step", "score", _set("score", lambda c, x: c["score"][:-1])),
+    ErrorCase("score rows 1025 floats apart", "step", "score", _set("score", _projection_rows(1025))),
+    ErrorCase("ape missing for compress_and_save", "step", "ape", _set("ape", lambda c, x: None)),
+    ErrorCase("ape float64 for compress_and_save", "step", "ape", _cast("ape", "float64")),
+    ErrorCase("query_start_loc int64", "step", "query_start_loc", _cast("query_start_loc", "int64")),
+    ErrorCase("query_start_loc of rank 2", "step", "query_start_loc",
+              _set("query_start_loc", lambda c, x: c["query_start_loc"][None])),
+    ErrorCase("more requests than block_table rows", "step", "query_start_loc",
+              _set("query_start_loc", lambda c, x: x["arrays"].cast(x["arrays"].zeros(c["block_table"].shape[0] + 2,
+                                                                                         "int64"), "int32"))),
+    ErrorCase("save_slot_mapping int32", "step", "save_slot_mapping", _cast("save_slot_mapping", "int32")),
+    ErrorCase("save_slot_mapping one short", "step", "save_slot_mapping",
+              _set("save_slot_mapping", lambda c, x: c["save_slot_mapping"][:-1])),
+    ErrorCase("token_to_req int64 for compress_and_save", "step", "token_to_req", _cast("token_to_req", "int64")),
+    ErrorCase("ape_at unknown for compress_and_save", "step", "ape_at", _settings(ape_at="both"), needs=("ape_at",)),
+    ErrorCase("ring_capacity below W for compress_and_save", "step", "ring_capacity", _settings(ring_capacity=4),
+              needs=("ring",)),
+    ErrorCase("block_table narrower than the ring for compress_and_save", "step", "block_table",
+              _ring_wider_than_the_table, needs=("ring",)),
+)
+
+CASES: tuple[ErrorCase, ...] = BASE_CASES + STATE_CASES
+
 
 def names_argument(error: BaseException, argument: str) -> bool:
     """The message leads with the argument's name (``"<name>: ..."``, ``"<name> ..."``), or the
@@ -325,14 +462,15 @@ def run_error_case(impl: LoadedImplementation, case: ErrorCase, device: str | No
         return ErrorVerdict(case.name, impl.name, "unsupported", "no NumPy form (NumPy holds E4M3 as uint8)")
     save, store, ctx = _valid_call(device, numpy=numpy)
     arrays = ctx["arrays"]
-    call = dict(save if case.operation == "save" else store)
+    call = dict({"save": save, "store": store}.get(case.operation) or _step_call(save, store, ctx))
     case.breaks(call, ctx)
     buffers = {k: v for k, v in call.items() if isinstance(v, arrays.Array)}
     buffers.update(state_owner=ctx["state_owner"], k_owner=ctx["k_owner"])
     before = {k: arrays.storage_bytes(v) for k, v in buffers.items()}
-    operation = impl.target.save_partial_states if case.operation == "save" else impl.target.compress_norm_rope_store
-    positional = [k for k in call if k not in ("compress_ratio", "layout", "fp8_scale", "hadamard")]
-    keywords = {k: call[k] for k in ("compress_ratio", "layout", "fp8_scale", "hadamard") if k in call}
+    operation = {"save": "save_partial_states", "store": "compress_norm_rope_store", "step": "compress_and_save"}
+    operation = getattr(impl.target, operation[case.operation])
+    positional = [k for k in call if k not in KEYWORDS[case.operation]]
+    keywords = {k: call[k] for k in KEYWORDS[case.operation] if k in call}
     try:
         operation(*(call[k] for k in positional), **keywords)
         arrays.synchronize()
@@ -427,6 +565,10 @@ def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None 
     for case in cases:
         if case.indexer and 128 not in impl.capabilities.head_widths:
             verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: no SPEC §12 (head width 128)"))
+            continue
+        undeclared = impl.capabilities.unsupported_state(**{k: v for need in case.needs for k, v in NEEDS[need].items()})
+        if undeclared:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"outside the declaration: {undeclared}"))
             continue
         layouts = impl.capabilities.layouts
         if case.layout and layouts is not None and case.layout not in layouts:

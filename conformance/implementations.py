@@ -16,6 +16,15 @@ reported *unsupported*), or the older ``SUPPORTED_DEVICES`` (default ``("cuda",)
 operations write in place and must raise ``ValueError`` (having written nothing) on the
 inputs of SPEC §9.
 
+SPEC §13's options, where the declaration names them: a bf16 ``state_cache``; the keywords
+``ape_at=`` and ``ring_capacity=`` on both operations and ``ape=`` on the compress (passed only
+where a scenario uses them); and, with ``step_call=True``, the step call::
+
+    compress_and_save(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping,
+                      save_slot_mapping, block_table, bs, state_cache, rms_norm_weight,
+                      rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
+                      layout, fp8_scale, ape_at, ring_capacity[, hadamard])
+
 Names the suite understands: the built-ins ``spec``, ``torch``, ``triton``, ``cutedsl``;
 ``module:attribute`` (attribute may be a factory called with no arguments); or a name
 registered by another package under the entry-point group ``dsv4_compressor.implementations``.
@@ -28,9 +37,10 @@ from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any, Protocol
 
+from ..spec import compress_and_save as spec_compress_and_save
 from ..spec import compress_norm_rope_store as spec_compress_norm_rope_store
 from ..spec import save_partial_states as spec_save_partial_states
-from .capabilities import Capabilities
+from .capabilities import STATE_FORMATS, Capabilities
 
 ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
 BUILTIN = {
@@ -54,26 +64,37 @@ class SpecImplementation:
     """The NumPy specification itself: it takes NumPy arrays (bf16 as uint16 bit patterns) and
     makes SPEC §9's checks before writing anything; no torch involved."""
 
-    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128), arrays="numpy")
+    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128), arrays="numpy", **STATE_FORMATS)
     name = "spec"
 
-    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
-        spec_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size, *, ape_at="save",
+                            ring_capacity=None):
+        spec_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, ape_at=ape_at,
+                                 ring_capacity=ring_capacity)
 
     def compress_norm_rope_store(self, state_cache, token_to_req_indices, positions, slot_mapping, block_table,
                                  block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
-                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False):
+                                 *, compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False, ape=None,
+                                 ape_at="save", ring_capacity=None):
         spec_compress_norm_rope_store(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale, hadamard=hadamard,
+            fp8_scale=fp8_scale, hadamard=hadamard, ape=ape, ape_at=ape_at, ring_capacity=ring_capacity,
         )
+
+    def compress_and_save(self, *arrays, **keywords):  # SPEC §13.4; the spec's own signature
+        spec_compress_and_save(*arrays, **keywords)
 
 
 # The project's kernels handle every valid call (general paths behind the fast ones), the
 # indexer's head width where their compress call takes ``hadamard``; their devices come from
-# their own SUPPORTED_DEVICES.
-BUILTIN_CAPABILITIES = {"triton": Capabilities(), "cutedsl": Capabilities()}
+# their own SUPPORTED_DEVICES. SPEC §13's options as each family runs them (CuTe DSL: an fp32
+# paged state, ape at the save, the two calls).
+BUILTIN_CAPABILITIES = {  # the project's kernels: Triton runs SPEC §13's state formats and step call
+    "triton": Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"), ring_addressing=True,
+                           step_call=True),
+    "cutedsl": Capabilities(),
+}
 
 
 @dataclass
@@ -155,6 +176,8 @@ def load_implementation(name: str) -> LoadedImplementation:
     if declared is not None and not isinstance(declared, Capabilities):
         raise ValueError(f"--impl {name}: expected CAPABILITIES to be a dsv4_compressor.conformance.Capabilities, "
                          f"got {type(declared).__name__}")
+    if declared is not None and declared.step_call and not callable(getattr(target, "compress_and_save", None)):
+        raise ValueError(f"--impl {name}: expected compress_and_save (CAPABILITIES declares step_call=True), missing")
     if declared is None:  # the older declaration: devices only
         devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
         declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)

@@ -96,7 +96,7 @@ def locate_state(buffer: Buffer, byte: int, saved_slots: dict[int, int]) -> Plac
     s0, s1 = buffer.strides[0], buffer.strides[1]
     block, rest = divmod(rel, s0) if num_blocks > 1 else (0, rel)
     row, rest = divmod(rest, s1) if block_size > 1 else (0, rest)
-    column = rest // 4
+    column = rest // buffer.dtype.itemsize  # an fp32 or a bf16 (SPEC §13.1) element
     if rel < 0 or block >= num_blocks or row >= block_size or column >= width:
         return Place("state", detail="padding or outside the state rows (never written)")
     slot = block * block_size + row

@@ -3,7 +3,8 @@
 Both start from identical buffers (canary-filled caches, NaN-filled state padding). The
 implementation's ``save_partial_states`` is judged on the state cache; its
 ``compress_norm_rope_store`` then runs on the *spec's* post-save state, so each operation
-is judged on identical inputs.
+is judged on identical inputs. A step-call scenario (SPEC §13.4) makes one
+``compress_and_save`` call, judged on the state and ``k_cache`` after it (:mod:`.state_calls`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from .. import spec
 from ..spec.constants import NOPE_DIM, QUANT_BLOCK
 from ..spec.entry_layout import FLASHMLA_FP8, INDEXER_LAYOUTS, PAGED_LAYOUTS, EntryLayout
 from ..spec.formats import bf16_to_f32, e4m3_bits, e4m3_to_f32
-from . import bounds
 from ..spec.batch import Batch
-from . import step_call
+from ..spec.rows import ChunkInputs
+from ..spec.state_format import StateFormat
+from . import bounds, state_calls, step_call
 from .arrays import HostArrays, TorchArrays, arrays_for, to_numpy, to_torch  # noqa: F401  (to_numpy, to_torch: re-exported)
 from .buffers import Buffer
 from .capabilities import Features
@@ -64,19 +66,23 @@ class Verdict:
 
 def spec_step(inputs: StepInputs, state: np.ndarray, k_cache: np.ndarray) -> None:
     """The spec's two calls of a step on the given views, in place (debug checks on: a
-    scenario bug shows as an error here)."""
+    scenario bug shows as an error here); SPEC §13's keywords where the scenario uses them."""
     b = inputs.batch
-    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True)
+    spec.save_partial_states(inputs.kv_score, inputs.ape, b.positions, b.slot_mapping, state, b.block_size, debug=True,
+                             **state_calls.save_keywords(inputs))
     spec.compress_norm_rope_store(
         state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size,
         inputs.rms_norm_weight, inputs.rms_norm_eps, inputs.cos_sin_cache, k_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=inputs.layout, fp8_scale=inputs.fp8_scale, debug=True,
-        **({"hadamard": True} if inputs.hadamard else {}),
+        **({"hadamard": True} if inputs.hadamard else {}), **state_calls.compress_keywords(inputs, inputs.ape),
     )
 
 
 def run_spec(inputs: StepInputs) -> Expected:
-    """The spec's result for a step, from the step's own buffers."""
+    """The spec's result for a step, from the step's own buffers (for the step call of SPEC
+    §13.4, the state after the whole step)."""
+    if inputs.step_call:
+        return Expected(*state_calls.spec_step_call(inputs))
     state_owner, state = inputs.state_cache.numpy_copy()
     k_owner, k_cache = inputs.k_cache.numpy_copy()
     spec_step(inputs, state, k_cache)  # the store does not write the state: its bytes are those after the save
@@ -93,6 +99,8 @@ def features(inputs: StepInputs) -> Features:
         state_strides=(state.strides[0] // 4, state.strides[1] // 4), strided_inputs=inputs.strided_inputs,
         hadamard=inputs.hadamard, max_position=int(b.positions.max(initial=0)),
         large_offsets=max(inputs.state_cache.nbytes, inputs.k_cache.nbytes) > 2 ** 31,
+        state_dtype="bf16" if state.dtype == np.uint16 else "fp32", ape_at=inputs.ape_at,
+        ring_addressing=inputs.ring_capacity is not None, step_call=inputs.step_call,
     )
 
 
@@ -117,8 +125,11 @@ def implementation_arrays(arrays: HostArrays | TorchArrays, inputs: StepInputs, 
 def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected: Expected, device: str) -> tuple[np.ndarray, np.ndarray]:
     """The implementation's state bytes after save and cache bytes after store (NumPy arrays
     on the host for an implementation that takes them, else torch tensors on ``device``).
-    The store runs on the spec's post-save state, so each operation is judged alone."""
+    The store runs on the spec's post-save state, so each operation is judged alone; the step
+    call of SPEC §13.4 is judged as one."""
     arrays = arrays_for(impl.takes_numpy, device)
+    if inputs.step_call:
+        return _run_step_call(impl, inputs, arrays)
     step, state_owner, k_owner = implementation_arrays(arrays, inputs)
     static = StaticArgs.of(inputs)
     step_call.save(impl.target, step, static)
@@ -128,10 +139,28 @@ def run_implementation(impl: LoadedImplementation, inputs: StepInputs, expected:
     return state_after_save, arrays.host_bytes(k_owner)
 
 
+def _run_step_call(impl: LoadedImplementation, inputs: StepInputs,
+                   arrays: HostArrays | TorchArrays) -> tuple[np.ndarray, np.ndarray]:
+    """SPEC §13.4: the implementation's ``compress_and_save`` on fresh copies of the step's
+    allocations (``kv`` and ``score`` two views of one projection output); the state and
+    ``k_cache`` bytes after it."""
+    state_owner, state = arrays.allocate(inputs.state_cache)
+    k_owner, k_cache = arrays.allocate(inputs.k_cache)
+    _, projections = arrays.allocate(inputs.projections)
+    positional, keywords = state_calls.step_call_arguments(
+        inputs, lambda array: arrays.convert(array, inputs.strided_inputs), projections, state, k_cache)
+    impl.target.compress_and_save(*positional, **keywords)
+    return arrays.host_bytes(state_owner), arrays.host_bytes(k_owner)
+
+
 # ---- describing a difference -----------------------------------------------------------------
 def _value_text(layout: str, place: Place, owner: np.ndarray, buffer: Buffer, byte: int) -> str:
     """A byte (or the value around it) as a reader wants to see it."""
     value = owner[byte]
+    if place.region == "state" and buffer.dtype == np.uint16:  # a bf16 state (SPEC §13.1)
+        start = byte - (byte - buffer.offset) % 2
+        bits = owner[start:start + 2].view("<u2")[0]
+        return f"0x{bits:04x} (bf16 {float(bf16_to_f32(np.uint16(bits))):g})"
     if place.region == "state":
         word = owner[byte - (byte - buffer.offset) % 4: byte - (byte - buffer.offset) % 4 + 4].view(F32)[0]
         return f"{word!r}"
@@ -152,7 +181,8 @@ def first_difference(inputs: StepInputs, expected: np.ndarray, actual: np.ndarra
     byte = int(np.flatnonzero(expected != actual)[0])
     count = int(np.count_nonzero(expected != actual))
     if which == "state":
-        saved = {int(s): int(i) for i, s in enumerate(b.slot_mapping) if s >= 0}
+        saves = b.save_slot_mapping if inputs.step_call else b.slot_mapping
+        saved = {int(s): int(i) for i, s in enumerate(saves) if s >= 0}
         place = locate_state(inputs.state_cache, byte, saved)
         buffer, layout = inputs.state_cache, None
         op = "save_partial_states"
@@ -160,6 +190,8 @@ def first_difference(inputs: StepInputs, expected: np.ndarray, actual: np.ndarra
         place = locate_k_cache(inputs.k_cache, inputs.layout, byte, active_slot_map(b.kv_slot_mapping, b.active))
         buffer, layout = inputs.k_cache, inputs.layout
         op = "compress_norm_rope_store"
+    if inputs.step_call:  # one call wrote both
+        op = "compress_and_save"
     if place.token is not None:
         position = f" (position {int(b.positions[place.token])})"
     else:
@@ -222,11 +254,10 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
         return counts
     tokens = np.flatnonzero(b.active)
     slots = b.kv_slot_mapping[tokens]
-    state = inputs.state_cache.view_of(state_after_save)
     weight = inputs.rms_norm_weight
     weight = bf16_to_f32(weight) if weight.dtype == np.uint16 else weight.astype(F32)
-    ref = bounds.reference(state, b.block_table, b.token_to_req_indices[tokens], b.positions[tokens], b.compress_ratio,
-                           b.block_size, weight, inputs.rms_norm_eps, inputs.cos_sin_cache)
+    ref = bounds.reference(pooled_rows(inputs, state_after_save), b.token_to_req_indices[tokens], b.positions[tokens],
+                           b.compress_ratio, weight, inputs.rms_norm_eps, inputs.cos_sin_cache)
     if inputs.layout in INDEXER_LAYOUTS:
         return _indexer_counts(inputs, expected, actual, slots, ref, bump, counts)
     got = _entry_bytes(inputs, actual, slots)
@@ -273,6 +304,22 @@ def tolerant_counts(inputs: StepInputs, expected: np.ndarray, actual: np.ndarray
             bump(f"{name} beyond bound", np.count_nonzero(~accepted[:, part]))
     bump("untouched bytes written", np.count_nonzero((expected != actual) & ~addressed))
     return counts
+
+
+def pooled_rows(inputs: StepInputs, state_after_save: np.ndarray) -> bounds.StateRows:
+    """Where the compress of a step reads its rows (SPEC §5, §13): the spec's state after the save,
+    or for the step call the state before it and the call's own ``kv``/``score``."""
+    b = inputs.batch
+    chunk = None
+    if inputs.step_call:
+        state = inputs.state_cache.view_of(inputs.state_cache.owner)
+        _, projections = inputs.projections.numpy_copy()
+        kv, score = state_calls.projection_halves(projections)
+        chunk = ChunkInputs(kv=kv, score=score, positions=b.positions, query_start_loc=b.query_start_loc)
+    else:
+        state = inputs.state_cache.view_of(state_after_save)
+    state_format = StateFormat.of(state, inputs.ape_at, inputs.ring_capacity)
+    return bounds.StateRows(state, b.block_table, b.block_size, state_format, inputs.ape, chunk)
 
 
 def _indexer_counts(inputs: StepInputs, expected, actual, slots, ref, bump, counts) -> dict[str, int]:

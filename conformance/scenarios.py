@@ -1,7 +1,9 @@
 """The scenario catalogue: named, documented layer steps built with the spec's batch builders.
 
 A scenario is one layer step: ``save_partial_states`` for this step's tokens, then
-``compress_norm_rope_store``. Each has a size class: ``small`` runs everywhere (CPU, the
+``compress_norm_rope_store``, or (SPEC §13.4) one ``compress_and_save`` call; SPEC §13's
+state formats (a bf16 state, ``ape`` added at the compress, a ring per request) are options
+of its recipe. Each has a size class: ``small`` runs everywhere (CPU, the
 Triton interpreter); ``medium`` holds about a million output values, enough for one-ulp
 arithmetic differences (approximate exp2, other summation orders) to reach the bytes;
 ``large`` (thousands to ~16K tokens) is for GPUs.
@@ -19,6 +21,7 @@ from ..spec.batch import Batch, Request
 from ..spec.constants import HEAD_DIM, QUANT_BLOCK, ratio_config
 from .buffers import Buffer
 from .speculative import GROUP_SIZES, mixed_group_requests, verify_group_requests
+from .state_inputs import bf16_state, projection_view, tune_bf16_ties
 
 F32 = np.float32
 
@@ -27,10 +30,10 @@ F32 = np.float32
 class StepInputs:
     """Everything one step's two calls take, as NumPy data (buffers with their padding)."""
 
-    batch: Batch
-    kv_score: np.ndarray  # float32 [T, 2*SW]: this step's projections
+    batch: Batch  # with ring_capacity, query_start_loc and save_slot_mapping (SPEC §13)
+    kv_score: np.ndarray  # float32 [T, 2*SW]: this step's projections (score without ape)
     ape: np.ndarray  # float32 [r, SW]
-    state_cache: Buffer  # float32 [num_blocks, bs, 2*SW] view (padding = NaN canary)
+    state_cache: Buffer  # float32, or uint16 bf16 patterns, [num_blocks, bs, 2*SW] view (padding = NaN canary)
     rms_norm_weight: np.ndarray  # float32 [512] or uint16 [512] (bf16 patterns)
     rms_norm_eps: float
     cos_sin_cache: np.ndarray  # float32 [max_pos, 64]
@@ -39,6 +42,15 @@ class StepInputs:
     fp8_scale: float | None = None
     strided_inputs: bool = False  # hand the implementation strided views (see runner.to_torch)
     hadamard: bool = False  # SPEC §12's rotation (indexer layouts)
+    state_dtype: str = "fp32"  # SPEC §13.1: "fp32" or "bf16" (the state_cache's dtype)
+    ape_at: str = "save"  # SPEC §13.2: "save" or "compress"
+    step_call: bool = False  # SPEC §13.4: one compress_and_save call instead of the save and the compress
+    projections: Buffer | None = None  # float32 [T, 2*SW] (kv then raw score): the step call's kv and score views
+
+    @property
+    def ring_capacity(self) -> int | None:
+        """SPEC §13.3: ``C`` of a ring state, ``None`` for a paged one."""
+        return self.batch.ring_capacity
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,10 @@ class StepRecipe:
     rope_rows: int = 0  # cos_sin_cache rows (default: the largest position + 8)
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
     hadamard: bool = False  # SPEC §12's rotation
+    state_dtype: str = "fp32"  # SPEC §13.1: "bf16" holds the state as bf16 (row_pad then a multiple of 8)
+    ape_at: str = "save"  # SPEC §13.2: where ape is added
+    ring_capacity: int | None = None  # SPEC §13.3: a ring of C rows per request with tail saves (build_ring_batch)
+    step_call: bool = False  # SPEC §13.4: one compress_and_save call (tokens packed, padding at the end)
 
 
 @dataclass(frozen=True)
@@ -200,6 +216,7 @@ def _indexer_tiny(state, kv_score, weight, rng):
 
 
 VALUE_PROFILES = {
+    "bf16_ties": _normal,  # this step's kv, score and score + ape on bf16 ties (state_inputs.tune_bf16_ties, after ape)
     "hadamard_cancel": _hadamard_cancel,
     "indexer_tiny": _indexer_tiny,
     "cutoff_window": _cutoff_window,
@@ -237,14 +254,32 @@ def _k_cache(recipe: StepRecipe, batch: Batch) -> np.ndarray:
     return B.canary_k_cache(recipe.layout, batch.num_pages, recipe.entries_per_page, page_pad_bytes=recipe.page_pad_bytes)
 
 
+def _build_batch(recipe: StepRecipe, rng: np.random.Generator) -> Batch:
+    """The step's metadata: paged (:func:`~..spec.batch.build_batch`) or on a ring of
+    ``recipe.ring_capacity`` rows per request with the tail saves (``build_ring_batch``)."""
+    if recipe.ring_capacity is None:
+        batch = B.build_batch(
+            recipe.requests(rng), compress_ratio=recipe.compress_ratio, block_size=recipe.block_size,
+            entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding,
+            padding_at_end=recipe.padding_at_end, drop_entry_fraction=recipe.drop_entry_fraction,
+            unsaved_fraction=recipe.unsaved_fraction, slot_for_non_boundary=recipe.slot_for_non_boundary,
+        )
+    elif not recipe.padding_at_end or recipe.drop_entry_fraction or recipe.unsaved_fraction or recipe.slot_for_non_boundary:
+        raise ValueError("StepRecipe.ring_capacity: expected padding at the end and every slot given (a ring batch), "
+                         "got scattered padding or dropped slots")
+    else:
+        batch = B.build_ring_batch(recipe.requests(rng), compress_ratio=recipe.compress_ratio,
+                                   ring_capacity=recipe.ring_capacity, block_size=recipe.block_size,
+                                   entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding)
+    if recipe.step_call and batch.query_start_loc is None:
+        raise ValueError("StepRecipe.step_call: expected tokens packed request by request (padding_at_end=True), "
+                         "got scattered padding")
+    return batch
+
+
 def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
     """Metadata from the batch builder, random buffers, then the value profile."""
-    batch = B.build_batch(
-        recipe.requests(rng), compress_ratio=recipe.compress_ratio, block_size=recipe.block_size,
-        entries_per_page=recipe.entries_per_page, rng=rng, num_padding=recipe.num_padding,
-        padding_at_end=recipe.padding_at_end, drop_entry_fraction=recipe.drop_entry_fraction,
-        unsaved_fraction=recipe.unsaved_fraction, slot_for_non_boundary=recipe.slot_for_non_boundary,
-    )
+    batch = _build_batch(recipe, rng)
     if recipe.edit is not None:
         batch = recipe.edit(batch, rng)
     head = recipe.head_dim
@@ -261,6 +296,10 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
             ape[:, base + 64] = ape[:, base]
     if recipe.values == "cutoff_window":  # add(-a, a) = +0: this step's scores are exactly 0
         kv_score[:, kv_score.shape[1] // 2:] = -ape[batch.positions % recipe.compress_ratio]
+    if recipe.values == "bf16_ties":
+        kv_score, ape = tune_bf16_ties(kv_score, ape, rng)
+    if recipe.state_dtype == "bf16":
+        state = bf16_state(state, recipe.row_pad, recipe.block_pad_rows)
     k_cache = _k_cache(recipe, batch)
     max_pos = int(batch.positions.max()) + 1
     inputs = StepInputs(
@@ -276,11 +315,19 @@ def build_step(recipe: StepRecipe, rng: np.random.Generator) -> StepInputs:
         fp8_scale=recipe.fp8_scale,
         strided_inputs=recipe.strided_inputs,
         hadamard=recipe.hadamard,
+        state_dtype=recipe.state_dtype,
+        ape_at=recipe.ape_at,
+        step_call=recipe.step_call,
     )
     if recipe.tune_to_ties:
         from .ties import tune_indexer_ties, tune_to_ties
 
+        if recipe.state_dtype != "fp32" or recipe.ape_at != "save" or recipe.ring_capacity or recipe.step_call:
+            raise ValueError("StepRecipe.tune_to_ties: expected the default state format and the two calls (ties.py "
+                             "tunes on their state), got SPEC §13 options")
         (tune_indexer_ties if head != HEAD_DIM else tune_to_ties)(inputs)
+    if recipe.step_call:  # kv and score: two views of one projection output (rows padded with strided inputs)
+        inputs.projections = Buffer.of(projection_view(inputs.kv_score, 4 if recipe.strided_inputs else 0))
     return inputs
 
 
@@ -559,6 +606,171 @@ def _speculative() -> list[Scenario]:
     return s
 
 
+# ---- SPEC §13: the state formats ----------------------------------------------------------
+STATE_SECTIONS = ("§4", "§5", "§6", "§7", "§13")
+STATE_FORMS = {"two_call": False, "step": True}  # the save then the compress, or compress_and_save (§13.4)
+
+
+@dataclass(frozen=True)
+class _StateGeometry:
+    """One ratio and head width of the §13 family: blocks, pages, the ring and the requests."""
+
+    compress_ratio: int
+    head_dim: int
+    block_size: int
+    entries_per_page: int
+    ring_capacity: int  # not a power of two where bs allows (a mask in place of mod C shows)
+    requests: Callable  # windows across the ring's end, rows from the state and from the chunk, a first window
+    layouts: tuple[tuple[str, bool], ...]  # (layout, hadamard) taken in turn
+
+
+_C4_REQUESTS = _fixed((0, 4), (39, 1), (18, 9), (46, 2))  # p = 3; 32..39 wraps a ring of 12; chunks of 9 and 2
+_C128_REQUESTS = _fixed((383, 1), (200, 60), (5, 1))  # 256..383 wraps a ring of 136; 128..199 before a chunk
+_STATE_GEOMETRIES = (
+    _StateGeometry(4, 512, 4, 64, 12, _C4_REQUESTS,
+                   (("flashmla_fp8", False), ("bf16", False), ("fp8_per_tensor", False))),
+    _StateGeometry(128, 512, 8, 2, 136, _C128_REQUESTS,
+                   (("bf16", False), ("fp8_per_tensor", False), ("flashmla_fp8", False))),
+    _StateGeometry(4, 128, 16, 8, 16, _C4_REQUESTS, (("indexer_fp8", False), ("indexer_mxfp4", True),
+                                                     ("indexer_mxfp4", False), ("indexer_fp8", True))),
+    _StateGeometry(128, 128, 8, 3, 136, _C128_REQUESTS, (("indexer_mxfp4", False), ("indexer_fp8", True),
+                                                         ("indexer_fp8", False), ("indexer_mxfp4", True))),
+)
+
+
+def _state_options(dtype: str, ape_at: str, ring: int | None, form: str) -> dict:
+    """A recipe's SPEC §13 fields."""
+    return dict(state_dtype=dtype, ape_at=ape_at, ring_capacity=ring, step_call=STATE_FORMS[form])
+
+
+def _state_combinations() -> list[Scenario]:
+    """Every state dtype x ape_at x addressing x form, for C4 and C128 at both head widths, the
+    layouts of the head width taken in turn."""
+    s = []
+    for g_index, g in enumerate(_STATE_GEOMETRIES):
+        head = "" if g.head_dim == HEAD_DIM else "indexer_"
+        combos = [(d, a, addressing, form) for d in ("fp32", "bf16") for a in ("save", "compress")
+                  for addressing in ("paged", "ring") for form in STATE_FORMS]
+        for i, (dtype, ape_at, addressing, form) in enumerate(combos):
+            layout, hadamard = g.layouts[i % len(g.layouts)]
+            ring = g.ring_capacity if addressing == "ring" else None
+            name = f"state_{head}c{g.compress_ratio}_{dtype}_{ape_at}_{addressing}_{form}"
+            where = f"a ring of {ring} rows (tail saves)" if ring else "paged"
+            call = "compress_and_save" if STATE_FORMS[form] else "the save, then the compress"
+            description = (f"SPEC §13: {'indexer ' if head else ''}C{g.compress_ratio}, {dtype} state, "
+                           f"ape at the {ape_at}, {where}, {call}; into {layout}"
+                           + (" with the rotation" if hadamard else ""))
+            recipe = StepRecipe(g.requests, compress_ratio=g.compress_ratio, block_size=g.block_size,
+                                entries_per_page=g.entries_per_page, layout=layout, head_dim=g.head_dim, hadamard=hadamard,
+                                fp8_scale=0.0371 if layout == "fp8_per_tensor" else None, num_padding=2,
+                                row_pad=8 if i % 4 == 1 else 0, **_state_options(dtype, ape_at, ring, form))
+            sections = STATE_SECTIONS + (("§12",) if head else ())
+            s.append(Scenario(name, description, "small", recipe, 100 + 16 * g_index + i, ("state",), sections=sections))
+    return s
+
+
+def _states() -> list[Scenario]:
+    """SPEC §13: every option combination (:func:`_state_combinations`), then the cases engines
+    meet: windows across a ring's end, chunks longer than the ring, tail saves, verify groups with
+    a boundary inside, and this step's values on bf16 ties of ``kv``, ``score`` and ``score + ape``."""
+    s = _state_combinations()
+
+    def add(name, description, recipe, seed):
+        s.append(Scenario(name, description, "small", recipe, seed, ("state",), sections=STATE_SECTIONS))
+
+    c4_ring = dict(compress_ratio=4, block_size=4, entries_per_page=64)
+    add("state_c4_ring_wraparound", "C4 on a ring of exactly W = 8 rows (SGLang: bf16 state, ape at the compress, "
+        "compress_and_save): every window but p = 7 mod 8 wraps the ring's end; a first window, a chunk of C tokens",
+        StepRecipe(_fixed((11, 1), (19, 1), (26, 2), (40, 8), (3, 1)), **c4_ring, num_padding=2,
+                   **_state_options("bf16", "compress", 8, "step")), 140)
+    add("state_c128_ring_wraparound", "C128 on a ring of exactly W = 128 rows in one block of 128 (bf16, ape at the "
+        "compress, compress_and_save): windows across the ring's end and before a chunk",
+        StepRecipe(_fixed((383, 1), (200, 56), (639, 1)), compress_ratio=128, block_size=128, entries_per_page=2,
+                   num_padding=1, **_state_options("bf16", "compress", 128, "step")), 141)
+    add("state_c4_chunk_longer_than_ring", "C4 chunks of 30 and 13 tokens on a ring of 12 (bf16, compress_and_save): "
+        "the tail saves overwrite the rows the chunk's first windows read from the ring",
+        StepRecipe(_fixed((5, 30), (0, 13), (27, 1)), **c4_ring, num_padding=3, layout="bf16",
+                   **_state_options("bf16", "save", 12, "step")), 142)
+    add("state_c128_chunk_longer_than_ring", "C128 chunk of 300 tokens on a ring of 128 (fp32, compress_and_save): "
+        "three boundaries, the first window's rows before the chunk in the ring, only the last 128 tokens saved",
+        StepRecipe(_fixed((100, 300), (255, 1)), compress_ratio=128, block_size=8, entries_per_page=2, num_padding=2,
+                   **_state_options("fp32", "save", 128, "step")), 143)
+    add("state_c4_tail_saves", "C4 chunks of 11, 12, 13 and 25 tokens and a decode token on a ring of 12 (vLLM's "
+        "format: fp32, ape at the save, compress_and_save): save_slot_mapping names each chunk's last 12 tokens",
+        StepRecipe(_fixed((2, 11), (20, 12), (33, 13), (50, 25), (71, 1)), **c4_ring, num_padding=4,
+                   **_state_options("fp32", "save", 12, "step")), 144)
+    _state_verify_groups(add)
+    _state_ties(add)
+    return s
+
+
+def _draft_requests(num_requests: int, ratio: int, drafts: int, max_entries: int):
+    return lambda rng: B.speculative_requests(num_requests, ratio, drafts, rng, max_entries=max_entries)
+
+
+def _state_verify_groups(add) -> None:
+    """Speculative verify groups (3 drafts) with a boundary inside, on rings sized for the window
+    plus the drafts (C4: 12 rows; C128: vLLM's 128·ceil((128 + 3)/128) = 256) and paged."""
+    add("state_c4_verify_ring_step", "C4 verify groups of 4 tokens, the boundary inside, on a ring of 12 (bf16, ape at "
+        "the compress, compress_and_save)", StepRecipe(_draft_requests(6, 4, 3, 12), compress_ratio=4, block_size=4,
+                                                     entries_per_page=64, num_padding=2, layout="bf16",
+                                                     **_state_options("bf16", "compress", 12, "step")), 150)
+    add("state_c4_verify_paged_two_call", "C4 verify groups of 4 tokens on a paged bf16 state, ape at the save, "
+        "the save then the compress", StepRecipe(_draft_requests(6, 4, 3, 12), **C4, num_padding=2,
+                                                 **_state_options("bf16", "save", None, "two_call")), 151)
+    add("state_c128_verify_ring_step", "C128 verify groups of 4 tokens on vLLM's ring of 256 rows (fp32, ape at the "
+        "save, compress_and_save)", StepRecipe(_draft_requests(4, 128, 3, 6), **C128, num_padding=2,
+                                               **_state_options("fp32", "save", 256, "step")), 152)
+    add("state_c128_verify_ring_two_call", "C128 verify groups of 4 tokens on a ring of 256 rows (bf16, ape at the "
+        "compress), the save then the compress", StepRecipe(_draft_requests(4, 128, 3, 6), **C128, layout="fp8_per_tensor",
+                                                           fp8_scale=0.0371,
+                                                           **_state_options("bf16", "compress", 256, "two_call")), 153)
+
+
+def _state_ties(add) -> None:
+    """This step's kv, score and score + ape on bf16 ties (state_inputs.tune_bf16_ties), stored
+    into the bf16 layout: truncation, ties away from zero and ape on the wrong side of the
+    rounding each change bytes."""
+    prefill = _fixed((0, 8), (13, 3), (29, 4))  # every chunk holds a boundary: this step's rows are pooled
+    for ape_at in ("save", "compress"):
+        add(f"state_c4_bf16_ties_{ape_at}", f"C4 bf16 state, ape at the {ape_at}, the save then the compress: this "
+            f"step's kv, score and score + ape on bf16 ties", StepRecipe(prefill, **C4, layout="bf16", values="bf16_ties",
+                                                                      **_state_options("bf16", ape_at, None, "two_call")),
+            160 + (ape_at == "compress"))
+        add(f"state_c4_bf16_ties_{ape_at}_step", f"C4 bf16 state on a ring of 12, ape at the {ape_at}, compress_and_save: "
+            "the chunk's rows rounded as the save would store them, on bf16 ties",
+            StepRecipe(prefill, compress_ratio=4, block_size=4, entries_per_page=64, layout="bf16", values="bf16_ties",
+                       **_state_options("bf16", ape_at, 12, "step")), 162 + (ape_at == "compress"))
+    add("state_c128_bf16_ties_compress_step", "C128 bf16 state, ape at the compress, compress_and_save on a paged "
+        "state: a chunk of 130 tokens on bf16 ties", StepRecipe(_fixed((126, 130), (255, 1)), **C128, layout="bf16",
+                                                                values="bf16_ties",
+                                                                **_state_options("bf16", "compress", None, "step")), 164)
+
+
+def _states_medium_large() -> list[Scenario]:
+    """SPEC §13 at the medium and large sizes: vLLM's C128 ring (fp32, ape at the save, the step
+    call) and SGLang's format (bf16, ape at the compress, a ring of W rows)."""
+    def scenario(name, description, size, recipe, seed):
+        return Scenario(name, description, size, recipe, seed, ("state",), sections=STATE_SECTIONS)
+
+    return [
+        scenario("medium_state_c128_bf16_compress_ring_step", "C128 decode boundary batch of 512 on rings of 256 rows, "
+                 "bf16 state, ape at the compress, compress_and_save", "medium",
+                 StepRecipe(_decode(512, 128, 32), **C128, **_state_options("bf16", "compress", 256, "step")), 13),
+        scenario("medium_state_c4_bf16_save_paged", "C4 decode boundary batch of 2048 on a paged bf16 state, ape at the "
+                 "save, the save then the compress", "medium",
+                 StepRecipe(_decode(2048, 4, 128), **C4, **_state_options("bf16", "save", None, "two_call")), 14),
+        scenario("large_state_c128_ring_prefill_step", "C128 on vLLM's rings of 256 rows: a 4096-token chunked prefill "
+                 "(tail saves) plus 512 decode tokens and padding, compress_and_save", "large",
+                 StepRecipe(_mixed(128, 512, (4096,), max_entries=40), **C128, num_padding=64,
+                            **_state_options("fp32", "save", 256, "step")), 34),
+        scenario("large_state_c4_bf16_compress_ring_step", "C4 decode batch of 8192 on rings of W = 8 rows (SGLang's "
+                 "format: bf16, ape at the compress), compress_and_save", "large",
+                 StepRecipe(_decode(8192, 4, 256), compress_ratio=4, block_size=4, entries_per_page=64,
+                            **_state_options("bf16", "compress", 8, "step")), 35),
+    ]
+
+
 def _large() -> list[Scenario]:
     s = []
 
@@ -599,7 +811,8 @@ def _medium() -> list[Scenario]:
     ]
 
 
-CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _speculative() + _medium() + _large())
+CATALOGUE: tuple[Scenario, ...] = tuple(_small() + _indexer() + _speculative() + _states() + _medium() + _large()
+                                        + _states_medium_large())
 
 
 def scenarios(names: list[str] | None = None, size: str | None = None) -> list[Scenario]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import state_calls
+
 FORMS = ("two calls", "combined")  # the ways of making a step's calls
 
 
@@ -24,12 +26,15 @@ class StaticArgs:
     layout: str
     fp8_scale: float | None = None
     hadamard: bool = False  # SPEC §12's rotation (indexer layouts only)
+    ape_at: str = "save"  # SPEC §13.2
+    ring_capacity: int | None = None  # SPEC §13.3: None = paged
 
     @classmethod
     def of(cls, inputs) -> "StaticArgs":
         """The static arguments of a conformance step (:class:`~.scenarios.StepInputs`)."""
         b = inputs.batch
-        return cls(b.block_size, inputs.rms_norm_eps, b.compress_ratio, inputs.layout, inputs.fp8_scale, inputs.hadamard)
+        return cls(b.block_size, inputs.rms_norm_eps, b.compress_ratio, inputs.layout, inputs.fp8_scale, inputs.hadamard,
+                   getattr(inputs, "ape_at", "save"), getattr(inputs, "ring_capacity", None))
 
     def keywords(self) -> dict:
         """The compress call's keywords (``hadamard`` only where it is on: only the indexer's
@@ -66,13 +71,15 @@ def forms_of(target) -> tuple[str, ...]:
 
 
 def save(target, a: StepArrays, s: StaticArgs) -> None:
-    target.save_partial_states(a.kv_score, a.ape, a.positions, a.slot_mapping, a.state_cache, s.block_size)
+    target.save_partial_states(a.kv_score, a.ape, a.positions, a.slot_mapping, a.state_cache, s.block_size,
+                               **state_calls.save_keywords(s))
 
 
 def compress(target, a: StepArrays, s: StaticArgs) -> None:
     target.compress_norm_rope_store(
         a.state_cache, a.token_to_req_indices, a.positions, a.slot_mapping, a.block_table, s.block_size,
-        a.rms_norm_weight, s.rms_norm_eps, a.cos_sin_cache, a.k_cache, a.kv_slot_mapping, **s.keywords())
+        a.rms_norm_weight, s.rms_norm_eps, a.cos_sin_cache, a.k_cache, a.kv_slot_mapping, **s.keywords(),
+        **state_calls.compress_keywords(s, a.ape))
 
 
 def combined(target, a: StepArrays, s: StaticArgs) -> None:

@@ -1,7 +1,7 @@
 """A second, independent implementation of SPEC.md in plain torch (CPU or CUDA).
 
-It shares no arithmetic with ``dsv4_compressor.spec`` (only the SPEC §9 argument checks of
-the torch front end): constants are retyped from SPEC.md, the
+It shares no arithmetic with ``dsv4_compressor.spec`` (only the SPEC §9 argument checks,
+:mod:`.torch_calls`): constants are retyped from SPEC.md, the
 tree is written recursively (halves) rather than level by level, bf16 and E4M3 come from
 torch's own conversions, and the UE8M0 exponent from ``frexp`` (exact comparisons, no log2).
 Agreement between the two, byte for byte, is the evidence that each reads SPEC.md right.
@@ -12,6 +12,12 @@ root are not taken from torch's float32 kernels: torch 2.13's CPU ``sqrt`` on fl
 *not* correctly rounded (it was seen 1 ulp off), so :func:`div` rounds a float64 quotient
 (exact for binary32 operands) and :func:`sqrt` rounds a float64 root and then corrects it
 with exact float64 comparisons. Slow and meant for checking, not serving.
+
+SPEC §13's state formats follow §13's text: a bf16 state holds ``x.to(torch.bfloat16)`` (torch's
+round to nearest even) and is read by ``.to(float32)``; ``ape`` is added in the save or to every
+row pooling reads (``ape_at``); a ring looks position ``q`` up at ``q mod C``; and
+``compress_and_save`` takes a window's rows at or after the chunk's first position from its own
+``kv``/``score``, stored and read back as the save and pooling would, compresses, then saves.
 
 ``TorchReference`` also takes *mutations*: deliberate deviations (the scale floor of
 vLLM's CuTe kernels, RoPE at the token's own position, approximate exp2, ...) so the
@@ -26,8 +32,10 @@ from types import SimpleNamespace
 
 import torch
 
-from ..impl.frontend import validate_compress_norm_rope_store, validate_save_partial_states
-from .capabilities import Capabilities
+from .capabilities import STATE_FORMATS, Capabilities
+from .torch_calls import (
+    ChunkRows, RowSource, StateOptions, StoreArgs, check_pooling, check_save, check_step_inputs, check_store_args,
+)
 
 F32 = torch.float32
 MUTATIONS = (
@@ -62,6 +70,13 @@ MUTATIONS = (
     "indexer_scale_from_unrounded",  # the block exponent from max |z| instead of max |bf16(z)|
     "hadamard_stages_reversed",  # the butterfly stages with spans 1, 2, ..., 64
     "mxfp4_ties_away",  # E2M1 ties rounded away from zero instead of to the even code
+    # the state formats (SPEC §13)
+    "ape_added_twice",  # with ape_at="compress" the save adds ape too (and pooling adds it again)
+    "ape_at_token_position",  # pooling's ape row from the boundary token's p mod r, not each row's pos_i mod r
+    "bf16_by_truncation",  # a bf16 state stores the high 16 bits of binary32 (rounds toward zero)
+    "ring_without_modulo",  # a ring looks position q up at q, not q mod C (reading past the request's blocks)
+    "chunk_rows_from_state",  # compress_and_save reads every window row from the state, none from kv/score
+    "save_before_compress_on_ring",  # compress_and_save on a ring saves the tail first, then compresses
 )
 POOL_CHUNK = 256  # tokens pooled at a time (bounds the memory of the gathered windows)
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # SPEC §12, retyped
@@ -131,7 +146,7 @@ class TorchReference:
     """SPEC.md in torch; ``mutations`` (names from :data:`MUTATIONS`) make it deviate on purpose."""
 
     SUPPORTED_DEVICES = ("cpu", "cuda")
-    CAPABILITIES = Capabilities(devices=("cpu", "cuda"), head_widths=(512, 128))
+    CAPABILITIES = Capabilities(devices=("cpu", "cuda"), head_widths=(512, 128), **STATE_FORMATS)
 
     def __init__(self, mutations: tuple[str, ...] = ()):
         unknown = set(mutations) - set(MUTATIONS)
@@ -228,7 +243,8 @@ class TorchReference:
         """The input arrays as this implementation reads them."""
         if "assume_contiguous_inputs" not in self.mutations:
             return tensors
-        return tuple(torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(), t.storage_offset())
+        return tuple(t if t is None else torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(),
+                                                          t.storage_offset())
                      for t in tensors)
 
     @staticmethod
@@ -296,37 +312,117 @@ class TorchReference:
         pages[page[:, None], (offset * 64)[:, None] + torch.arange(64, device=device)] = packed
         pages[page[:, None], (entries * 64 + offset * 4)[:, None] + torch.arange(4, device=device)] = (k + 127).to(torch.uint8)
 
+    # ---- SPEC §13: what a state row holds ---------------------------------------------------
+    def _encode(self, values: torch.Tensor, state_cache: torch.Tensor) -> torch.Tensor:
+        """fp32 values as ``state_cache`` stores them: as they are, or rounded to bf16 (SPEC §13.1)."""
+        if state_cache.dtype != torch.bfloat16:
+            return values
+        if "bf16_by_truncation" in self.mutations:
+            return (values.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+        return values.to(torch.bfloat16)  # nearest, ties to even
+
+    def _stored_score(self, score: torch.Tensor, ape_rows: torch.Tensor | None, ape_at: str) -> torch.Tensor:
+        """The score a save stores, before encoding: ``score + ape`` with ``ape_at="save"``, raw with
+        ``"compress"`` (SPEC §13.2)."""
+        adds = ape_at == "save" or "ape_added_twice" in self.mutations
+        return score + ape_rows if adds and ape_rows is not None else score
+
+    @staticmethod
+    def _read_score(stored: torch.Tensor, ape_rows: torch.Tensor | None, ape_at: str) -> torch.Tensor:
+        """A stored score (fp32) as pooling reads it: plus ``ape`` with ``ape_at="compress"``."""
+        return stored + ape_rows if ape_at == "compress" and ape_rows is not None else stored
+
     # ---- SPEC §4 -----------------------------------------------------------------------
-    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size):
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
+    def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size, *, ape_at="save",
+                            ring_capacity=None):
+        options = StateOptions(ape, ape_at, ring_capacity)
+        check_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, options)
         kv_score, ape, positions, slot_mapping = self._inputs(kv_score, ape, positions, slot_mapping)
-        width = ape.shape[1]
-        ratio = ape.shape[0]
+        width = kv_score.shape[1] // 2
+        self._save(kv_score[:, :width], kv_score[:, width:], positions, slot_mapping, state_cache, block_size,
+                   StateOptions(ape, ape_at, ring_capacity))
+
+    def _save(self, kv, score, positions, slot_mapping, state_cache, block_size, options: StateOptions) -> None:
+        """Every token with a slot: ``kv`` and the stored score (SPEC §4, §13.1, §13.2) at its slot.
+        ``kv``, ``score``: fp32 [T, SW]; ``positions``, ``slot_mapping``: int64 [T]."""
+        width = kv.shape[1]
         saved = torch.nonzero(~self._padding(slot_mapping)).flatten()
         slots = slot_mapping[saved]
         blocks, offsets = self._block_and_row(slots, block_size)
-        rows = kv_score[saved]
-        row_of_ape = slots if "ape_by_slot" in self.mutations else positions[saved]
-        state_cache[blocks, offsets, :width] = rows[:, :width]
-        state_cache[blocks, offsets, width:] = rows[:, width:] + ape[row_of_ape % ratio]
+        ape_rows = None
+        if options.ape is not None:
+            row_of_ape = slots if "ape_by_slot" in self.mutations else positions[saved]
+            ape_rows = options.ape[row_of_ape % options.ape.shape[0]]
+        state_cache[blocks, offsets, :width] = self._encode(kv[saved], state_cache)
+        state_cache[blocks, offsets, width:] = self._encode(self._stored_score(score[saved], ape_rows, options.ape_at),
+                                                           state_cache)
 
-    # ---- SPEC §5 -----------------------------------------------------------------------
-    def _pool(self, state_cache, block_table, requests, positions, ratio, block_size, c):
-        overlap = 2 if ratio == 4 else 1
-        head = state_cache.shape[2] // (2 * overlap)
-        window, width = overlap * ratio, overlap * head
+    # ---- SPEC §5 (with §13's rows) ---------------------------------------------------------
+    def _state_rows(self, rows: RowSource, requests, pos):
+        """The stored rows of positions ``pos`` (int64 [n, W], >= 0) of requests ``requests`` (int [n])
+        as fp32 ``(kv, score)`` [n, W, SW] each: paged at ``pos``, in a ring at ``pos mod C``."""
+        ring = rows.options.ring_capacity
+        index = pos if ring is None or "ring_without_modulo" in self.mutations else pos % ring
+        column, row_in_block = self._block_and_row(index, rows.block_size)
+        table = rows.block_table
+        if ring is not None and "ring_without_modulo" in self.mutations:  # block_table[req, q // bs], read past the row
+            flat = (requests[:, None].long() * table.shape[1] + column).clamp(max=table.numel() - 1)
+            blocks = table.reshape(-1)[flat].long()
+        else:
+            blocks = table[requests[:, None].long(), column].long()
+        stored = rows.state_cache[blocks, row_in_block].to(F32)  # [n, W, 2*SW]; a bf16 element is exact in fp32
+        width = stored.shape[2] // 2
+        return stored[:, :, :width], stored[:, :, width:]
+
+    def _ape_rows(self, ape, pos, positions):
+        """fp32 [n, W, SW]: ``ape[pos mod r]`` of each window row (``pos`` int64 [n, W] of tokens at
+        ``positions`` int64 [n]), or None without ``ape``."""
+        if ape is None:
+            return None
+        if "ape_at_token_position" in self.mutations:
+            pos = positions[:, None].expand_as(pos)
+        return ape[pos % ape.shape[0]]
+
+    def _chunk_rows(self, rows: RowSource, requests, pos, ape_rows):
+        """SPEC §13.4: ``(from_chunk [n, W], kv, score [n, W, SW])``: the rows at or after each request's
+        chunk start ``P0``, from token ``query_start_loc[req] + (q - P0)`` stored as the save would
+        store it (``state_cache``'s dtype) and read back as pooling reads it."""
+        chunk, ape_at = rows.chunk, rows.options.ape_at
+        last = chunk.positions.shape[0] - 1
+        start = chunk.query_start_loc[requests.long()].long()  # [n]
+        first = chunk.positions[start.clamp(max=last)]  # P0 of each token's request
+        from_chunk = pos >= first[:, None]
+        u = (start[:, None] + (pos - first[:, None])).clamp(0, last)  # [n, W]
+        kv = self._encode(chunk.kv[u], rows.state_cache).to(F32)
+        stored = self._encode(self._stored_score(chunk.score[u], ape_rows, ape_at), rows.state_cache).to(F32)
+        return from_chunk, kv, self._read_score(stored, ape_rows, ape_at)
+
+    def _window_rows(self, rows: RowSource, requests, positions, window: int):
+        """fp32 ``(kv, score)`` [n, W, SW] of each token's window, as pooling reads them, and ``valid``
+        [n, W] (rows at positions < 0 hold whatever row 0 holds; they are masked later)."""
         i = torch.arange(window, device=positions.device)
         pos = positions[:, None] - window + 1 + i[None, :]
         valid = pos >= 0
         safe = pos.clamp(min=0)
-        column, row_in_block = self._block_and_row(safe, block_size)
-        blocks = block_table[requests[:, None].long(), column].long()
-        rows = state_cache[blocks, row_in_block]  # [n, W, 2*SW]
+        ape_rows = self._ape_rows(rows.options.ape, safe, positions)
+        kv, stored = self._state_rows(rows, requests, safe)
+        score = self._read_score(stored, ape_rows, rows.options.ape_at)
+        if rows.chunk is not None:
+            from_chunk, chunk_kv, chunk_score = self._chunk_rows(rows, requests, safe, ape_rows)
+            kv = torch.where(from_chunk[:, :, None], chunk_kv, kv)
+            score = torch.where(from_chunk[:, :, None], chunk_score, score)
+        return kv, score, valid
+
+    def _pool(self, rows: RowSource, requests, positions, ratio, c):
+        overlap = 2 if ratio == 4 else 1
+        head = rows.state_cache.shape[2] // (2 * overlap)
+        window = overlap * ratio
+        rows_kv, rows_score, valid = self._window_rows(rows, requests, positions, window)
         kv_parts, score_parts = [], []
         for row in range(window):
             h = row // ratio
-            kv_parts.append(rows[:, row, h * head:(h + 1) * head])
-            score_parts.append(rows[:, row, width + h * head: width + (h + 1) * head])
+            kv_parts.append(rows_kv[:, row, h * head:(h + 1) * head])
+            score_parts.append(rows_score[:, row, h * head:(h + 1) * head])
         kv = torch.stack(kv_parts, dim=1)
         score = torch.stack(score_parts, dim=1)
         v3 = valid[:, :, None]
@@ -345,16 +441,27 @@ class TorchReference:
     def compress_norm_rope_store(
         self, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
         rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *,
-        compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False,
+        compress_ratio, layout="flashmla_fp8", fp8_scale=None, hadamard=False, ape=None, ape_at="save", ring_capacity=None,
     ):
-        validate_compress_norm_rope_store(  # SPEC §9 is shared; the arithmetic below is not
-            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale, hadamard=hadamard, head_dims=(512, 128))
-        device = state_cache.device
-        (token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
-         kv_slot_mapping) = self._inputs(token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
-                                         cos_sin_cache, kv_slot_mapping)
+        options = StateOptions(ape, ape_at, ring_capacity)
+        store = StoreArgs(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, hadamard)
+        pooling = check_pooling(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                kv_slot_mapping, compress_ratio, options)  # SPEC §9 is shared, the arithmetic not
+        check_store_args(store, state_cache, pooling.config.head_dim)
+        (token_to_req_indices, positions, slot_mapping, block_table, ape) = self._inputs(
+            token_to_req_indices, positions, slot_mapping, block_table, ape)
+        rows = RowSource(state_cache, block_table, block_size, StateOptions(ape if ape_at == "compress" else None, ape_at,
+                                                                            ring_capacity))
+        self._compress_store(rows, token_to_req_indices, positions, slot_mapping, kv_slot_mapping, compress_ratio, store)
+
+    def _compress_store(self, rows: RowSource, token_to_req_indices, positions, slot_mapping, kv_slot_mapping,
+                        compress_ratio: int, store: StoreArgs) -> None:
+        """SPEC §5-§7 (§12) for every active token, its window read from ``rows``. Per-token arrays:
+        int32/int64 [T]."""
+        rms_norm_weight, cos_sin_cache, kv_slot_mapping = self._inputs(store.rms_norm_weight, store.cos_sin_cache,
+                                                                       kv_slot_mapping)
+        rms_norm_eps, k_cache, layout, fp8_scale = store.rms_norm_eps, store.k_cache, store.layout, store.fp8_scale
+        device = rows.state_cache.device
         c = _constants(device)
         r = compress_ratio
         boundary = (positions + 1) % r == 0
@@ -367,7 +474,7 @@ class TorchReference:
             return
         p = positions[tokens]
         requests = token_to_req_indices[tokens]
-        x = torch.cat([self._pool(state_cache, block_table, requests[i:i + POOL_CHUNK], p[i:i + POOL_CHUNK], r, block_size, c)
+        x = torch.cat([self._pool(rows, requests[i:i + POOL_CHUNK], p[i:i + POOL_CHUNK], r, c)
                        for i in range(0, len(tokens), POOL_CHUNK)])
         eps = torch.tensor(rms_norm_eps, dtype=F32, device=device)
         ss = self._sum(x * x, 1)
@@ -389,8 +496,8 @@ class TorchReference:
         o0, o1 = self._rotate(a, b, co, si)
         if layout in ("indexer_fp8", "indexer_mxfp4"):
             z = torch.cat([y[:, :start], torch.stack([o0, o1], dim=2).reshape(-1, 64)], dim=1)
-            self._store_indexer(self._bf16(self._hadamard(z)) if hadamard else self._bf16(z), z, kv_slot_mapping[tokens],
-                                k_cache, layout, c)
+            self._store_indexer(self._bf16(self._hadamard(z)) if store.hadamard else self._bf16(z), z,
+                                kv_slot_mapping[tokens], k_cache, layout, c)
             return
         rope = torch.stack([o0, o1], dim=2).reshape(-1, 64).to(torch.bfloat16)
         slots = kv_slot_mapping[tokens]
@@ -418,17 +525,48 @@ class TorchReference:
             z = torch.cat([nope, rope.to(F32)], dim=1)
             k_cache[page, offset] = (z * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
+    # ---- SPEC §13.4 ------------------------------------------------------------------------
+    def compress_and_save(
+        self, kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs,
+        state_cache, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
+        layout="flashmla_fp8", fp8_scale=None, ape_at="save", ring_capacity=None, hadamard=False,
+    ):
+        """Compress every active token, a window's rows at or after its chunk's first position taken
+        from ``kv``/``score`` (fp32 [T, SW] each), then save the tokens with ``save_slot_mapping >= 0``."""
+        options = StateOptions(ape, ape_at, ring_capacity)
+        store = StoreArgs(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, hadamard)
+        pooling = check_pooling(state_cache, token_to_req, positions, slot_mapping, block_table, bs, kv_slot_mapping,
+                                compress_ratio, options, token_name="token_to_req")
+        check_step_inputs(kv, score, ape, query_start_loc, save_slot_mapping, block_table, pooling)
+        check_store_args(store, state_cache, pooling.config.head_dim)
+        (kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping,
+         block_table) = self._inputs(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping,
+                                     save_slot_mapping, block_table)
+        options = StateOptions(ape, ape_at, ring_capacity)
+        chunk = None if "chunk_rows_from_state" in self.mutations else ChunkRows(kv, score, positions, query_start_loc)
+        rows = RowSource(state_cache, block_table, bs, options, chunk)
+        save_first = ring_capacity is not None and "save_before_compress_on_ring" in self.mutations
+        if save_first:
+            self._save(kv, score, positions, save_slot_mapping, state_cache, bs, options)
+        self._compress_store(rows, token_to_req, positions, slot_mapping, kv_slot_mapping, compress_ratio, store)
+        if not save_first:
+            self._save(kv, score, positions, save_slot_mapping, state_cache, bs, options)
+
 
     # ---- SPEC §8's combined call ------------------------------------------------------------
     def save_and_compress_norm_rope_store(self, kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping,
                                           block_table, block_size, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache,
-                                          kv_slot_mapping, **keywords):
+                                          kv_slot_mapping, *, compress_ratio, layout="flashmla_fp8", fp8_scale=None,
+                                          hadamard=False):
         """The save, then the compress, on the same state cache; both calls' arguments are
         validated before either writes (SPEC §9)."""
-        validate_compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
-                                          rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
-                                          **keywords, head_dims=(512, 128))
-        validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, head_dims=(512, 128))
+        keywords = dict(compress_ratio=compress_ratio, layout=layout, fp8_scale=fp8_scale, hadamard=hadamard)
+        options = StateOptions(ape, "save", None)
+        pooling = check_pooling(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                kv_slot_mapping, compress_ratio, options)
+        check_store_args(StoreArgs(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, hadamard),
+                         state_cache, pooling.config.head_dim)
+        check_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, options)
         self.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
         self.compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
                                       rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, **keywords)

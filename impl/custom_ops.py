@@ -31,10 +31,25 @@ _COMPRESS_ARGS = ("Tensor state_cache, Tensor token_to_req_indices, Tensor posit
                   'str layout="flashmla_fp8", float? fp8_scale=None, bool debug=False')
 _CUTEDSL_EXTRAS = ', Tensor(b!)? workspace=None, str c128_path="auto", bool pdl=True'
 _HADAMARD = ", bool hadamard=False"  # the indexer layouts' rotation (SPEC §12); last, so earlier positions stay
+_STATE_OPTIONS = ', str ape_at="save", int? ring_capacity=None'  # SPEC §13.2/§13.3, after every earlier argument
+_COMPRESS_STATE_OPTIONS = ", Tensor? ape=None" + _STATE_OPTIONS  # the compress also takes ape (SPEC §13.2)
 SCHEMAS = {
     "save_partial_states": "(Tensor kv_score, Tensor ape, Tensor positions, Tensor slot_mapping, "
                            "Tensor(a!) state_cache, int block_size, bool debug=False) -> ()",
     "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_HADAMARD}) -> ()",
+}
+# SPEC §13's state formats (an implementation registered with ``state_formats``): ``ape`` optional in
+# the save (unused with ape_at="compress"), the options appended to both operations (the compress's:
+# _COMPRESS_STATE_OPTIONS), and the step call, which writes both caches.
+STATE_FORMAT_SCHEMAS = {
+    "save_partial_states": "(Tensor kv_score, Tensor? ape, Tensor positions, Tensor slot_mapping, "
+                           "Tensor(a!) state_cache, int block_size, bool debug=False" + _STATE_OPTIONS + ") -> ()",
+    "compress_and_save": (
+        "(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor token_to_req, Tensor query_start_loc, "
+        "Tensor slot_mapping, Tensor save_slot_mapping, Tensor block_table, int bs, Tensor(a!) state_cache, "
+        "Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(b!) k_cache, Tensor kv_slot_mapping, "
+        'int compress_ratio, str layout="flashmla_fp8", float? fp8_scale=None' + _STATE_OPTIONS
+        + ", bool hadamard=False, bool debug=False) -> ()"),
 }
 CUTEDSL_SCHEMAS = {
     "save_partial_states": SCHEMAS["save_partial_states"].replace("bool debug=False)",
@@ -49,24 +64,34 @@ CUTEDSL_SCHEMAS = {
 }
 
 
-def _kernels(module, cutedsl: bool) -> dict:
+def _kernels(module, cutedsl: bool, state_formats: bool) -> dict:
     """The real implementation of each op: the module's operation with the schema's arguments."""
+    compress_extras = (("workspace", "c128_path", "pdl") if cutedsl else ()) + ("hadamard",)
+    save_extras = (("pdl",) if cutedsl else ()) + (("ape_at", "ring_capacity") if state_formats else ())  # SPEC §13
+    if state_formats:
+        compress_extras += ("ape", "ape_at", "ring_capacity")
 
     def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=False, *extras):
-        options = dict(zip(("pdl",) if cutedsl else (), extras))
+        options = dict(zip(save_extras, extras))
         module.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
                                    **options)
 
     def compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
                                  rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
                                  compress_ratio, layout="flashmla_fp8", fp8_scale=None, debug=False, *extras):
-        names = ("workspace", "c128_path", "pdl", "hadamard") if cutedsl else ("hadamard",)
         module.compress_norm_rope_store(
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale, debug=debug, **dict(zip(names, extras)))
+            fp8_scale=fp8_scale, debug=debug, **dict(zip(compress_extras, extras)))
 
     kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store}
+    if state_formats:
+
+        def compress_and_save(*args):
+            names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
+            module.compress_and_save(*args[:16], compress_ratio=args[16], **dict(zip(names, args[17:])))
+
+        kernels.update(compress_and_save=compress_and_save)
     if not cutedsl:
         return kernels
 
@@ -122,21 +147,27 @@ def _described(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def register(prefix: str, module, *, cutedsl: bool) -> dict:
+def register(prefix: str, module, *, cutedsl: bool, state_formats: bool = False) -> dict:
     """Define ``{prefix}_save_partial_states`` and ``{prefix}_compress_norm_rope_store`` and, for the
     CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments, the
     save's ``pdl`` last),
     ``{prefix}_save_and_compress_norm_rope_store`` and ``{prefix}_compress``, each calling
     ``module``'s operation of that name. The compress ops take ``layout`` (the indexer layouts
-    too) and, last, ``hadamard`` (SPEC §12). Returns ``{operation: op}``.
+    too) and ``hadamard`` (SPEC §12). With ``state_formats`` (SPEC §13) the save's ``ape`` is
+    optional and both ops take ``ape_at`` and ``ring_capacity`` (the compress also ``ape``) after
+    their other arguments, and ``{prefix}_compress_and_save`` (§13.4) is defined; a state's dtype
+    needs no argument. Returns ``{operation: op}``.
 
     Registers once per process: a second import of the package under another name (a test
     runner importing the repository root as a package) finds the ops already defined.
     """
     namespace = getattr(torch.ops, NAMESPACE)
-    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
+    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {}), **(STATE_FORMAT_SCHEMAS if state_formats else {})}
+    if state_formats:
+        schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
+            ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
     if not hasattr(namespace, f"{prefix}_save_partial_states"):
-        for operation, kernel in _kernels(module, cutedsl).items():
+        for operation, kernel in _kernels(module, cutedsl, state_formats).items():
             name = f"{prefix}_{operation}"
             _LIBRARY.define(name + schemas[operation])
             _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")

@@ -19,11 +19,14 @@ from ..spec.validation import (
     ArrayInfo,
     CompressCall,
     SaveCall,
+    StepCall,
     StoreCall,
     check_compress,
     check_contract,
     check_save_contract,
     check_save_partial_states,
+    check_step,
+    check_step_contract,
     check_store,
 )
 
@@ -72,22 +75,33 @@ def token_key(tensor) -> tuple:
     return (tensor.dtype, tensor.shape, tensor.stride(), tensor.device)
 
 
+def _describe_optional(name: str, tensor) -> ArrayInfo | None:
+    """:func:`describe_torch`, or None for a missing optional argument (``ape`` where it is not needed)."""
+    return None if tensor is None else describe_torch(name, tensor)
+
+
 def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, *, debug: bool = False,
-                                 head_dims: tuple[int, ...] = (HEAD_DIM,)) -> SaveCall:
+                                 head_dims: tuple[int, ...] = (HEAD_DIM,), ape_at="save", ring_capacity=None,
+                                 state_dtypes: tuple[str, ...] = ("float32",)) -> SaveCall:
     """SPEC §9 checks of ``save_partial_states``' torch arguments (plus the debug checks).
 
-    ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer).
-    Not cached: the implementations keep a plan per argument layout, so they validate a
-    layout once.
+    ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer);
+    ``state_dtypes``: the state dtypes its kernels write (``"float32"``; ``"bfloat16"``, SPEC
+    §13.1); ``ape_at`` and ``ring_capacity``: SPEC §13.2/§13.3 (``ape`` may be None with
+    ``ape_at = "compress"``). Not cached: the implementations keep a plan per argument layout,
+    so they validate a layout once.
     """
     call = check_save_partial_states(
         describe_torch("kv_score", kv_score),
-        describe_torch("ape", ape),
+        _describe_optional("ape", ape),
         describe_torch("positions", positions),
         describe_torch("slot_mapping", slot_mapping),
         describe_torch("state_cache", state_cache),
         block_size,
         head_dims=head_dims,
+        ape_at=ape_at,
+        ring_capacity=ring_capacity,
+        state_dtypes=state_dtypes,
     )
     if debug:
         check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
@@ -102,17 +116,34 @@ class CompressStoreCall:
     store: StoreCall
 
 
+def _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache, head_dim,
+                 hadamard) -> StoreCall:
+    return check_store(
+        describe_torch("rms_norm_weight", rms_norm_weight),
+        rms_norm_eps,
+        describe_torch("cos_sin_cache", cos_sin_cache),
+        describe_torch("k_cache", k_cache),
+        layout,
+        fp8_scale,
+        describe_torch("state_cache", state_cache),
+        head_dim=head_dim,
+        hadamard=hadamard,
+    )
+
+
 def validate_compress_norm_rope_store(
     state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
     rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout, fp8_scale, debug: bool = False,
-    hadamard=False, head_dims: tuple[int, ...] = (HEAD_DIM,),
+    hadamard=False, head_dims: tuple[int, ...] = (HEAD_DIM,), ape=None, ape_at="save", ring_capacity=None,
+    state_dtypes: tuple[str, ...] = ("float32",),
 ) -> CompressStoreCall:
     """SPEC §9 checks of ``compress_norm_rope_store``' torch arguments (plus the debug checks).
 
     ``head_dims``: the head widths the implementation supports (512; 128 for SPEC §12's indexer,
-    whose layouts take ``hadamard``). Not cached: the implementations keep a plan per argument
-    layout (the checks depend only on each tensor's dtype, shape, strides, device and base
-    alignment and on the scalars), so they validate a layout once.
+    whose layouts take ``hadamard``); ``state_dtypes``: the state dtypes its kernels read; ``ape``,
+    ``ape_at``, ``ring_capacity``: SPEC §13.2/§13.3. Not cached: the implementations keep a plan
+    per argument layout (the checks depend only on each tensor's dtype, shape, strides, device and
+    base alignment and on the scalars), so they validate a layout once.
     """
     pooling = check_compress(
         describe_torch("state_cache", state_cache),
@@ -124,18 +155,13 @@ def validate_compress_norm_rope_store(
         describe_torch("kv_slot_mapping", kv_slot_mapping),
         compress_ratio,
         head_dims=head_dims,
+        ape=_describe_optional("ape", ape),
+        ape_at=ape_at,
+        ring_capacity=ring_capacity,
+        state_dtypes=state_dtypes,
     )
-    store = check_store(
-        describe_torch("rms_norm_weight", rms_norm_weight),
-        rms_norm_eps,
-        describe_torch("cos_sin_cache", cos_sin_cache),
-        describe_torch("k_cache", k_cache),
-        layout,
-        fp8_scale,
-        describe_torch("state_cache", state_cache),
-        head_dim=pooling.config.head_dim,
-        hadamard=hadamard,
-    )
+    store = _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache,
+                         pooling.config.head_dim, hadamard)
     if debug:
         positions_h, slots_h, kv_slots_h = (t.cpu().numpy() for t in (positions, slot_mapping, kv_slot_mapping))
         check_contract(
@@ -143,8 +169,60 @@ def validate_compress_norm_rope_store(
             token_to_req_indices.cpu().numpy(), positions_h, slots_h, block_table.cpu().numpy(),
             state_cache.shape[0], pooling.block_size, kv_slots_h,
             num_entries=k_cache.shape[0] * store.entries_per_page, cos_sin_rows=cos_sin_cache.shape[0],
+            state_format=pooling.state_format,
         )
     return CompressStoreCall(pooling=pooling, store=store)
+
+
+@dataclass(frozen=True)
+class StepStoreCall:
+    """A validated ``compress_and_save`` call (SPEC §13.4): its pooling, store and step checks."""
+
+    pooling: CompressCall
+    store: StoreCall
+    step: StepCall
+
+
+def validate_compress_and_save(
+    kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs,
+    state_cache, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio, layout,
+    fp8_scale, ape_at, ring_capacity, hadamard, debug: bool = False, head_dims: tuple[int, ...] = (HEAD_DIM,),
+    state_dtypes: tuple[str, ...] = ("float32",),
+) -> StepStoreCall:
+    """SPEC §9/§13.4 checks of ``compress_and_save``' torch arguments, in ``spec.step``'s order (the
+    pooling inputs, then ``kv``, ``score``, ``ape``, ``query_start_loc`` and ``save_slot_mapping``,
+    then the store), plus the debug checks (the step's contract, the window rows before each chunk,
+    the saved slots). ``head_dims``, ``state_dtypes``: what the implementation supports."""
+    pooling = check_compress(
+        describe_torch("state_cache", state_cache), describe_torch("token_to_req", token_to_req),
+        describe_torch("positions", positions), describe_torch("slot_mapping", slot_mapping),
+        describe_torch("block_table", block_table), bs, describe_torch("kv_slot_mapping", kv_slot_mapping),
+        compress_ratio, head_dims=head_dims, ape=_describe_optional("ape", ape), ape_at=ape_at,
+        ring_capacity=ring_capacity, state_dtypes=state_dtypes,
+    )
+    step = check_step(describe_torch("kv", kv), describe_torch("score", score), _describe_optional("ape", ape),
+                      describe_torch("query_start_loc", query_start_loc),
+                      describe_torch("save_slot_mapping", save_slot_mapping), describe_torch("block_table", block_table),
+                      pooling.config, pooling.num_tokens)
+    store = _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache,
+                         pooling.config.head_dim, hadamard)
+    if debug:
+        host = {name: t.cpu().numpy() for name, t in (
+            ("query_start_loc", query_start_loc), ("token_to_req", token_to_req), ("positions", positions),
+            ("slot_mapping", slot_mapping), ("save_slot_mapping", save_slot_mapping),
+            ("kv_slot_mapping", kv_slot_mapping), ("block_table", block_table))}
+        check_step_contract(host["query_start_loc"], host["token_to_req"], host["positions"], host["slot_mapping"],
+                            host["save_slot_mapping"], host["kv_slot_mapping"])
+        check_contract(
+            pooling.config,
+            active_tokens(host["positions"], host["slot_mapping"], host["kv_slot_mapping"], pooling.config.ratio),
+            host["token_to_req"], host["positions"], host["slot_mapping"], host["block_table"], state_cache.shape[0],
+            pooling.block_size, host["kv_slot_mapping"], num_entries=k_cache.shape[0] * store.entries_per_page,
+            cos_sin_rows=cos_sin_cache.shape[0], state_format=pooling.state_format,
+            query_start_loc=host["query_start_loc"],
+        )
+        check_save_contract(host["positions"], host["save_slot_mapping"], state_cache.shape[0], pooling.block_size)
+    return StepStoreCall(pooling=pooling, store=store, step=step)
 
 
 def flashmla_page_view(k_cache: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from .state_format import StateFormat
 from .validation import (
     STATE_CACHE_DTYPES, ArrayInfo, _aligned, _contract, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
     _norm_weight, _per_token, _rank, _ring_blocks, _ring_capacity, _same_device, _state_cache, _state_format,
-    _unit_last_stride, describe_numpy,
+    _unit_last_stride, check_query_start_loc, describe_numpy,
 )
 
 ROW_ALIGN_BYTES = 16  # latent rows (and kv/score rows): base and row stride multiples of 16 bytes
@@ -157,13 +157,7 @@ def check_v41_state(
     _dtype(block_table, "int32")
     _rank(block_table, 2, "[num_reqs, max_blocks]")
     _unit_last_stride(block_table)
-    _dtype(query_start_loc, "int32")
-    _rank(query_start_loc, 1, "[num_reqs + 1]")
-    _unit_last_stride(query_start_loc)
-    num_reqs = query_start_loc.shape[0] - 1
-    if num_reqs < 0 or num_reqs > block_table.shape[0]:
-        _fail(query_start_loc.name, f"length num_reqs + 1 with 0 <= num_reqs <= block_table.shape[0] = {block_table.shape[0]}",
-              query_start_loc.shape[0])
+    check_query_start_loc(query_start_loc, block_table)
     block_size = _int_arg("bs", bs, 1)
     _state_cache(state_cache, config, block_size, state_dtypes)
     ring_capacity = _ring_capacity(ring_capacity, config, block_size)

@@ -8,8 +8,8 @@ whose text names the argument, what was expected and what was given.
 SPEC §13's options (a bf16 state, ``ape_at``, ``ring_capacity``, and ``compress_and_save``'s
 inputs) are checked here too; a validated call carries its
 :class:`.state_format.StateFormat`. A caller names the state dtypes it supports
-(``state_dtypes``): the spec takes float32 and bf16, the GPU kernels float32 only, so a front
-end that passes nothing refuses a bf16 state.
+(``state_dtypes``): the spec and the Triton kernels take float32 and bf16, the CuTe DSL kernels
+float32 only, so a front end that passes nothing refuses a bf16 state.
 
 The debug checks (:func:`check_contract`) look at *values*: block-table entries and slots
 against the buffers. SPEC §9 leaves them to the caller; they cost a host pass over the
@@ -356,6 +356,15 @@ def check_step(
     _projection(kv, config, num_tokens)
     _projection(score, config, num_tokens)
     _ape(ape, config, "compress_and_save adds it to this call's scores")
+    num_reqs = check_query_start_loc(query_start_loc, block_table)
+    _per_token(save_slot_mapping, "int64", num_tokens, "positions")
+    _same_device(block_table, kv, score, ape, query_start_loc, save_slot_mapping)
+    return StepCall(num_reqs=num_reqs)
+
+
+def check_query_start_loc(query_start_loc: ArrayInfo, block_table: ArrayInfo) -> int:
+    """SPEC §13.4's ``query_start_loc``: int32 ``[num_reqs + 1]`` with ``num_reqs`` at most the
+    block table's rows; returns ``num_reqs``."""
     _dtype(query_start_loc, "int32")
     _rank(query_start_loc, 1, "[num_reqs + 1]")
     _unit_last_stride(query_start_loc)
@@ -363,9 +372,7 @@ def check_step(
     if num_reqs < 0 or num_reqs > block_table.shape[0]:
         _fail(query_start_loc.name, f"length num_reqs + 1 with 0 <= num_reqs <= block_table.shape[0] = {block_table.shape[0]}",
               query_start_loc.shape[0])
-    _per_token(save_slot_mapping, "int64", num_tokens, "positions")
-    _same_device(block_table, kv, score, ape, query_start_loc, save_slot_mapping)
-    return StepCall(num_reqs=num_reqs)
+    return num_reqs
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,10 @@ class WritesFromPadding(TorchReference):
         super().save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size)
         if kv_score.shape[0] >= 8:
             state_cache[0, 0, : kv_score.shape[1]] = kv_score[-1]
+
+
+class StepCallWithoutTheCall(TorchReference):
+    """Declares SPEC §13.4's step call but offers no compress_and_save."""
+
+    CAPABILITIES = Capabilities(devices=("cpu",), step_call=True)
+    compress_and_save = None

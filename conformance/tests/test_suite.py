@@ -44,6 +44,13 @@ EXPOSED_BY = {
     "skip_invalid_rows": ("signed_zeros", {"NoPE", "RoPE"}),
     "write_non_boundary": ("non_boundary_slots", {"untouched"}),
     "pad_byte_ff": ("c4_decode_boundary", {"pad"}),
+    # SPEC §13's state formats
+    "ape_added_twice": ("state_c4_fp32_compress_paged_two_call", {"state"}),
+    "ape_at_token_position": ("state_c4_bf16_compress_paged_two_call", {"NoPE", "RoPE", "scale"}),
+    "bf16_by_truncation": ("state_c4_bf16_ties_save", {"state"}),
+    "ring_without_modulo": ("state_c4_ring_wraparound", {"NoPE", "RoPE", "scale"}),
+    "chunk_rows_from_state": ("state_c4_fp32_save_paged_step", {"NoPE", "RoPE", "scale"}),
+    "save_before_compress_on_ring": ("state_c4_chunk_longer_than_ring", {"NoPE", "RoPE"}),
 }
 
 
@@ -276,7 +283,8 @@ def test_the_fast_math_reference_is_not_exact():
 SEMANTIC = ("scale_floor", "rope_at_token_position", "rope_rounded_to_bf16_first", "write_non_boundary", "pad_byte_ff",
             "eps_before_mean", "active_without_state_slot", "padding_is_minus_one", "power_of_two_block_size",
             "ape_by_slot", "assume_contiguous_inputs", "position_low_16_bits", "mxfp4_nibble_order",
-            "indexer_scale_from_unrounded", "mxfp4_ties_away")
+            "indexer_scale_from_unrounded", "mxfp4_ties_away", "ape_added_twice", "ape_at_token_position",
+            "bf16_by_truncation", "ring_without_modulo", "chunk_rows_from_state", "save_before_compress_on_ring")
 
 
 @pytest.mark.parametrize("mutation", SEMANTIC)

@@ -30,14 +30,15 @@ from .indexer_entry import (INDEXER_HEAD, INDEXER_LAYOUT_CODES, LOG2_INDEXER_HEA
 from .kv_entry import BLOCKS, LAYOUT_CODES, LOG2_HEAD_DIM, rope_rotate, store_entry
 from .pooling import pool_window_tiles
 from .postprocess import load_norm_weight, rms_norm, rope_row
-from .window import token_activity, window_row_offsets
+from .rows import PAGED_FP32_ROWS, RowFormat
+from .window import ape_rows, chunk_rows, token_activity, window_row_offsets
 
 
 @triton.jit
 def compress_norm_rope_store_kernel(
-    state_ptr,  # fp32 [num_state_blocks, bs, 2*SW], strides (4*state_block_stride4, 4*state_row_stride4, 1)
-    state_block_stride4,  # state_cache.stride(0) // 4
-    state_row_stride4,  # state_cache.stride(1) // 4
+    state_ptr,  # fp32 [num_state_blocks, bs, 2*SW] (int16 bf16 patterns with ROW_FORMAT.state_bf16), row strides below
+    state_block_stride16b,  # state_cache.stride(0) in 16-byte units (// 4 fp32, // 8 bf16)
+    state_row_stride16b,  # state_cache.stride(1) in 16-byte units
     tokens,  # the per-token metadata, a tuple: token_to_req int32 [T], positions, slot_mapping, kv_slot_mapping int64 [T]
     block_table_ptr,  # int32 [num_reqs, max_blocks], row stride block_table_stride
     block_table_stride,
@@ -51,12 +52,16 @@ def compress_norm_rope_store_kernel(
     cache_entry_stride,  # bf16/fp8_per_tensor: k_cache.stride(1); flashmla_fp8: unused; None for HEAD 128
     entries_per_page,  # B
     fp8_scale,  # fp32 (fp8_per_tensor only); None for HEAD 128
+    ape,  # SPEC §13.2/§13.4: (ape_ptr fp32 [r, SW], ape.stride(0)); None unless ape_at_compress or chunk
+    chunk,  # SPEC §13.4: (kv_ptr fp32 [T, SW], kv row stride // 4, score_ptr fp32 [T, SW], score row stride // 4,
+            # query_start_loc_ptr int32 [num_reqs + 1]); None unless ROW_FORMAT.chunk
     HEAD: tl.constexpr,  # 512, or the indexer's 128 (SPEC §12)
     RATIO: tl.constexpr,  # 4 or 128
     BLOCK_SIZE: tl.constexpr,  # bs, rows per state block
     LAYOUT: tl.constexpr,  # HEAD 512: 0 flashmla_fp8, 1 bf16, 2 fp8_per_tensor; HEAD 128: 0 indexer_fp8, 1 indexer_mxfp4
     HADAMARD: tl.constexpr,  # HEAD 128: SPEC §12's rotation before quantizing
     WEIGHT_BF16: tl.constexpr,
+    ROW_FORMAT: tl.constexpr,  # SPEC §13's state format and row sources, a .rows.RowFormat
     BLOCK_C: tl.constexpr,  # channels per pooled tile (divides HEAD)
     UNROLL_TILES: tl.constexpr,  # static unrolled tile loop (True) or a runtime loop (False)
     TILE_STAGES: tl.constexpr,  # software-pipelining stages of the runtime tile loop
@@ -68,11 +73,20 @@ def compress_norm_rope_store_kernel(
     position, request, kv_slot, active = token_activity(token, tokens, RATIO)
     if active:
         W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
+        chunk_window = 0  # placeholders (Triton takes no None inside a tuple built here): the constexpr
+        chunk_first = 0  # ROW_FORMAT says which of the row sources below exist
+        if ROW_FORMAT.chunk:
+            chunk_window, chunk_first = chunk_rows(chunk, tokens, request, position, RATIO, HEAD, LANE_BITS, WARP_BITS,
+                                                   REG_BITS)
+        ape_window = 0
+        if ROW_FORMAT.ape_at_compress or ROW_FORMAT.chunk:
+            ape_window = ape_rows(ape, RATIO, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
         kv_row_offsets, row_valid = window_row_offsets(
-            state_block_stride4, state_row_stride4, block_table_ptr, block_table_stride, request, position,
-            RATIO, W, BLOCK_SIZE, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-        pooled = pool_window_tiles(state_ptr, kv_row_offsets, row_valid, position >= W - 1, HEAD, RATIO, BLOCK_C,
-                                   UNROLL_TILES, TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+            (state_block_stride16b, state_row_stride16b), (block_table_ptr, block_table_stride), request, position,
+            chunk_first, RATIO, BLOCK_SIZE, HEAD, ROW_FORMAT, LANE_BITS, WARP_BITS, REG_BITS)
+        pooled = pool_window_tiles((state_ptr, kv_row_offsets, row_valid, chunk_window, ape_window), position >= W - 1,
+                                   HEAD, RATIO, BLOCK_C, UNROLL_TILES, TILE_STAGES, ROW_FORMAT, LANE_BITS, WARP_BITS,
+                                   REG_BITS)
         # the entry's [ROWS, HEAD / ROWS] view (row-major = channel order): 512, [8, 64] (the seven
         # NoPE quantization blocks, then RoPE); 128, [4, 32] (the MXFP4 blocks; RoPE on rows 2, 3)
         ROWS: tl.constexpr = BLOCKS if HEAD == 512 else INDEXER_ROWS
@@ -92,15 +106,16 @@ def compress_norm_rope_store_kernel(
 
 
 def kernel_constants(head_dim: int, ratio: int, block_size: int, layout: str, hadamard: bool, weight_bf16: bool,
-                     knobs, plan) -> dict:
+                     knobs, plan, rows: RowFormat = PAGED_FP32_ROWS) -> dict:
     """The constexpr arguments of :func:`compress_norm_rope_store_kernel` for one static
     configuration (the launch plans and the PTX variants alike): ``knobs`` a
-    :class:`.config.FusedConfig`, ``plan`` its :class:`.pooling.RowPlan` for the window."""
+    :class:`.config.FusedConfig`, ``plan`` its :class:`.pooling.RowPlan` for the window, ``rows``
+    SPEC §13's state format and row sources."""
     indexer = head_dim == INDEXER_HEAD
     return dict(
         HEAD=head_dim, RATIO=ratio, BLOCK_SIZE=block_size,
         LAYOUT=(INDEXER_LAYOUT_CODES if indexer else LAYOUT_CODES)[layout], HADAMARD=hadamard,
-        WEIGHT_BF16=weight_bf16, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
+        WEIGHT_BF16=weight_bf16, ROW_FORMAT=rows, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         TILE_STAGES=knobs.tile_stages,
         LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,
     )

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .exact_math import LOG2E_F32, add_pairs, exp2s
+from .rows import window_tile
 
 VECTOR_WIDTH = 4  # fp32 per 128-bit load
 THREADS_PER_WARP = 32
@@ -105,30 +106,24 @@ def tree_sum_window_rows(e, u, W: tl.constexpr, BLOCK_C: tl.constexpr,
 
 
 @triton.jit
-def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
-                      STATE_WIDTH: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
-                      MAY_HAVE_INVALID_ROWS: tl.constexpr,
+def pool_channel_tile(rows, channel0, STATE_WIDTH: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                      MAY_HAVE_INVALID_ROWS: tl.constexpr, ROW_FORMAT: tl.constexpr,
                       LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """SPEC §5's ``x[c]`` for channels ``channel0 .. channel0 + BLOCK_C - 1`` of one token.
 
-    ``state_ptr``: fp32 state cache base. ``kv_row_offsets``: int64 ``[W]`` element offsets of
-    each tensor row's kv half (block/row strides plus ``h * 512``; multiples of 4 so the loads are
-    128-bit); its score half is ``STATE_WIDTH`` further. ``row_valid``: int1 ``[W]`` (only C4 at
-    p = 3 has invalid rows: they are left out of the max and enter both trees as ``+0``).
+    ``rows``: the window's rows (:func:`.rows.window_tile`: the state base, each tensor row's
+    int64 element offset of its kv half, multiples of 4 so the loads are 128-bit, int1 ``[W]``
+    validity, and SPEC §13.4's chunk rows and the ``ape`` rows where ``ROW_FORMAT`` has them). Only C4 at p = 3 has
+    invalid rows: they are left out of the max and enter both trees as ``+0``.
     """
-    channels = channel0 + tl.arange(0, BLOCK_C)
-    offsets = kv_row_offsets[:, None] + channels[None, :]
+    kv, score = window_tile(rows, channel0, STATE_WIDTH, BLOCK_C, MAY_HAVE_INVALID_ROWS, ROW_FORMAT)
     if MAY_HAVE_INVALID_ROWS:
-        valid = row_valid[:, None]
-        kv = tl.load(state_ptr + offsets, mask=valid, other=0.0)
-        score = tl.load(state_ptr + (offsets + STATE_WIDTH), mask=valid, other=0.0)
+        valid = rows[2][:, None]
         row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)  # max is exact in any order
         e = exp2s((tl.where(valid, score, row_max[None, :]) - row_max[None, :]) * LOG2E_F32)
         e = tl.where(valid, e, 0.0)
         u = tl.where(valid, kv * e, 0.0)
     else:
-        kv = tl.load(state_ptr + offsets)
-        score = tl.load(state_ptr + (offsets + STATE_WIDTH))
         row_max = tl.max(score, axis=0)
         e = exp2s((score - row_max[None, :]) * LOG2E_F32)
         u = kv * e
@@ -137,31 +132,31 @@ def pool_channel_tile(state_ptr, kv_row_offsets, row_valid, channel0,
 
 
 @triton.jit
-def pool_window_tiles(state_ptr, kv_row_offsets, row_valid, complete, HEAD: tl.constexpr, RATIO: tl.constexpr,
-                      BLOCK_C: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
+def pool_window_tiles(rows, complete, HEAD: tl.constexpr, RATIO: tl.constexpr, BLOCK_C: tl.constexpr,
+                      UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr, ROW_FORMAT: tl.constexpr,
                       LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """SPEC §5's pooled vector of one token, fp32 ``[HEAD / BLOCK_C, BLOCK_C]`` (row-major = channel
-    order), from its window rows (:func:`.window.window_row_offsets`), one ``[W, BLOCK_C]`` channel
-    tile at a time (:func:`pool_channel_tile`). ``complete`` (int1): every window row is valid; a
-    C4 window that is not (the first of a request, ``p = 3``) takes the masked pooling, every
-    other window the same arithmetic without the masks (equal results on valid rows)."""
+    order), from its window rows (``rows``: see :func:`pool_channel_tile`), one ``[W, BLOCK_C]``
+    channel tile at a time. ``complete`` (int1): every window row is valid; a C4 window that is not
+    (the first of a request, ``p = 3``) takes the masked pooling, every other window the same
+    arithmetic without the masks (equal results on valid rows)."""
     if RATIO == 4:
         if complete:
-            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
-                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = pool_tiles(rows, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES, TILE_STAGES, ROW_FORMAT, LANE_BITS,
+                                WARP_BITS, REG_BITS)
         else:
-            pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, True, UNROLL_TILES,
-                                TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+            pooled = pool_tiles(rows, HEAD, RATIO, BLOCK_C, True, UNROLL_TILES, TILE_STAGES, ROW_FORMAT, LANE_BITS,
+                                WARP_BITS, REG_BITS)
     else:  # a C128 window is never incomplete
-        pooled = pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES,
-                            TILE_STAGES, LANE_BITS, WARP_BITS, REG_BITS)
+        pooled = pool_tiles(rows, HEAD, RATIO, BLOCK_C, False, UNROLL_TILES, TILE_STAGES, ROW_FORMAT, LANE_BITS,
+                            WARP_BITS, REG_BITS)
     return pooled
 
 
 @triton.jit
-def pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: tl.constexpr, BLOCK_C: tl.constexpr,
+def pool_tiles(rows, HEAD: tl.constexpr, RATIO: tl.constexpr, BLOCK_C: tl.constexpr,
                MAY_HAVE_INVALID_ROWS: tl.constexpr, UNROLL_TILES: tl.constexpr, TILE_STAGES: tl.constexpr,
-               LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+               ROW_FORMAT: tl.constexpr, LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
     """The tiles of :func:`pool_window_tiles`: a static unrolled loop, or a runtime loop with
     ``TILE_STAGES`` software-pipelining stages."""
     OVERLAP: tl.constexpr = 2 if RATIO == 4 else 1
@@ -172,12 +167,12 @@ def pool_tiles(state_ptr, kv_row_offsets, row_valid, HEAD: tl.constexpr, RATIO: 
     pooled = tl.zeros((NUM_TILES, BLOCK_C), tl.float32)
     if UNROLL_TILES:
         for tile in tl.static_range(NUM_TILES):
-            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
+            x_tile = pool_channel_tile(rows, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C, MAY_HAVE_INVALID_ROWS, ROW_FORMAT,
+                                       LANE_BITS, WARP_BITS, REG_BITS)
             pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
     else:
         for tile in tl.range(0, NUM_TILES, num_stages=TILE_STAGES):
-            x_tile = pool_channel_tile(state_ptr, kv_row_offsets, row_valid, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C,
-                                       MAY_HAVE_INVALID_ROWS, LANE_BITS, WARP_BITS, REG_BITS)
+            x_tile = pool_channel_tile(rows, tile * BLOCK_C, STATE_WIDTH, W, BLOCK_C, MAY_HAVE_INVALID_ROWS, ROW_FORMAT,
+                                       LANE_BITS, WARP_BITS, REG_BITS)
             pooled = tl.where(tile_index == tile, x_tile[None, :], pooled)
     return pooled

@@ -11,8 +11,8 @@ Feed them to :func:`dsv4_compressor.impl.ptx_rules.check_ptx`.
 ``TRITON_INTERPRET=1`` makes ``@triton.jit`` return interpreter objects that cannot be compiled.
 When it is set in this process, :func:`ptx_variants` compiles in a child Python process with the
 variable removed (``python -m dsv4_compressor.impl.triton.ptx --json --arch TARGET``) and yields
-its results, so callers need not care. :func:`resource_usage` runs Triton's bundled ``ptxas`` on a
-PTX text to read registers and spills (no GPU needed).
+its results, so callers need not care. :func:`resource_usage` runs Triton's bundled ``ptxas`` on a PTX text to
+read registers and spills (no GPU needed).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from . import v41_ptx
 
 #: The PTX target of the default check. Triton's NVIDIA backend always appends "a" for capability
 #: >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX for capability 9.0 says
@@ -62,7 +64,7 @@ class Variant:
     """One static configuration of a kernel."""
 
     name: str
-    kernel: str  # "fused" (both head widths) or "save"
+    kernel: str  # "fused" (both head widths), "save", or one of v41_ptx.V41_KERNELS
     constexprs: dict
     signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
     num_warps: int
@@ -77,33 +79,45 @@ _CACHE_TYPES = {"flashmla_fp8": ("*u8", "*i16"), "bf16": ("*i16", "*i16"), "fp8_
                 "indexer_fp8": ("*u8", None), "indexer_mxfp4": ("*u8", None)}
 
 
-def _fused_arguments(layout: str, weight_bf16: bool) -> tuple[dict, dict]:
-    """(Triton type of every runtime argument, the arguments passed as None) of the fused kernel."""
+def _fused_arguments(layout: str, weight_bf16: bool, rows) -> tuple[dict, dict]:
+    """(Triton type of every runtime argument, the arguments passed as None) of the fused kernel
+    for a layout, a weight dtype and SPEC §13's row format (a :class:`.rows.RowFormat`)."""
     cache_u8, cache_i16 = _CACHE_TYPES[layout]
     types = {
-        "state_ptr": "*fp32", "state_block_stride4": "i32", "state_row_stride4": "i32",
+        "state_ptr": "*i16" if rows.state_bf16 else "*fp32", "state_block_stride16b": "i32", "state_row_stride16b": "i32",
         "tokens": ("*i32", "*i64", "*i64", "*i64"),
         "block_table_ptr": "*i32", "block_table_stride": "i32",
         "weight_ptr": "*i16" if weight_bf16 else "*fp32", "eps": "fp32",
         "cos_sin_ptr": "*fp32", "cos_sin_stride": "i32",
         "cache_u8_ptr": cache_u8, "cache_i16_ptr": cache_i16, "cache_page_stride": "i32", "cache_entry_stride": "i32",
         "entries_per_page": "i32", "fp8_scale": "fp32",
+        "ape": ("*fp32", "i32"), "chunk": ("*fp32", "i32", "*fp32", "i32", "*i32"),
     }
-    if cache_i16 is None:
-        return types, dict.fromkeys(("cache_i16_ptr", "cache_entry_stride", "fp8_scale"))
-    return types, {}
+    nones = {} if cache_i16 is not None else dict.fromkeys(("cache_i16_ptr", "cache_entry_stride", "fp8_scale"))
+    if not (rows.ape_at_compress or rows.chunk):
+        nones["ape"] = None
+    if not rows.chunk:
+        nones["chunk"] = None
+    return types, nones
 
 
 def fused_variant(name: str, head_dim: int, ratio: int, block_size: int, layout: str, hadamard: bool,
-                  weight_bf16: bool, config) -> Variant:
-    """The :class:`Variant` of the fused kernel for one static configuration."""
+                  weight_bf16: bool, config, rows=None) -> Variant:
+    """The :class:`Variant` of the fused kernel for one static configuration (``rows``: SPEC §13's
+    :class:`.rows.RowFormat`, None for the default)."""
     from .fused import kernel_constants
+    from .rows import PAGED_FP32_ROWS
 
+    rows = PAGED_FP32_ROWS if rows is None else rows
     window = 2 * ratio if ratio == 4 else ratio
-    types, nones = _fused_arguments(layout, weight_bf16)
+    types, nones = _fused_arguments(layout, weight_bf16, rows)
     constexprs = {**kernel_constants(head_dim, ratio, block_size, layout, hadamard, weight_bf16, config,
-                                     config.plan(window)), **nones}
-    return Variant(name, "fused", constexprs, types, config.num_warps, True, max_registers=config.max_registers)
+                                     config.plan(window), rows), **nones}
+    # contiguous ape [r, SW] and projection rows [T, 2*SW] (kv and score views of them): strides the
+    # JIT sees divisible by 16, as it specializes them at a launch
+    divisible = tuple(name for name in ("ape[1]", "chunk[1]", "chunk[3]") if name.partition("[")[0] not in nones)
+    return Variant(name, "fused", constexprs, types, config.num_warps, True, divisible_ints=divisible,
+                   max_registers=config.max_registers)
 
 
 def indexer_variant(ratio: int, block_size: int, layout: str, hadamard: bool, weight_bf16: bool, config) -> Variant:
@@ -132,19 +146,84 @@ def indexer_variants() -> list[Variant]:
 _SAVE_TYPES = {
     "kv_score_ptr": "*fp32", "kv_score_stride": "i32", "ape_ptr": "*fp32", "ape_stride": "i32",
     "positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "state_ptr": "*fp32",
-    "state_block_stride4": "i32", "state_row_stride4": "i32", "block_size": "i32",
+    "state_block_stride16b": "i32", "state_row_stride16b": "i32", "block_size": "i32",
+    "score_rows": ("*fp32", "i32"),
 }
 
 
-def kv_variant(ratio: int, block_size: int, layout: str, weight_bf16: bool, config) -> Variant:
+def rows_suffix(rows) -> str:
+    """A variant name's suffix for SPEC §13's options (a :class:`.rows.RowFormat`; empty for the default)."""
+    return (("_state_bf16" if rows.state_bf16 else "") + ("_ape_at_compress" if rows.ape_at_compress else "")
+            + (f"_ring{rows.ring_capacity}" if rows.ring_capacity else "") + ("_step" if rows.chunk else ""))
+
+
+def kv_variant(ratio: int, block_size: int, layout: str, weight_bf16: bool, config, rows=None) -> Variant:
     """The :class:`Variant` of the fused kernel on the 512-wide head for one static configuration."""
+    from .rows import PAGED_FP32_ROWS
+
+    rows = PAGED_FP32_ROWS if rows is None else rows
     name = (f"fused_c{ratio}_bs{block_size}_{layout}_{'bf16w' if weight_bf16 else 'f32w'}"
-            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}")
-    return fused_variant(name, 512, ratio, block_size, layout, False, weight_bf16, config)
+            f"_bc{config.block_c}_w{config.num_warps}{'' if config.unroll_tiles else f'_loop{config.tile_stages}'}"
+            f"{rows_suffix(rows)}")
+    return fused_variant(name, 512, ratio, block_size, layout, False, weight_bf16, config, rows)
+
+
+def save_variant(name: str, ratio: int, state_width: int, config, *, state_bf16: bool = False, add_ape: bool = True,
+                 split_score: bool = False) -> Variant:
+    """The :class:`Variant` of the save kernel for state rows of ``SW = state_width`` (``config`` a
+    :class:`.config.SaveConfig`), contiguous projection and ``ape`` rows (the JIT sees strides
+    divisible by 16 and vectorizes; other strides launch a specialization with 32-bit loads).
+    SPEC §13: ``state_bf16``, ``add_ape`` (False: ``ape_at = "compress"``, no ``ape``),
+    ``split_score`` (§13.4's separate ``kv`` / ``score`` rows)."""
+    block, warps = config.launch_shape(state_width)
+    constexprs = dict(RATIO=ratio, STATE_WIDTH=state_width, BLOCK=block, STATE_BF16=state_bf16, ADD_APE=add_ape)
+    if not add_ape:
+        constexprs.update(ape_ptr=None, ape_stride=None)
+    if not split_score:
+        constexprs.update(score_rows=None)
+    types = {**_SAVE_TYPES, "state_ptr": "*i16" if state_bf16 else "*fp32"}
+    return Variant(name, "save", constexprs, types, warps, True,
+                   divisible_ints=("kv_score_stride", "ape_stride", "score_rows[1]"))
+
+
+def state_format_variants() -> list[Variant]:
+    """SPEC §13's options, one at a time and all together, on both head widths and both ratios: a
+    bf16 state, ``ape`` added at pooling, a ring, the step call (rows from ``kv`` / ``score``), and
+    the save kernel's bf16 state, raw scores and separate ``kv`` / ``score`` rows."""
+    from .config import DEFAULT_FUSED, DEFAULT_INDEXER, DEFAULT_SAVE
+    from .rows import RowFormat
+
+    def options(ring: int) -> list:
+        return [RowFormat(state_bf16=True), RowFormat(ape_at_compress=True), RowFormat(ring_capacity=ring),
+                RowFormat(chunk=True), RowFormat(True, True, ring, True)]
+
+    out = []
+    for ratio, block_size, ring in ((4, 4, 12), (128, 8, 256)):
+        for rows in options(ring):
+            out.append(kv_variant(ratio, block_size, "flashmla_fp8", True, DEFAULT_FUSED[ratio], rows))
+        for layout in ("bf16", "fp8_per_tensor"):  # every option at once on the other layouts
+            out.append(kv_variant(ratio, block_size, layout, False, DEFAULT_FUSED[ratio], RowFormat(True, True, ring, True)))
+    for ratio, block_size, ring in ((4, 16, 16), (128, 8, 136)):
+        for rows in options(ring):
+            name = f"indexer_c{ratio}_bs{block_size}_indexer_mxfp4_hadamard_bf16w{rows_suffix(rows)}"
+            out.append(fused_variant(name, 128, ratio, block_size, "indexer_mxfp4", True, True, DEFAULT_INDEXER[ratio], rows))
+        rows = RowFormat(True, False, ring, True)
+        out.append(fused_variant(f"indexer_c{ratio}_bs{block_size}_indexer_fp8_f32w{rows_suffix(rows)}", 128, ratio,
+                                 block_size, "indexer_fp8", False, False, DEFAULT_INDEXER[ratio], rows))
+    for ratio, head, state_width in ((4, 512, 1024), (128, 512, 512), (4, 128, 256), (128, 128, 128)):
+        prefix = f"save{'' if head == 512 else '_indexer'}_c{ratio}"
+        for state_bf16, add_ape, split in ((True, True, False), (False, False, False), (False, True, True),
+                                           (True, False, True)):
+            name = (f"{prefix}{'_state_bf16' if state_bf16 else ''}{'' if add_ape else '_ape_at_compress'}"
+                    f"{'_step' if split else ''}")
+            out.append(save_variant(name, ratio, state_width, DEFAULT_SAVE, state_bf16=state_bf16, add_ape=add_ape,
+                                    split_score=split))
+    return out
 
 
 def variants() -> list[Variant]:
-    """Every variant worth checking: defaults for all (ratio, layout, weight, bs), plus knob sweeps."""
+    """Every variant worth checking: defaults for all (ratio, layout, weight, bs), plus knob sweeps,
+    the indexer's and SPEC §13's state formats."""
     from .config import DEFAULT_FUSED, DEFAULT_SAVE, FusedConfig
 
     fused = kv_variant
@@ -167,29 +246,29 @@ def variants() -> list[Variant]:
                 variant = Variant(variant.name, variant.kernel, variant.constexprs, variant.signature_types, variant.num_warps, False)
             out.append(variant)
     for ratio in (4, 128):
-        # contiguous kv_score / ape rows (2*SW, SW floats): the JIT sees strides divisible by 16 and
-        # vectorizes; other strides launch a specialization with 32-bit loads
-        out.append(Variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}_contiguous_rows", "save",
-                           dict(RATIO=ratio, STATE_WIDTH=1024 if ratio == 4 else 512, BLOCK=DEFAULT_SAVE.block),
-                           _SAVE_TYPES, DEFAULT_SAVE.num_warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
+        out.append(save_variant(f"save_c{ratio}_block{DEFAULT_SAVE.block}_w{DEFAULT_SAVE.num_warps}_contiguous_rows", ratio,
+                                1024 if ratio == 4 else 512, DEFAULT_SAVE))
     out += indexer_variants()
     for ratio, state_width in ((4, 256), (128, 128)):  # the indexer's state rows: the launch caps BLOCK at SW
         block, warps = DEFAULT_SAVE.launch_shape(state_width)
-        out.append(Variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", "save",
-                           dict(RATIO=ratio, STATE_WIDTH=state_width, BLOCK=block),
-                           _SAVE_TYPES, warps, True, divisible_ints=("kv_score_stride", "ape_stride")))
+        out.append(save_variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", ratio, state_width,
+                                DEFAULT_SAVE))
+    out += state_format_variants()
+    out += v41_ptx.variants()  # DeepSeek-V4.1's kernels (SPEC §14)
     return out
 
 
 def _divisibility(signature: dict, names: list, divisible_ints: tuple) -> dict:
     """Triton's ``tt.divisibility`` 16 attributes: every pointer (the bases of all tensor arguments
-    are 16-byte aligned, validated) and the integers in ``divisible_ints``; other integers get no
-    assumptions. A tuple argument's elements are keyed ``(argument, element)``."""
+    are 16-byte aligned, validated) and the integers in ``divisible_ints`` (a tuple argument's
+    element as ``"name[j]"``); other integers get no assumptions. A tuple argument's elements are
+    keyed ``(argument, element)``."""
     attrs = {}
     for i, name in enumerate(names):
         types = signature[name]
-        for key, ty in ([((i, j), t) for j, t in enumerate(types)] if isinstance(types, tuple) else [((i,), types)]):
-            if ty.startswith("*") or name in divisible_ints:
+        elements = [((i, j), t, f"{name}[{j}]") for j, t in enumerate(types)] if isinstance(types, tuple) else [((i,), types, name)]
+        for key, ty, element in elements:
+            if ty.startswith("*") or element in divisible_ints:
                 attrs[key] = [["tt.divisibility", 16]]
     return attrs
 
@@ -203,6 +282,8 @@ def _compile(variant: Variant, target: str = TARGET) -> str:
 
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
+    elif variant.kernel in v41_ptx.V41_KERNELS:
+        kernel = v41_ptx.kernel(variant.kernel)
     else:
         from .save_states import save_partial_states_kernel as kernel
     if not isinstance(kernel, triton.runtime.JITFunction):

@@ -104,7 +104,7 @@ def test_exact_arithmetic_is_present(ptx_reports):
     by_name = {r.variant: r for r in ptx_reports}
     pool = by_name["c128pool_block8_bs8_w8_t64_pdl"]
     assert pool.counts["div.rn.f32"] >= 2 and pool.counts["ld.global.v4"] == 16  # 8 rows x (kv, score)
-    fused = next(r for n, r in by_name.items() if n.startswith("c4_flashmla"))
+    fused = next(r for n, r in by_name.items() if n.startswith("c4_bs4_flashmla"))
     assert fused.counts["sqrt.rn.f32"] == 1 and fused.counts["cvt.e4m3"] >= 1 and fused.counts["cvt.bf16"] >= 1
 
 

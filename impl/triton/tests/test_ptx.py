@@ -1,6 +1,7 @@
 """Every Triton kernel variant, compiled for Hopper without a GPU, obeys SPEC §2's PTX rules:
 ``.rn`` on every f32 add/sub/mul (no FMA contraction), correctly rounded div/sqrt, no
-approximate functions, no ``.ftz``, and 128-bit loads where the kernels stream state rows.
+approximate functions, no ``.ftz``, and 128-bit loads where the kernels stream state rows
+(SPEC §13's state formats and the step call included).
 
 Under ``TRITON_INTERPRET=1`` (as in CI) :func:`ptx_variants` compiles in a child process."""
 
@@ -23,6 +24,13 @@ def test_every_variant_passes_the_ptx_rules():
         for layout in ("indexer_fp8_", "indexer_mxfp4_", "indexer_fp8_hadamard_", "indexer_mxfp4_hadamard_"):
             assert any(n.startswith(f"indexer_{ratio}_") and f"_{layout}" in n for n in names), (ratio, layout)
         assert any(n.startswith(f"save_indexer_{ratio}_") for n in names)
+    for prefix in ("fused_c4_", "fused_c128_", "indexer_c4_", "indexer_c128_", "save_c4", "save_c128", "save_indexer_c4",
+                   "save_indexer_c128"):  # SPEC §13: each state option alone and with the others
+        options = ("_state_bf16", "_ape_at_compress", "_step") + (() if prefix.startswith("save") else ("_ring",))
+        for option in options:
+            assert any(n.startswith(prefix) and option in n for n in names), (prefix, option)
+        if not prefix.startswith("save"):
+            assert any(n.startswith(prefix) and all(o in n for o in options) for n in names), prefix
     capped = [ptx for name, ptx, _ in results if name.startswith("indexer_") and name.endswith("_r32")]
     assert capped and all(re.search(r"^\s*\.maxnreg 32\b", ptx, re.M) for ptx in capped)  # max_registers reaches the PTX
 

@@ -150,3 +150,122 @@ def test_repeated_indexer_calls_reuse_the_plan():
     plans = len(api._PLANS)
     assert_identical(run_spec_and_triton(scenario, DEVICE))
     assert len(api._PLANS) == plans
+
+
+# ---- SPEC §13's state formats through the ops, warm-up and plans ----------------------------------------
+def _state_step(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
+    from triton_state_scenarios import make_step
+
+    requests = [Request(3 * ratio - 1, 1), Request(2 * ratio - 3, 4)]  # a decode boundary, a chunk with one inside
+    block_size = 16 if (ratio, head) == (4, 128) else 4 if ratio == 4 else 8
+    capacity = (16 if head == 128 else 12) if ratio == 4 else 136
+    return make_step(requests, ratio=ratio, layout=layout, seed=21, head_dim=head, block_size=block_size,
+                     bf16_state=bf16_state, ape_at=ape_at, ring_capacity=capacity if ring else None, hadamard=hadamard)
+
+
+STATE_OPS_CASES = [(4, 512, "flashmla_fp8", False, True, "compress", True), (128, 128, "indexer_mxfp4", True, False, "save", False)]
+STATE_OPS_IDS = ["c4_flashmla_bf16_state_ape_at_compress_ring", "c128_indexer_mxfp4_hadamard_fp32_paged"]
+
+
+@pytest.mark.parametrize("case", STATE_OPS_CASES, ids=STATE_OPS_IDS)
+def test_compiled_compress_and_save_writes_the_spec_bytes(case):
+    """``triton_compress_and_save`` under ``torch.compile(fullgraph=True)``, after ``warm_up`` of the
+    same configuration (``step=True``): the spec's bytes in both caches."""
+    from dsv4_compressor.impl import triton as triton_impl
+    from triton_state_scenarios import run_step, step_arguments
+
+    torch._dynamo.reset()
+    ratio, head, layout, hadamard, bf16_state, ape_at, ring = case
+    step = _state_step(*case)
+    triton_impl.warm_up(compress_ratio=ratio, block_size=step.batch.block_size, layout=layout, entries_per_page=2,
+                        device=DEVICE, hadamard=hadamard, state_dtype=torch.bfloat16 if bf16_state else torch.float32,
+                        ape_at=ape_at, ring_capacity=step.batch.ring_capacity, step=True)
+    expected = run_step(step, DEVICE)  # the spec's bytes (and an eager Triton run)
+    args, options, raw = step_arguments(step, DEVICE)
+
+    @torch.compile(fullgraph=True, backend=BACKEND)
+    def layer_step(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table,
+                   state_cache, rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping):
+        OPS.triton_compress_and_save(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping,
+                                     save_slot_mapping, block_table, args[9], state_cache, rms_norm_weight, 1e-6,
+                                     cos_sin_cache, k_cache, kv_slot_mapping, ratio, layout, None, ape_at=ape_at,
+                                     ring_capacity=options["ring_capacity"], hadamard=hadamard)
+
+    layer_step(*args[:9], *args[10:12], *args[13:])
+    for name, (spec_bytes, _) in expected.items():
+        assert np.array_equal(spec_bytes, raw[name].cpu().numpy()), name
+
+
+def test_the_step_op_declares_both_caches_written():
+    schema = OPS.triton_compress_and_save.default._schema
+    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert written == ["state_cache", "k_cache"]
+    assert [a.name for a in schema.returns] == []
+    save = OPS.triton_save_partial_states.default._schema
+    assert [a.name for a in save.arguments if a.alias_info is not None and a.alias_info.is_write] == ["state_cache"]
+    assert str(save.arguments[1].type) == "Optional[Tensor]"  # ape: not needed with ape_at="compress"
+
+
+def test_the_fake_step_op_traces_without_data():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from triton_state_scenarios import step_arguments
+
+    args, options, _ = step_arguments(_state_step(4, 512, "flashmla_fp8", False, False, "save", False), DEVICE)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        assert OPS.triton_compress_and_save(*fake, options["compress_ratio"]) is None
+
+
+@pytest.mark.parametrize("case", STATE_OPS_CASES, ids=STATE_OPS_IDS)
+def test_compiled_two_call_ops_take_the_state_options(case):
+    """``triton_save_partial_states`` (``ape`` None with ape_at="compress") then
+    ``triton_compress_norm_rope_store`` with ``ape``, ``ape_at`` and ``ring_capacity``."""
+    from triton_state_scenarios import _store_tensors, _tensor, _tokens, run_save_then_compress
+
+    torch._dynamo.reset()
+    ratio, head, layout, hadamard, bf16_state, ape_at, ring = case
+    step = _state_step(*case)
+    b = step.batch
+    expected = run_save_then_compress(step, DEVICE)
+    t, raw = _store_tensors(step, DEVICE)
+    tokens = _tokens(step, DEVICE)
+    save_ape = _tensor(step.ape, DEVICE) if ape_at == "save" else None
+    pool_ape = _tensor(step.ape, DEVICE) if ape_at == "compress" else None
+
+    @torch.compile(fullgraph=True, backend=BACKEND)
+    def layer_step(kv_score, state_cache, k_cache):
+        OPS.triton_save_partial_states(kv_score, save_ape, tokens["positions"], tokens["slot_mapping"], state_cache,
+                                       b.block_size, ape_at=ape_at, ring_capacity=b.ring_capacity)
+        OPS.triton_compress_norm_rope_store(state_cache, tokens["token_to_req_indices"], tokens["positions"],
+                                            tokens["slot_mapping"], t["block_table"], b.block_size, t["rms_norm_weight"],
+                                            1e-6, t["cos_sin_cache"], k_cache, tokens["kv_slot_mapping"], ratio, layout,
+                                            hadamard=hadamard, ape=pool_ape, ape_at=ape_at, ring_capacity=b.ring_capacity)
+
+    layer_step(_tensor(step.kv_score, DEVICE), t["state_cache"], t["k_cache"])
+    for name, (spec_bytes, _) in expected.items():
+        assert np.array_equal(spec_bytes, raw[name].cpu().numpy()), name
+
+
+def test_the_state_options_key_their_own_plans():
+    """A step call reuses its plan; another ape_at or ring capacity is another plan (another kernel)."""
+    from dsv4_compressor.impl.triton import api
+    from triton_state_scenarios import run_step
+
+    step = _state_step(4, 512, "bf16", False, True, "save", True)
+    assert_identical(run_step(step, DEVICE))
+    plans = len(api._PLANS)
+    assert_identical(run_step(step, DEVICE))
+    assert len(api._PLANS) == plans
+    other = _state_step(4, 512, "bf16", False, True, "compress", True)
+    assert_identical(run_step(other, DEVICE))
+    assert len(api._PLANS) == plans + 1
+
+
+def test_op_rejects_a_bad_state_option_with_the_front_ends_message():
+    from triton_state_scenarios import step_arguments
+
+    args, options, raw = step_arguments(_state_step(4, 512, "flashmla_fp8", False, False, "save", False), DEVICE)
+    before = {name: tensor.clone() for name, tensor in raw.items()}
+    with pytest.raises(ValueError, match="ring_capacity: expected"):
+        OPS.triton_compress_and_save(*args, 4, ring_capacity=6)
+    assert all(torch.equal(tensor, before[name]) for name, tensor in raw.items())

@@ -94,3 +94,72 @@ def test_bad_arguments_raise_the_front_ends_message_when_the_step_runs():
     with pytest.raises(ValueError, match="positions: expected dtype int64"):
         compiled(*_save_inputs(scenario), args, 4)
     assert torch.equal(raw["k_cache"], before)
+
+
+# ---- SPEC §13's state formats: compress_and_save and the state options through the traced calls -------
+def _state_step(ring: bool):
+    """A C4 step on a bf16 state with ape added at pooling, in a ring (``ring``) or paged."""
+    from triton_state_scenarios import make_step
+
+    requests = [Request(11, 1), Request(5, 4)]  # a decode boundary, a chunk with one inside
+    return make_step(requests, ratio=4, layout="flashmla_fp8", seed=23, block_size=4, bf16_state=True,
+                     ape_at="compress", ring_capacity=12 if ring else None)
+
+
+def step_and_save(args: list, options: dict) -> None:
+    triton_impl.compress_and_save(*args, **options)
+
+
+def save_then_compress(args: list, options: dict) -> None:
+    """The two calls of a step in its state format (``args``: ``compress_and_save``'s)."""
+    kv, _, ape, positions, token_to_req, _, slot_mapping, _, block_table, bs, state, weight, eps, cos_sin, k_cache, \
+        kv_slots = args
+    kv_score = torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride())
+    triton_impl.save_partial_states(kv_score, None, positions, slot_mapping, state, bs, ape_at=options["ape_at"],
+                                    ring_capacity=options["ring_capacity"])
+    triton_impl.compress_norm_rope_store(state, token_to_req, positions, slot_mapping, block_table, bs, weight, eps,
+                                         cos_sin, k_cache, kv_slots, ape=ape, **options)
+
+
+def _state_buffers(step, calls) -> dict[str, np.ndarray]:
+    from triton_state_scenarios import step_arguments
+
+    args, options, raw = step_arguments(step, DEVICE)
+    calls(args, options)
+    return {name: buffer.cpu().numpy() for name, buffer in raw.items()}
+
+
+@pytest.mark.parametrize("ring", [False, True])
+@pytest.mark.parametrize("calls, ops", [
+    (step_and_save, ["triton_compress_and_save"]),
+    (save_then_compress, ["triton_save_partial_states", "triton_compress_norm_rope_store"])])
+def test_the_state_options_pass_through_the_traced_calls(ring, calls, ops):
+    """A bf16 state, ``ape`` at pooling and a ring: the compiled calls write the eager calls' bytes."""
+    from triton_state_scenarios import step_arguments
+
+    torch._dynamo.reset()
+    step = _state_step(ring)
+    explained = torch._dynamo.explain(calls)(*step_arguments(step, DEVICE)[:2])
+    assert explained.graph_break_count == 0
+    targets = [str(n.target) for n in explained.graphs[0].graph.nodes if n.op == "call_function"]
+    assert [t.split(".")[1] for t in targets if t.startswith("dsv4_compressor.")] == ops
+    eager = _state_buffers(step, calls)
+    traced = _state_buffers(step, torch.compile(calls, fullgraph=True, backend="eager"))
+    assert all(np.array_equal(traced[name], eager[name]) for name in eager)
+
+
+def test_a_launch_configuration_of_the_step_is_refused_by_name():
+    from triton_state_scenarios import step_arguments
+
+    torch._dynamo.reset()
+    args, options, _ = step_arguments(_state_step(False), DEVICE)
+    save_knobs = triton_impl.SaveConfig(block=256, num_warps=2)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def configured(args):
+        triton_impl.compress_and_save(*args, **options, save_config=save_knobs)
+
+    with pytest.raises(Exception, match=r"save_config: expected None under torch.compile \(the custom op "
+                                        r"dsv4_compressor::triton_compress_and_save takes no save_config\), got "
+                                        r"a SaveConfig"):
+        configured(args)

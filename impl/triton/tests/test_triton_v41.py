@@ -1,0 +1,314 @@
+"""DeepSeek-V4.1's operations (SPEC §14.7) in Triton against the NumPy spec, byte for byte over whole
+allocations: the latent (rows of inactive tokens and row padding untouched), ratio 2's state and
+the compressed cache (untouched entries and page padding included).
+
+Under ``TRITON_INTERPRET=1`` on CPU (a few tokens per call); the ``gpu`` tests repeat the
+comparison at engine-like sizes on a CUDA device. Steps come from ``spec.v41_batch``: paged
+states, the reference's ring of 2, vLLM's ring, padding, tokens without a cache slot or a state
+slot, decode, prefill chunks longer than the ring and verify steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from dsv4_compressor import spec
+from dsv4_compressor.spec import batch as B
+from dsv4_compressor.spec import v41_batch as V
+from dsv4_compressor.spec.batch import Request
+
+from v41_scenarios import (
+    EPS, assert_identical, build_case, combined, compress_norm, index_key_arguments, index_key_store, rope_quant_store,
+    programs_in_reverse_order, run_both, spec_copy, torch_arguments, torch_twin, with_step,
+)
+
+INTERPRETER = not torch.cuda.is_available()
+RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
+CANARY16 = B.CANARY_BYTE * 0x0101
+# decode at odd positions (row p - 1 from the state) and an even one, prefill chunks from 0 and from an odd position
+MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
+
+
+def _written(results: dict) -> None:
+    """The call wrote something: latent rows and a record (guards against comparing two untouched buffers)."""
+    for name in ("latent", "k_cache"):
+        if name in results:
+            spec_bytes = results[name][0]
+            assert np.count_nonzero(spec_bytes != B.CANARY_BYTE) > 0, f"{name}: nothing was written"
+
+
+# ---- the combined call: every record at both ratios ----------------------------------------------------------
+@pytest.mark.parametrize("layout, options", [
+    ("flashmla_fp8", dict(entries_per_page=2, page_pad_bytes=32, bf16_weight=True)),
+    ("bf16", dict(entries_per_page=1, input_row_pad=8, cos_sin_row_pad=8)),
+    ("fp8_per_tensor", dict(entries_per_page=64, bf16_inputs=True, fp8_scale=0.037)),
+    ("v41_mxfp8", dict(entries_per_page=2, page_pad_bytes=16, bf16_inputs=True, bf16_weight=True)),
+    ("v41_nvfp4", dict(entries_per_page=3, page_pad_bytes=48, drop_entry_fraction=0.3, num_padding=3)),
+])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_combined_call_bytes_identical_to_spec(ratio, layout, options):
+    case = build_case(MIXED, ratio=ratio, seed=10 * ratio + RECORDS.index(layout), layout=layout, **options)
+    results = combined(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent(ratio):
+    """``latent=None``: nothing is written there, and the cache and state are those of a call with a latent."""
+    case = build_case(MIXED, ratio=ratio, seed=3, layout="v41_nvfp4", bf16_inputs=True)
+    with_latent = combined(case)
+    without = combined(case, latent=False)
+    assert set(without) == ({"k_cache"} if ratio == 1 else {"k_cache", "state_cache"})
+    assert_identical(without)
+    for name, (_, triton_bytes) in without.items():
+        assert np.array_equal(triton_bytes, with_latent[name][1])
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_compress_norm_alone(ratio):
+    case = build_case(MIXED, ratio=ratio, seed=4, layout=None, state=V.vllm_ring(0), bf16_inputs=ratio == 1,
+                      unslotted_fraction=0.2)
+    results = compress_norm(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("layout", RECORDS)
+def test_rope_quant_store_alone(ratio, layout):
+    """Every token with a cache slot at a boundary stores the record of its latent row (at ratio 2
+    whatever its state slot), from a random bf16 latent with padded rows."""
+    case = build_case([Request(3, 1), Request(5, 4), Request(0, 2)], ratio=ratio, seed=5, layout=layout,
+                      entries_per_page=2, page_pad_bytes=16, drop_entry_fraction=0.2)
+    results = rope_quant_store(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("layout, bf16_weight", [("indexer_fp8", True), ("indexer_mxfp4", False), ("indexer_mxfp4", True)])
+def test_index_key_store(ratio, layout, bf16_weight):
+    """SPEC §14.6 into both of §12's records; ``k_pre``'s rows padded by an odd number of elements
+    (its rows need no alignment)."""
+    case = build_case(MIXED, ratio=ratio, seed=6, layout=None, drop_entry_fraction=0.2)
+    results = index_key_store(index_key_arguments(case, layout, bf16_weight=bf16_weight, k_pre_row_pad=3))
+    _written(results)
+    assert_identical(results)
+
+
+# ---- ratio 2's state: dtypes, addressing, inputs -----------------------------------------------------------------
+STATES = {"paged4": V.paged(4), "paged2": V.paged(2), "reference_ring": V.reference_ring(), "vllm_ring": V.vllm_ring(3)}
+
+
+INPUTS = ("fp32", "bf16", "kv_fp32_score_bf16")
+
+
+@pytest.mark.parametrize("inputs", INPUTS)
+@pytest.mark.parametrize("bf16_state", [False, True], ids=["fp32_state", "bf16_state"])
+@pytest.mark.parametrize("state", list(STATES))
+def test_ratio2_state_options(state, bf16_state, inputs):
+    """Paged (bs 4, 2), the reference's ring and vLLM's, fp32 or bf16 states and inputs (``kv`` and
+    ``score`` may differ), chunks from an odd position longer than a ring of 2, tokens without a
+    state slot (saved all the same)."""
+    bf16_inputs = inputs == "bf16"
+    case = build_case([Request(3, 1), Request(7, 1), Request(0, 4), Request(9, 5)], ratio=2,
+                      seed=100 + 10 * list(STATES).index(state) + 3 * bf16_state + INPUTS.index(inputs), state=STATES[state], bf16_state=bf16_state,
+                      bf16_inputs=bf16_inputs, bf16_score=bf16_inputs or inputs == "kv_fp32_score_bf16",
+                      layout="v41_nvfp4", unslotted_fraction=0.15, bf16_weight=bf16_state)
+    results = combined(case)
+    _written(results)
+    assert_identical(results)
+    if INTERPRETER and STATES[state].ring_capacity is not None and inputs == "bf16":
+        with programs_in_reverse_order():  # the bytes do not depend on the order programs run in
+            assert_identical(combined(case))
+
+
+def _chunk_overwrites_a_row_it_reads(case) -> bool:
+    """Whether a saved token's slot is the state slot the chunk's first token reads (SPEC §13.4: the
+    save must come after that read)."""
+    s, t = case.step, case.tables
+    for req in range(s.query_start_loc.size - 1):
+        first, end = int(s.query_start_loc[req]), int(s.query_start_loc[req + 1])
+        p0 = int(s.positions[first])
+        if end - first < 2 or p0 % 2 == 0 or s.kv_slot_mapping[first] < 0 or s.slot_mapping[first] < 0:
+            continue
+        index = (p0 - 1) % t.state.ring_capacity if t.state.ring_capacity else p0 - 1
+        read = int(t.block_table[req, index // t.state.block_size]) * t.state.block_size + index % t.state.block_size
+        if np.any(s.save_slot_mapping[first + 1:end] == read):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("state, requests", [
+    ("reference_ring", [Request(9, 2), Request(5, 7)]),  # C = 2: positions 10, 12 land on the slot of 8 and 4
+    ("vllm_ring", [Request(5, 9), Request(1, 20)]),  # C = 8: position 12 on the slot of 4; 24 (the tail's) on 0's
+])
+@pytest.mark.parametrize("bf16_state", [False, True], ids=["fp32_state", "bf16_state"])
+def test_ring_chunks_longer_than_the_ring_save_after_the_compress_reads(state, requests, bf16_state):
+    """A chunk from an odd position ``P0`` reads row ``P0 - 1`` from the ring, and its tail saves a
+    token at ``P0 - 1 + k*C`` onto that very slot: the save must wait for the read (one launch:
+    the first token's program saves that row after its compress)."""
+    case = build_case(requests, ratio=2, seed=7, state=STATES[state], bf16_state=bf16_state, layout="bf16")
+    assert _chunk_overwrites_a_row_it_reads(case)
+    assert_identical(combined(case))
+    assert_identical(compress_norm(case))
+    if INTERPRETER:  # the interpreter runs programs in order: backwards, the saving token's program runs first
+        with programs_in_reverse_order():
+            assert_identical(combined(case))
+            assert_identical(compress_norm(case))
+
+
+def test_ring_wraps_around_many_times():
+    """Positions far past the ring's capacity (ring slot ``q mod C``), a decode on each side of a wrap."""
+    requests = [Request(8 * 37 + 7, 1), Request(8 * 12 + 8, 3), Request(8 * 5 + 1, 10)]
+    case = build_case(requests, ratio=2, seed=8, state=V.vllm_ring(0), layout="v41_mxfp8", bf16_state=True)
+    assert_identical(combined(case))
+
+
+def test_chunk_rows_are_read_from_the_inputs_not_the_state():
+    """Every state row a window could read but the one before each chunk holds NaN: a kernel that
+    read a chunk row from the state would write NaN-derived bytes (SPEC §13.4 step 1)."""
+    case = build_case([Request(3, 4), Request(10, 6), Request(1, 1)], ratio=2, seed=9, state=V.paged(2), layout="v41_nvfp4")
+    s, t = case.step, case.tables
+    keep = np.zeros(case.state_cache.shape[:2], bool)
+    for req in range(s.query_start_loc.size - 1):
+        p = int(s.positions[s.query_start_loc[req]]) - 1
+        keep[t.block_table[req, p // 2], p % 2] = True
+    case.state_cache[~keep] = np.float32(np.nan)
+    assert_identical(combined(case))
+
+
+def test_saving_every_token_equals_the_spec_save_then_compress():
+    """``save_slot_mapping = slot_mapping`` (paged): every token is saved after the compress."""
+    case = build_case([Request(0, 7), Request(5, 4), Request(30, 1)], ratio=2, seed=11, state=V.paged(4))
+    assert_identical(combined(with_step(case, save_slot_mapping=case.step.slot_mapping.copy())))
+
+
+# ---- multi-step runs: decode, prefill and verify steps on one state --------------------------------------------
+def _run_steps(plan: list[list[tuple[int, int]]], layout_state: V.StateLayout, *, bf16_state: bool, seed: int,
+               num_speculative: int = 0) -> None:
+    """Runs ``plan`` (per step, ``(context_len, num_tokens)`` of each request) through the spec and
+    Triton, each on its own buffers carried across the steps, comparing every buffer after every step."""
+    from dsv4_compressor.impl import triton as T
+
+    rng = np.random.default_rng(seed)
+    reach = [max(c + n for c, n in (step[i] for step in plan)) for i in range(len(plan[0]))]
+    tables = V.v41_tables(reach, compress_ratio=2, state=layout_state, entries_per_page=4, rng=rng)
+    state = V.state_cache(tables.num_state_blocks, layout_state.block_size, rng, bf16=bf16_state, row_pad=8)
+    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 4, page_pad_bytes=16)
+    weight, cos_sin = B.random_norm_weight(rng, bf16=True), B.rope_cos_sin_cache(max(reach) + 2)
+    spec_state, spec_cache = spec_copy(state), spec_copy(k_cache)
+    triton_state, triton_cache = torch_twin(state), torch_twin(k_cache)
+    for number, requests in enumerate(plan):
+        step = V.v41_step(tables, [Request(c, n) for c, n in requests], num_padding=1)
+        kv, score = V.projections(step.num_tokens, rng, bf16=number % 2 == 1)
+        latent = V.latent_buffer(step.num_tokens)
+        arguments = dict(kv=kv, score=score, positions=step.positions, token_to_req=step.token_to_req,
+                         query_start_loc=step.query_start_loc, slot_mapping=step.slot_mapping,
+                         save_slot_mapping=step.save_slot_mapping, block_table=tables.block_table,
+                         bs=layout_state.block_size, rms_norm_weight=weight, rms_norm_eps=EPS, cos_sin_cache=cos_sin,
+                         kv_slot_mapping=step.kv_slot_mapping, compress_ratio=2, layout="v41_nvfp4",
+                         ring_capacity=layout_state.ring_capacity)
+        spec_latent = spec_copy(latent)
+        spec.v41_compress_norm_rope_store(**arguments, state_cache=spec_state[1], k_cache=spec_cache[1],
+                                          latent=spec_latent[1])
+        torch_args, _ = torch_arguments(arguments)
+        triton_latent = torch_twin(latent)
+        T.v41_compress_norm_rope_store(**torch_args, state_cache=triton_state[1], k_cache=triton_cache[1],
+                                       latent=triton_latent[1])
+        assert_identical({f"step {number} {name}": (ours[0], theirs[0].cpu().numpy()) for name, ours, theirs in (
+            ("latent", spec_latent, triton_latent), ("state_cache", spec_state, triton_state),
+            ("k_cache", spec_cache, triton_cache))})
+
+
+def test_prefill_decode_run_on_the_reference_ring():
+    """Prefill chunks (one from an odd position), then decode steps that read row ``p - 1`` from the ring of 2."""
+    plan = [[(0, 5), (0, 3)], [(5, 4), (3, 1)], [(9, 1), (4, 1)], [(10, 1), (5, 6)]]
+    _run_steps(plan, V.reference_ring(), bf16_state=False, seed=12)
+
+
+@pytest.mark.parametrize("layout_state", [V.vllm_ring(3), V.paged(4)], ids=["vllm_ring", "paged4"])
+def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state):
+    """Verify groups of S + 1 = 4 tokens (two boundaries inside each), some drafts rejected: the next
+    step starts after the accepted ones and overwrites the rows of the rejected."""
+    verify = V.verify_requests([6, 9], 3)
+    after = V.after_verify(verify, [2, 3])  # request 0 keeps 2 drafts (positions 8, 9 rejected), request 1 all 3
+    assert after == [9, 13]  # odd: the next chunk reads row P0 - 1 from the state
+    plan = [[(0, 6), (0, 9)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after],
+            [(c + 4, 1) for c in after]]
+    _run_steps(plan, layout_state, bf16_state=True, seed=13)
+
+
+# ---- entries per page, padding, empty calls ----------------------------------------------------------------------
+@pytest.mark.parametrize("entries_per_page", [1, 2, 64])
+def test_entries_per_page(entries_per_page):
+    case = build_case(MIXED + [Request(40, 2)], ratio=2, seed=14, layout="v41_nvfp4", entries_per_page=entries_per_page,
+                      page_pad_bytes=16 * (entries_per_page % 3))
+    assert_identical(combined(case))
+
+
+def test_a_step_without_active_tokens_writes_only_the_saves():
+    """Even positions and padding: no latent row, no record; ratio 2 saves its rows."""
+    case = build_case([Request(4, 1), Request(10, 1)], ratio=2, seed=15, num_padding=2)
+    results = combined(case)
+    assert_identical(results)
+    assert np.all(results["latent"][1] == B.CANARY_BYTE)
+    assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
+    assert np.any(results["state_cache"][0] != spec_copy(case.state_cache)[0])
+
+
+def test_an_empty_call_launches_nothing():
+    from dsv4_compressor.impl import triton as T
+
+    case = build_case([Request(3, 1)], ratio=1, seed=16, num_padding=0)
+    empty = lambda a: a[:0]  # noqa: E731
+    arguments = dict(kv=empty(case.kv), positions=empty(case.step.positions), kv_slot_mapping=empty(case.step.kv_slot_mapping),
+                     latent=empty(case.latent), rms_norm_weight=case.weight, rms_norm_eps=EPS, cos_sin_cache=case.cos_sin,
+                     k_cache=case.k_cache, compress_ratio=1, layout="v41_nvfp4", score=None, token_to_req=None,
+                     query_start_loc=None, slot_mapping=None, save_slot_mapping=None, block_table=None, bs=None,
+                     state_cache=None)
+    results = run_both(spec.v41_compress_norm_rope_store, T.v41_compress_norm_rope_store, arguments, ("k_cache",))
+    assert_identical(results)
+    assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
+
+
+# ---- GPU: engine-like sizes ----------------------------------------------------------------------------------------
+def _engine_requests(rng: np.random.Generator, ratio: int) -> list[Request]:
+    decode = [Request(int(rng.integers(1, 4000)), 1) for _ in range(200)]
+    verify = V.verify_requests([int(c) for c in rng.integers(1, 4000, size=24)], 3)
+    prefill = [Request(0, 300), Request(int(rng.integers(1, 100)) * 2 + 1, 77)]
+    return decode + verify + prefill
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", RECORDS)
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_gpu_engine_sized_batches(ratio, layout):
+    rng = np.random.default_rng(ratio * 10 + RECORDS.index(layout))
+    for state, bf16 in ((V.vllm_ring(3), True), (V.paged(8), False), (V.reference_ring(), True)):
+        case = build_case(_engine_requests(rng, ratio), ratio=ratio, seed=int(rng.integers(1000)), state=state,
+                          layout=layout, entries_per_page=64, page_pad_bytes=64, bf16_inputs=bf16, bf16_state=not bf16,
+                          bf16_weight=bf16, num_padding=5, drop_entry_fraction=0.05, unslotted_fraction=0.02)
+        assert_identical(combined(case))
+        assert_identical(rope_quant_store(case))
+        if ratio == 1:
+            break
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["indexer_fp8", "indexer_mxfp4"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_gpu_engine_sized_index_keys(ratio, layout):
+    case = build_case(_engine_requests(np.random.default_rng(ratio), ratio), ratio=ratio, seed=3, layout=None,
+                      entries_per_page=64)
+    assert_identical(index_key_store(index_key_arguments(case, layout, k_pre_row_pad=8)))
+
+
+@pytest.mark.gpu
+def test_gpu_verify_run_on_vllms_ring():
+    verify = V.verify_requests(list(range(1, 130, 2)), 3)
+    after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
+    plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
+    _run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)
