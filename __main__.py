@@ -20,7 +20,7 @@ COMMANDS = {
     "demo": ("dsv4_compressor.spec.demo", "run the NumPy spec on a small mixed batch and explain one entry"),
     "conformance": ("dsv4_compressor.conformance.cli", "check an implementation byte for byte against the spec"),
     "soak": ("dsv4_compressor.conformance.soak_cli", "run a randomized engine for minutes, comparing every step's bytes"),
-    "ptx-check": ("dsv4_compressor.impl.ptx_check", "compile every kernel for sm_90 and check the PTX arithmetic"),
+    "ptx-check": ("dsv4_compressor.impl.ptx_check", "compile every kernel for sm_90a (--arch: sm_100a, sm_103a) and check the PTX"),
     "bench": ("dsv4_compressor.bench.cli", "time implementations on the GPU (eager and CUDA-graph replay)"),
     "figures": ("dsv4_compressor.docs.figures", "regenerate the SVG figures of docs/"),
 }

@@ -53,7 +53,7 @@ def _what_runs(c128_path: str, ratio: int, policy, sizes) -> tuple:
     for tokens in sizes:
         path = choose(c128_path, ratio, 512, tokens, block_size, policy)
         request = PathRequest(ratio, block_size, tokens, "flashmla_fp8", 64, "bfloat16", 16, False, policy, True)
-        grid = pipelined_clusters(tokens, None, None, policy) if path.persistent else None
+        grid = pipelined_clusters(tokens, None, policy) if path.persistent else None
         runs.append((path.name, path.configs(request), grid))
     return tuple(runs)
 

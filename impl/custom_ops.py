@@ -11,6 +11,11 @@ The ops are defined with ``torch.library.Library`` (schema strings and one kerne
 device) rather than ``torch.library.custom_op``, whose per-call Python bookkeeping costs more
 than the launches themselves. An op takes the implementation's default policy; the direct
 Python calls remain the cheapest way to launch.
+
+The public functions themselves trace too: while ``torch.compile`` traces (Dynamo folds
+``torch.compiler.is_compiling()`` to True), each calls its op (:func:`op`), so the graph holds
+one op per call; eagerly that check is the only addition to the call. An option the op cannot
+take is refused then, naming it (:func:`refuse`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ STATE_FORMAT_SCHEMAS = {
         + ", bool hadamard=False, bool debug=False) -> ()"),
 }
 CUTEDSL_SCHEMAS = {
+    "save_partial_states": SCHEMAS["save_partial_states"].replace("bool debug=False)",
+                                                                  "bool debug=False, bool pdl=True)"),
     "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_CUTEDSL_EXTRAS}{_HADAMARD}) -> ()",
     "save_and_compress_norm_rope_store": (
         "(Tensor kv_score, Tensor ape, " + _COMPRESS_ARGS.replace("Tensor state_cache", "Tensor(c!) state_cache")
@@ -60,11 +67,12 @@ CUTEDSL_SCHEMAS = {
 def _kernels(module, cutedsl: bool, state_formats: bool) -> dict:
     """The real implementation of each op: the module's operation with the schema's arguments."""
     compress_extras = (("workspace", "c128_path", "pdl") if cutedsl else ()) + ("hadamard",)
+    save_extras = (("pdl",) if cutedsl else ()) + (("ape_at", "ring_capacity") if state_formats else ())  # SPEC §13
     if state_formats:
         compress_extras += ("ape", "ape_at", "ring_capacity")
 
     def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=False, *extras):
-        options = dict(zip(("ape_at", "ring_capacity"), extras))  # SPEC §13 (state_formats only)
+        options = dict(zip(save_extras, extras))
         module.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
                                    **options)
 
@@ -115,9 +123,34 @@ def _fake_compress(state_cache, token_to_req_indices, positions, *args, **kwargs
     return state_cache.new_empty((positions.shape[0], 512))  # fp32 [T, 512]
 
 
+def op(prefix: str, operation: str):
+    """The custom op ``torch.ops.dsv4_compressor.{prefix}_{operation}`` (what a public function
+    calls while ``torch.compile`` traces it)."""
+    return getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{operation}")
+
+
+def refuse(name: str, given, default, operation: str, expected: str | None = None) -> None:
+    """While ``torch.compile`` traces a public function: ``ValueError`` for an option its custom op
+    cannot take (anything but ``default``; ``expected`` describes it, else its repr), naming the
+    argument, what is expected and what was given."""
+    if given is default or (default is not None and given == default):
+        return
+    raise ValueError(f"{name}: expected {expected or repr(default)} under torch.compile (the custom op "
+                     f"{NAMESPACE}::{operation} takes no {name}), got {_described(given)}")
+
+
+def _described(value) -> str:
+    """A value for a message Dynamo can build while tracing: a constant's repr, else its type
+    (a dataclass's or a tensor's repr cannot be traced)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
 def register(prefix: str, module, *, cutedsl: bool, state_formats: bool = False) -> dict:
     """Define ``{prefix}_save_partial_states`` and ``{prefix}_compress_norm_rope_store`` and, for the
-    CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments),
+    CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments, the
+    save's ``pdl`` last),
     ``{prefix}_save_and_compress_norm_rope_store`` and ``{prefix}_compress``, each calling
     ``module``'s operation of that name. The compress ops take ``layout`` (the indexer layouts
     too) and ``hadamard`` (SPEC §12). With ``state_formats`` (SPEC §13) the save's ``ape`` is

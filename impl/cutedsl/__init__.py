@@ -1,4 +1,5 @@
-"""CuTe DSL (CUTLASS Python DSL 4.8) kernels of the DeepSeek V4 KV compressor for Hopper (sm_90a).
+"""CuTe DSL (CUTLASS Python DSL 4.8) kernels of the DeepSeek V4 KV compressor for Hopper (sm_90a);
+they compile for Blackwell (sm_100a, sm_103a: ``ptx-check --arch``) but have not run there.
 
 Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 
@@ -12,7 +13,8 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 - :func:`bind` (a layer's operator: its fixed tensors validated once, cheaper calls)
 - :func:`warm_up` (compile every kernel a layer's configuration can dispatch to)
 - :class:`Policy` / :data:`DEFAULT_POLICY` (frozen dispatch thresholds and kernel shapes, ``policy=``)
-- ``torch.ops.dsv4_compressor.cutedsl_*`` (:mod:`.ops`: the operations as torch custom ops)
+- ``torch.ops.dsv4_compressor.cutedsl_*`` (:mod:`.ops`: the operations as torch custom ops; the
+  functions above call them while ``torch.compile`` traces)
 
 The indexer compressor (SPEC §12, head width 128): ``layout="indexer_fp8"`` or
 ``"indexer_mxfp4"`` (optionally ``hadamard=True``) runs its own kernels (C4: a warp per

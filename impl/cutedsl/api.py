@@ -40,6 +40,7 @@ import torch
 from ...spec.constants import HEAD_DIM
 from ...spec.entry_layout import ENTRY_LAYOUTS
 from ...spec.validation import check_compress, check_hadamard
+from .. import custom_ops
 from ..frontend import describe_torch
 from ..plan_cache import PlanCache
 from .config import store_alignments
@@ -60,6 +61,8 @@ _INT32, _INT64 = torch.int32, torch.int64
 # (TypeError, ValueError), the workspace check's ValueError, or a non-tensor argument met by the
 # dtype checks (AttributeError). The call is then validated the long way, which names the argument.
 _REFUSED = (TypeError, ValueError, AttributeError)
+_compiling = torch.compiler.is_compiling  # True while torch.compile traces: the calls take their custom op
+_DEFAULT_POLICY = "the default policy (DEFAULT_POLICY)"
 
 
 # ---- public operations ----------------------------------------------------------------------
@@ -75,9 +78,19 @@ def save_partial_states(
     pdl: bool = True,
     policy: Policy = DEFAULT_POLICY,
 ) -> None:
-    """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache."""
+    """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache.
+    Under ``torch.compile``: the custom op ``cutedsl_save_partial_states`` (the default policy)."""
+    if _compiling():
+        return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
     _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy).run(
         kv_score, ape, positions, slot_mapping, state_cache)
+
+
+def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy) -> None:
+    """``save_partial_states`` as ``torch.compile`` traces it: one custom op."""
+    custom_ops.refuse("policy", policy, DEFAULT_POLICY, "cutedsl_save_partial_states", _DEFAULT_POLICY)
+    custom_ops.op("cutedsl", "save_partial_states")(kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                                                    debug, pdl)
 
 
 def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
@@ -126,12 +139,25 @@ def compress_norm_rope_store(
     The first call with a given argument layout validates, dispatches and compiles; later
     calls with the same layout reuse that plan (``debug=True`` always validates, and checks
     values). The indexer layouts (``"indexer_fp8"``, ``"indexer_mxfp4"``, head width 128,
-    SPEC §12) run the ``indexer`` path's kernel.
+    SPEC §12) run the ``indexer`` path's kernel. Under ``torch.compile``: the custom op
+    ``cutedsl_compress_norm_rope_store`` (the default policy).
     """
+    if _compiling():
+        return _traced_compress("compress_norm_rope_store", (
+            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
+            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
+            workspace, c128_path, pdl, hadamard), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
     options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, False)
     _compress_plan(tensors, workspace, options, debug).run(tensors, workspace)
+
+
+def _traced_compress(operation: str, arguments: tuple, policy) -> None:
+    """``compress_norm_rope_store`` or ``save_and_compress_norm_rope_store`` as ``torch.compile``
+    traces it: one custom op on ``arguments`` (in its schema's order)."""
+    custom_ops.refuse("policy", policy, DEFAULT_POLICY, f"cutedsl_{operation}", _DEFAULT_POLICY)
+    custom_ops.op("cutedsl", operation)(*arguments)
 
 
 def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=None) -> plans.LaunchPlan:
@@ -187,8 +213,14 @@ def save_and_compress_norm_rope_store(
     (``griddepcontrol.wait``) only before its first state row. That is safe here, and only
     here: the kernel right before it is this call's save kernel, which writes nothing but
     state rows and lets the compress kernel start only after its own predecessor has
-    completed (see :mod:`.stages.dependent_launch`).
+    completed (see :mod:`.stages.dependent_launch`). Under ``torch.compile``: the custom op
+    ``cutedsl_save_and_compress_norm_rope_store`` (the default policy).
     """
+    if _compiling():
+        return _traced_compress("save_and_compress_norm_rope_store", (
+            kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+            rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale,
+            debug, workspace, c128_path, pdl, hadamard), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
     options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True)
@@ -216,8 +248,13 @@ def compress(
     """SPEC §5: the compressed vector ``x`` (fp32 ``[T, 512]``) of the active tokens.
 
     Rows of active tokens hold exactly SPEC's bits (the split path's scratch contents);
-    other rows are left untouched (NaN when ``out`` is None). For tests and debugging.
+    other rows are left untouched (NaN when ``out`` is None). For tests and debugging. Under
+    ``torch.compile``: the custom op ``cutedsl_compress`` (a new tensor: no ``out``; the default
+    policy).
     """
+    if _compiling():
+        return _traced_pooling(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                               kv_slot_mapping, compress_ratio, out, c128_path, pdl, policy)
     call = check_compress(
         describe_torch("state_cache", state_cache), describe_torch("token_to_req_indices", token_to_req_indices),
         describe_torch("positions", positions), describe_torch("slot_mapping", slot_mapping),
@@ -239,6 +276,16 @@ def compress(
     metadata = buffers.unit_strides(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
     compiled(state_cache, *metadata, buffer)
     return out
+
+
+def _traced_pooling(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                    kv_slot_mapping, compress_ratio, out, c128_path, pdl, policy) -> torch.Tensor:
+    """``compress`` as ``torch.compile`` traces it: one custom op, which returns a new tensor."""
+    custom_ops.refuse("out", out, None, "cutedsl_compress")
+    custom_ops.refuse("policy", policy, DEFAULT_POLICY, "cutedsl_compress", _DEFAULT_POLICY)
+    return custom_ops.op("cutedsl", "compress")(state_cache, token_to_req_indices, positions, slot_mapping,
+                                                block_table, block_size, kv_slot_mapping, compress_ratio, c128_path,
+                                                pdl)
 
 
 # ---- a layer's operator, validated once ------------------------------------------------------

@@ -11,13 +11,13 @@ kernels of ``compress`` and the save kernel, each with its neighbours in the con
 space (:func:`.space.neighbours`: every layout with each store alignment it allows, both
 weight dtypes, ``B`` of 1, 7 and 64, block sizes that take each lookup granularity, every
 mapping knob, PDL on and off, early metadata). A variant is named by its configuration's tag.
-Compilation needs no GPU; ``CUTE_DSL_ARCH`` is set to ``sm_90a`` here when unset (otherwise the
-DSL silently targets sm_100a).
+Compilation needs no GPU: each compile names its target (``--gpu-arch``; :data:`TARGET`,
+Hopper, unless another is asked for: ``sm_100a`` or ``sm_103a`` for Blackwell), whatever
+``CUTE_DSL_ARCH`` says. :func:`knows_target` tells whether the installed DSL has a target.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
 
 TARGET = "sm_90a"
@@ -63,16 +63,29 @@ def streams_rows(kernel: str, config) -> bool:
     return kernel != "split_store" and getattr(config, "vector_inputs", True)
 
 
-def compile_variant(kernel: str, config, *, keep_ptx: bool = True):
-    """The compiled TVM-FFI function of one variant (cached)."""
+def compile_variant(kernel: str, config, *, keep_ptx: bool = True, target: str = TARGET):
+    """The compiled TVM-FFI function of one variant for ``target`` (cached)."""
     from .host import compile_cache
 
-    return compile_cache.compile_kernel(kernel, config, keep_ptx=keep_ptx)
+    return compile_cache.compile_kernel(kernel, config, keep_ptx=keep_ptx, arch=target)
 
 
-def ptx_variants() -> Iterator[tuple[str, str, dict]]:
-    """Compile every variant for sm_90a; yield ``(variant_name, ptx_text, check options)``."""
-    os.environ.setdefault("CUTE_DSL_ARCH", TARGET)
+def knows_target(target: str) -> bool:
+    """Whether the installed CuTe DSL has the architecture ``target`` (``"sm_103a"``, ...)."""
+    from cutlass.base_dsl import Arch
+
+    return target in Arch.__members__
+
+
+def toolchain() -> str:
+    """The compiler that makes this backend's PTX, for messages."""
+    import cutlass
+
+    return f"nvidia-cutlass-dsl {cutlass.__version__}"
+
+
+def ptx_variants(target: str = TARGET) -> Iterator[tuple[str, str, dict]]:
+    """Compile every variant for ``target``; yield ``(variant_name, ptx_text, check options)``."""
     for kernel, config in kernel_configs():
-        compiled = compile_variant(kernel, config)
+        compiled = compile_variant(kernel, config, target=target)
         yield config.tag, compiled.__ptx__, {"require_vector_loads": streams_rows(kernel, config)}

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import custom_ops
 from ..frontend import (flashmla_page_view, layout_key, validate_compress_and_save, validate_compress_norm_rope_store,
                         validate_save_partial_states)
 from ..plan_cache import PlanCache
@@ -40,6 +41,7 @@ def _interpreting() -> bool:
 
 #: Devices whose tensors the kernels accept: CPU tensors under the Triton interpreter, else CUDA.
 SUPPORTED_DEVICES: tuple[str, ...] = ("cpu",) if _interpreting() else ("cuda",)
+_compiling = torch.compiler.is_compiling  # True while torch.compile traces: the calls take their custom op
 
 
 def _check_device(name: str, tensor: torch.Tensor) -> None:
@@ -63,7 +65,11 @@ def save_partial_states(
 ) -> None:
     """SPEC §4 (with §13.1-§13.3): write each saved token's state row (kv copied, the score with
     ``ape[p mod r]`` added or raw per ``ape_at``; a bf16 state rounds each value once to bf16); any
-    head width (512, or the indexer's 128: SW = 256 for C4, 128 for C128)."""
+    head width (512, or the indexer's 128: SW = 256 for C4, 128 for C128). Under ``torch.compile``:
+    the custom op ``triton_save_partial_states`` (``config`` must be None)."""
+    if _compiling():
+        return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, ape_at, ring_capacity,
+                            debug, config)
     key = None if debug else ("save", layout_key(kv_score), layout_key(ape), layout_key(positions),
                               layout_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), ape_at,
                               type(ape_at), ring_capacity, type(ring_capacity), config)
@@ -82,6 +88,14 @@ def save_partial_states(
 
 
 _PLANS = PlanCache()
+
+
+def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, ape_at, ring_capacity, debug,
+                 config) -> None:
+    """``save_partial_states`` as ``torch.compile`` traces it: one custom op (default launch shapes)."""
+    custom_ops.refuse("config", config, None, "triton_save_partial_states")
+    custom_ops.op("triton", "save_partial_states")(kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                                                   debug, ape_at, ring_capacity)
 _STATE_DTYPES = STATE_CACHE_DTYPES  # SPEC §13.1: the kernels read and write fp32 and bf16 states
 
 
@@ -171,8 +185,13 @@ def compress_norm_rope_store(
     The head width follows from the state width: 512, or the indexer's 128 (SPEC §12, layouts
     ``indexer_fp8`` / ``indexer_mxfp4``, ``hadamard`` optional). SPEC §13: a bf16 state (the
     tensor's dtype), ``ape`` added at pooling (``ape_at="compress"``), a ring of
-    ``ring_capacity`` rows per request.
+    ``ring_capacity`` rows per request. Under ``torch.compile``: the custom op
+    ``triton_compress_norm_rope_store`` (``config`` must be None).
     """
+    if _compiling():
+        return _traced_compress((state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
+                                 rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio,
+                                 layout, fp8_scale, debug, hadamard, ape, ape_at, ring_capacity), config)
     key = None if debug else (
         layout_key(state_cache), layout_key(token_to_req_indices), layout_key(positions), layout_key(slot_mapping),
         layout_key(block_table), layout_key(rms_norm_weight), layout_key(cos_sin_cache), layout_key(k_cache),
@@ -199,6 +218,13 @@ def compress_norm_rope_store(
     launch(state, state_s0, state_s1, (token_to_req_indices, positions, slot_mapping, kv_slot_mapping),
            block_table, table_s0, weight, eps, cos_sin_cache, cos_s0, cache_u8, cache_i16, page_stride, entry_stride,
            entries, scale, None if ape_stride is None else (ape, ape_stride), None)
+
+
+def _traced_compress(arguments: tuple, config) -> None:
+    """``compress_norm_rope_store`` as ``torch.compile`` traces it: one custom op on ``arguments``
+    (in its schema's order), with the default launch configuration."""
+    custom_ops.refuse("config", config, None, "triton_compress_norm_rope_store")
+    custom_ops.op("triton", "compress_norm_rope_store")(*arguments)
 
 
 class _Options(NamedTuple):
@@ -300,7 +326,13 @@ def compress_and_save(
     """SPEC §13.4 in two launches on one stream: compress every active token, its window's rows at or
     after its chunk's start read from ``kv`` / ``score`` (as the save would store them and pooling
     read them back) and earlier rows from the state; then save the tokens with
-    ``save_slot_mapping >= 0``. Nothing is launched if validation fails."""
+    ``save_slot_mapping >= 0``. Nothing is launched if validation fails. Under ``torch.compile``:
+    the custom op ``triton_compress_and_save`` (``config`` and ``save_config`` must be None)."""
+    if _compiling():
+        return _traced_step((kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping,
+                             block_table, bs, state_cache, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache,
+                             kv_slot_mapping, compress_ratio, layout, fp8_scale, ape_at, ring_capacity, hadamard,
+                             debug), config, save_config)
     key = None if debug else (
         "step", layout_key(kv), layout_key(score), layout_key(ape), layout_key(positions), layout_key(token_to_req),
         layout_key(query_start_loc), layout_key(slot_mapping), layout_key(save_slot_mapping), layout_key(block_table),
@@ -331,6 +363,14 @@ def compress_and_save(
              (ape, ape_s0), (kv, kv_s16b, score, score_s16b, query_start_loc))
     save(kv, kv_s0, ape if add_ape else None, ape_s0 if add_ape else None, positions, save_slot_mapping, state, state_s0,
          state_s1, bs, (score, score_s0))
+
+
+def _traced_step(arguments: tuple, config, save_knobs) -> None:
+    """``compress_and_save`` as ``torch.compile`` traces it: one custom op on ``arguments`` (in its
+    schema's order), with the default launch configurations."""
+    custom_ops.refuse("config", config, None, "triton_compress_and_save")
+    custom_ops.refuse("save_config", save_knobs, None, "triton_compress_and_save")
+    custom_ops.op("triton", "compress_and_save")(*arguments)
 
 
 def _step_plan(tensors, options: _Options, save_knobs: SaveConfig | None) -> tuple | None:

@@ -1,16 +1,17 @@
-"""PTX of every Triton kernel variant, compiled for Hopper (sm_90a) without a GPU (SPEC §2 instruction rules).
+"""PTX of every Triton kernel variant, compiled without a GPU for Hopper (sm_90a) or Blackwell
+(sm_100a, sm_103a) (SPEC §2 instruction rules).
 
 :func:`ptx_variants` yields ``(variant_name, ptx_text, {"require_vector_loads": bool})`` for both
 ratios, all three layouts, both weight dtypes, representative state block sizes and the default
 and alternative knob settings, and the same kernel on the indexer's head (SPEC §12: both
 layouts, with and without the rotation), compiled with ``enable_fp_fusion=False`` exactly as the
-launches are.
+launches are, for the compute capability of a PTX target (:func:`capability`).
 Feed them to :func:`dsv4_compressor.impl.ptx_rules.check_ptx`.
 
 ``TRITON_INTERPRET=1`` makes ``@triton.jit`` return interpreter objects that cannot be compiled.
 When it is set in this process, :func:`ptx_variants` compiles in a child Python process with the
-variable removed (``python -m dsv4_compressor.impl.triton.ptx --json``) and yields its results,
-so callers need not care. :func:`resource_usage` runs Triton's bundled ``ptxas`` on a PTX text to
+variable removed (``python -m dsv4_compressor.impl.triton.ptx --json --arch TARGET``) and yields
+its results, so callers need not care. :func:`resource_usage` runs Triton's bundled ``ptxas`` on a PTX text to
 read registers and spills (no GPU needed).
 """
 
@@ -26,11 +27,36 @@ from dataclasses import dataclass
 
 from . import v41_ptx
 
-TARGET_ARCH = 90
-#: The PTX target Triton writes for compute capability 9.0. Triton's NVIDIA backend always appends
-#: "a" for capability >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX
-#: says ``.target sm_90a``; the kernels use no sm_90a-only instruction (no wgmma/setmaxnreg).
+#: The PTX target of the default check. Triton's NVIDIA backend always appends "a" for capability
+#: >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX for capability 9.0 says
+#: ``.target sm_90a`` (10.0: ``sm_100a``, 10.3: ``sm_103a``); the kernels use no arch-specific
+#: instruction (no wgmma/setmaxnreg, no tcgen05).
 TARGET = "sm_90a"
+
+
+def capability(target: str) -> int:
+    """Triton's compute capability of a PTX target: ``sm_90a`` -> 90, ``sm_100a`` -> 100,
+    ``sm_103a`` -> 103."""
+    match = re.fullmatch(r"sm_(\d+)[af]?", target)
+    if match is None:
+        raise ValueError(f"target: expected a PTX target such as 'sm_90a' or 'sm_100a', got {target!r}")
+    return int(match.group(1))
+
+
+def toolchain() -> str:
+    """The compiler that makes this backend's PTX, for messages."""
+    import triton
+
+    return f"Triton {triton.__version__}"
+
+
+def knows_target(target: str) -> bool:
+    """Whether the ``ptxas`` Triton bundles for ``target`` lists it (Triton compiles through it)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    listing = subprocess.run([get_ptxas(capability(target)).path, "--help"], capture_output=True, text=True,
+                             check=False).stdout
+    return re.search(rf"\b{re.escape(target)}\b", listing) is not None
 
 
 @dataclass(frozen=True)
@@ -247,7 +273,7 @@ def _divisibility(signature: dict, names: list, divisible_ints: tuple) -> dict:
     return attrs
 
 
-def _compile(variant: Variant) -> str:
+def _compile(variant: Variant, target: str = TARGET) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -265,7 +291,7 @@ def _compile(variant: Variant) -> str:
     signature = {name: ("constexpr" if name in variant.constexprs else variant.signature_types[name]) for name in kernel.arg_names}
     attrs = _divisibility(signature, kernel.arg_names, variant.divisible_ints)
     source = ASTSource(kernel, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
+    compiled = triton.compile(source, target=GPUTarget("cuda", capability(target), 32),
                               options={**launch_options(variant.num_warps, variant.max_registers),
                                        "enable_fp_fusion": False})
     return compiled.asm["ptx"]
@@ -275,23 +301,24 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _compile_in_child() -> list[tuple[str, str, dict]]:
+def _compile_in_child(target: str) -> list[tuple[str, str, dict]]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    done = subprocess.run([sys.executable, "-m", "dsv4_compressor.impl.triton.ptx", "--json"], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", "dsv4_compressor.impl.triton.ptx", "--json", "--arch", target],
+                          env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"compiling the Triton PTX variants in a child process failed:\n{done.stderr[-4000:]}")
     return [tuple(item) for item in json.loads(done.stdout)]
 
 
-def ptx_variants() -> Iterator[tuple[str, str, dict]]:
-    """``(variant_name, ptx_text, {"require_vector_loads": bool})`` for every kernel variant (sm_90)."""
+def ptx_variants(target: str = TARGET) -> Iterator[tuple[str, str, dict]]:
+    """``(variant_name, ptx_text, {"require_vector_loads": bool})`` for every kernel variant,
+    compiled for ``target`` (``sm_90a``, ``sm_100a``, ``sm_103a``)."""
     if _interpreting():
-        yield from _compile_in_child()
+        yield from _compile_in_child(target)
         return
     for variant in variants():
-        yield variant.name, _compile(variant), {"require_vector_loads": variant.require_vector_loads}
+        yield variant.name, _compile(variant, target), {"require_vector_loads": variant.require_vector_loads}
 
 
 def resource_usage(ptx: str) -> dict:
@@ -300,8 +327,8 @@ def resource_usage(ptx: str) -> dict:
 
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(TARGET_ARCH).path  # the ptxas Triton itself uses for this arch (knows its PTX version)
     target = re.search(r"^\s*\.target\s+(\w+)", ptx, re.M).group(1)
+    ptxas = get_ptxas(capability(target)).path  # the ptxas Triton itself uses for this arch (knows its PTX version)
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "kernel.ptx")
         with open(source, "w") as f:
@@ -320,14 +347,15 @@ def resource_usage(ptx: str) -> dict:
 
 
 def _main(argv: list[str]) -> int:
-    results = [(name, ptx, options) for name, ptx, options in ptx_variants()]
+    target = argv[argv.index("--arch") + 1] if "--arch" in argv else TARGET
+    results = [(name, ptx, options) for name, ptx, options in ptx_variants(target)]
     if "--json" in argv:
         json.dump(results, sys.stdout)
         return 0
     from ..ptx_rules import check_ptx
 
     for name, ptx, options in results:
-        report = check_ptx("triton", name, ptx, require_target=TARGET, **options)
+        report = check_ptx("triton", name, ptx, require_target=target, **options)
         usage = resource_usage(ptx)
         counts = report.counts
         print(f"{name:58s} {'ok ' if report.ok else 'BAD'} regs={usage['registers']:3d} spill={usage['spill_stores']}/{usage['spill_loads']} "

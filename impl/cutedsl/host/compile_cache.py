@@ -63,16 +63,26 @@ def _dump_dir() -> str:
     return _DUMP_DIR
 
 
-def _options(keep_ptx: bool) -> str:
-    """TVM-FFI calling convention; ``keep_ptx`` also keeps the PTX text (``compiled.__ptx__``)."""
+def target_arch(arch: str | None = None) -> str:
+    """The GPU architecture a compile targets: ``arch`` when given, else ``CUTE_DSL_ARCH`` as it
+    is now, else ``""`` (the DSL asks the device). The DSL reads ``CUTE_DSL_ARCH`` once per
+    process, so the target goes to every compile as ``--gpu-arch`` and into its cache key."""
+    return arch or os.environ.get("CUTE_DSL_ARCH", "")
+
+
+def _options(keep_ptx: bool, arch: str = "") -> str:
+    """TVM-FFI calling convention, the target (``arch``; empty: the DSL's own choice); ``keep_ptx``
+    also keeps the PTX text (``compiled.__ptx__``)."""
+    target = f" --gpu-arch={arch}" if arch else ""
     if not keep_ptx:
-        return "--enable-tvm-ffi"
-    return f"--enable-tvm-ffi --keep-ptx --dump-dir={_dump_dir()}"
+        return f"--enable-tvm-ffi{target}"
+    return f"--enable-tvm-ffi{target} --keep-ptx --dump-dir={_dump_dir()}"
 
 
-def cached(key: tuple, build: Callable[[], object]):
-    """The compiled object for ``key``, building it on first use (thread-safe)."""
-    full_key = key + (os.environ.get("CUTE_DSL_ARCH", ""), cutlass.__version__)
+def cached(key: tuple, build: Callable[[], object], arch: str | None = None):
+    """The compiled object for ``key`` on target ``arch`` (:func:`target_arch`), building it on
+    first use (thread-safe)."""
+    full_key = key + (target_arch(arch), cutlass.__version__)
     compiled = _CACHE.get(full_key)
     if compiled is None:
         with _LOCK:
@@ -149,8 +159,9 @@ def fake_stream():
 
 
 # ---- compile functions ------------------------------------------------------------------
-def compile_c4(config: C4Config, *, keep_ptx: bool = False):
+def compile_c4(config: C4Config, *, keep_ptx: bool = False, arch: str | None = None):
     """C4 fused (``config.entry`` set) or pooling-only (``entry=None``) kernel."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.c4 import C4FusedKernel, C4PoolKernel
@@ -161,18 +172,19 @@ def compile_c4(config: C4Config, *, keep_ptx: bool = False):
         slots, kv_slots = fake_per_token(Int64, T), fake_per_token(Int64, T)
         if config.entry is None:
             return cute.compile(C4PoolKernel(config), state, token_req, positions, slots, fake_block_table(), kv_slots,
-                                fake_x_buffer(), fake_stream(), options=_options(keep_ptx))
+                                fake_x_buffer(), fake_stream(), options=_options(keep_ptx, arch))
         return cute.compile(
             C4FusedKernel(config), state, token_req, positions, slots, fake_block_table(),
             fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_entry_cache(config.entry), kv_slots,
-            Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
+            Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx, arch),
         )
 
-    return cached(("c4", config, keep_ptx), build)
+    return cached(("c4", config, keep_ptx), build, arch)
 
 
-def compile_split_pool(config: C128PoolConfig, *, keep_ptx: bool = False):
+def compile_split_pool(config: C128PoolConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 split path, compress kernel (Block8 or generic): writes x to the scratch."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.split_pool import SplitPoolKernel
@@ -181,14 +193,15 @@ def compile_split_pool(config: C128PoolConfig, *, keep_ptx: bool = False):
         return cute.compile(
             SplitPoolKernel(config), fake_state_cache(config.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
             fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(), fake_per_token(Int64, T),
-            fake_x_buffer(), fake_stream(), options=_options(keep_ptx),
+            fake_x_buffer(), fake_stream(), options=_options(keep_ptx, arch),
         )
 
-    return cached(("split_pool", config, keep_ptx), build)
+    return cached(("split_pool", config, keep_ptx), build, arch)
 
 
-def compile_split_store(config: SplitStoreConfig, *, keep_ptx: bool = False):
+def compile_split_store(config: SplitStoreConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 split path, store kernel: x scratch -> cache entries."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.split_store import SplitStoreKernel
@@ -197,10 +210,11 @@ def compile_split_store(config: SplitStoreConfig, *, keep_ptx: bool = False):
         return cute.compile(
             SplitStoreKernel(config), fake_x_buffer(), fake_per_token(Int64, T), fake_per_token(Int64, T),
             fake_per_token(Int64, T), fake_weight(config.entry.weight_dtype), fake_cos_sin(),
-            fake_entry_cache(config.entry), Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
+            fake_entry_cache(config.entry), Float32(1e-6), Float32(1.0), fake_stream(),
+            options=_options(keep_ptx, arch),
         )
 
-    return cached(("split_store", config, keep_ptx), build)
+    return cached(("split_store", config, keep_ptx), build, arch)
 
 
 def fused_c128_inputs(config: FusedClusterConfig) -> tuple:
@@ -213,22 +227,24 @@ def fused_c128_inputs(config: FusedClusterConfig) -> tuple:
             fake_entry_cache(config.entry), fake_per_token(Int64, T))
 
 
-def compile_fused_cluster(config: FusedClusterConfig, *, keep_ptx: bool = False):
+def compile_fused_cluster(config: FusedClusterConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 single-launch kernel on 8-CTA clusters."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.fused_cluster import FusedClusterKernel
 
         return cute.compile(
             FusedClusterKernel(config), *fused_c128_inputs(config),
-            Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx),
+            Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx, arch),
         )
 
-    return cached(("fused_cluster", config, keep_ptx), build)
+    return cached(("fused_cluster", config, keep_ptx), build, arch)
 
 
-def compile_fused_handoff(config: FusedHandoffConfig, *, keep_ptx: bool = False):
+def compile_fused_handoff(config: FusedHandoffConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 single-launch kernel without clusters (the last CTA of a token finishes it)."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.fused_handoff import FusedHandoffKernel
@@ -236,15 +252,16 @@ def compile_fused_handoff(config: FusedHandoffConfig, *, keep_ptx: bool = False)
         return cute.compile(
             FusedHandoffKernel(config), *fused_c128_inputs(config),
             fake_x_buffer(), fake_per_token(Int32, cute.sym_int()), Float32(1e-6), Float32(1.0), fake_stream(),
-            options=_options(keep_ptx),
+            options=_options(keep_ptx, arch),
         )
 
-    return cached(("fused_handoff", config, keep_ptx), build)
+    return cached(("fused_handoff", config, keep_ptx), build, arch)
 
 
-def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = False):
+def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument);
     its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`)."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.fused_pipelined import FusedPipelinedKernel
@@ -252,14 +269,15 @@ def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = Fa
         return cute.compile(
             FusedPipelinedKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
-            options=f"{_options(keep_ptx)} --keep-cubin --dump-dir={_dump_dir()}",
+            options=f"{_options(keep_ptx, arch)} --keep-cubin --dump-dir={_dump_dir()}",
         )
 
-    return cached(("fused_pipelined", config, keep_ptx), build)
+    return cached(("fused_pipelined", config, keep_ptx), build, arch)
 
 
-def compile_save(config: SaveConfig, *, keep_ptx: bool = False):
+def compile_save(config: SaveConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """save_partial_states."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.save import SavePartialStatesKernel
@@ -272,14 +290,15 @@ def compile_save(config: SaveConfig, *, keep_ptx: bool = False):
                                             assumed_align=align)
         return cute.compile(
             SavePartialStatesKernel(config), kv_score, ape, fake_per_token(Int64, T), fake_per_token(Int64, T),
-            fake_state_cache(config.block_size, row), fake_stream(), options=_options(keep_ptx),
+            fake_state_cache(config.block_size, row), fake_stream(), options=_options(keep_ptx, arch),
         )
 
-    return cached(("save", config, keep_ptx), build)
+    return cached(("save", config, keep_ptx), build, arch)
 
 
-def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False):
+def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """The indexer compressor's kernel (SPEC §12): C4 or C128 by ``config.ratio``."""
+    arch = target_arch(arch)
 
     def build():
         from ..kernels.indexer import indexer_kernel
@@ -294,10 +313,10 @@ def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False):
             fake_per_token(Int32, T), fake_per_token(Int64, T),
             fake_per_token(Int64, T), fake_block_table(), weight,
             fake_cos_sin(), k_cache, fake_per_token(Int64, T), Float32(1e-6),
-            fake_stream(), options=_options(keep_ptx),
+            fake_stream(), options=_options(keep_ptx, arch),
         )
 
-    return cached(("indexer", config, keep_ptx), build)
+    return cached(("indexer", config, keep_ptx), build, arch)
 
 
 KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPath.kernels)
@@ -312,9 +331,10 @@ KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPat
 }
 
 
-def compile_kernel(kernel: str, config, *, keep_ptx: bool = False):
-    """The compiled TVM-FFI callable of kernel ``kernel`` for a static configuration (cached)."""
-    return KERNELS[kernel](config, keep_ptx=keep_ptx)
+def compile_kernel(kernel: str, config, *, keep_ptx: bool = False, arch: str | None = None):
+    """The compiled TVM-FFI callable of kernel ``kernel`` for a static configuration (cached);
+    ``arch``: the target (:func:`target_arch`)."""
+    return KERNELS[kernel](config, keep_ptx=keep_ptx, arch=arch)
 
 
 def compile_path(path, request) -> tuple[tuple, tuple]:

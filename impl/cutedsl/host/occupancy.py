@@ -4,7 +4,10 @@ A persistent grid must not ask for more clusters than fit together: a cluster is
 inside one GPC, so the count depends on how the device's SMs are grouped, not only on the SM
 count (on the H200, 4 CTAs per SM give 62 eight-CTA clusters where 528 CTA slots would hold
 66). The driver answers it (``cuOccupancyMaxActiveClusters``) for the kernel's own cubin,
-registers, shared memory and cluster shape; the answer is cached per kernel and device.
+registers, shared memory and cluster shape; the answer is cached per kernel and device. Where
+the driver cannot answer, :func:`fallback_clusters` sizes the grid from the device's SM count
+(``torch.cuda.get_device_properties``) and the kernel's own occupancy, never from one GPU's
+numbers.
 """
 
 from __future__ import annotations
@@ -76,29 +79,43 @@ def _cluster_launch(driver, threads: int, smem_bytes: int, cluster_size: int):
     return config
 
 
-__all__ = ["resident_clusters"]
-
-
 def persistent_grid(compiled, request, facts) -> int:
     """Clusters of the pipelined kernel's persistent grid for a request (:class:`.paths.PathRequest`):
-    as many as the device holds at once (:func:`resident_clusters`, for the compiled kernel), by
+    as many as the device holds at once (:func:`resident_clusters`, for the compiled kernel; when
+    the driver cannot tell, :func:`fallback_clusters` of the device's SM count), by
     :func:`pipelined_clusters`; ``facts``: the call's :class:`.buffers.LaunchFacts`."""
     from ..kernels.fused_pipelined import FusedPipelinedKernel
     from .paths import PATHS
 
     kernel = FusedPipelinedKernel(PATHS["fused_pipelined"].configs(request)[0])
     resident = resident_clusters(compiled, facts.device, kernel.threads, kernel.smem_bytes, kernel.tiles)
-    return pipelined_clusters(request.num_tokens, resident, facts.sm_count, request.policy)
+    if resident is None and facts.sm_count is not None:
+        resident = fallback_clusters(facts.sm_count, kernel.config.ctas_per_sm, kernel.tiles)
+    return pipelined_clusters(request.num_tokens, resident, request.policy)
 
 
-def pipelined_clusters(num_tokens: int, resident: int | None, sm_count: int | None, policy) -> int:
+def fallback_clusters(sm_count: int, ctas_per_sm: int, cluster_size: int) -> int:
+    """Clusters of ``cluster_size`` CTAs a device of ``sm_count`` SMs surely holds at once when the
+    driver cannot tell, for a kernel of ``ctas_per_sm`` CTAs per SM (its ``.minnctapersm``): half
+    its CTA slots, ``sm_count * ctas_per_sm // (2 * cluster_size)``, at least 1.
+
+    Why half: a cluster lives inside one GPC, and how the SMs group into GPCs only the driver
+    knows. A GPC of ``s`` slots holds ``floor(s / cluster_size)`` clusters, at least half of
+    ``s / cluster_size`` once it holds one, so half the slots is what any grouping of GPCs that
+    each hold a cluster holds. Every number comes from the device and the kernel; none is a
+    particular GPU's."""
+    for name, value in (("sm_count", sm_count), ("ctas_per_sm", ctas_per_sm), ("cluster_size", cluster_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return max(1, sm_count * ctas_per_sm // (2 * cluster_size))
+
+
+def pipelined_clusters(num_tokens: int, resident: int | None, policy) -> int:
     """Clusters ``G`` of the pipelined kernel's persistent grid: as many as the device holds at
-    once (``resident``, from the driver; without it ``sm_count // 5``), at most
-    ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond the resident
-    ones would walk their share only after others ended."""
-    if resident is None:
-        resident = num_tokens if sm_count is None else max(1, sm_count // 5)
-    clusters = min(num_tokens, resident)
+    once (``resident``: the driver's count or :func:`fallback_clusters`; None off a GPU: one per
+    token), at most ``policy.pipelined_max_clusters`` and never more than ``T``. Clusters beyond
+    the resident ones would walk their share only after others ended."""
+    clusters = min(num_tokens, num_tokens if resident is None else resident)
     if policy.pipelined_max_clusters is not None:
         clusters = min(clusters, policy.pipelined_max_clusters)
     share = -(-num_tokens // max(1, clusters))  # tokens per cluster; no cluster without a token

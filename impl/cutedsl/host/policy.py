@@ -52,6 +52,9 @@ class Policy:
     """Dispatch thresholds, grid sizing and kernel shapes; frozen, passed to every call.
 
     Two policies that compare equal dispatch identically; the default is :data:`DEFAULT_POLICY`.
+    The thresholds are token counts timed on an H200 (``bench/RESULTS.md``), not sizes of a
+    device: the persistent grid takes the device's own resident clusters (:mod:`.occupancy`),
+    and on another GPU (Blackwell) the thresholds are a starting point to time again.
     """
 
     cluster_max_tokens: int = 16  # auto: fused_cluster up to this T

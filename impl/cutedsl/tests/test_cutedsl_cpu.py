@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
@@ -113,6 +114,21 @@ def test_compile_cache_returns_the_same_object():
     first = compile_cache.compile_kernel("split_pool", cfg)
     assert compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 8)) is first
     assert compile_cache.compile_kernel("split_pool", config.C128PoolConfig(8, 4)) is not first
+
+
+def test_each_compile_names_its_target_in_one_process(monkeypatch):
+    """The DSL reads CUTE_DSL_ARCH once per process; a compile names its target (``--gpu-arch``),
+    so Hopper and Blackwell PTX come from one process, each cached under its own target."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant, knows_target
+
+    cfg = config.C128PoolConfig(8, 8)
+    hopper, blackwell = (compile_variant("split_pool", cfg, target=t) for t in ("sm_90a", "sm_100a"))
+    assert hopper is not blackwell and compile_variant("split_pool", cfg, target="sm_100a") is blackwell
+    assert ".target sm_90a" in hopper.__ptx__ and ".target sm_100a" in blackwell.__ptx__
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")  # no target named: CUTE_DSL_ARCH as it is now
+    assert compile_cache.target_arch() == "sm_100a" and compile_cache.target_arch("sm_103a") == "sm_103a"
+    assert compile_cache.compile_kernel("split_pool", cfg, keep_ptx=True) is blackwell
+    assert knows_target("sm_100a") and knows_target("sm_103a") and not knows_target("sm_999a")
 
 
 # ---- static configurations ---------------------------------------------------------------
@@ -342,19 +358,45 @@ def test_variants_load_as_conformance_implementations():
 # ---- the pipelined kernel's host side ----------------------------------------------------------
 def test_pipelined_grid_is_the_resident_clusters_with_a_token_each():
     clusters = occupancy.pipelined_clusters
-    assert clusters(1, 45, 132, DEFAULT_POLICY) == 1
-    assert clusters(100000, 45, 132, DEFAULT_POLICY) == 45
-    assert clusters(256, 30, 132, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256
-    assert clusters(100000, None, 132, DEFAULT_POLICY) == 26  # no driver answer: a fifth of the SMs
-    assert clusters(100, None, None, DEFAULT_POLICY) == 100
-    assert clusters(100000, 45, 132, Policy(pipelined_max_clusters=3)) == 3
+    assert clusters(1, 45, DEFAULT_POLICY) == 1
+    assert clusters(100000, 45, DEFAULT_POLICY) == 45
+    assert clusters(256, 30, DEFAULT_POLICY) == 29  # runs of 9 tokens: 29 clusters cover 256
+    assert clusters(100, None, DEFAULT_POLICY) == 100  # no GPU: a cluster per token
+    assert clusters(100000, 45, Policy(pipelined_max_clusters=3)) == 3
     for tokens in range(1, 400):  # every cluster's run starts below T
         for resident in (1, 7, 30, 45):
-            g = clusters(tokens, resident, 132, DEFAULT_POLICY)
+            g = clusters(tokens, resident, DEFAULT_POLICY)
             share = -(-tokens // g)
             assert g <= resident and (g - 1) * share < tokens <= g * share
     with pytest.raises(ValueError, match="pipelined_max_clusters: expected None or an integer >= 1, got 0"):
         Policy(pipelined_max_clusters=0)
+
+
+def test_without_the_driver_the_grid_is_half_the_device_cta_slots():
+    """No driver answer: half the CTA slots of the device's SM count, in clusters, for any SM count."""
+    fallback = occupancy.fallback_clusters
+    assert fallback(132, 3, 8) == 24 and fallback(148, 3, 8) == 27 and fallback(160, 2, 8) == 20
+    assert fallback(1, 1, 8) == 1  # never no cluster
+    rng = random.Random(0)
+    for _ in range(2000):  # any grouping of the SMs into GPCs that each hold a cluster holds at least as many
+        ctas_per_sm, size = rng.choice((1, 2, 3, 4)), rng.choice((2, 4, 8, 16))
+        gpcs = [n for n in (rng.randint(1, 20) for _ in range(rng.randint(1, 12))) if n * ctas_per_sm >= size]
+        if gpcs:
+            assert sum(n * ctas_per_sm // size for n in gpcs) >= fallback(sum(gpcs), ctas_per_sm, size), gpcs
+    for name, args in (("sm_count", (0, 3, 8)), ("ctas_per_sm", (132, 2.5, 8)), ("cluster_size", (132, 3, True))):
+        with pytest.raises(ValueError, match=f"{name}: expected an integer >= 1, got"):
+            fallback(*args)
+
+
+@pytest.mark.parametrize("sm_count, resident, expected", [(132, None, 24), (148, None, 27), (100, None, 18),
+                                                          (148, 61, 61), (None, None, 100000)])
+def test_persistent_grid_takes_the_device_facts(monkeypatch, sm_count, resident, expected):
+    """The grid comes from the device: the driver's resident clusters, else the fallback of the
+    device's SM count (faked here), else (no GPU) a cluster per token."""
+    monkeypatch.setattr(occupancy, "resident_clusters", lambda *args: resident)
+    request = PathRequest(128, 8, 100000, "flashmla_fp8", 64, "bfloat16", 16, False, DEFAULT_POLICY, True)
+    facts = buffers.LaunchFacts(torch.device("cuda" if sm_count else "cpu"), 16, sm_count)
+    assert occupancy.persistent_grid(None, request, facts) == expected
 
 
 class _StandInDriver:
