@@ -493,6 +493,6 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     for (path, kernel, config), request in wanted.items():
         compiled = compile_cache.compile_kernel(kernel, config)
         if path is not None and path.persistent and device.type == "cuda":  # the driver's occupancy, asked now
-            occupancy.persistent_grid(compiled, request, buffers.LaunchFacts(device, store_align,
+            occupancy.persistent_grid(compiled, config, request, buffers.LaunchFacts(device, store_align,
                                                                               buffers.sm_count(device)))
     return [config for _, _, config in wanted]

@@ -337,8 +337,8 @@ def compile_kernel(kernel: str, config, *, keep_ptx: bool = False, arch: str | N
     return KERNELS[kernel](config, keep_ptx=keep_ptx, arch=arch)
 
 
-def compile_path(path, request) -> tuple[tuple, tuple]:
-    """``(compiled kernels, their TVM-FFI functions)`` of a :class:`.paths.KernelPath` for a
-    :class:`.paths.PathRequest`, in launch order (compiled on first use)."""
-    compiled = tuple(compile_kernel(kernel, config) for kernel, config in zip(path.kernels, path.configs(request)))
+def compile_path(path, configs: tuple) -> tuple[tuple, tuple]:
+    """``(compiled kernels, their TVM-FFI functions)`` of a :class:`.paths.KernelPath` for its
+    static configurations (``path.configs(request)``), in launch order (compiled on first use)."""
+    compiled = tuple(compile_kernel(kernel, config) for kernel, config in zip(path.kernels, configs))
     return compiled, tuple(ffi_function(kernel) for kernel in compiled)

@@ -79,15 +79,15 @@ def _cluster_launch(driver, threads: int, smem_bytes: int, cluster_size: int):
     return config
 
 
-def persistent_grid(compiled, request, facts) -> int:
-    """Clusters of the pipelined kernel's persistent grid for a request (:class:`.paths.PathRequest`):
+def persistent_grid(compiled, config, request, facts) -> int:
+    """Clusters of the pipelined kernel's persistent grid (``config``: its
+    :class:`..config.FusedPipelinedConfig`) for a request (:class:`.paths.PathRequest`):
     as many as the device holds at once (:func:`resident_clusters`, for the compiled kernel; when
     the driver cannot tell, :func:`fallback_clusters` of the device's SM count), by
     :func:`pipelined_clusters`; ``facts``: the call's :class:`.buffers.LaunchFacts`."""
     from ..kernels.fused_pipelined import FusedPipelinedKernel
-    from .paths import PATHS
 
-    kernel = FusedPipelinedKernel(PATHS["fused_pipelined"].configs(request)[0])
+    kernel = FusedPipelinedKernel(config)
     resident = resident_clusters(compiled, facts.device, kernel.threads, kernel.smem_bytes, kernel.tiles)
     if resident is None and facts.sm_count is not None:
         resident = fallback_clusters(facts.sm_count, kernel.config.ctas_per_sm, kernel.tiles)

@@ -106,8 +106,9 @@ def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOp
         return LaunchPlan(None, (), (), (), 0, False)
     from . import compile_cache  # CuTe DSL itself: imported once a call has been validated
 
-    compiled, ffi = compile_cache.compile_path(path, request)
-    grid = (occupancy.persistent_grid(compiled[0], request, facts),) if path.persistent else ()
+    configs = path.configs(request)
+    compiled, ffi = compile_cache.compile_path(path, configs)
+    grid = (occupancy.persistent_grid(compiled[0], configs[0], request, facts),) if path.persistent else ()
     eps = float(call.store.eps)
     fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.fp8_scale is not None else 1.0
     scalars = (eps, fp8_inv, *grid) if path.takes_fp8_inv else (eps, *grid)

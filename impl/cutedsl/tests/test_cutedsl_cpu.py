@@ -396,7 +396,8 @@ def test_persistent_grid_takes_the_device_facts(monkeypatch, sm_count, resident,
     monkeypatch.setattr(occupancy, "resident_clusters", lambda *args: resident)
     request = PathRequest(128, 8, 100000, "flashmla_fp8", 64, "bfloat16", 16, False, DEFAULT_POLICY, True)
     facts = buffers.LaunchFacts(torch.device("cuda" if sm_count else "cpu"), 16, sm_count)
-    assert occupancy.persistent_grid(None, request, facts) == expected
+    config = PATHS["fused_pipelined"].configs(request)[0]
+    assert occupancy.persistent_grid(None, config, request, facts) == expected
 
 
 class _StandInDriver:

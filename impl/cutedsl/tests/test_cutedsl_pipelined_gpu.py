@@ -59,8 +59,10 @@ def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     policy = DEFAULT_POLICY.with_overrides(pipelined_ctas_per_sm=ctas_per_sm)
     path = PATHS["fused_pipelined"]
     request = PathRequest(128, 8, 100000, "flashmla_fp8", 64, "bfloat16", 16, False, policy, True)
-    compiled, _ = compile_cache.compile_path(path, request)
-    grid = (occupancy.persistent_grid(compiled[0], request, buffers.LaunchFacts(device, 16, buffers.sm_count(device))),)
+    configs = path.configs(request)
+    compiled, _ = compile_cache.compile_path(path, configs)
+    grid = (occupancy.persistent_grid(compiled[0], configs[0], request,
+                                      buffers.LaunchFacts(device, 16, buffers.sm_count(device))),)
     kernel = FusedPipelinedKernel(path.configs(request)[0])
     resident = occupancy.resident_clusters(compiled[0], device, kernel.threads, kernel.smem_bytes, kernel.tiles)
     slots = buffers.sm_count(device) * ctas_per_sm // kernel.tiles
