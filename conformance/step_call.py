@@ -34,7 +34,7 @@ class StaticArgs:
         """The static arguments of a conformance step (:class:`~.scenarios.StepInputs`)."""
         b = inputs.batch
         return cls(b.block_size, inputs.rms_norm_eps, b.compress_ratio, inputs.layout, inputs.fp8_scale, inputs.hadamard,
-                   getattr(inputs, "ape_at", "save"), getattr(inputs, "ring_capacity", None))
+                   inputs.ape_at, inputs.ring_capacity)
 
     def keywords(self) -> dict:
         """The compress call's keywords (``hadamard`` only where it is on: only the indexer's

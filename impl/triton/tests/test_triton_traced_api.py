@@ -1,13 +1,15 @@
 """The public Triton functions under ``torch.compile(fullgraph=True)``: while Dynamo traces, each
 call becomes its custom op (``torch.ops.dsv4_compressor.triton_*``), one node and no graph break,
-and the compiled step writes the same bytes as the eager calls (CPU tensors under the
-interpreter; CUDA tensors on a GPU). An option the op cannot take (``config``) is refused by
+and the compiled step writes the spec's bytes (CPU tensors under the interpreter; CUDA tensors
+on a GPU). An option the op cannot take (``config``) is refused by
 name, and bad arguments still raise the front end's ``ValueError`` when the step runs."""
 
 import numpy as np
 import pytest
 import torch
 
+from dsv4_compressor import spec
+from dsv4_compressor.conformance.buffers import Buffer
 from dsv4_compressor.impl import triton as triton_impl
 from dsv4_compressor.impl.triton import FusedConfig
 from dsv4_compressor.spec import batch as spec_batch
@@ -59,13 +61,26 @@ def test_public_functions_trace_as_one_op_each(ratio):
                    "dsv4_compressor.triton_compress_norm_rope_store"]
 
 
+def _spec_buffers(scenario, ratio: int) -> tuple[np.ndarray, np.ndarray]:
+    """The spec's whole state and cache allocations after the same step (SPEC §4, then §5-§7)."""
+    b = scenario.batch
+    kv_score, ape = (t.cpu().numpy() for t in _save_inputs(scenario))
+    state_owner, state = Buffer.of(scenario.state_cache).numpy_copy()
+    cache_owner, cache = Buffer.of(scenario.k_cache).numpy_copy()
+    spec.save_partial_states(kv_score, ape, b.positions, b.slot_mapping, state, b.block_size)
+    spec.compress_norm_rope_store(state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table,
+                                  b.block_size, scenario.weight, scenario.eps, scenario.cos_sin, cache,
+                                  b.kv_slot_mapping, compress_ratio=ratio, layout="flashmla_fp8")
+    return state_owner, cache_owner
+
+
 @pytest.mark.parametrize("ratio", [4, 128])
-def test_a_fullgraph_compiled_step_writes_the_eager_bytes(ratio):
+def test_a_fullgraph_compiled_step_writes_the_spec_bytes(ratio):
     torch._dynamo.reset()
     scenario = _scenario(ratio)
-    eager_state, eager_cache = _buffers(scenario, ratio, step)
+    expected_state, expected_cache = _spec_buffers(scenario, ratio)
     state, cache = _buffers(scenario, ratio, torch.compile(step, fullgraph=True, backend="eager"))
-    assert np.array_equal(state, eager_state) and np.array_equal(cache, eager_cache)
+    assert np.array_equal(state, expected_state) and np.array_equal(cache, expected_cache)
     assert not np.array_equal(cache, torch_arguments(scenario, DEVICE)[1]["k_cache"].cpu().numpy())  # written
 
 
@@ -134,8 +149,8 @@ def _state_buffers(step, calls) -> dict[str, np.ndarray]:
     (step_and_save, ["triton_compress_and_save"]),
     (save_then_compress, ["triton_save_partial_states", "triton_compress_norm_rope_store"])])
 def test_the_state_options_pass_through_the_traced_calls(ring, calls, ops):
-    """A bf16 state, ``ape`` at pooling and a ring: the compiled calls write the eager calls' bytes."""
-    from triton_state_scenarios import step_arguments
+    """A bf16 state, ``ape`` at pooling and a ring: the compiled calls write the spec's bytes."""
+    from triton_state_scenarios import run_save_then_compress, run_step, step_arguments
 
     torch._dynamo.reset()
     step = _state_step(ring)
@@ -143,9 +158,10 @@ def test_the_state_options_pass_through_the_traced_calls(ring, calls, ops):
     assert explained.graph_break_count == 0
     targets = [str(n.target) for n in explained.graphs[0].graph.nodes if n.op == "call_function"]
     assert [t.split(".")[1] for t in targets if t.startswith("dsv4_compressor.")] == ops
-    eager = _state_buffers(step, calls)
+    spec_of = run_step if calls is step_and_save else run_save_then_compress  # the spec's bytes of this form
+    expected = {name: spec_bytes for name, (spec_bytes, _) in spec_of(step, DEVICE).items()}
     traced = _state_buffers(step, torch.compile(calls, fullgraph=True, backend="eager"))
-    assert all(np.array_equal(traced[name], eager[name]) for name in eager)
+    assert all(np.array_equal(traced[name], expected[name]) for name in expected)
 
 
 def test_a_launch_configuration_of_the_step_is_refused_by_name():
