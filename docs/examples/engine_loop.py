@@ -17,6 +17,11 @@ Here every step also runs the NumPy spec on mirrors of both caches and compares 
 Run: ``python -m dsv4_compressor.docs.examples.engine_loop [--backend triton|cutedsl]
 [--ratio 4|128] [--steps N]``. Without a CUDA GPU the Triton kernels run under Triton's
 interpreter (``TRITON_INTERPRET=1`` is set here before Triton is imported).
+
+SPEC §13's state formats (Triton): ``--state-format ring`` keeps each request's state in a ring
+of ``C`` rows and makes the step call ``compress_and_save`` with each chunk's tail as the saves;
+``--state-dtype bf16`` keeps a bf16 state; ``--ape-at compress`` stores raw scores and adds
+``ape`` while pooling. Any combination runs (:func:`run_state_format`), checked the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from dsv4_compressor import spec
 from dsv4_compressor.conformance.engine import BlockPool, Geometry, step_metadata
-from dsv4_compressor.spec.batch import random_norm_weight, rope_cos_sin_cache
+from dsv4_compressor.spec.batch import random_norm_weight, rope_cos_sin_cache, tail_saves
 from dsv4_compressor.spec.constants import ENTRY_BYTES, ratio_config
 
 @dataclass
@@ -183,13 +188,180 @@ def default_config(compress_ratio: int) -> EngineConfig:
     return EngineConfig(compress_ratio=128, block_size=8, chunk=128, padded_tokens=256, state_blocks=128, pages=8)
 
 
+# ---- SPEC §13's state formats: a bf16 state, ape added at the compress, a ring with tail saves ----
+@dataclass(frozen=True)
+class StateOptions:
+    """How the engine keeps the compressor state (SPEC §13); the defaults are today's paged fp32 state."""
+
+    addressing: str = "paged"  # "paged", or "ring": C rows per request, saved by the step call's tail
+    dtype: str = "fp32"  # "fp32" or "bf16" (SPEC §13.1)
+    ape_at: str = "save"  # "save" or "compress" (SPEC §13.2)
+    ring_capacity: int | None = None  # C for "ring" (default: default_ring_capacity(r))
+
+    @property
+    def is_default(self) -> bool:
+        return self.addressing == "paged" and self.dtype == "fp32" and self.ape_at == "save"
+
+
+def default_ring_capacity(compress_ratio: int) -> int:
+    """A ring that prefill chunks overrun: 12 rows for C4 (its windows cross the ring's end), 256 for
+    C128 (vLLM's ring with speculative tokens)."""
+    return 12 if compress_ratio == 4 else 256
+
+
+def add_state_format_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-format", choices=("paged", "ring"), default="paged",
+                        help="SPEC §13.3: a paged state (the two calls), or a ring of C rows per request "
+                             "(compress_and_save with the tail saves)")
+    parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32", help="SPEC §13.1: the state's dtype")
+    parser.add_argument("--ape-at", choices=("save", "compress"), default="save",
+                        help="SPEC §13.2: where ape is added to the scores")
+    parser.add_argument("--ring-capacity", type=int, default=None, help="C, the ring's rows (default: 12 for C4, 256 for C128)")
+
+
+def state_options(args: argparse.Namespace) -> StateOptions:
+    return StateOptions(addressing=args.state_format, dtype=args.state_dtype, ape_at=args.ape_at,
+                        ring_capacity=args.ring_capacity)
+
+
+def ring_step_metadata(requests, plan, config: EngineConfig, state: StateOptions, state_pool: BlockPool,
+                       page_pool: BlockPool) -> dict[str, np.ndarray]:
+    """:func:`build_step`'s metadata with the state's addressing: for a ring, each token's ring slot
+    (row ``p mod C`` of the request's ring, its blocks taken as rows are first reached) and a block
+    table of at least ``C / bs`` columns; plus what ``compress_and_save`` takes, ``query_start_loc``
+    (a block-table row's chunk; tokens are packed in row order, then padding) and
+    ``save_slot_mapping`` (a ring: the last ``C`` tokens of each chunk; paged: every token)."""
+    capacity = capacity_of(state, config)
+    geometry = Geometry(config.compress_ratio, config.block_size, config.entries_per_page, capacity)
+    if sum(count for _, _, count in plan) > config.padded_tokens:
+        raise RuntimeError("more tokens than padded_tokens: raise --padded-tokens")
+    columns = None if capacity is None else (len(requests), capacity // config.block_size)
+    batch = step_metadata(plan, requests, geometry, state_pool, page_pool, padded_tokens=config.padded_tokens,
+                          table_shape=columns)
+    for index, first, count in plan:
+        requests[index].computed = first + count
+    counts = np.zeros(len(requests), dtype=np.int64)
+    for index, _, count in plan:
+        counts[index] = count
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    saves = batch.slot_mapping if capacity is None else tail_saves(batch.slot_mapping, starts, capacity)
+    meta = {name: getattr(batch, name) for name in
+            ("positions", "token_to_req_indices", "slot_mapping", "block_table", "kv_slot_mapping")}
+    return {**meta, "query_start_loc": starts, "save_slot_mapping": saves}
+
+
+def capacity_of(state: StateOptions, config: EngineConfig) -> int | None:
+    if state.addressing == "paged":
+        return None
+    return state.ring_capacity or default_ring_capacity(config.compress_ratio)
+
+
+def state_format_step(module, arrays: dict, caches: tuple, constants: tuple, state: StateOptions,
+                      config: EngineConfig) -> None:
+    """One layer step in ``state``'s format through ``module`` (the Triton kernels on torch tensors,
+    or the NumPy spec on arrays): paged, the save then the compress; a ring, ``compress_and_save``.
+    ``arrays``: the step's metadata and ``kv_score`` [T, 2*SW]; ``caches``: (state_cache, k_cache);
+    ``constants``: (ape [r, SW], rms_norm_weight [512], eps, cos_sin_cache [max_pos, 64])."""
+    state_cache, k_cache = caches
+    ape, weight, eps, cos_sin = constants
+    a, r, bs = arrays, config.compress_ratio, config.block_size
+    capacity = capacity_of(state, config)
+    sw = a["kv_score"].shape[1] // 2
+    if capacity is None:
+        module.save_partial_states(a["kv_score"], ape, a["positions"], a["slot_mapping"], state_cache, bs, ape_at=state.ape_at)
+        module.compress_norm_rope_store(state_cache, a["token_to_req_indices"], a["positions"], a["slot_mapping"],
+                                        a["block_table"], bs, weight, eps, cos_sin, k_cache, a["kv_slot_mapping"],
+                                        compress_ratio=r, ape=ape, ape_at=state.ape_at)
+        return
+    module.compress_and_save(a["kv_score"][:, :sw], a["kv_score"][:, sw:], ape, a["positions"], a["token_to_req_indices"],
+                             a["query_start_loc"], a["slot_mapping"], a["save_slot_mapping"], a["block_table"], bs,
+                             state_cache, weight, eps, cos_sin, k_cache, a["kv_slot_mapping"], compress_ratio=r,
+                             ape_at=state.ape_at, ring_capacity=capacity)
+
+
+def _cache_bytes(tensor) -> np.ndarray:
+    """The bytes of a torch cache (a bf16 state through its int16 view)."""
+    import torch
+
+    tensor = tensor.cpu()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    return tensor.numpy().view(np.uint8)
+
+
+def run_state_format(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, state: StateOptions,
+                     seed: int = 0, log=print) -> int:
+    """:func:`run` in one of SPEC §13's state formats (the Triton kernels take them; the CuTe DSL
+    kernels keep the default); returns the number of compressed entries written, every step's
+    state and compressed cache compared with the spec's byte for byte."""
+    import torch
+
+    if backend_name != "triton":
+        raise SystemExit("--state-format ring, --state-dtype bf16 and --ape-at compress run on the Triton kernels "
+                         "(the CuTe DSL kernels keep a paged fp32 state): use --backend triton")
+    backend, device = load_backend(backend_name)
+    rng = np.random.default_rng(seed)
+    r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page
+    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    capacity = capacity_of(state, config)
+
+    # buffers: a bf16 state is uint16 bit patterns in the spec, torch.bfloat16 for the kernels
+    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.uint16 if state.dtype == "bf16" else np.float32)
+    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
+    state_cache = torch.from_numpy(state_np.copy()).to(device)
+    if state.dtype == "bf16":
+        state_cache = state_cache.view(torch.bfloat16)  # bf16 [blocks, bs, 2*SW]
+    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
+    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
+    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
+    spec_constants = (ape_np, weight_np, 1e-6, cos_sin_np)
+    kernel_constants = (torch.from_numpy(ape_np).to(device),
+                        torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device), 1e-6,
+                        torch.from_numpy(cos_sin_np).to(device))
+
+    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
+    written = 0
+    for step in range(steps):
+        plan = schedule(requests, config)
+        if not plan:
+            break
+        meta = ring_step_metadata(requests, plan, config, state, state_pool, page_pool)
+        meta["kv_score"] = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)
+        tensors = {name: torch.from_numpy(array).to(device) for name, array in meta.items()}
+        state_format_step(backend, tensors, (state_cache, k_cache), kernel_constants, state, config)
+        state_format_step(spec, meta, (state_np, k_cache_np), spec_constants, state, config)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
+            differ = np.flatnonzero(_cache_bytes(mine) != expected.view(np.uint8))
+            if differ.size:
+                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        entries = int((meta["kv_slot_mapping"] >= 0).sum())
+        written += entries
+        tokens = sum(count for _, _, count in plan)
+        saved = int((meta["save_slot_mapping"] >= 0).sum())
+        where = "paged" if capacity is None else f"ring of {capacity}, {saved} tail rows saved"
+        log(f"step {step}: {tokens:3d} tokens (+{config.padded_tokens - tokens} padding), "
+            f"{entries} {'entry' if entries == 1 else 'entries'} written ({where}, {state.dtype} state, ape at "
+            f"{state.ape_at}), state and compressed cache identical to the spec")
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("triton", "cutedsl"), default="triton")
     parser.add_argument("--ratio", type=int, choices=(4, 128), default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    add_state_format_arguments(parser)
     args = parser.parse_args(argv)
+    state = state_options(args)
+    if not state.is_default:
+        written = run_state_format(default_config(args.ratio), default_requests(args.ratio), args.backend, args.steps,
+                                   state, args.seed)
+        print(f"{written} compressed entries written, every byte as the spec says")
+        return 0
     written = run(default_config(args.ratio), default_requests(args.ratio), args.backend, args.steps, args.seed)
     print(f"{written} compressed entries written, every byte as the spec says")
     return 0

@@ -2,7 +2,9 @@
 
 ``docs/examples/engine_loop.py`` compares both caches with the NumPy spec after every step and
 raises on the first differing byte; these tests run it (Triton under its interpreter without a
-GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done.
+GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done,
+in today's paged fp32 state and in SPEC §13's formats (a ring with tail saves, a bf16 state,
+``ape`` added at the compress).
 """
 
 from __future__ import annotations
@@ -44,3 +46,49 @@ def test_engine_loop_on_cutedsl(ratio):
     requests = engine_loop.default_requests(ratio)
     written = engine_loop.run(engine_loop.default_config(ratio), requests, "cutedsl", steps=40, log=lambda line: None)
     assert written == sum(q.total_len // ratio for q in requests)
+
+
+# ---- SPEC §13's state formats ----------------------------------------------------------------------
+@pytest.mark.parametrize("ratio, addressing, dtype, ape_at", [
+    (4, "ring", "fp32", "save"),
+    (4, "ring", "bf16", "compress"),
+    (4, "paged", "bf16", "save"),
+    (4, "paged", "fp32", "compress"),
+    (128, "ring", "bf16", "save"),
+])
+def test_engine_loop_in_each_state_format(ratio, addressing, dtype, ape_at):
+    requests = engine_loop.default_requests(ratio)
+    state = engine_loop.StateOptions(addressing=addressing, dtype=dtype, ape_at=ape_at)
+    lines = []
+    written = engine_loop.run_state_format(engine_loop.default_config(ratio), requests, "triton", 40, state,
+                                           log=lines.append)
+    assert written == sum(q.total_len // ratio for q in requests)  # one entry per closed window
+    assert all(q.computed == q.total_len for q in requests)
+    assert len(lines) >= 3 and all("identical to the spec" in line for line in lines)
+
+
+def test_ring_metadata_names_ring_rows_and_saves_each_chunks_tail():
+    config = engine_loop.default_config(4)
+    state = engine_loop.StateOptions(addressing="ring")
+    capacity = engine_loop.default_ring_capacity(4)
+    requests = [engine_loop.Request(prompt_len=30, decode_len=0), engine_loop.Request(prompt_len=5, decode_len=0)]
+    rng = np.random.default_rng(2)
+    state_pool, page_pool = engine_loop.BlockPool(config.state_blocks, rng), engine_loop.BlockPool(config.pages, rng)
+    plan = engine_loop.schedule(requests, config)  # a chunk of 24 (longer than the ring) and one of 5
+    meta = engine_loop.ring_step_metadata(requests, plan, config, state, state_pool, page_pool)
+    assert list(meta["query_start_loc"]) == [0, 24, 29]
+    assert meta["block_table"].shape[1] >= capacity // config.block_size
+    for t, (req, p) in enumerate([(0, p) for p in range(24)] + [(1, p) for p in range(5)]):
+        row = p % capacity
+        assert meta["slot_mapping"][t] == requests[req].state_blocks[row // 4] * 4 + row % 4
+        in_tail = t >= 24 - capacity if req == 0 else True
+        assert meta["save_slot_mapping"][t] == (meta["slot_mapping"][t] if in_tail else -1)
+    assert (meta["save_slot_mapping"][29:] == -1).all()
+
+
+def test_state_format_flags_select_the_run(capsys):
+    assert engine_loop.main(["--state-format", "ring", "--state-dtype", "bf16", "--ape-at", "compress", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ring of 12" in out and "bf16 state, ape at compress" in out
+    with pytest.raises(SystemExit, match="--backend triton"):
+        engine_loop.main(["--backend", "cutedsl", "--state-format", "ring"])
