@@ -65,7 +65,12 @@ def c128_ring_capacity(num_speculative_tokens: int) -> int:
     return C128 * -(-(C128 + num_speculative_tokens) // C128)
 
 
-def _projection(name: str, tensor: torch.Tensor | None, num_actual: int, state_width: int) -> torch.Tensor:
+def _projection(
+    name: str,
+    tensor: torch.Tensor | None,  # fp32 or bf16 [>= num_actual, SW]: kv or score
+    num_actual: int,
+    state_width: int,  # SW
+) -> torch.Tensor:
     """``kv`` or ``score`` cut to ``num_actual`` rows, fp32 (bf16 is widened exactly)."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name}: expected a tensor [T, {state_width}] with is_circular=True, got {type(tensor).__name__}")
@@ -77,7 +82,7 @@ def _projection(name: str, tensor: torch.Tensor | None, num_actual: int, state_w
     return tensor[:num_actual].float()  # a view when already fp32
 
 
-def _query_start_loc(query_start_loc: torch.Tensor | None) -> torch.Tensor:
+def _query_start_loc(query_start_loc: torch.Tensor | None) -> torch.Tensor:  # int32 [num_reqs + 1]
     if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
         shape = list(query_start_loc.shape) if isinstance(query_start_loc, torch.Tensor) else type(query_start_loc).__name__
         raise ValueError(f"query_start_loc: expected an int32 tensor [num_reqs + 1] with is_circular=True, got {shape}")
@@ -96,7 +101,14 @@ def _capacity(ring_capacity: int | None, block_size: int, compress_ratio: int) -
     return ring_capacity  # checked by the kernels' validation (a multiple of block_size, at least W)
 
 
-def _check_paged_inputs(kv, score, ape, query_start_loc, num_actual: int, state_width: int) -> None:
+def _check_paged_inputs(
+    kv: torch.Tensor | None,  # fp32 or bf16 [>= num_actual, SW]
+    score: torch.Tensor | None,  # fp32 or bf16 [>= num_actual, SW]
+    ape: torch.Tensor | None,  # fp32 [r, SW]
+    query_start_loc: torch.Tensor | None,  # int32 [num_reqs + 1]
+    num_actual: int,
+    state_width: int,  # SW
+) -> None:
     """With ``is_circular=False`` the state holds every row: the extra inputs are checked, not read."""
     for name, tensor in (("kv", kv), ("score", score)):
         if tensor is not None:

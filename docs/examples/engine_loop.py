@@ -279,7 +279,7 @@ def state_format_step(module, arrays: dict, caches: tuple, constants: tuple, sta
                              ape_at=state.ape_at, ring_capacity=capacity)
 
 
-def _cache_bytes(tensor) -> np.ndarray:
+def _cache_bytes(tensor) -> np.ndarray:  # tensor: a torch cache of any dtype (fp32, bf16 or uint8)
     """The bytes of a torch cache (a bf16 state through its int16 view)."""
     import torch
 
