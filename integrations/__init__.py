@@ -3,6 +3,10 @@
 - :mod:`.vllm`: vLLM's DeepSeek V4 compressor entry points (``save_partial_states``,
   ``compress_norm_rope_store_triton``, ``compress_norm_rope_store_cutedsl``), keyword for
   keyword, on this project's kernels.
+- :mod:`.vllm_v41`: vLLM's DeepSeek-V4.1 compressor entry points (``fused_save_compress_norm``,
+  ``save_ring_rows``, ``rope_quant_insert``, ``indexer_k_norm_rope_store``) on the Triton kernels
+  of SPEC §14, and ``fused_save_compress_norm_rope_quant_insert``: the compress and the insert in
+  one launch.
 
 The engine guide, with the conventions of other engines mapped to the spec's, is
 docs/engine.md.
