@@ -76,7 +76,7 @@ def _check_ratio(compress_ratio: int) -> int:
     return compress_ratio
 
 
-def _num_tokens(name: str, slot_mapping: torch.Tensor) -> int:
+def _num_tokens(name: str, slot_mapping: torch.Tensor) -> int:  # slot_mapping: int64 [T]
     """``T``: the entries of the 1-D int64 slot tensor vLLM sizes every call by."""
     if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:
         given = f"{slot_mapping.dtype} {list(slot_mapping.shape)}" if isinstance(slot_mapping, torch.Tensor) else type(slot_mapping).__name__
@@ -84,14 +84,23 @@ def _num_tokens(name: str, slot_mapping: torch.Tensor) -> int:
     return slot_mapping.shape[0]
 
 
-def _rows(name: str, tensor: torch.Tensor, count: int, width: int) -> torch.Tensor:
+def _rows(
+    name: str,
+    tensor: torch.Tensor,  # any dtype [>= count, width]
+    count: int,
+    width: int,
+) -> torch.Tensor:
     """The first ``count`` rows of a 2-D ``[>= count, width]`` tensor (a view)."""
     if tensor.dim() != 2 or tensor.shape[1] != width or tensor.shape[0] < count:
         raise ValueError(f"{name}: expected a 2-D tensor [>= {count}, {width}], got shape {list(tensor.shape)}")
     return tensor[:count]
 
 
-def _split_kv_score(kv_score: torch.Tensor, ratio: int, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _split_kv_score(
+    kv_score: torch.Tensor,  # fp32 or bf16 [>= T, 512 * r]
+    ratio: int,
+    count: int,  # T
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``kv`` and ``score`` ``[T, 512]`` as views of ``kv_score`` ``[>= T, 512 * r]`` (score ``None`` for ratio 1)."""
     rows = _rows("kv_score", kv_score, count, HEAD_DIM * ratio)
     if ratio == 1:
@@ -132,7 +141,7 @@ def _check_prev_rows(prev_rows, prev_row_indices, num_reqs: int) -> None:
         raise ValueError(f"prev_row_indices: expected a 1-D tensor of at least num_reqs = {num_reqs} entries, got {given}")
 
 
-def _record_layout(kv_cache: torch.Tensor) -> str:
+def _record_layout(kv_cache: torch.Tensor) -> str:  # kv_cache: uint8 [pages, B, E] or bf16 / float8_e4m3fn [pages, B, 512]
     """vLLM's choice of record from the cache tensor (SPEC §14.5's names)."""
     if kv_cache.dtype == torch.uint8 and kv_cache.dim() == 3 and kv_cache.shape[2] in RECORD_BY_WIDTH:
         return RECORD_BY_WIDTH[kv_cache.shape[2]]
@@ -155,7 +164,11 @@ def _host_scale(fp8_scale, layout: str) -> float | None:
 
 
 # ---- ratio 2's ring, as SPEC §13.3 / §13.4 arguments -------------------------------------------------------
-def _ring_block_table(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, capacity: int) -> torch.Tensor:
+def _ring_block_table(
+    slot_mapping: torch.Tensor,  # int64 [T]: ring slots, -1 = none
+    query_start_loc: torch.Tensor,  # int32 [num_reqs + 1]
+    capacity: int,  # C
+) -> torch.Tensor:
     """int32 ``[num_reqs, 1]``: each request's ring block, read off its first token's slot (0 where it has none)."""
     count = slot_mapping.shape[0]
     if query_start_loc.shape[0] == 1:  # no request: one row nothing reads
@@ -164,8 +177,12 @@ def _ring_block_table(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor,
     return torch.where(first >= 0, first // capacity, 0).to(torch.int32).unsqueeze(1)
 
 
-def _tail_saves(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, token_to_req: torch.Tensor,
-                capacity: int) -> torch.Tensor:
+def _tail_saves(
+    slot_mapping: torch.Tensor,  # int64 [T]: ring slots, -1 = none
+    query_start_loc: torch.Tensor,  # int32 [num_reqs + 1]
+    token_to_req: torch.Tensor,  # int32 [T]
+    capacity: int,  # C
+) -> torch.Tensor:
     """int64 ``[T]``: vLLM's ring saves as a ``save_slot_mapping``: ``slot_mapping`` on each request's last
     ``min(n, C)`` tokens when its first token has a ring slot, ``-1`` elsewhere (padding included)."""
     count, num_reqs = slot_mapping.shape[0], query_start_loc.shape[0] - 1
@@ -179,9 +196,14 @@ def _tail_saves(slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, token
     return torch.where(keep, slot_mapping, -1)
 
 
-def _predecessor_saves(prev_rows: torch.Tensor, prev_row_indices: torch.Tensor, positions: torch.Tensor,
-                       slot_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                       capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _predecessor_saves(
+    prev_rows: torch.Tensor,  # fp32 [rows, 1024]
+    prev_row_indices: torch.Tensor,  # int [>= num_reqs]: -1 = the ring
+    positions: torch.Tensor,  # int64 [T]
+    slot_mapping: torch.Tensor,  # int64 [T]: ring slots
+    query_start_loc: torch.Tensor,  # int32 [num_reqs + 1]
+    capacity: int,  # C
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows ``[num_reqs, 1024]`` and ring slots ``[num_reqs]`` (``-1``: none) of the gathered
     predecessors: ``prev_rows[prev_row_indices[req]]`` at ``block * C + (p - 1) % C`` for every
     request whose chunk starts at an odd position with a ring slot and has such a row."""
@@ -196,7 +218,11 @@ def _predecessor_saves(prev_rows: torch.Tensor, prev_row_indices: torch.Tensor, 
     return rows, torch.where(wanted, ring_slot, -1)
 
 
-def _save_rows(rows: torch.Tensor, slots: torch.Tensor, state_cache: torch.Tensor) -> None:
+def _save_rows(
+    rows: torch.Tensor,  # fp32 or bf16 [n, 1024]: kv then score
+    slots: torch.Tensor,  # int64 [n]: ring slots, -1 = skipped
+    state_cache: torch.Tensor,  # fp32 or bf16 [num_blocks, C, 1024], written in place
+) -> None:
     """SPEC §14.3's save of ``rows`` ``[n, 1024]`` at ring ``slots`` ``[n]`` (-1: skipped): a ratio-2
     compress whose tokens are all inactive (no state slot, no cache slot), so only the save writes."""
     from ..impl import triton as backend
@@ -216,8 +242,14 @@ def _save_rows(rows: torch.Tensor, slots: torch.Tensor, state_cache: torch.Tenso
 NO_STATE = V41StateArguments(None, None, None, None, None, None, None)  # ratio 1
 
 
-def _state_arguments(ratio: int, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
-                     save: bool) -> V41StateArguments:
+def _state_arguments(
+    ratio: int,
+    state_cache: torch.Tensor | None,  # fp32 [num_blocks, C, 1024] (ratio 2)
+    slot_mapping: torch.Tensor,  # int64 [T]
+    query_start_loc: torch.Tensor | None,  # int32 [num_reqs + 1] (ratio 2)
+    token_to_req_indices: torch.Tensor | None,  # int32 [>= T] (ratio 2)
+    save: bool,
+) -> V41StateArguments:
     """The §14.7 state arguments of a compress from vLLM's (none for ratio 1); ``save``: vLLM's
     tail saves, else none (``prev_rows`` leaves the ring to ``save_ring_rows``)."""
     if ratio == 1:
