@@ -121,8 +121,9 @@ def _check_state_given(ratio: int, state_cache, prev_rows) -> None:
 
 def _check_request_tensors(query_start_loc, token_to_req_indices, count: int) -> None:
     if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1 or query_start_loc.shape[0] < 1 \
-            or query_start_loc.dtype not in (torch.int32, torch.int64):
-        given = list(query_start_loc.shape) if isinstance(query_start_loc, torch.Tensor) else query_start_loc
+            or query_start_loc.dtype != torch.int32:
+        given = (f"{query_start_loc.dtype} {list(query_start_loc.shape)}" if isinstance(query_start_loc, torch.Tensor)
+                 else query_start_loc)
         raise ValueError(f"query_start_loc: expected a 1-D int32 tensor [num_reqs + 1] for compress_ratio 2, got {given}")
     if not isinstance(token_to_req_indices, torch.Tensor):
         raise ValueError(f"token_to_req_indices: expected an int32 tensor [>= {count}] for compress_ratio 2, got None")
