@@ -6,6 +6,10 @@
 - :mod:`.vllm_ring`: vLLM's newer compressor call (``kv=``, ``score=``, ``ape=``,
   ``query_start_loc=``, ``is_circular=``) on a per-request C128 ring state, mapped onto
   SPEC §13 (``compress_and_save`` with ``ring_capacity``), and the tail save after it.
+- :mod:`.vllm_v41`: vLLM's DeepSeek-V4.1 compressor entry points (``fused_save_compress_norm``,
+  ``save_ring_rows``, ``rope_quant_insert``, ``indexer_k_norm_rope_store``) on the Triton kernels
+  of SPEC §14, and ``fused_save_compress_norm_rope_quant_insert``: the compress and the insert in
+  one launch.
 
 The engine guide, with the conventions of other engines mapped to the spec's, is
 docs/engine.md.

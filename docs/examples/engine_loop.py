@@ -22,6 +22,9 @@ SPEC §13's state formats (Triton): ``--state-format ring`` keeps each request's
 of ``C`` rows and makes the step call ``compress_and_save`` with each chunk's tail as the saves;
 ``--state-dtype bf16`` keeps a bf16 state; ``--ape-at compress`` stores raw scores and adds
 ``ape`` while pooling. Any combination runs (:func:`run_state_format`), checked the same way.
+``--model v4.1`` runs DeepSeek-V4.1's compressor layers (ratios 2 and 1, vLLM's ring state,
+prefill chunks, decode and speculative verify groups) through vLLM's V4.1 entry points on the
+Triton kernels instead: see :mod:`.engine_loop_v41` (``--backend`` and ``--ratio`` do not apply).
 """
 
 from __future__ import annotations
@@ -354,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=int, choices=(4, 128), default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=("v4", "v4.1"), default="v4")
     add_state_format_arguments(parser)
     args = parser.parse_args(argv)
+    if args.model == "v4.1":
+        return main_v41(args.steps, args.seed)
     state = state_options(args)
     if not state.is_default:
         written = run_state_format(default_config(args.ratio), default_requests(args.ratio), args.backend, args.steps,
@@ -364,6 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     written = run(default_config(args.ratio), default_requests(args.ratio), args.backend, args.steps, args.seed)
     print(f"{written} compressed entries written, every byte as the spec says")
+    return 0
+
+
+# ---- --model v4.1 ------------------------------------------------------------------------------------
+def main_v41(steps: int, seed: int) -> int:
+    """DeepSeek-V4.1's layers through vLLM's V4.1 entry points (:mod:`.engine_loop_v41`)."""
+    from dsv4_compressor.docs.examples import engine_loop_v41 as v41
+
+    written = v41.run_v41(v41.V41EngineConfig(), v41.default_v41_requests(), steps, seed)
+    print(", ".join(f"{n} entries of the ratio-{r} layer" for r, n in written.items())
+          + " written, every byte as the spec says")
     return 0
 
 

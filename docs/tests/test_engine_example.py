@@ -5,6 +5,8 @@ raises on the first differing byte; these tests run it (Triton under its interpr
 GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done,
 in today's paged fp32 state and in SPEC §13's formats (a ring with tail saves, a bf16 state,
 ``ape`` added at the compress).
+GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done.
+``--model v4.1`` (``docs/examples/engine_loop_v41.py``) runs vLLM's V4.1 entry points the same way.
 """
 
 from __future__ import annotations
@@ -92,3 +94,38 @@ def test_state_format_flags_select_the_run(capsys):
     assert "ring of 12" in out and "bf16 state, ape at compress" in out
     with pytest.raises(SystemExit, match="--backend triton"):
         engine_loop.main(["--backend", "cutedsl", "--state-format", "ring"])
+# ---- --model v4.1 ------------------------------------------------------------------------------------
+def test_engine_loop_v41_on_triton():
+    """Both V4.1 layers through vLLM's entry points (the pair and the fused entry on alternate
+    steps), checked against the spec after every step, every request finished."""
+    from dsv4_compressor.docs.examples import engine_loop_v41 as v41
+
+    requests = v41.default_v41_requests()
+    lines = []
+    written = v41.run_v41(v41.V41EngineConfig(), requests, steps=40, log=lines.append)
+    assert written == {r: sum(q.total_len // r for q in requests) for r in v41.LAYER_RATIOS}  # one entry per group
+    assert all(q.computed == q.total_len for q in requests)
+    assert all("identical to the spec" in line for line in lines)
+    assert any("fused entry" in line for line in lines) and any("vLLM pair" in line for line in lines)
+
+
+def test_engine_loop_v41_metadata_follows_vllms_ring():
+    from dsv4_compressor.docs.examples import engine_loop_v41 as v41
+
+    config = v41.V41EngineConfig()
+    requests = [v41.V41Request(prompt_len=5, decode_len=0), v41.V41Request(prompt_len=3, decode_len=0)]
+    rng = np.random.default_rng(2)
+    ring_pool = engine_loop.BlockPool(config.ring_blocks, rng)
+    ring_pool.free.remove(v41.NULL_BLOCK)
+    pools = {r: engine_loop.BlockPool(config.pages, rng) for r in v41.LAYER_RATIOS}
+    meta = v41.v41_build_step(requests, v41.v41_schedule(requests, config, 0, rng), config, ring_pool, pools)
+    capacity = 8  # max(8, 2^ceil(log2(S + 2))) for S = 3
+    assert list(meta.query_start_loc) == [0, 5, 8]
+    for t, (req, p) in enumerate([(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2)]):
+        block = requests[req].ring_block
+        assert block != v41.NULL_BLOCK and meta.ring_blocks[req, 0] == block
+        assert meta.positions[t] == p and meta.slot_mapping[t] == block * capacity + p % capacity
+        pages = requests[req].pages
+        assert meta.kv_slot_mapping[1][t] == pages[1][p // 8] * 8 + p % 8
+        assert meta.kv_slot_mapping[2][t] == (pages[2][0] * 8 + p // 2 if p % 2 else -1)
+    assert (meta.slot_mapping[8:] == -1).all() and all((meta.kv_slot_mapping[r][8:] == -1).all() for r in (1, 2))
