@@ -168,8 +168,10 @@ for s in "$@"; do
       step tests-bench-steps 200 $PY -m pytest -p no:cacheprovider -q bench/tests/test_bench_steps.py bench/tests/test_bench_steps_gpu.py ;;
     state-memory)
       step state-memory 60 $PY -m dsv4_compressor.bench.steps memory ;;
-    bench-state-serving)
-      step bench-state-serving 240 $PY -m dsv4_compressor.bench.steps state --cases serving --trials 3 --tag serving --out "$LOGS" ;;
+    bench-state-c128)
+      step bench-state-c128 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --trials 3 --tag c128 --out "$LOGS" ;;
+    bench-state-c4)
+      step bench-state-c4 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 4 --trials 3 --tag c4 --out "$LOGS" ;;
     bench-state-dense)
       step bench-state-dense 240 $PY -m dsv4_compressor.bench.steps state --cases dense --mode graph --sizes 1 4 16 64 256 1024 4096 16374 --trials 3 --tag dense --out "$LOGS" ;;
     bench-v41-r1)

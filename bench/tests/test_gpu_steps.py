@@ -78,7 +78,7 @@ def test_bench_steps_listed_and_parse():
     from dsv4_compressor.bench import steps
 
     commands = {words[1]: words for words in _step_commands(STEPS_TOOL)}
-    assert {"state-memory", "bench-state-serving", "bench-state-dense", "bench-v41-r1", "bench-v41-r2",
+    assert {"state-memory", "bench-state-c128", "bench-state-c4", "bench-state-dense", "bench-v41-r1", "bench-v41-r2",
             "bench-v41-index-key"} <= set(commands)
     for name, words in commands.items():
         argv = words[words.index(STEPS_TOOL) + 1:]
