@@ -174,12 +174,16 @@ for s in "$@"; do
       step bench-state-c4 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 4 --trials 3 --tag c4 --out "$LOGS" ;;
     bench-state-dense)
       step bench-state-dense 240 $PY -m dsv4_compressor.bench.steps state --cases dense --mode graph --sizes 1 4 16 64 256 1024 4096 16374 --trials 3 --tag dense --out "$LOGS" ;;
-    bench-v41-r1)
-      step bench-v41-r1 240 $PY -m dsv4_compressor.bench.steps v41 --ratio 1 --cases sweeps steps --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 3 --tag r1 --out "$LOGS" ;;
-    bench-v41-r2)
-      step bench-v41-r2 240 $PY -m dsv4_compressor.bench.steps v41 --ratio 2 --cases sweeps steps --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 3 --tag r2 --out "$LOGS" ;;
+    bench-v41-r1-fp32|bench-v41-r1-bf16|bench-v41-r2-fp32|bench-v41-r2-bf16)
+      case "$s" in  # the ratio and the kv / score dtype; every small size rotates thousands of input sets
+        bench-v41-r1-fp32) args="--ratio 1 --input-dtype fp32" ;;
+        bench-v41-r1-bf16) args="--ratio 1 --input-dtype bf16" ;;
+        bench-v41-r2-fp32) args="--ratio 2 --input-dtype fp32" ;;
+        bench-v41-r2-bf16) args="--ratio 2 --input-dtype bf16" ;;
+      esac
+      step "$s" 240 $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 3 --tag "${s#bench-}" --out "$LOGS" ;;
     bench-v41-index-key)
-      step bench-v41-index-key 240 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --impl triton --impl vllm_v41_adapter:VllmV41 --trials 3 --tag index-key --out "$LOGS" ;;
+      step bench-v41-index-key 240 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --sizes 1 16 256 4096 16384 --impl triton --impl vllm_v41_adapter:VllmV41 --trials 3 --tag index-key --out "$LOGS" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

@@ -78,8 +78,14 @@ def test_bench_steps_listed_and_parse():
     from dsv4_compressor.bench import steps
 
     commands = {words[1]: words for words in _step_commands(STEPS_TOOL)}
-    assert {"state-memory", "bench-state-c128", "bench-state-c4", "bench-state-dense", "bench-v41-r1", "bench-v41-r2",
-            "bench-v41-index-key"} <= set(commands)
+    assert {"state-memory", "bench-state-c128", "bench-state-c4", "bench-state-dense", "$s", "bench-v41-index-key"} \
+        <= set(commands)
+    v41 = commands.pop("$s")  # the V4.1 steps: one command, its ratio and dtype from the step's name
+    arguments = dict(re.findall(r'(bench-v41-r[12]-\w+)\) args="([^"]+)"', SCRIPT.read_text()))
+    assert set(arguments) == {f"bench-v41-r{r}-{d}" for r in (1, 2) for d in ("fp32", "bf16")}
+    for name, extra in arguments.items():
+        words = [w for w in v41 if w != "$args"] + shlex.split(extra)
+        commands[name] = [w.replace("${s#bench-}", name.removeprefix("bench-")) for w in words]
     for name, words in commands.items():
         argv = words[words.index(STEPS_TOOL) + 1:]
         args = steps.parser().parse_args([a.replace("$LOGS", "out") for a in argv])
@@ -89,4 +95,6 @@ def test_bench_steps_listed_and_parse():
         elif args.suite == "v41":
             assert steps.v41_cases(args), name
             assert all(i in ("triton", "triton-split") or ":" in i for i in args.impl), name
-    assert "vllm_v41_adapter:VllmV41" in commands["bench-v41-r2"]
+    assert "vllm_v41_adapter:VllmV41" in commands["bench-v41-r2-fp32"]
+    bf16 = commands["bench-v41-r2-bf16"]
+    assert steps.parser().parse_args(bf16[bf16.index(STEPS_TOOL) + 1:]).input_dtype == ["bf16"]
