@@ -197,6 +197,8 @@ def main(argv=None) -> int:
 def timed_run(args, cases, prepare, baseline) -> int:
     import time
 
+    import torch
+
     from .cli import _versions
     from .report import step_tables, write_files
     from .step_runner import run_calls
@@ -210,7 +212,13 @@ def timed_run(args, cases, prepare, baseline) -> int:
     print(json.dumps(meta))
     rows, started = [], time.perf_counter()
     for index, case in enumerate(cases, 1):
-        prepared, calls = prepare(case, "cuda", args.sets)
+        try:
+            prepared, calls = prepare(case, "cuda", args.sets)
+        except Exception as error:  # e.g. out of memory: say so and go on with the next case
+            print(f"[{index}/{len(cases)}] case {case.name} {case.variant} n={case.token_num} not prepared: "
+                  f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+            continue
         case_rows = run_calls(prepared, calls, modes, copy_gbs, args.trials)
         del prepared, calls
         rows += case_rows
