@@ -11,5 +11,9 @@ CUDA-graph timings against the measured copy bandwidth.
 - :mod:`.cutedsl_tune`   the CuTe DSL kernels' shapes and dispatch choices timed side by side
 - :mod:`.triton_sweep`   the Triton kernels' knobs timed side by side
 - :mod:`.probe`, :mod:`.floor_kernels`   launch and read floors, variants, ``ncu`` profiling
+- :mod:`.steps`  ``python -m dsv4_compressor.bench.steps``: the step benchmarks of SPEC §13's state
+  formats (:mod:`.state_steps`) and §14's V4.1 compressors (:mod:`.v41_steps`), timed side by side by
+  :mod:`.step_runner` beside their floor (:mod:`.step_floor`); :mod:`.state_memory` the state
+  memory per request and layer of each format (computed)
 - ``tests/``      the same cases under pytest-benchmark (``pytest bench``)
 """

@@ -24,6 +24,13 @@ Paged windows (the benchmark case's own state cache, block table and metadata):
   block-table entries, then each row's own half of kv and of score (head width ``HEAD``: 512
   for the attention compressor, 32 KiB a token as two 2 KiB runs of every 8 KiB row; 128 for the
   indexer's (SPEC §12), 8 KiB a token as two 512-byte runs of every 2 KiB row).
+
+Steps (SPEC §13.4's step call, §14's V4.1 calls; host side in :mod:`.step_floor`):
+
+- :func:`step_floor`: what a step must move and nothing else, in one launch: each token's kv (and
+  score) row read once (fp32 or bf16), copied to its save slot (fp32, or truncated to bf16), its
+  record's bytes and (V4.1) a bf16 latent row written; then the window rows that come from the
+  state, as runs of ``H`` kv and ``H`` score elements listed on the host.
 """
 
 from __future__ import annotations
@@ -143,3 +150,113 @@ def paged_c4_read(state_ptr, token_req_ptr, positions_ptr, block_table_ptr, out_
     kv = tl.load(state_ptr + offsets, mask=valid[:, None], other=0.0, cache_modifier=".cg")
     score = tl.load(state_ptr + offsets + 2 * HEAD, mask=valid[:, None], other=0.0, cache_modifier=".cg")
     tl.store(out_ptr + token, tl.sum(tl.sum(kv + score, axis=1), axis=0))
+
+
+# ---- the step floor: SPEC §13's step call and §14's V4.1 calls ---------------------------------------
+@triton.jit
+def _bf16_values(bits):
+    # int16 bf16 bit patterns -> their binary32 values (exact)
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _first(columns, condition, count):
+    # the mask of columns[:count] where the scalar condition holds, else of none (a block mask: the
+    # interpreter cannot combine a scalar mask with a block one)
+    return columns < tl.where(condition, count, 0)
+
+
+@triton.jit
+def _load_row(ptr, columns, mask, BF16: tl.constexpr):
+    # fp32 values, or bf16 values held as int16 patterns, widened to binary32
+    if BF16:
+        return _bf16_values(tl.load(ptr + columns, mask=mask, other=0, cache_modifier=".cg"))
+    return tl.load(ptr + columns, mask=mask, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _store_row(ptr, columns, values, mask, BF16: tl.constexpr):
+    # binary32 values as fp32, or truncated to bf16 patterns (int16): a copy, no rounding arithmetic
+    if BF16:
+        tl.store(ptr + columns, (values.to(tl.int32, bitcast=True) >> 16).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + columns, values, mask=mask)
+
+
+@triton.jit
+def _token_floor(t, inputs, tokens, state, outputs, num_tokens, SW: tl.constexpr, INPUT_BF16: tl.constexpr,
+                 HAS_SCORE: tl.constexpr, STATE_BF16: tl.constexpr, READS: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
+                 ENTRY_BYTES: tl.constexpr, LATENT: tl.constexpr):
+    # token t's share of step_floor: read its kv (and score) row, copy it to its save slot, write its record's
+    # bytes and (LATENT) its kv as a bf16 latent row; returns the sum of what it read
+    kv_ptr, kv_stride, score_ptr, score_stride = inputs
+    saves_ptr, entries_ptr = tokens
+    state_ptr, state_s0, state_s1, bs = state
+    cache_ptr, latent_ptr, latent_stride = outputs
+    in_range = t < num_tokens
+    row = tl.minimum(t, num_tokens - 1).to(tl.int64)
+    entry = tl.load(entries_ptr + row)
+    writes_entry = in_range & (entry >= 0)
+    total = 0.0
+    if READS > 0:
+        save = tl.load(saves_ptr + row)
+        if READS == 2:
+            reads = in_range
+        else:
+            reads = in_range & ((entry >= 0) | (save >= 0))
+        columns = tl.arange(0, SW)
+        read_mask = _first(columns, reads, SW)
+        save_mask = _first(columns, in_range & (save >= 0), SW)
+        kv = _load_row(kv_ptr + row * kv_stride, columns, read_mask, INPUT_BF16)
+        total += tl.sum(kv, axis=0)
+        slot = tl.maximum(save, 0)
+        target = state_ptr + (slot // bs) * state_s0 + (slot % bs) * state_s1
+        _store_row(target, columns, kv, save_mask, STATE_BF16)
+        if HAS_SCORE:
+            score = _load_row(score_ptr + row * score_stride, columns, read_mask, INPUT_BF16)
+            total += tl.sum(score, axis=0)
+            _store_row(target + SW, columns, score, save_mask, STATE_BF16)
+        if LATENT:
+            _store_row(latent_ptr + row * latent_stride, columns, kv, _first(columns, writes_entry, SW), True)
+    if ENTRY_BYTES > 0:
+        record = tl.arange(0, ENTRY_BLOCK)
+        tl.store(cache_ptr + tl.maximum(entry, 0) + record, (record & 0xFF).to(tl.uint8),
+                 mask=_first(record, writes_entry, ENTRY_BYTES))
+    return total
+
+
+@triton.jit
+def step_floor(inputs, tokens, state, runs, outputs, out_ptr, num_tokens, token_programs, SW: tl.constexpr,
+               H: tl.constexpr, TOKENS: tl.constexpr, RUNS: tl.constexpr, INPUT_BF16: tl.constexpr,
+               HAS_SCORE: tl.constexpr, STATE_BF16: tl.constexpr, READS: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
+               ENTRY_BYTES: tl.constexpr, LATENT: tl.constexpr):
+    # The bytes a step must move, with none of SPEC's arithmetic; programs 0 .. token_programs-1 take TOKENS
+    # tokens each, the others RUNS state runs each.
+    # inputs: (kv [T, SW] fp32 or int16 bf16 patterns, kv row stride, score (the same; read iff HAS_SCORE),
+    #   score row stride), strides in elements; READS: 0 no token reads its row, 1 a token that saves or has a
+    #   record reads it, 2 every token does;
+    # tokens: (saves int64 [T]: state slot the token's row is copied to, -1 none; entries int64 [T]: byte offset
+    #   of the token's record in the cache, -1 none);
+    # state: (state fp32 or int16 bf16 patterns [blocks, bs, 2*SW], block stride, row stride (elements), bs);
+    # runs: (offsets int64 [num_runs]: element offset of a run's kv in the state, its score SW further;
+    #   num_runs): the window rows a step reads from the state, H kv and H score elements each;
+    # outputs: (cache uint8 [bytes]: ENTRY_BYTES written per record, latent int16 [T, SW] (LATENT), latent row
+    #   stride); out_ptr: fp32 [programs], the sum of what each program read
+    pid = tl.program_id(0)
+    total = 0.0
+    if pid < token_programs:
+        for i in range(TOKENS):
+            total += _token_floor(pid * TOKENS + i, inputs, tokens, state, outputs, num_tokens, SW, INPUT_BF16,
+                                  HAS_SCORE, STATE_BF16, READS, ENTRY_BLOCK, ENTRY_BYTES, LATENT)
+    else:
+        state_ptr = state[0]
+        offsets_ptr, num_runs = runs
+        columns = tl.arange(0, H)
+        for i in range(RUNS):
+            run = (pid - token_programs) * RUNS + i
+            valid = run < num_runs
+            start = tl.load(offsets_ptr + run, mask=valid, other=0)
+            mask = _first(columns, valid, H)
+            total += tl.sum(_load_row(state_ptr + start, columns, mask, STATE_BF16), axis=0)
+            total += tl.sum(_load_row(state_ptr + start + SW, columns, mask, STATE_BF16), axis=0)
+    tl.store(out_ptr + pid, total)

@@ -5,6 +5,10 @@
 #   bash bench/gpu_steps.sh STEP...    STEP: see the case list below (env, conformance-*,
 #                                              tests-*, tune-c128, bench*, sanitize*, soak, pytest-bench)
 #
+# The steps bench-v41-* also time vLLM's V4.1 kernels through the third-party adapter module
+# vllm_v41_adapter (class VllmV41), when its folder is on the caller's PYTHONPATH and $VLLM_REF names its
+# rebuilt vLLM files; without it their vLLM rows are skipped with a line and the others run.
+#
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
 # installed; torch, Triton and CuTe DSL come from the active Python environment ($PYTHON,
 # default python3).
@@ -160,6 +164,26 @@ for s in "$@"; do
       step tests-serving 400 $PY -m pytest -p no:cacheprovider -q -m gpu conformance/tests/test_graphs_gpu.py ;;
     soak)
       step soak 540 $PY -m dsv4_compressor soak --minutes 6 --json "$LOGS/soak.json" ;;
+    tests-bench-steps)
+      step tests-bench-steps 200 $PY -m pytest -p no:cacheprovider -q bench/tests/test_bench_steps.py bench/tests/test_bench_steps_gpu.py ;;
+    state-memory)
+      step state-memory 60 $PY -m dsv4_compressor.bench.steps memory ;;
+    bench-state-c128)
+      step bench-state-c128 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --trials 3 --tag c128 --out "$LOGS" ;;
+    bench-state-c4)
+      step bench-state-c4 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 4 --trials 3 --tag c4 --out "$LOGS" ;;
+    bench-state-dense)
+      step bench-state-dense 240 $PY -m dsv4_compressor.bench.steps state --cases dense --mode graph --sizes 1 4 16 64 256 1024 4096 16374 --trials 3 --tag dense --out "$LOGS" ;;
+    bench-v41-r1-fp32|bench-v41-r1-bf16|bench-v41-r2-fp32|bench-v41-r2-bf16)
+      case "$s" in  # the ratio and the kv / score dtype; every small size rotates thousands of input sets
+        bench-v41-r1-fp32) args="--ratio 1 --input-dtype fp32" ;;
+        bench-v41-r1-bf16) args="--ratio 1 --input-dtype bf16" ;;
+        bench-v41-r2-fp32) args="--ratio 2 --input-dtype fp32" ;;
+        bench-v41-r2-bf16) args="--ratio 2 --input-dtype bf16" ;;
+      esac
+      step "$s" 240 $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 3 --tag "${s#bench-}" --out "$LOGS" ;;
+    bench-v41-index-key)
+      step bench-v41-index-key 240 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --sizes 1 16 256 4096 16384 --impl triton --impl vllm_v41_adapter:VllmV41 --trials 3 --tag index-key --out "$LOGS" ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)

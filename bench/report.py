@@ -99,3 +99,44 @@ def plot(rows: list[Row], out_path: Path, copy_gbs: float) -> Path | None:
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
     return out_path
+
+
+def step_tables(rows: list[Row], baseline: str | None, copy_gbs: float, floor: str = "floor") -> str:
+    """The step benchmarks' tables (:mod:`.steps`), one per (case, mode): a line per (token_num, format),
+    µs per call of each implementation, the speedup of each over ``baseline`` (its time / theirs), each
+    one's time over the floor's (1.00x: as fast as moving the step's bytes allows), and its share of
+    the copy bandwidth; then each implementation's error or refusal."""
+    groups = defaultdict(list)
+    for row in rows:
+        groups[(row.case, row.mode)].append(row)
+    out = []
+    for (case, mode), group in groups.items():
+        impls = list(dict.fromkeys(r.implementation for r in group))
+        timed = [i for i in impls if i != floor]
+        others = [i for i in timed if i != baseline] if baseline in impls else []
+        header = ["token_num", "format", "active"] + [f"{i} µs" for i in impls]
+        header += [f"{i} vs {baseline}" for i in others]
+        header += [f"{i} / floor" for i in timed] if floor in impls else []
+        header += [f"{i} % copy BW" for i in impls]
+        out.append(f"\n**{case}, {mode}** (copy bandwidth {copy_gbs:.0f} GB/s; vs = {baseline} time / other time; "
+                   f"/ floor = time / the floor's time)\n")
+        out.append("| " + " | ".join(header) + " |")
+        out.append("|" + "---|" * len(header))
+        lines = defaultdict(dict)
+        for r in group:
+            lines[(r.token_num, r.variant)][r.implementation] = r
+        for (n, variant), cells in sorted(lines.items()):
+            first = next(iter(cells.values()))
+            time = {i: cells[i].median_us if i in cells and not cells[i].error else None for i in impls}
+            line = [str(n), variant, str(first.active)]
+            line += [_fmt(time[i], 2) if time[i] else ("unsupported" if i in cells and cells[i].error.startswith(
+                "unsupported") else "err" if i in cells and cells[i].error else "-") for i in impls]
+            line += [f"{time[baseline] / time[i]:.2f}x" if time.get(baseline) and time[i] else "-" for i in others]
+            if floor in impls:
+                line += [f"{time[i] / time[floor]:.2f}x" if time[floor] and time[i] else "-" for i in timed]
+            line += [_fmt(cells[i].pct_copy) if i in cells else "-" for i in impls]
+            out.append("| " + " | ".join(line) + " |")
+        errors = {(r.implementation, r.variant): r.error for r in group if r.error}
+        for (impl, variant), error in errors.items():
+            out.append(f"\n{impl} ({variant}): {error}")
+    return "\n".join(out)

@@ -176,6 +176,7 @@ class Row:
     gbs: float | None
     pct_copy: float | None
     error: str = ""
+    variant: str = ""  # the step benchmarks' state or input format (e.g. "ring bf16"); "" elsewhere
 
     def as_dict(self) -> dict:
         return asdict(self)

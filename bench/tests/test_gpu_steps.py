@@ -14,10 +14,16 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[1] / "gpu_steps.sh"
 
 
-def _step_commands() -> list[list[str]]:
-    """The words of every ``step NAME LIMIT COMMAND...`` line."""
+STEPS_TOOL = "dsv4_compressor.bench.steps"  # the step benchmarks: their own --impl names (test_bench_steps_listed)
+
+
+def _step_commands(tool: str | None = None) -> list[list[str]]:
+    """The words of every ``step NAME LIMIT COMMAND...`` line: those that run ``-m tool``, or (None)
+    all but the step benchmarks'."""
     lines = (line.strip().removesuffix(";;") for line in SCRIPT.read_text().splitlines())
-    return [shlex.split(line) for line in lines if line.startswith("step ")]
+    commands = [shlex.split(line) for line in lines if line.startswith("step ")]
+    return [words for words in commands if (STEPS_TOOL in words) == (tool == STEPS_TOOL)
+            and (tool is None or tool in words)]
 
 
 def _values(option: str) -> list[str]:
@@ -64,3 +70,31 @@ def test_variants_and_implementations_exist():
             assert module == "dsv4_compressor.impl.cutedsl.variants" and attribute in VARIANTS, impl
         else:
             assert impl in REGISTRY or lab_setting(impl) is not None, impl
+
+
+def test_bench_steps_listed_and_parse():
+    """The step benchmarks of SPEC §13 and §14 are steps, and each one's arguments parse and pass the
+    tool's own checks; its implementations are the project's V4.1 rows or ``module:attribute``."""
+    from dsv4_compressor.bench import steps
+
+    commands = {words[1]: words for words in _step_commands(STEPS_TOOL)}
+    assert {"state-memory", "bench-state-c128", "bench-state-c4", "bench-state-dense", "$s", "bench-v41-index-key"} \
+        <= set(commands)
+    v41 = commands.pop("$s")  # the V4.1 steps: one command, its ratio and dtype from the step's name
+    arguments = dict(re.findall(r'(bench-v41-r[12]-\w+)\) args="([^"]+)"', SCRIPT.read_text()))
+    assert set(arguments) == {f"bench-v41-r{r}-{d}" for r in (1, 2) for d in ("fp32", "bf16")}
+    for name, extra in arguments.items():
+        words = [w for w in v41 if w != "$args"] + shlex.split(extra)
+        commands[name] = [w.replace("${s#bench-}", name.removeprefix("bench-")) for w in words]
+    for name, words in commands.items():
+        argv = words[words.index(STEPS_TOOL) + 1:]
+        args = steps.parser().parse_args([a.replace("$LOGS", "out") for a in argv])
+        assert steps._check(args) == "", name
+        if args.suite == "state":
+            assert steps.state_cases(args), name
+        elif args.suite == "v41":
+            assert steps.v41_cases(args), name
+            assert all(i in ("triton", "triton-split") or ":" in i for i in args.impl), name
+    assert "vllm_v41_adapter:VllmV41" in commands["bench-v41-r2-fp32"]
+    bf16 = commands["bench-v41-r2-bf16"]
+    assert steps.parser().parse_args(bf16[bf16.index(STEPS_TOOL) + 1:]).input_dtype == ["bf16"]
