@@ -238,7 +238,8 @@ def state_calls(case: StateCase, module, refusal: str = "") -> dict:
     ``compress_and_save``, ``save+compress`` (``refusal`` when the two calls cannot run the step) and
     ``floor``; for a dense sweep ``compress`` and ``floor``."""
     bs, ring, r = case.block_size, case.ring_capacity, case.ratio
-    keywords = dict(compress_ratio=r, layout=case.layout, ring_capacity=ring)
+    rings = {} if ring is None else dict(ring_capacity=ring)  # a paged call passes no §13 keyword (any compressor takes it)
+    keywords = dict(compress_ratio=r, layout=case.layout, **rings)
 
     def compress(s) -> None:
         module.compress_norm_rope_store(s["state"], s["token_to_req"], s["positions"], s["slot_mapping"],
@@ -258,8 +259,7 @@ def state_calls(case: StateCase, module, refusal: str = "") -> dict:
                                  ape_at="save", **keywords)
 
     def pair(s) -> None:  # every token saved (a ring's chunks fit it), then the compress reads the state
-        module.save_partial_states(s["kv_score"], s["ape"], s["positions"], s["slot_mapping"], s["state"], bs,
-                                   ring_capacity=ring)
+        module.save_partial_states(s["kv_score"], s["ape"], s["positions"], s["slot_mapping"], s["state"], bs, **rings)
         compress(s)
 
     return {"compress_and_save": step, "save+compress": refusal or pair, "floor": floor}
