@@ -334,3 +334,32 @@ def test_nvfp4_records_divide_and_the_ratio2_softmax_divides():
     assert counts[("v41_store", 1, "v41_nvfp4")] == 1 + 4 and counts[("v41_store", 1, "v41_mxfp8")] == 0
     assert counts[("v41_compress", 1, "v41_nvfp4")] == 1 + 1 + 4 and counts[("v41_compress", 1, None)] == 1
     assert counts[("v41_compress", 2, None)] == 2 * 4 + 1
+
+
+# ---- the declaration -----------------------------------------------------------------------------------------
+def test_every_declared_option_is_one_launch(recorded):
+    """``V41_CAPABILITIES``: every ratio with every layout, every projection and state dtype, rings,
+    no latent and both index-key layouts are calls the host takes (one launch each)."""
+    from dsv4_compressor.impl.cutedsl import V41_CAPABILITIES as declared
+
+    launches, _ = recorded
+    calls = 0
+    for ratio in declared.ratios:
+        for layout in declared.layouts:
+            v41.v41_compress_norm_rope_store(**_combined_arguments(S.build_case(MIXED, ratio=ratio, seed=20,
+                                                                                layout=layout)))
+            calls += 1
+        for index_layout in declared.index_key_layouts:
+            case = S.build_case(MIXED, ratio=ratio, seed=21, layout=None)
+            v41.v41_index_key_store(**S.torch_arguments(S.index_key_arguments(case, index_layout))[0])
+            calls += 1
+    states = {False: V.paged(4), True: V.vllm_ring(0)} if declared.ring_addressing else {False: V.paged(4)}
+    for state_dtype in declared.state_dtypes:
+        for kv_dtype in declared.projection_dtypes:
+            for ring, state in states.items():
+                case = S.build_case(MIXED, ratio=2, seed=22, layout="v41_nvfp4", state=state,
+                                    bf16_state=state_dtype == "bf16", bf16_inputs=kv_dtype == "bf16")
+                v41.v41_compress_norm_rope_store(**_combined_arguments(case, latent=not declared.latent_optional))
+                calls += 1
+    rings = {config.ring for kernel, config, _ in launches if kernel == "v41_compress" and config.ratio == 2}
+    assert len(launches) == calls and rings == {False, True}
