@@ -15,6 +15,11 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
 - :class:`Policy` / :data:`DEFAULT_POLICY` (frozen dispatch thresholds and kernel shapes, ``policy=``)
 - ``torch.ops.dsv4_compressor.cutedsl_*`` (:mod:`.ops`: the operations as torch custom ops; the
   functions above call them while ``torch.compile`` traces)
+- DeepSeek-V4.1 (SPEC §14, :mod:`.v41`): :func:`v41_compress_norm`, :func:`v41_rope_quant_store`,
+  :func:`v41_compress_norm_rope_store` (one launch), :func:`v41_index_key_store` and
+  :func:`v41_warm_up`, with the Triton family's signatures; ``torch.ops.dsv4_compressor.cutedsl_v41_*``
+  (:mod:`.v41_ops`); :data:`V41_CAPABILITIES` declares the options they run. Compiled and
+  PTX-checked for sm_90a, not yet run on a GPU.
 
 The indexer compressor (SPEC §12, head width 128): ``layout="indexer_fp8"`` or
 ``"indexer_mxfp4"`` (optionally ``hadamard=True``) runs its own kernels (C4: a warp per
@@ -48,6 +53,13 @@ The package has three floors, each importing only the ones below it:
 
 and :mod:`.config`, the static configurations (compile keys) that host and kernels share.
 
+DeepSeek-V4.1's kernels sit on the same floors: :mod:`.v41` and :mod:`.v41_ops` (the face),
+:mod:`.v41_ptx` (their PTX variants), :mod:`.host.v41_paths` (their registry: one record per
+kernel), :mod:`.kernels.v41_compress`, :mod:`.kernels.v41_store`, :mod:`.kernels.v41_index_key`,
+composed from :mod:`.stages.v41_rows`, :mod:`.stages.v41_latent`, :mod:`.stages.v41_records`,
+:mod:`.stages.v41_save` and :mod:`.stages.v41_index_key` (named as the Triton family's modules);
+:mod:`.v41_config` holds their static configurations.
+
 Importing this package needs torch only; CuTe DSL is imported on first use, with a clear
 ``ImportError`` if it is missing.
 """
@@ -55,7 +67,13 @@ Importing this package needs torch only; CuTe DSL is imported on first use, with
 from .api import (SUPPORTED_DEVICES, BoundLayer, bind, compress, compress_norm_rope_store,
                   save_and_compress_norm_rope_store, save_partial_states, warm_up)
 from .host.policy import DEFAULT_POLICY, KernelShapes, Policy, PoolShape
+from .host.v41_paths import DEFAULT_V41_SHAPES, V41Shapes
+from .v41 import (V41_CAPABILITIES, v41_compress_norm, v41_compress_norm_rope_store, v41_index_key_store,
+                  v41_rope_quant_store, v41_warm_up)
 from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.cutedsl_*)
+from . import v41_ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.cutedsl_v41_*)
 
 __all__ = ["SUPPORTED_DEVICES", "save_partial_states", "compress_norm_rope_store", "save_and_compress_norm_rope_store",
-           "compress", "bind", "BoundLayer", "warm_up", "Policy", "KernelShapes", "PoolShape", "DEFAULT_POLICY"]
+           "compress", "bind", "BoundLayer", "warm_up", "Policy", "KernelShapes", "PoolShape", "DEFAULT_POLICY",
+           "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
+           "v41_warm_up", "V41Shapes", "DEFAULT_V41_SHAPES", "V41_CAPABILITIES"]

@@ -10,7 +10,8 @@ policy, PDL, bf16 weights, 64 entries a page, the production block sizes), the p
 kernels of ``compress`` and the save kernel, each with its neighbours in the configuration
 space (:func:`.space.neighbours`: every layout with each store alignment it allows, both
 weight dtypes, ``B`` of 1, 7 and 64, block sizes that take each lookup granularity, every
-mapping knob, PDL on and off, early metadata). A variant is named by its configuration's tag.
+mapping knob, PDL on and off, early metadata), and DeepSeek-V4.1's kernels (:mod:`.v41_ptx`: every
+option of each at least once). A variant is named by its configuration's tag.
 Compilation needs no GPU: each compile names its target (``--gpu-arch``; :data:`TARGET`,
 Hopper, unless another is asked for: ``sm_100a`` or ``sm_103a`` for Blackwell), whatever
 ``CUTE_DSL_ARCH`` says. :func:`knows_target` tells whether the installed DSL has a target.
@@ -19,6 +20,8 @@ Hopper, unless another is asked for: ``sm_100a`` or ``sm_103a`` for Blackwell), 
 from __future__ import annotations
 
 from typing import Iterator
+
+from . import v41_ptx
 
 TARGET = "sm_90a"
 
@@ -53,13 +56,17 @@ def kernel_configs() -> Iterator[tuple[str, object]]:
     for kernel, base in bases:
         for config in neighbours(base):
             seen.setdefault((kernel, config))
+    for kernel, config in v41_ptx.kernel_configs():  # DeepSeek-V4.1's kernels (SPEC §14): listed there
+        seen.setdefault((kernel, config))
     return iter(seen)
 
 
 def streams_rows(kernel: str, config) -> bool:
     """Whether the kernel streams state or input rows, which the PTX rules want in 128-bit loads
     (the split store kernel reads x; the save kernel's rows are 16-byte aligned only with
-    ``vector_inputs``)."""
+    ``vector_inputs``; V4.1's kernels: :func:`.v41_ptx.streams_rows`)."""
+    if kernel in v41_ptx.KERNELS:
+        return v41_ptx.streams_rows(kernel, config)
     return kernel != "split_store" and getattr(config, "vector_inputs", True)
 
 

@@ -319,6 +319,101 @@ def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False, arch: str 
     return cached(("indexer", config, keep_ptx), build, arch)
 
 
+# ---- DeepSeek-V4.1 (SPEC §14) ----------------------------------------------------------------
+_DTYPES = {"float32": Float32, "bfloat16": BFloat16}
+
+
+def fake_rows(dtype: str, width: int, num_tokens, align: int = 16):
+    """fp32 or bf16 ``[T, width]`` rows (``kv``, ``score``, ``latent``, ``k_pre``), unit last stride,
+    any row stride; base aligned to ``align`` bytes (16: SPEC §14.8's aligned rows)."""
+    return cute.runtime.make_fake_tensor(_DTYPES[dtype], (num_tokens, width), stride=(_dyn_stride(), 1),
+                                         assumed_align=align)
+
+
+def fake_v41_state(dtype: str, block_size: int):
+    """fp32 or bf16 ``[num_state_blocks, bs, 1024]``, base 16-byte aligned, strides (s0, s1, 1)."""
+    return cute.runtime.make_fake_tensor(_DTYPES[dtype], (cute.sym_int(), block_size, 2 * HEAD_DIM),
+                                         stride=(_dyn_stride(), _dyn_stride(), 1), assumed_align=16)
+
+
+def fake_v41_k_cache(record):
+    """``k_cache`` of a V4.1 record format (:class:`..v41_config.V41RecordFormat`): the record
+    layouts' uint8 ``[num_pages, B, E]``, the rows layouts' ``[num_pages, B, 512]``."""
+    entry = record.entry
+    shape = (cute.sym_int(), record.entries_per_page, entry.entry_elements)
+    return cute.runtime.make_fake_tensor(_ELEMENTS[entry.element], shape, stride=(_dyn_stride(), _dyn_stride(), 1),
+                                         assumed_align=record.store_align)
+
+
+def compile_v41_compress(config, *, keep_ptx: bool = False, arch: str | None = None):
+    """DeepSeek-V4.1's compress kernel (``v41_compress_norm``, ``v41_compress_norm_rope_store``);
+    the arguments a configuration does not read are ``None``."""
+    arch = target_arch(arch)
+
+    def build():
+        from ..kernels.v41_compress import V41CompressKernel
+
+        T = cute.sym_int()
+        ratio2 = config.ratio == 2
+        state = dict(
+            mScore=fake_rows(config.score_dtype, HEAD_DIM, T) if ratio2 else None,
+            mTokenReq=fake_per_token(Int32, T) if ratio2 else None,
+            mSlot=fake_per_token(Int64, T) if ratio2 else None,
+            mSave=fake_per_token(Int64, T) if ratio2 else None,
+            mQsl=fake_per_token(Int32, cute.sym_int()) if ratio2 else None,
+            mState=fake_v41_state(config.state_dtype, config.block_size) if ratio2 else None,
+            mBlockTable=fake_block_table() if ratio2 else None,
+        )
+        store = config.record is not None
+        return cute.compile(
+            V41CompressKernel(config), fake_rows(config.kv_dtype, HEAD_DIM, T), state["mScore"],
+            fake_per_token(Int64, T), fake_per_token(Int64, T), state["mTokenReq"], state["mSlot"], state["mSave"],
+            state["mQsl"], state["mState"], state["mBlockTable"], fake_weight(config.weight_dtype),
+            fake_rows("bfloat16", HEAD_DIM, T) if config.latent else None, fake_cos_sin() if store else None,
+            fake_v41_k_cache(config.record) if store else None, Float32(1e-6), Float32(1.0), Int32(2), fake_stream(),
+            options=_options(keep_ptx, arch),
+        )
+
+    return cached(("v41_compress", config, keep_ptx), build, arch)
+
+
+def compile_v41_store(config, *, keep_ptx: bool = False, arch: str | None = None):
+    """DeepSeek-V4.1's ``v41_rope_quant_store`` kernel."""
+    arch = target_arch(arch)
+
+    def build():
+        from ..kernels.v41_store import V41StoreKernel
+
+        T = cute.sym_int()
+        return cute.compile(
+            V41StoreKernel(config), fake_rows("bfloat16", HEAD_DIM, T), fake_per_token(Int64, T),
+            fake_per_token(Int64, T), fake_cos_sin(), fake_v41_k_cache(config.record), Float32(1.0), fake_stream(),
+            options=_options(keep_ptx, arch),
+        )
+
+    return cached(("v41_store", config, keep_ptx), build, arch)
+
+
+def compile_v41_index_key(config, *, keep_ptx: bool = False, arch: str | None = None):
+    """DeepSeek-V4.1's ``v41_index_key_store`` kernel (``k_pre`` rows need no alignment)."""
+    arch = target_arch(arch)
+
+    def build():
+        from ..kernels.v41_index_key import V41IndexKeyKernel
+
+        T = cute.sym_int()
+        weight_dtype = _DTYPES[config.weight_dtype]
+        weight = cute.runtime.make_fake_tensor(weight_dtype, (INDEXER_HEAD_DIM,), stride=(1,),
+                                               assumed_align=weight_dtype.width // 8)
+        return cute.compile(
+            V41IndexKeyKernel(config), fake_rows("bfloat16", INDEXER_HEAD_DIM, T, align=2), fake_per_token(Int64, T),
+            fake_per_token(Int64, T), weight, fake_cos_sin(), fake_k_cache(config.layout, config.entries_per_page, 16),
+            Float32(1e-6), fake_stream(), options=_options(keep_ptx, arch),
+        )
+
+    return cached(("v41_index_key", config, keep_ptx), build, arch)
+
+
 KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPath.kernels)
     "c4": compile_c4,
     "split_pool": compile_split_pool,
@@ -328,6 +423,9 @@ KERNELS = {  # kernel name -> its compile function (the names of paths.KernelPat
     "fused_pipelined": compile_fused_pipelined,
     "indexer": compile_indexer,
     "save": compile_save,
+    "v41_compress": compile_v41_compress,
+    "v41_store": compile_v41_store,
+    "v41_index_key": compile_v41_index_key,
 }
 
 

@@ -11,7 +11,8 @@ parameters). A call of the stub checks its arguments as the wrapper TVM-FFI gene
   device index (one per call), rank, device type, dtype (int and uint of one width alike),
   static extents, one value per shared symbol (the per-token length ``T``), static strides
   except where the extent is 1;
-- scalars: a Python number.
+- scalars: a Python number; an argument compiled as ``None`` (an optional tensor left out):
+  ``None``.
 
 CPU tensors stand for CUDA ones here (``device_type``); a ``meta`` tensor is one on the wrong
 device type. The GPU tests run the real checks.
@@ -57,7 +58,7 @@ class FfiStub:
         context = ConverterContext()
         params = [_convert_single_arg(a, f"arg{i}", inspect.Parameter.empty, context) for i, a in enumerate(fake_args)]
         self.params = [p for p in params if not isinstance(p, spec.EnvStream)]  # the stream is not an argument
-        self.tensor_type = spec.Tensor
+        self.tensor_type, self.none_type = spec.Tensor, spec.ConstNone
         self.record, self.device_type = record, device_type
 
     def __call__(self, *args):
@@ -67,6 +68,9 @@ class FfiStub:
         for index, (param, value) in enumerate(zip(self.params, args)):
             if isinstance(param, self.tensor_type):
                 self._check_tensor(index, param, value, bound)
+            elif isinstance(param, self.none_type):  # compiled with None: the call must pass None
+                if value is not None:
+                    raise TypeError(f"argument {index}: expected None, got {type(value).__name__}")
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"argument {index}: expected a number, got {type(value).__name__}")
         self.record(tuple(_as_torch(a).data_ptr() if _as_torch(a) is not None else a for a in args))

@@ -23,6 +23,7 @@ from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api, config  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host import buffers, compile_cache, occupancy, paths  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.v41_paths import V41_PATHS  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY, Policy, PoolShape  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import kernel_configs, ptx_variants  # noqa: E402
 from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401  (no_compile: a fixture)
@@ -49,7 +50,7 @@ def test_no_variant_uses_local_memory(ptx_reports):
 def test_variants_cover_every_kernel_and_layout(ptx_reports):
     names = {r.variant for r in ptx_reports}
     kernels = {kernel for kernel, _ in kernel_configs()}
-    assert kernels == {k for path in PATHS.values() for k in path.kernels} | {"save"}
+    assert kernels == {k for path in PATHS.values() for k in path.kernels} | {"save"} | set(V41_PATHS)
     for layout in ("flashmla_fp8", "bf16", "fp8_per_tensor"):
         for prefix in ("c4_", "split_store_", "fused_cluster_", "fused_handoff_", "fused_pipelined_"):
             for align in config.store_alignments(config.ENTRY_LAYOUTS[layout]):

@@ -1,0 +1,325 @@
+"""DeepSeek-V4.1's operations (SPEC §14.7) in CuTe DSL against the NumPy spec, byte for byte over
+whole allocations, on a CUDA GPU: the latent (rows of inactive tokens and row padding untouched),
+ratio 2's state and the compressed cache (untouched entries and page padding included).
+
+The steps are the Triton family's V4.1 scenarios (``impl/triton/tests/v41_scenarios.py``, from
+``spec.v41_batch``): every record at both ratios, paged states, the reference's ring of 2,
+vLLM's ring, fp32 and bf16 inputs and states, padding, tokens without a cache slot or a state
+slot, decode, prefill chunks longer than the ring (whose tail saves onto the row the chunk's
+first token reads), verify steps over several steps, and engine-sized batches; plus this
+family's own options (thread mappings, PDL off). Each buffer is built once in NumPy; the spec
+runs on one copy, the kernels on a CUDA twin of another with the same allocation layout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.impl.triton.tests.v41_scenarios import (  # noqa: E402
+    EPS, V41Case, assert_identical, build_case, index_key_arguments, padded_rows, run_both, spec_copy, torch_arguments,
+    torch_twin, with_step,
+)
+from dsv4_compressor.spec import batch as B  # noqa: E402
+from dsv4_compressor.spec import v41_batch as V  # noqa: E402
+from dsv4_compressor.spec.batch import Request  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
+MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
+STATES = {"paged4": V.paged(4), "paged2": V.paged(2), "reference_ring": V.reference_ring(), "vllm_ring": V.vllm_ring(3)}
+INPUTS = ("fp32", "bf16", "kv_fp32_score_bf16")
+
+
+def _cutedsl():
+    from dsv4_compressor.impl import cutedsl
+
+    return cutedsl
+
+
+def _written(results: dict) -> None:
+    """The call wrote something (guards against comparing two untouched buffers)."""
+    for name in ("latent", "k_cache"):
+        if name in results:
+            assert np.count_nonzero(results[name][0] != B.CANARY_BYTE) > 0, f"{name}: nothing was written"
+
+
+def combined(case: V41Case, *, latent: bool = True, **options) -> dict:
+    """``v41_compress_norm_rope_store`` (``latent=None`` when not ``latent``), spec against CuTe DSL."""
+    arguments = case.compress_arguments(case.latent if latent else None)
+    arguments.update(cos_sin_cache=case.cos_sin, k_cache=case.k_cache, layout=case.layout, fp8_scale=case.fp8_scale)
+    return run_both(spec.v41_compress_norm_rope_store,
+                    lambda **a: _cutedsl().v41_compress_norm_rope_store(**a, **options), arguments,
+                    ("latent", "state_cache", "k_cache"))
+
+
+def compress_norm(case: V41Case, **options) -> dict:
+    return run_both(spec.v41_compress_norm, lambda **a: _cutedsl().v41_compress_norm(**a, **options),
+                    case.compress_arguments(case.latent), ("latent", "state_cache"))
+
+
+def rope_quant_store(case: V41Case, **options) -> dict:
+    """``v41_rope_quant_store`` of random bf16 latent rows (padded rows) for every token."""
+    latent = padded_rows(V.bf16_patterns(np.random.default_rng(1).standard_normal((case.step.num_tokens, 512))), 8)
+    arguments = dict(latent=latent, positions=case.step.positions, kv_slot_mapping=case.step.kv_slot_mapping,
+                     cos_sin_cache=case.cos_sin, k_cache=case.k_cache, compress_ratio=case.ratio, layout=case.layout,
+                     fp8_scale=case.fp8_scale)
+    return run_both(spec.v41_rope_quant_store, lambda **a: _cutedsl().v41_rope_quant_store(**a, **options), arguments,
+                    ("k_cache",))
+
+
+def index_key_store(arguments: dict, **options) -> dict:
+    return run_both(spec.v41_index_key_store, lambda **a: _cutedsl().v41_index_key_store(**a, **options), arguments,
+                    ("k_cache",))
+
+
+# ---- every record at both ratios -------------------------------------------------------------------------
+@pytest.mark.parametrize("layout, options", [
+    ("flashmla_fp8", dict(entries_per_page=2, page_pad_bytes=32, bf16_weight=True)),
+    ("bf16", dict(entries_per_page=1, input_row_pad=8, cos_sin_row_pad=8)),
+    ("fp8_per_tensor", dict(entries_per_page=64, bf16_inputs=True, fp8_scale=0.037)),
+    ("v41_mxfp8", dict(entries_per_page=2, page_pad_bytes=16, bf16_inputs=True, bf16_weight=True)),
+    ("v41_nvfp4", dict(entries_per_page=3, page_pad_bytes=48, drop_entry_fraction=0.3, num_padding=3)),
+])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_combined_call_bytes_identical_to_spec(ratio, layout, options):
+    case = build_case(MIXED, ratio=ratio, seed=10 * ratio + RECORDS.index(layout), layout=layout, **options)
+    results = combined(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent(ratio):
+    case = build_case(MIXED, ratio=ratio, seed=3, layout="v41_nvfp4", bf16_inputs=True)
+    with_latent = combined(case)
+    without = combined(case, latent=False)
+    assert set(without) == ({"k_cache"} if ratio == 1 else {"k_cache", "state_cache"})
+    assert_identical(without)
+    for name, (_, ours) in without.items():
+        assert np.array_equal(ours, with_latent[name][1])
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_compress_norm_alone(ratio):
+    case = build_case(MIXED, ratio=ratio, seed=4, layout=None, state=V.vllm_ring(0), bf16_inputs=ratio == 1,
+                      unslotted_fraction=0.2)
+    results = compress_norm(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("layout", RECORDS)
+def test_rope_quant_store_alone(ratio, layout):
+    case = build_case([Request(3, 1), Request(5, 4), Request(0, 2)], ratio=ratio, seed=5, layout=layout,
+                      entries_per_page=2, page_pad_bytes=16, drop_entry_fraction=0.2)
+    results = rope_quant_store(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("layout, bf16_weight", [("indexer_fp8", True), ("indexer_mxfp4", False), ("indexer_mxfp4", True)])
+def test_index_key_store(ratio, layout, bf16_weight):
+    """``k_pre``'s rows padded by an odd number of elements (its rows need no alignment)."""
+    case = build_case(MIXED, ratio=ratio, seed=6, layout=None, drop_entry_fraction=0.2)
+    results = index_key_store(index_key_arguments(case, layout, bf16_weight=bf16_weight, k_pre_row_pad=3))
+    _written(results)
+    assert_identical(results)
+
+
+# ---- ratio 2's state: dtypes, addressing, inputs, the save after the compress ------------------------------
+@pytest.mark.parametrize("inputs", INPUTS)
+@pytest.mark.parametrize("bf16_state", [False, True], ids=["fp32_state", "bf16_state"])
+@pytest.mark.parametrize("state", list(STATES))
+def test_ratio2_state_options(state, bf16_state, inputs):
+    bf16_inputs = inputs == "bf16"
+    case = build_case([Request(3, 1), Request(7, 1), Request(0, 4), Request(9, 5)], ratio=2,
+                      seed=100 + 10 * list(STATES).index(state) + 3 * bf16_state + INPUTS.index(inputs),
+                      state=STATES[state], bf16_state=bf16_state, bf16_inputs=bf16_inputs,
+                      bf16_score=bf16_inputs or inputs == "kv_fp32_score_bf16", layout="v41_nvfp4",
+                      unslotted_fraction=0.15, bf16_weight=bf16_state)
+    results = combined(case)
+    _written(results)
+    assert_identical(results)
+
+
+@pytest.mark.parametrize("state, requests", [
+    ("reference_ring", [Request(9, 2), Request(5, 7)]),  # C = 2: positions 10, 12 land on the slot of 8 and 4
+    ("vllm_ring", [Request(5, 9), Request(1, 20)]),  # C = 8: position 12 on the slot of 4; 24 (the tail's) on 0's
+])
+@pytest.mark.parametrize("bf16_state", [False, True], ids=["fp32_state", "bf16_state"])
+def test_ring_chunks_longer_than_the_ring_save_after_the_compress_reads(state, requests, bf16_state):
+    """A chunk from an odd position reads row ``P0 - 1`` from the ring while a token of its tail
+    saves onto that slot: the first token's group saves that row after its compress. Repeated:
+    CTAs run in any order."""
+    case = build_case(requests, ratio=2, seed=7, state=STATES[state], bf16_state=bf16_state, layout="bf16")
+    for _ in range(3):
+        assert_identical(combined(case))
+        assert_identical(compress_norm(case))
+
+
+def test_ring_wraps_around_many_times():
+    requests = [Request(8 * 37 + 7, 1), Request(8 * 12 + 8, 3), Request(8 * 5 + 1, 10)]
+    case = build_case(requests, ratio=2, seed=8, state=V.vllm_ring(0), layout="v41_mxfp8", bf16_state=True)
+    assert_identical(combined(case))
+
+
+def test_chunk_rows_are_read_from_the_inputs_not_the_state():
+    """Every state row but the one before each chunk holds NaN (SPEC §13.4 step 1)."""
+    case = build_case([Request(3, 4), Request(10, 6), Request(1, 1)], ratio=2, seed=9, state=V.paged(2),
+                      layout="v41_nvfp4")
+    s, t = case.step, case.tables
+    keep = np.zeros(case.state_cache.shape[:2], bool)
+    for req in range(s.query_start_loc.size - 1):
+        p = int(s.positions[s.query_start_loc[req]]) - 1
+        keep[t.block_table[req, p // 2], p % 2] = True
+    case.state_cache[~keep] = np.float32(np.nan)
+    assert_identical(combined(case))
+
+
+def test_saving_every_token_equals_the_spec_save_then_compress():
+    case = build_case([Request(0, 7), Request(5, 4), Request(30, 1)], ratio=2, seed=11, state=V.paged(4))
+    assert_identical(combined(with_step(case, save_slot_mapping=case.step.slot_mapping.copy())))
+
+
+# ---- multi-step runs -----------------------------------------------------------------------------------------
+def _run_steps(plan: list[list[tuple[int, int]]], layout_state: V.StateLayout, *, bf16_state: bool, seed: int) -> None:
+    """``plan`` (per step, ``(context_len, num_tokens)`` of each request) through the spec and CuTe DSL,
+    each on its own buffers carried across the steps, every buffer compared after every step."""
+    rng = np.random.default_rng(seed)
+    reach = [max(c + n for c, n in (step[i] for step in plan)) for i in range(len(plan[0]))]
+    tables = V.v41_tables(reach, compress_ratio=2, state=layout_state, entries_per_page=4, rng=rng)
+    state = V.state_cache(tables.num_state_blocks, layout_state.block_size, rng, bf16=bf16_state, row_pad=8)
+    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 4, page_pad_bytes=16)
+    weight, cos_sin = B.random_norm_weight(rng, bf16=True), B.rope_cos_sin_cache(max(reach) + 2)
+    spec_state, spec_cache = spec_copy(state), spec_copy(k_cache)
+    ours_state, ours_cache = torch_twin(state), torch_twin(k_cache)
+    for number, requests in enumerate(plan):
+        step = V.v41_step(tables, [Request(c, n) for c, n in requests], num_padding=1)
+        kv, score = V.projections(step.num_tokens, rng, bf16=number % 2 == 1)
+        latent = V.latent_buffer(step.num_tokens)
+        arguments = dict(kv=kv, score=score, positions=step.positions, token_to_req=step.token_to_req,
+                         query_start_loc=step.query_start_loc, slot_mapping=step.slot_mapping,
+                         save_slot_mapping=step.save_slot_mapping, block_table=tables.block_table,
+                         bs=layout_state.block_size, rms_norm_weight=weight, rms_norm_eps=EPS, cos_sin_cache=cos_sin,
+                         kv_slot_mapping=step.kv_slot_mapping, compress_ratio=2, layout="v41_nvfp4",
+                         ring_capacity=layout_state.ring_capacity)
+        spec_latent = spec_copy(latent)
+        spec.v41_compress_norm_rope_store(**arguments, state_cache=spec_state[1], k_cache=spec_cache[1],
+                                          latent=spec_latent[1])
+        torch_args, _ = torch_arguments(arguments)
+        ours_latent = torch_twin(latent)
+        _cutedsl().v41_compress_norm_rope_store(**torch_args, state_cache=ours_state[1], k_cache=ours_cache[1],
+                                                latent=ours_latent[1])
+        assert_identical({f"step {number} {name}": (expected[0], actual[0].cpu().numpy()) for name, expected, actual in (
+            ("latent", spec_latent, ours_latent), ("state_cache", spec_state, ours_state),
+            ("k_cache", spec_cache, ours_cache))})
+
+
+def test_prefill_decode_run_on_the_reference_ring():
+    plan = [[(0, 5), (0, 3)], [(5, 4), (3, 1)], [(9, 1), (4, 1)], [(10, 1), (5, 6)]]
+    _run_steps(plan, V.reference_ring(), bf16_state=False, seed=12)
+
+
+@pytest.mark.parametrize("layout_state", [V.vllm_ring(3), V.paged(4)], ids=["vllm_ring", "paged4"])
+def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state):
+    verify = V.verify_requests([6, 9], 3)
+    after = V.after_verify(verify, [2, 3])
+    plan = [[(0, 6), (0, 9)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after],
+            [(c + 4, 1) for c in after]]
+    _run_steps(plan, layout_state, bf16_state=True, seed=13)
+
+
+def test_verify_run_on_vllms_ring():
+    verify = V.verify_requests(list(range(1, 130, 2)), 3)
+    after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
+    plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
+    _run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)
+
+
+# ---- pages, padding, empty calls, this family's options ----------------------------------------------------
+@pytest.mark.parametrize("entries_per_page", [1, 2, 64])
+def test_entries_per_page(entries_per_page):
+    case = build_case(MIXED + [Request(40, 2)], ratio=2, seed=14, layout="v41_nvfp4", entries_per_page=entries_per_page,
+                      page_pad_bytes=16 * (entries_per_page % 3))
+    assert_identical(combined(case))
+
+
+def test_a_step_without_active_tokens_writes_only_the_saves():
+    case = build_case([Request(4, 1), Request(10, 1)], ratio=2, seed=15, num_padding=2)
+    results = combined(case)
+    assert_identical(results)
+    assert np.all(results["latent"][1] == B.CANARY_BYTE)
+    assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
+    assert np.any(results["state_cache"][0] != spec_copy(case.state_cache)[0])
+
+
+@pytest.mark.parametrize("options", [
+    dict(pdl=False),
+    dict(shapes_compress=2), dict(shapes_compress=4), dict(shapes_store=4), dict(shapes_index_key=1),
+    dict(shapes_index_key=8),
+], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_thread_mappings_and_pdl_keep_the_bytes(ratio, options):
+    """Other tokens per CTA (a partial last CTA included) and ``pdl=False`` write the spec's bytes."""
+    from dsv4_compressor.impl.cutedsl import V41Shapes
+
+    options = dict(options)
+    shapes = V41Shapes(compress_tokens_per_cta=options.pop("shapes_compress", 1),
+                       store_tokens_per_cta=options.pop("shapes_store", 1),
+                       index_key_warps=options.pop("shapes_index_key", 4))
+    case = build_case(MIXED + [Request(20, 2)], ratio=ratio, seed=16 + ratio, layout="v41_mxfp8", num_padding=2)
+    assert_identical(combined(case, shapes=shapes, **options))
+    assert_identical(rope_quant_store(case, shapes=shapes, **options))
+    assert_identical(index_key_store(index_key_arguments(case, "indexer_mxfp4", k_pre_row_pad=1), shapes=shapes,
+                                     **options))
+
+
+def test_the_custom_ops_write_the_functions_bytes():
+    case = build_case(MIXED, ratio=2, seed=17, layout="v41_nvfp4", bf16_inputs=True)
+    arguments = case.compress_arguments(case.latent)
+    arguments.update(cos_sin_cache=case.cos_sin, k_cache=case.k_cache, layout=case.layout, fp8_scale=None)
+    results = run_both(spec.v41_compress_norm_rope_store,
+                       lambda **a: torch.ops.dsv4_compressor.cutedsl_v41_compress_norm_rope_store(**a), arguments,
+                       ("latent", "state_cache", "k_cache"))
+    assert_identical(results)
+
+
+# ---- engine-like sizes -------------------------------------------------------------------------------------------
+def _engine_requests(rng: np.random.Generator) -> list[Request]:
+    decode = [Request(int(rng.integers(1, 4000)), 1) for _ in range(200)]
+    verify = V.verify_requests([int(c) for c in rng.integers(1, 4000, size=24)], 3)
+    prefill = [Request(0, 300), Request(int(rng.integers(1, 100)) * 2 + 1, 77)]
+    return decode + verify + prefill
+
+
+@pytest.mark.parametrize("layout", RECORDS)
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_engine_sized_batches(ratio, layout):
+    rng = np.random.default_rng(ratio * 10 + RECORDS.index(layout))
+    for state, bf16 in ((V.vllm_ring(3), True), (V.paged(8), False), (V.reference_ring(), True)):
+        case = build_case(_engine_requests(rng), ratio=ratio, seed=int(rng.integers(1000)), state=state,
+                          layout=layout, entries_per_page=64, page_pad_bytes=64, bf16_inputs=bf16, bf16_state=not bf16,
+                          bf16_weight=bf16, num_padding=5, drop_entry_fraction=0.05, unslotted_fraction=0.02)
+        assert_identical(combined(case))
+        assert_identical(rope_quant_store(case))
+        if ratio == 1:
+            break
+
+
+@pytest.mark.parametrize("layout", ["indexer_fp8", "indexer_mxfp4"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_engine_sized_index_keys(ratio, layout):
+    case = build_case(_engine_requests(np.random.default_rng(ratio)), ratio=ratio, seed=3, layout=None,
+                      entries_per_page=64)
+    assert_identical(index_key_store(index_key_arguments(case, layout, k_pre_row_pad=8)))
