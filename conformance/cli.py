@@ -322,7 +322,8 @@ def _error_rows(runnable, report: Report, models: set[str] = frozenset({"v4"})) 
     for name, impl, device in runnable:
         for result in run_error_cases(impl, cases, device):
             print(_row((result.case, name, "", "", result.status.upper(), result.detail[:110]), WIDTHS), flush=True)
-            report.count(name, f"§9 {result.case}", result.status, result.passed)
+            section = "§14.8" if result.case.startswith("v41 ") else "§9"
+            report.count(name, f"{section} {result.case}", result.status, result.passed)
             report.results["errors"].append({"case": result.case, "impl": name, "status": result.status,
                                              "detail": result.detail})
 
