@@ -212,3 +212,14 @@ def test_cli_model_flag_selects_the_catalogue():
     assert both.returncode == 0 and "v41_r1_mxfp8" in both.stdout and "c4_decode_boundary" in both.stdout
     nothing = _cli("--impl", "spec", "--model", "v4", "--scenarios", "v41_r1_mxfp8", "--no-errors")
     assert nothing.returncode == 2  # the pattern selects no V4 scenario
+
+
+def test_pytest_items_hold_the_v41_scenarios_and_error_cases(tmp_path):
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "dsv4_compressor.pytest_plugin", "--rootdir", str(tmp_path),
+               "--dsv4-impl", "dsv4_compressor.conformance.v41_variants:V41_MUTANTS.nibbles_swapped", "-m", "spec_s14"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "v41_r1_nvfp4" in result.stdout and "v41_r1_mxfp8" not in result.stdout.split("short test summary")[-1]
+    passed = subprocess.run(command[:-3] + ["spec", "-m", "spec_s14"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert passed.returncode == 0 and f"{len(SMALL) + len(V41_CASES)} passed" in passed.stdout, passed.stdout
