@@ -372,8 +372,8 @@ def _small_operations(add) -> None:
                       state="vllm_ring" if ratio == 2 else "paged", unslotted_fraction=0.2), 72 + ratio)
         for i, layout in enumerate(RECORDS):
             b, pad = PAGES[layout]
-            profiles = {"v41_nvfp4": ("rope_ties", "fp4_ties"), "v41_mxfp8": ("rope_ties", "fp8_ties"),
-                        "flashmla_fp8": ("fp8_ties",)}.get(layout, ("rope_ties",))
+            profiles = {"v41_nvfp4": ("fp4_ties", "rope_fp4_midpoints"), "v41_mxfp8": ("fp8_ties", "rope_fp8_midpoints"),
+                        "flashmla_fp8": ("rope_ties", "fp8_ties")}.get(layout, ("rope_ties",))
             add(f"r{ratio}_store_{_short(layout)}", f"ratio {ratio}: v41_rope_quant_store alone into {layout} from a given "
                 f"latent ({', '.join(profiles)}), B = {b}", V41Recipe(
                     _fixed((3, 2), (8, 5), (0, 9)), ratio, operation="rope_quant_store", layout=layout,

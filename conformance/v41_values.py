@@ -18,7 +18,11 @@ it holds in bf16 afterwards):
   powers of two and whose other values are ``m·sigma`` for E2M1 midpoints and grid points ``m``
   (ties to even; a product by ``fl(1/sigma)`` in place of the division moves some of them);
 - ``fp8_ties`` (a given latent): 32-channel blocks whose amax is ``448·2^k`` and whose other values
-  sit on E4M3 midpoints at that scale.
+  sit on E4M3 midpoints at that scale;
+- ``rope_fp8_midpoints`` / ``rope_fp4_midpoints`` (a given latent): the RoPE channels on E4M3 / E2M1
+  midpoints at their scale, and cos/sin rows that move each rotated value by ``2^-10`` of itself:
+  its bf16 rounding lands back on the midpoint (ties to even), the unrounded value does not, so a
+  record that quantizes the unrounded RoPE output (SPEC §14.10) writes other codes.
 """
 
 from __future__ import annotations
@@ -155,6 +159,45 @@ def _fp4_ties(v: V41Values, rng: np.random.Generator) -> None:
                 v.latent[token, 16 * tile:16 * tile + 16] = _fp4_tile(rng, sigmas[(token + tile) % len(sigmas)])
 
 
+NUDGE = F32(1.0 + 2.0 ** -10)  # cos or sin: moves a value by far less than half a bf16 ulp
+
+
+def _nudging_table(v: V41Values, rng: np.random.Generator) -> None:
+    """cos/sin rows ``(1 + 2^-10, 0)`` or ``(0, 1 + 2^-10)``: every rotated value is ``±a·(1 + 2^-10)``
+    for an input ``a``, which rounds back to ``a`` in bf16 (exact in binary32)."""
+    swap = rng.random((v.cos_sin.shape[0], 32)) < 0.3
+    v.cos_sin[:, :32] = np.where(swap, F32(0.0), NUDGE)
+    v.cos_sin[:, 32:] = np.where(swap, NUDGE, F32(0.0))
+
+
+def _rope_fp8_midpoints(v: V41Values, rng: np.random.Generator) -> None:
+    """RoPE blocks of 32 whose amax is ``448·2^k`` and whose other values are E4M3 midpoints at that
+    scale, nudged by the rotation: ``bf16`` takes them back onto the midpoint (ties to even), the
+    unrounded rotated value lies above it (and the unrounded amax takes the next exponent)."""
+    _nudging_table(v, rng)
+    for token in range(v.latent.shape[0]):
+        for block in range(NOPE_DIM // 32, 16):
+            k = int(rng.integers(-8, 2))
+            odd = 2 * rng.integers(0, 8, size=31) + 17
+            values = np.concatenate([[448.0], odd / 16.0 * np.ldexp(1.0, rng.integers(-6, 8, size=31))])
+            signs = np.where(rng.random(32) < 0.5, -1.0, 1.0)
+            v.latent[token, 32 * block:32 * block + 32] = rng.permutation(values * signs * np.ldexp(1.0, k)).astype(F32)
+
+
+def _rope_fp4_midpoints(v: V41Values, rng: np.random.Generator) -> None:
+    """RoPE tiles of 16 with amax ``6·sigma`` and E2M1 midpoints times ``sigma``, nudged by the
+    rotation as in :func:`_rope_fp8_midpoints`: ``div(bf16(o), sigma)`` is the midpoint, the
+    unrounded ``o`` divided by sigma lies above it."""
+    _nudging_table(v, rng)
+    sigmas = [1.25, 1.75, 1.125, 0.875, 2.5, 0.625, 1.5, 3.5, 0.5, 2.0]
+    for token in range(v.latent.shape[0]):
+        for tile in range(NOPE_DIM // 16, 32):
+            ms = rng.choice(E2M1_MIDPOINTS, size=15)
+            signs = np.where(rng.random(16) < 0.5, -1.0, 1.0)
+            sigma = sigmas[int(rng.integers(0, len(sigmas)))]
+            v.latent[token, 16 * tile:16 * tile + 16] = rng.permutation(np.array([6.0, *ms]) * sigma * signs).astype(F32)
+
+
 def _fp8_ties(v: V41Values, rng: np.random.Generator) -> None:
     t = v.latent.shape[0]
     for token in range(t):
@@ -176,8 +219,10 @@ PROFILES = {
     "rope_ties": _rope_ties,
     "fp4_ties": _fp4_ties,
     "fp8_ties": _fp8_ties,
+    "rope_fp8_midpoints": _rope_fp8_midpoints,
+    "rope_fp4_midpoints": _rope_fp4_midpoints,
 }
-LATENT_PROFILES = ("rope_ties", "fp4_ties", "fp8_ties")  # edit v41_rope_quant_store's latent
+LATENT_PROFILES = ("rope_ties", "fp4_ties", "fp8_ties", "rope_fp8_midpoints", "rope_fp4_midpoints")  # edit v41_rope_quant_store's latent
 
 
 def apply_profiles(names: tuple[str, ...], values: V41Values, rng: np.random.Generator) -> None:
