@@ -22,6 +22,11 @@ A scenario using an option outside the declaration is unsupported and not called
 it is called with the option's keywords (``ape_at=``, ``ring_capacity=``, ``ape=`` on the
 compress) or, for ``step_call``, through ``compress_and_save``. Declaring is all a kernel that
 adds an option has to change.
+
+DeepSeek-V4.1's operations (SPEC §14) are declared by ``v41=V41Capabilities(...)`` (``None``:
+not offered); ``v4=False`` says an implementation has V4.1's operations alone::
+
+    CAPABILITIES = Capabilities(devices=("cuda",), v4=False, v41=V41Capabilities(state_dtypes=("fp32",)))
 """
 
 from __future__ import annotations
