@@ -176,6 +176,7 @@ def _ue8m0_ok(z: Interval, k_written: np.ndarray, block: int) -> np.ndarray:
 
 
 def _mxfp8(counts, z: Interval, data, scales, spec_data, spec_scales) -> None:
+    """``v41_mxfp8``: written and spec bytes, data uint8 ``[n, 512]``, scales uint8 ``[n, 16]``."""
     k = scales.astype(np.int64) - 127
     _judge_scales(counts, _ue8m0_ok(z, k, 32), scales, spec_scales)
     kk = np.repeat(k, 32, axis=1)
@@ -183,6 +184,7 @@ def _mxfp8(counts, z: Interval, data, scales, spec_data, spec_scales) -> None:
 
 
 def _nvfp4(counts, z: Interval, packed, scales, spec_packed, spec_scales, c: ToleranceConstants) -> None:
+    """``v41_nvfp4``: written and spec bytes, packed codes uint8 ``[n, 256]``, scales uint8 ``[n, 32]``."""
     delta = c.safety * (c.approx + U)
     least, most = block_amax_range(z.lo, z.hi, 16)
     floor = float(NVFP4_AMAX_FLOOR)
@@ -205,6 +207,7 @@ def _nvfp4(counts, z: Interval, packed, scales, spec_packed, spec_scales, c: Tol
 
 
 def _indexer(counts, layout: str, z: Interval, data, scales_raw, spec_data, spec_scales) -> None:
+    """§12's records: data uint8 ``[n, 128]`` (E4M3) or ``[n, 64]`` (packed E2M1), scale bytes ``[n, 4]``."""
     if layout == INDEXER_FP8.name:
         written = scales_raw.copy().view("<f4")[:, 0].astype(np.float64)
         mantissa, exponent = np.frexp(written)
@@ -232,6 +235,8 @@ def _indexer(counts, layout: str, z: Interval, data, scales_raw, spec_data, spec
 
 
 def _records(counts: Counts, inputs: V41Inputs, z: Interval, slots, expected, actual, addressed, c) -> None:
+    """Judge the records of ``slots`` (int64 ``[n]``) in the cache allocations ``expected`` / ``actual``
+    (uint8), marking the bytes they occupy in ``addressed`` (bool, same shape)."""
     layout = inputs.layout
     if layout in (V41_MXFP8.name, V41_NVFP4.name, INDEXER_FP8.name, INDEXER_MXFP4.name):
         record = {r.name: r for r in (V41_MXFP8, V41_NVFP4, INDEXER_FP8, INDEXER_MXFP4)}[layout]

@@ -69,18 +69,20 @@ def perturb(v: np.ndarray, salt: int) -> np.ndarray:
 
 
 class _RingWithoutModulo(StateFormat):
-    """A ring read at ``first block + q // bs`` (q rows past the ring's start), not ``q mod C``."""
+    """A ring read at ``first block + q // bs`` (q rows past the ring's start), not ``q mod C``;
+    blocks past the allocation wrap (the instance's ``num_blocks`` is the state's)."""
+
+    num_blocks = 1
 
     def row_of(self, block_table, requests, positions, block_size):
         first = block_table[requests, 0].astype(np.int64)
         blocks = first + positions // block_size
         return blocks % self.num_blocks, positions % block_size
 
-    num_blocks = 1
-
 
 class V41Variant:
-    """SPEC §14's four operations on NumPy arrays with the named ``changes``."""
+    """SPEC §14's four operations on NumPy arrays with the named ``changes``; the operations take
+    the spec's arguments with the spec's shapes and dtypes (:mod:`dsv4_compressor.spec.v41_operator`)."""
 
     def __init__(self, changes: tuple[str, ...] = ()):
         unknown = set(changes) - set(DEPARTURES) - set(MUTATIONS)
@@ -94,7 +96,12 @@ class V41Variant:
         return change in self.changes
 
     # ---- SPEC §14.3 ------------------------------------------------------------------------
-    def _softmax_then_sum(self, kv: np.ndarray, score: np.ndarray) -> np.ndarray:
+    def _softmax_then_sum(
+        self,
+        kv: np.ndarray,  # float32 [n, 2, 512]: rows i = 0, 1 (positions p - 1, p)
+        score: np.ndarray,  # float32 [n, 2, 512]: their raw scores
+    ) -> np.ndarray:
+        """SPEC §14.3's ``x`` (float32 ``[n, 512]``)."""
         m = np.maximum(score[:, 0], score[:, 1])
         t0, t1 = mul(sub(score[:, 0], m), LOG2E), mul(sub(score[:, 1], m), LOG2E)
         e0, e1 = exp2s(t0), exp2s(t1)
@@ -107,7 +114,12 @@ class V41Variant:
             w0, w1 = perturb(w0, 3), perturb(w1, 3)
         return add(mul(kv[:, 0], w0), mul(kv[:, 1], w1))
 
-    def _norm(self, x: np.ndarray, weight: np.ndarray, eps) -> np.ndarray:
+    def _norm(
+        self,
+        x: np.ndarray,  # float32 [n, 512]: the pooled vectors
+        weight: np.ndarray,  # float32 [512]: the norm weight's binary32 value
+        eps,  # binary32 rms_norm_eps
+    ) -> np.ndarray:
         """``y`` (fp32) of the pooled ``x``: bf16-rounded first unless ``unrounded_pooled``."""
         x = x if self._has("unrounded_pooled") else bf16(x)
         ss = tree(mul(x, x), axis=-1)
@@ -125,7 +137,16 @@ class V41Variant:
             return ring
         return fmt
 
-    def _pooled(self, kv32, score32, positions, tokens, state: StateArguments, fmt: StateFormat) -> np.ndarray:
+    def _pooled(
+        self,
+        kv32: np.ndarray,  # float32 [T, 512]
+        score32: np.ndarray,  # float32 [T, 512]
+        positions: np.ndarray,  # int64 [T]
+        tokens: np.ndarray,  # int64 [n]: the active tokens
+        state: StateArguments,
+        fmt: StateFormat,  # where rows are read (a broken ring for ring_without_modulo)
+    ) -> np.ndarray:
+        """Ratio 2's ``x`` (float32 ``[n, 512]``) from the rows at ``p - 1`` and ``p``."""
         window = positions[tokens, None] - 1 + np.arange(2, dtype=np.int64)[None, :]
         chunk = ChunkInputs(kv=kv32, score=score32, positions=positions, query_start_loc=state.query_start_loc)
         rows = window_rows(window, state.token_to_req[tokens], fmt, state.state_cache, state.block_table, state.bs, chunk)
@@ -162,7 +183,12 @@ class V41Variant:
             latent[token] = row
 
     # ---- SPEC §14.4 ----------------------------------------------------------------------------
-    def _rotate(self, values: np.ndarray, cos_sin: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _rotate(
+        self,
+        values: np.ndarray,  # uint16 [n, H]: bf16 patterns (the latent, or the index key kappa)
+        cos_sin: np.ndarray,  # float32 [n, 64]: each token's cos_sin_cache row
+        start: int,  # the first rotated channel: 448, or 64 for the index key
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """(z bits uint16 ``[n, H]``, the unrounded rotated fp32 ``[n, 64]``, the first rotated channel)."""
         if self._has("rope_first_half"):
             start = 0
@@ -195,7 +221,7 @@ class V41Variant:
         return z, rotated, start
 
     # ---- SPEC §14.5 ----------------------------------------------------------------------------
-    def _e2m1(self, v: np.ndarray) -> np.ndarray:
+    def _e2m1(self, v: np.ndarray) -> np.ndarray:  # float32 [...] -> uint8 [...] codes
         if not self._has("e2m1_ties_away"):
             return e2m1_bits(v)
         magnitude = np.abs(v).astype(np.float64)
@@ -204,6 +230,7 @@ class V41Variant:
         return (code | np.where(np.signbit(v), 8, 0)).astype(np.uint8)
 
     def _nvfp4(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``z`` float32 ``[n, 512]`` -> (packed codes uint8 ``[n, 256]``, scale bytes uint8 ``[n, 32]``)."""
         n = z.shape[0]
         tiles = z.reshape(n, -1, 16)
         a = np.maximum(np.max(np.abs(tiles), axis=-1), F32(NVFP4_AMAX_FLOOR))
@@ -222,7 +249,16 @@ class V41Variant:
         packed = (codes[:, 1::2] | (codes[:, 0::2] << np.uint8(4))) if self._has("nibbles_swapped") else pack_e2m1(codes)
         return packed.astype(np.uint8), scale_bytes
 
-    def _store(self, k_cache, slots, z_bits, rotated, start, layout, fp8_scale) -> None:
+    def _store(
+        self,
+        k_cache: np.ndarray,  # the layout's cache, written in place
+        slots: np.ndarray,  # int64 [n]
+        z_bits: np.ndarray,  # uint16 [n, 512]: the rotated entries
+        rotated: np.ndarray,  # float32 [n, 64]: the unrounded rotated values
+        start: int,  # their first channel
+        layout: str,
+        fp8_scale,  # binary32 or None
+    ) -> None:
         if layout not in (V41_MXFP8.name, V41_NVFP4.name):
             store_rotated_entries(k_cache, slots, z_bits, layout, fp8_scale)
             return
@@ -301,7 +337,12 @@ class V41Variant:
         z, _, _ = self._rotate(kappa, cos_sin_cache[rope_row(positions[tokens], call.config.ratio)], 64)
         store_index_keys(k_cache, kv_slot_mapping[tokens], z, call.layout)
 
-    def _norm_key(self, x: np.ndarray, weight: np.ndarray, eps) -> np.ndarray:
+    def _norm_key(
+        self,
+        x: np.ndarray,  # float32 [n, 128]: k_pre's values
+        weight: np.ndarray,  # float32 [128]
+        eps,  # binary32 rms_norm_eps
+    ) -> np.ndarray:
         ss = tree(mul(x, x), axis=-1)
         v = add(mul(ss, INV_HEAD_DIMS[x.shape[-1]]), F32(eps))
         rr = div(F32(1.0), sqrt(v))

@@ -11,7 +11,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,8 +24,6 @@ from dsv4_compressor.conformance.v41_runner import run_v41_scenario
 from dsv4_compressor.conformance.v41_scenarios import V41_CATALOGUE, v41_scenarios
 from dsv4_compressor.conformance.v41_variants import DEPARTURES, MUTATIONS, V41_MUTANTS, V41Variant
 from dsv4_compressor.spec.entry_layout import V41_INDEX_KEY_LAYOUTS, V41_STORE_LAYOUTS
-
-import v41_example_kernels
 
 SMALL = v41_scenarios(size="small")
 HERE = Path(__file__).parent
@@ -131,6 +128,16 @@ def test_the_tolerant_verdict_passes_fast_math_and_fails_semantic_changes():
     for name in UNDECIDABLE:  # documented: the tolerant verdict cannot tell these from allowed arithmetic
         mutant = LoadedImplementation(name, getattr(V41_MUTANTS, name), ("cpu",))
         assert _failures(mutant, tolerant=True, name_departures=False) == []
+
+
+def test_a_left_out_rounding_fails_the_tolerant_verdict_where_its_bytes_are_within_the_bounds():
+    """In v41_nvfp4 the unrounded RoPE output writes codes an approximate division could write too;
+    SPEC §14.9 fails it all the same, by its name, where the departure reproduces the bytes."""
+    mutant = LoadedImplementation("d2", V41_MUTANTS.unrounded_rope_records, ("cpu",))
+    verdict = run_v41_scenario(mutant, v41_scenarios(["v41_r1_store_nvfp4"])[0], tolerant=True)
+    assert verdict.status == "fail" and verdict.counts.get("left-out bf16 rounding (SPEC §14.9)", 0) > 0
+    assert all("within" in kind for kind in verdict.counts if not kind.startswith("left-out"))
+    assert DEPARTURES["unrounded_rope_records"] in verdict.departure
 
 
 # ---- declarations, NotImplementedError, loading -------------------------------------------------------------
