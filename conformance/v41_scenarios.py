@@ -389,18 +389,20 @@ def _medium() -> list[V41Scenario]:
     def scenario(name, description, recipe, seed):
         return V41Scenario(f"v41_medium_{name}", description, "medium", recipe, seed)
 
+    # Every request of a step gets the pages of the step's largest position (spec.v41_batch.v41_tables):
+    # decode positions stay small, so that the caches stay below a gigabyte.
     return [
         scenario("r1_decode_1024_nvfp4", "ratio 1, 1024 decode tokens into v41_nvfp4 (about half a million values)",
-                 V41Recipe(_decode(1024), 1, layout="v41_nvfp4", entries_per_page=64), 200),
+                 V41Recipe(_decode(1024, 128), 1, layout="v41_nvfp4", entries_per_page=8), 200),
         scenario("r2_vllm_ring_512_mxfp8", "ratio 2 on vLLM's rings, 512 requests of verify groups into v41_mxfp8",
-                 V41Recipe(_verify(512, 3, 4096), 2, state="vllm_ring", num_speculative=3, layout="v41_mxfp8",
-                           entries_per_page=64), 201),
-        scenario("r2_paged_bf16_prefill_flashmla", "ratio 2, bf16 state and inputs: a 1024-token prefill and 256 "
-                 "decode tokens into flashmla_fp8", V41Recipe(lambda rng: [Request(1, 1024)] + _decode(256, 64)(rng), 2,
+                 V41Recipe(_verify(512, 3, 256), 2, state="vllm_ring", num_speculative=3, layout="v41_mxfp8",
+                           entries_per_page=16), 201),
+        scenario("r2_paged_bf16_prefill_flashmla", "ratio 2, bf16 state and inputs: a 1024-token prefill and 32 "
+                 "decode tokens into flashmla_fp8", V41Recipe(lambda rng: [Request(1, 1024)] + _decode(32, 64)(rng), 2,
                                                                 state_dtype="bf16", input_dtype="bf16",
                                                                 layout="flashmla_fp8", entries_per_page=64), 202),
-        scenario("r2_index_key_1024", "ratio 2 index keys of 2048 tokens into indexer_mxfp4",
-                 V41Recipe(_decode(2048), 2, operation="index_key_store", layout="indexer_mxfp4",
+        scenario("r2_index_key_2048", "ratio 2 index keys of 2048 tokens into indexer_mxfp4",
+                 V41Recipe(_decode(2048, 512), 2, operation="index_key_store", layout="indexer_mxfp4",
                            entries_per_page=64), 203),
     ]
 
@@ -411,14 +413,14 @@ def _large() -> list[V41Scenario]:
 
     return [
         scenario("r1_decode_8192_mxfp8", "ratio 1, 8192 decode tokens into v41_mxfp8",
-                 V41Recipe(_decode(8192, 1 << 16), 1, layout="v41_mxfp8", entries_per_page=64), 300),
-        scenario("r2_prefill_4096_vllm_ring", "ratio 2 on vLLM's rings: a 4096-token chunk (tail saves) and 1024 "
-                 "decode tokens into v41_nvfp4", V41Recipe(lambda rng: [Request(3, 4096)] + _decode(1024)(rng), 2,
+                 V41Recipe(_decode(8192, 64), 1, layout="v41_mxfp8", entries_per_page=2), 300),
+        scenario("r2_prefill_4096_vllm_ring", "ratio 2 on vLLM's rings: a 4096-token chunk (tail saves) and 256 "
+                 "decode tokens into v41_nvfp4", V41Recipe(lambda rng: [Request(3, 4096)] + _decode(256)(rng), 2,
                                                            state="vllm_ring", layout="v41_nvfp4", entries_per_page=64,
                                                            num_padding=64), 301),
         scenario("r2_reference_ring_bf16_16384", "ratio 2 on the reference's rings of 2, bf16: 16384 decode tokens",
-                 V41Recipe(_decode(16384, 1 << 16), 2, state="reference_ring", state_dtype="bf16", input_dtype="bf16",
-                           layout="v41_nvfp4", entries_per_page=64), 302),
+                 V41Recipe(_decode(16384, 128), 2, state="reference_ring", state_dtype="bf16", input_dtype="bf16",
+                           layout="v41_nvfp4", entries_per_page=8), 302),
     ]
 
 
