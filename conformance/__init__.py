@@ -22,16 +22,24 @@ it writes what SPEC.md says.
 - :mod:`.torch_reference`  an independent torch implementation, with deliberate mutations
 - :mod:`.torch_calls`      the torch references' call descriptions and their SPEC §9 checks
 - :mod:`.fast_math`        SPEC.md with fast-math arithmetic: what the tolerant verdict must pass
+- :mod:`.v41_scenarios`    DeepSeek-V4.1's catalogue (SPEC §14); :mod:`.v41_values` its value profiles and ties
+- :mod:`.v41_calls`        one V4.1 call on fresh buffers, in SPEC §14.7's argument order
+- :mod:`.v41_runner`       spec vs implementation for V4.1: latent, state and cache, every byte
+- :mod:`.v41_bounds`       the V4.1 tolerant verdict: bounds through intervals of bf16 values
+- :mod:`.v41_variants`     the spec with named changes: SPEC §14.10's departures and the V4.1 mutants
+- :mod:`.v41_departures`   naming the departure that explains an implementation's bytes
+- :mod:`.v41_errors`       SPEC §14.8 error cases (run in :mod:`.errors`' worker)
+- :mod:`.v41_torch_adapter` the spec's V4.1 operations behind torch tensors (the suite's torch plumbing)
 - :mod:`.pytest_items`     the suite as pytest tests (``--dsv4-impl``)
 - :mod:`.cli`              ``python -m dsv4_compressor conformance``
 """
 
-from .capabilities import Capabilities
+from .capabilities import Capabilities, V41Capabilities
 from .implementations import ENTRY_POINT_GROUP, Implementation, LoadedImplementation, load_implementation
 from .runner import Verdict, run_scenario
 from .scenarios import CATALOGUE, Scenario, scenarios
 
 __all__ = [
-    "CATALOGUE", "Capabilities", "ENTRY_POINT_GROUP", "Implementation", "LoadedImplementation", "Scenario", "Verdict",
+    "CATALOGUE", "Capabilities", "V41Capabilities", "ENTRY_POINT_GROUP", "Implementation", "LoadedImplementation", "Scenario", "Verdict",
     "load_implementation", "run_scenario", "scenarios",
 ]

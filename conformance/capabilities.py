@@ -22,6 +22,11 @@ A scenario using an option outside the declaration is unsupported and not called
 it is called with the option's keywords (``ape_at=``, ``ring_capacity=``, ``ape=`` on the
 compress) or, for ``step_call``, through ``compress_and_save``. Declaring is all a kernel that
 adds an option has to change.
+
+DeepSeek-V4.1's operations (SPEC §14) are declared by ``v41=V41Capabilities(...)`` (``None``:
+not offered); ``v4=False`` says an implementation has V4.1's operations alone::
+
+    CAPABILITIES = Capabilities(devices=("cuda",), v4=False, v41=V41Capabilities(state_dtypes=("fp32",)))
 """
 
 from __future__ import annotations
@@ -29,10 +34,93 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..spec.entry_layout import layouts_for_head
+from ..spec.entry_layout import V41_INDEX_KEY_LAYOUTS, V41_STORE_LAYOUTS, layouts_for_head
 from ..spec.state_format import APE_AT, STATE_DTYPES
 
 ARRAY_KINDS = ("torch", "numpy")
+V41_OPERATIONS = ("compress_norm", "rope_quant_store", "compress_norm_rope_store", "index_key_store")  # v41_<name>
+V41_INPUT_DTYPES = ("fp32", "bf16")  # kv and score (SPEC §14.2)
+
+
+@dataclass(frozen=True)
+class V41Features:
+    """What a DeepSeek-V4.1 scenario (SPEC §14) asks of an implementation."""
+
+    operation: str  # one of V41_OPERATIONS
+    compress_ratio: int  # 1 or 2
+    layout: str | None  # the record's layout; None for compress_norm
+    entries_per_page: int | None  # k_cache.shape[1]; None for compress_norm
+    input_dtypes: tuple[str, ...] = ()  # of kv and score: "fp32" / "bf16" (empty: no projections)
+    state_dtype: str | None = None  # ratio 2: "fp32" or "bf16"
+    ring_capacity: int | None = None  # ratio 2: C of a ring, None for a paged state
+    block_size: int | None = None  # ratio 2: bs
+    tail_saves: bool = True  # ratio 2: only each chunk's last C tokens are saved (a ring's saves)
+    separate_projections: bool = False  # kv and score in two allocations, not two views of one [T, 1024]
+    latent: str = "none"  # "written" (an output), "input" (v41_rope_quant_store reads it) or "none"
+    latent_row_pad: bool = False  # the latent's rows are padded (row stride above 512 elements)
+
+
+@dataclass(frozen=True)
+class V41Capabilities:
+    """A declaration of the DeepSeek-V4.1 calls (SPEC §14) an implementation handles.
+
+    ``Capabilities(v41=V41Capabilities(...))`` declares V4.1; the defaults are every valid call.
+    """
+
+    operations: tuple[str, ...] = V41_OPERATIONS
+    ratios: tuple[int, ...] = (1, 2)
+    layouts: tuple[str, ...] | None = None  # None: every record of SPEC §14.5 and §14.6
+    entries_per_page: tuple[int, ...] | None = None  # None: any B
+    input_dtypes: tuple[str, ...] = V41_INPUT_DTYPES  # kv and score: "fp32", "bf16"
+    state_dtypes: tuple[str, ...] = STATE_DTYPES  # ratio 2's state_cache: "fp32", "bf16"
+    paged_state: bool = True  # ratio 2 without ring_capacity
+    ring_state: bool = True  # ratio 2 with ring_capacity=C
+    ring_in_one_block: bool = False  # rings only where bs == C (one block per request)
+    tail_saves_only: bool = False  # save_slot_mapping only ever names each chunk's last C tokens
+    separate_projections: bool = True  # kv and score may be two allocations (else views of one [T, 1024])
+    latent_row_pad: bool = True  # latent rows may be padded (a row stride above 512 elements)
+
+    def __post_init__(self):
+        for name, allowed in (("operations", V41_OPERATIONS), ("ratios", (1, 2)), ("input_dtypes", V41_INPUT_DTYPES),
+                              ("state_dtypes", STATE_DTYPES)):
+            values = tuple(getattr(self, name))
+            if not values or set(values) - set(allowed):
+                raise ValueError(f"V41Capabilities.{name}: expected a non-empty tuple of {allowed}, got {values!r}")
+            object.__setattr__(self, name, values)
+        known = V41_STORE_LAYOUTS + V41_INDEX_KEY_LAYOUTS
+        if self.layouts is not None and (not self.layouts or set(self.layouts) - set(known)):
+            raise ValueError(f"V41Capabilities.layouts: expected None or a tuple of {known}, got {self.layouts!r}")
+
+    def unsupported(self, f: V41Features) -> str | None:
+        """Why a V4.1 scenario with features ``f`` lies outside this declaration, or ``None``."""
+        checks = [
+            (f.operation in self.operations, f"v41_{f.operation} (declared {self.operations})"),
+            (f.compress_ratio in self.ratios, f"compress_ratio {f.compress_ratio} (declared {self.ratios})"),
+            (f.layout is None or self.layouts is None or f.layout in self.layouts,
+             f"layout {f.layout!r} (declared {self.layouts})"),
+            (f.entries_per_page is None or self.entries_per_page is None or f.entries_per_page in self.entries_per_page,
+             f"{f.entries_per_page} entries per page (declared {self.entries_per_page})"),
+            (set(f.input_dtypes) <= set(self.input_dtypes),
+             f"{'/'.join(f.input_dtypes)} kv and score (declared {self.input_dtypes})"),
+            (self.latent_row_pad or not f.latent_row_pad, "padded latent rows"),
+            (self.separate_projections or not f.separate_projections, "kv and score in separate allocations"),
+        ]
+        if f.compress_ratio == 2 and f.state_dtype is not None:
+            ring = f.ring_capacity is not None
+            checks += [
+                (f.state_dtype in self.state_dtypes, f"a {f.state_dtype} state_cache (declared {self.state_dtypes})"),
+                (self.ring_state or not ring, "a ring state (ring_capacity)"),
+                (self.paged_state or ring, "a paged state (no ring_capacity)"),
+                (not (ring and self.ring_in_one_block) or f.block_size == f.ring_capacity,
+                 f"a ring of {f.ring_capacity} rows in blocks of {f.block_size} (declared bs == ring_capacity only)"),
+                (not self.tail_saves_only or f.tail_saves, "saves other than each chunk's last C tokens"),
+            ]
+        reasons = [text for ok, text in checks if not ok]
+        return "; ".join(reasons) if reasons else None
+
+
+V41_EVERYTHING = V41Capabilities()
+"""Every valid DeepSeek-V4.1 call: ``Capabilities(v41=V41_EVERYTHING, ...)``."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +170,8 @@ class Capabilities:
     ape_at: tuple[str, ...] = ("save",)  # SPEC §13.2: where ape may be added, "save" and/or "compress"
     ring_addressing: bool = False  # SPEC §13.3: ring_capacity=C (a ring of C rows per request)
     step_call: bool = False  # SPEC §13.4: offers compress_and_save
+    v41: V41Capabilities | None = None  # SPEC §14: DeepSeek-V4.1's operations (None: not offered)
+    v4: bool = True  # SPEC §1-§13: DeepSeek-V4's operations (False: an implementation of V4.1 alone)
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -100,8 +190,16 @@ class Capabilities:
         if self.arrays == "numpy" and set(self.devices) - {"cpu"}:
             raise ValueError(f"Capabilities.devices: expected ('cpu',) for NumPy arrays, got {self.devices}")
 
+    def unsupported_v41(self, f: V41Features) -> str | None:
+        """Why a DeepSeek-V4.1 scenario lies outside this declaration, or ``None``."""
+        if self.v41 is None:
+            return "DeepSeek-V4.1's operations (SPEC §14; not declared)"
+        return self.v41.unsupported(f)
+
     def unsupported(self, f: Features) -> str | None:
         """Why a scenario with features ``f`` lies outside this declaration, or ``None``."""
+        if not self.v4:
+            return "DeepSeek-V4's operations (SPEC §1-§13; declared V4.1 only)"
         layouts = self.layouts
         if layouts is None:
             layouts = tuple(l for w in self.head_widths for l in layouts_for_head(w))

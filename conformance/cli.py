@@ -1,6 +1,7 @@
-"""``python -m dsv4_compressor conformance --impl NAME|module:attr [--scenarios ...] [--tolerant] [--graph|--padded]``.
+"""``python -m dsv4_compressor conformance --impl NAME|module:attr [--model v4|v4.1|all] [--scenarios ...] [--tolerant] [--graph|--padded]``.
 
-Prints one row per scenario (scenario, implementation, tokens, active, verdict, first
+Judges DeepSeek-V4's operations (SPEC §1-§13) and DeepSeek-V4.1's (SPEC §14), each where the
+implementation declares them (``--model`` narrows it). Prints one row per scenario (scenario, implementation, tokens, active, verdict, first
 difference), then the multi-step sequences (speculative decoding's rollbacks), the batch
 invariance of every scenario, the SPEC §9 error cases, and a summary naming what failed and
 what was unsupported. ``--graph`` replays every scenario that fits inside CUDA graphs captured
@@ -35,6 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--size", choices=("small", "medium", "large", "all"), default=None,
                         help="catalogue part, cumulative: medium includes small, large includes both "
                              "(default: all on a GPU implementation, small otherwise)")
+    parser.add_argument("--model", choices=("v4", "v4.1", "all"), default=None,
+                        help="DeepSeek-V4's operations (SPEC §1-§13), V4.1's (SPEC §14) or both (default: every model "
+                             "the implementation declares)")
     parser.add_argument("--tolerant", action="store_true", help="SPEC §10 tolerant verdict (error bounds; docs/conformance.md)")
     parser.add_argument("--no-errors", action="store_true", help="skip the SPEC §9 error cases")
     parser.add_argument("--errors-only", action="store_true", help="run only the SPEC §9 error cases")
@@ -162,32 +166,53 @@ def _runnable(args, loaded: list) -> tuple[list[tuple[str, object, str]], list[s
     return runnable, skipped
 
 
-def _selection(args, on_gpu: bool) -> tuple[list, list]:
-    """(scenarios, sequences) chosen by ``--scenarios`` / ``--size``."""
+def _models(args, runnable) -> set[str]:
+    """The models judged: ``--model``, or every model some runnable implementation declares."""
+    if args.model == "all":
+        return {"v4", "v4.1"}
+    if args.model:
+        return {args.model}
+    declared = set()
+    for _, impl, _ in runnable:
+        declared |= {"v4"} if impl.capabilities.v4 else set()
+        declared |= {"v4.1"} if impl.capabilities.v41 is not None else set()
+    return declared or {"v4"}
+
+
+def _selection(args, on_gpu: bool, models: set[str] = frozenset({"v4"})) -> tuple[list, list, list]:
+    """(scenarios, sequences, V4.1 scenarios) chosen by ``--scenarios`` / ``--size`` / ``--model``."""
     import fnmatch
 
     from .scenarios import CATALOGUE, scenarios
     from .sequences import SEQUENCES, sequences
+    from .v41_scenarios import V41_CATALOGUE, v41_scenarios
 
     if args.errors_only:
-        return [], []
+        return [], [], []
     size = args.size or ("all" if on_gpu else "small")
     patterns = args.scenarios
     if patterns:
-        unknown = [p for p in patterns if not any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE + SEQUENCES)]
+        every = CATALOGUE + SEQUENCES + V41_CATALOGUE
+        unknown = [p for p in patterns if not any(fnmatch.fnmatch(s.name, p) for s in every)]
         if unknown:
             raise UsageError(f"--scenarios: no scenario matches {unknown} (python -m dsv4_compressor conformance --impl "
                              f"spec --list shows the catalogue)")
         in_catalogue = [p for p in patterns if any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE)]
         chosen = scenarios(in_catalogue, args.size) if in_catalogue else []
         chosen_sequences = sequences(patterns)
-        if not chosen and not chosen_sequences:
-            raise UsageError(f"--scenarios {' '.join(patterns)} selects no scenario of size {args.size!r}")
+        chosen_v41 = v41_scenarios(patterns, args.size)
     else:
-        chosen, chosen_sequences = scenarios(None, size), sequences()
+        chosen, chosen_sequences, chosen_v41 = scenarios(None, size), sequences(), v41_scenarios(None, size)
+    if "v4" not in models:
+        chosen, chosen_sequences = [], []
+    if "v4.1" not in models or args.graph or args.padded:  # V4.1 is judged by eager calls
+        chosen_v41 = []
+    if patterns and not chosen and not chosen_sequences and not chosen_v41:
+        raise UsageError(f"--scenarios {' '.join(patterns)} selects no scenario of size {args.size!r} of "
+                         f"{' or '.join(sorted(models))}")
     if args.no_sequences or args.graph or args.padded:
         chosen_sequences = []
-    return chosen, chosen_sequences
+    return chosen, chosen_sequences, chosen_v41
 
 
 # ---- the sections ---------------------------------------------------------------------------
@@ -208,6 +233,26 @@ def _scenario_rows(args, runnable, chosen, report: Report) -> None:
             report.results["scenarios"].append({
                 "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
                 "device": device, **_verdict_json(verdict), "seconds": round(time.perf_counter() - start, 3)})
+
+
+def _v41_rows(args, runnable, chosen, report: Report) -> None:
+    from .v41_runner import run_v41_scenario
+
+    mode = "tolerant (SPEC §14.9 error bounds)" if args.tolerant else "exact (every byte)"
+    print(f"\nDeepSeek-V4.1 (SPEC §14): {len(chosen)} scenarios, verdict {mode}; latent, state and cache compared",
+          flush=True)
+    print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), WIDTHS))
+    print("-" * 150)
+    for scenario in chosen:
+        for name, impl, device in runnable:
+            start = time.perf_counter()
+            verdict = run_v41_scenario(impl, scenario, tolerant=args.tolerant, device=device)
+            _print_verdict(args, scenario.name, name, verdict, time.perf_counter() - start)
+            report.count(name, scenario.name, verdict.status, verdict.passed)
+            report.results["scenarios"].append({
+                "scenario": scenario.name, "model": "v4.1", "size": scenario.size, "sections": list(scenario.sections),
+                "impl": name, "device": device, **_verdict_json(verdict), "departure": verdict.departure,
+                "seconds": round(time.perf_counter() - start, 3)})
 
 
 def _print_verdict(args, label: str, name: str, verdict, seconds: float) -> None:
@@ -266,14 +311,19 @@ def _invariance_rows(args, runnable, chosen, report: Report) -> None:
                                                  "detail": verdict.detail, "calls": verdict.calls})
 
 
-def _error_rows(runnable, report: Report) -> None:
+def _error_rows(runnable, report: Report, models: set[str] = frozenset({"v4"})) -> None:
     from .errors import CASES, run_error_cases
+    from .v41_errors import V41_CASES
 
-    print("\nSPEC §9 error cases (ValueError leading with the argument's name, no byte of any buffer changed):", flush=True)
+    cases = (CASES if "v4" in models else ()) + (V41_CASES if "v4.1" in models else ())
+    sections = " and ".join(s for s, m in (("SPEC §9", "v4"), ("SPEC §14.8", "v4.1")) if m in models)
+    print(f"\n{sections} error cases (ValueError leading with the argument's name, no byte of any buffer changed):",
+          flush=True)
     for name, impl, device in runnable:
-        for result in run_error_cases(impl, CASES, device):
+        for result in run_error_cases(impl, cases, device):
             print(_row((result.case, name, "", "", result.status.upper(), result.detail[:110]), WIDTHS), flush=True)
-            report.count(name, f"§9 {result.case}", result.status, result.passed)
+            section = "§14.8" if result.case.startswith("v41 ") else "§9"
+            report.count(name, f"{section} {result.case}", result.status, result.passed)
             report.results["errors"].append({"case": result.case, "impl": name, "status": result.status,
                                              "detail": result.detail})
 
@@ -330,12 +380,15 @@ def _summary(report: Report, skipped: list[str]) -> tuple[int, str]:
 def _list_catalogue() -> int:
     from .scenarios import CATALOGUE
     from .sequences import SEQUENCES
+    from .v41_scenarios import V41_CATALOGUE
 
     for sc in CATALOGUE:
         where = f"{sc.size} ({sc.device} only)" if sc.device else sc.size
         print(f"{sc.name:40s} {where:18s} {sc.description}")
     for sq in SEQUENCES:
         print(f"{sq.name:40s} {'small (steps)':18s} {sq.description}")
+    for sc in V41_CATALOGUE:
+        print(f"{sc.name:40s} {sc.size + ' (V4.1)':18s} {sc.description}")
     return EXIT_PASSED
 
 
@@ -352,7 +405,8 @@ def run(args) -> int:
         return _usage(f"--buckets: expected token counts of at least 1, got {args.buckets}")
     try:
         runnable, skipped = _runnable(args, _load(args.impl))
-        chosen, chosen_sequences = _selection(args, any(d == "cuda" for _, _, d in runnable))
+        models = _models(args, runnable)
+        chosen, chosen_sequences, chosen_v41 = _selection(args, any(d == "cuda" for _, _, d in runnable), models)
     except UsageError as error:
         return _usage(str(error))
     except NothingToCheck as error:
@@ -368,8 +422,10 @@ def run(args) -> int:
             _sequence_rows(args, runnable, chosen_sequences, report)
         if chosen and not args.no_invariance:
             _invariance_rows(args, runnable, chosen, report)
+        if chosen_v41:
+            _v41_rows(args, runnable, chosen_v41, report)
         if not args.no_errors:
-            _error_rows(runnable, report)
+            _error_rows(runnable, report, models)
     status, line = _summary(report, skipped)
     if args.json:
         _write_json(args.json, report, runnable, skipped, status, line)

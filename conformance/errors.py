@@ -453,10 +453,15 @@ def names_argument(error: BaseException, argument: str) -> bool:
 
 def run_error_case(impl: LoadedImplementation, case: ErrorCase, device: str | None = None) -> ErrorVerdict:
     """Call with the broken argument, in this process; pass iff a ValueError names the
-    argument and no byte of any buffer of the call changed."""
+    argument and no byte of any buffer of the call changed (a SPEC §14.8 case of
+    :mod:`.v41_errors` too)."""
     device = device or impl.device()
     if device is None:
         return ErrorVerdict(case.name, impl.name, "skip", f"needs one of {impl.devices}")
+    if not isinstance(case, ErrorCase):
+        from .v41_errors import run_v41_error_case
+
+        return run_v41_error_case(impl, case, device)
     numpy = impl.takes_numpy
     if numpy and not case.numpy:
         return ErrorVerdict(case.name, impl.name, "unsupported", "no NumPy form (NumPy holds E4M3 as uint8)")
@@ -499,8 +504,10 @@ def _worker_main() -> None:
 
     from .implementations import load_implementation
 
+    from .v41_errors import V41_CASES
+
     loaded = {}
-    by_name = {c.name: c for c in CASES}
+    by_name = {c.name: c for c in CASES + V41_CASES}
     for line in sys.stdin:
         reference, device, name = json.loads(line)
         if reference not in loaded:
@@ -551,6 +558,17 @@ class _Worker:
         return f"exit status {code}" + (f" ({tail})" if tail else "")
 
 
+def _v4_case_unsupported(impl: LoadedImplementation, case: ErrorCase) -> str | None:
+    """Why ``impl`` is not asked a SPEC §9 case (SPEC §13's options, layouts it declares), or ``None``."""
+    undeclared = impl.capabilities.unsupported_state(**{k: v for need in case.needs for k, v in NEEDS[need].items()})
+    if undeclared:
+        return f"outside the declaration: {undeclared}"
+    layouts = impl.capabilities.layouts
+    if case.layout and layouts is not None and case.layout not in layouts:
+        return f"declared: no layout {case.layout!r}"
+    return None
+
+
 def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None = None) -> list[ErrorVerdict]:
     """Every case against ``impl``, a crash in one hiding none of the others.
 
@@ -563,18 +581,24 @@ def run_error_cases(impl: LoadedImplementation, cases=CASES, device: str | None 
         return [ErrorVerdict(c.name, impl.name, "skip", f"needs one of {impl.devices}") for c in cases]
     verdicts, worker = [], None
     for case in cases:
-        if case.indexer and 128 not in impl.capabilities.head_widths:
+        if not isinstance(case, ErrorCase):  # SPEC §14.8
+            from .v41_errors import v41_case_unsupported
+
+            undeclared = v41_case_unsupported(impl, case)
+            if undeclared:
+                verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", undeclared))
+                continue
+        elif not impl.capabilities.v4:
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: DeepSeek-V4.1 alone"))
+            continue
+        elif case.indexer and 128 not in impl.capabilities.head_widths:
             verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "declared: no SPEC §12 (head width 128)"))
             continue
-        undeclared = impl.capabilities.unsupported_state(**{k: v for need in case.needs for k, v in NEEDS[need].items()})
+        undeclared = _v4_case_unsupported(impl, case) if isinstance(case, ErrorCase) else None
         if undeclared:
-            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"outside the declaration: {undeclared}"))
+            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", undeclared))
             continue
-        layouts = impl.capabilities.layouts
-        if case.layout and layouts is not None and case.layout not in layouts:
-            verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", f"declared: no layout {case.layout!r}"))
-            continue
-        if impl.takes_numpy and not case.numpy:
+        if isinstance(case, ErrorCase) and impl.takes_numpy and not case.numpy:
             verdicts.append(ErrorVerdict(case.name, impl.name, "unsupported", "no NumPy form (NumPy holds E4M3 as uint8)"))
             continue
         if not impl.reference:

@@ -25,6 +25,13 @@ where a scenario uses them); and, with ``step_call=True``, the step call::
                       rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, *, compress_ratio,
                       layout, fp8_scale, ape_at, ring_capacity[, hadamard])
 
+DeepSeek-V4.1 (SPEC §14), where an implementation offers it: the four operations of SPEC §14.7
+with the spec's argument order, ``v41_compress_norm``, ``v41_rope_quant_store``,
+``v41_compress_norm_rope_store`` and ``v41_index_key_store``, declared by
+``Capabilities(v41=V41Capabilities(...))``. An implementation of V4.1 alone (no V4 operations)
+loads too; without a declaration it is taken to handle every valid V4.1 call, and a call it
+answers with ``NotImplementedError`` (having written nothing) is reported unsupported.
+
 Names the suite understands: the built-ins ``spec``, ``torch``, ``triton``, ``cutedsl``;
 ``module:attribute`` (attribute may be a factory called with no arguments); or a name
 registered by another package under the entry-point group ``dsv4_compressor.implementations``.
@@ -40,7 +47,8 @@ from typing import Any, Protocol
 from ..spec import compress_and_save as spec_compress_and_save
 from ..spec import compress_norm_rope_store as spec_compress_norm_rope_store
 from ..spec import save_partial_states as spec_save_partial_states
-from .capabilities import STATE_FORMATS, Capabilities
+from ..spec import v41_operator
+from .capabilities import STATE_FORMATS, V41_EVERYTHING, V41_OPERATIONS, Capabilities
 
 ENTRY_POINT_GROUP = "dsv4_compressor.implementations"
 BUILTIN = {
@@ -64,8 +72,13 @@ class SpecImplementation:
     """The NumPy specification itself: it takes NumPy arrays (bf16 as uint16 bit patterns) and
     makes SPEC §9's checks before writing anything; no torch involved."""
 
-    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128), arrays="numpy", **STATE_FORMATS)
+    CAPABILITIES = Capabilities(devices=("cpu",), head_widths=(512, 128), arrays="numpy", v41=V41_EVERYTHING,
+                                **STATE_FORMATS)
     name = "spec"
+    v41_compress_norm = staticmethod(v41_operator.v41_compress_norm)  # SPEC §14.7, the spec's own signatures
+    v41_rope_quant_store = staticmethod(v41_operator.v41_rope_quant_store)
+    v41_compress_norm_rope_store = staticmethod(v41_operator.v41_compress_norm_rope_store)
+    v41_index_key_store = staticmethod(v41_operator.v41_index_key_store)
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, state_cache, block_size, *, ape_at="save",
                             ring_capacity=None):
@@ -92,7 +105,7 @@ class SpecImplementation:
 # paged state, ape at the save, the two calls).
 BUILTIN_CAPABILITIES = {  # the project's kernels: Triton runs SPEC §13's state formats and step call
     "triton": Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"), ring_addressing=True,
-                           step_call=True),
+                           step_call=True, v41=V41_EVERYTHING),
     "cutedsl": Capabilities(),
 }
 
@@ -151,6 +164,11 @@ def _resolve(reference: str) -> Any:
     return target
 
 
+def offers_v41(target) -> tuple[str, ...]:
+    """The DeepSeek-V4.1 operations ``target`` has (names of :data:`~.capabilities.V41_OPERATIONS`)."""
+    return tuple(op for op in V41_OPERATIONS if callable(getattr(target, f"v41_{op}", None)))
+
+
 def load_implementation(name: str) -> LoadedImplementation:
     """Find an implementation by built-in name, ``module:attribute`` or entry point."""
     if name in BUILTIN:
@@ -170,18 +188,28 @@ def load_implementation(name: str) -> LoadedImplementation:
     except (ImportError, AttributeError) as error:
         raise ValueError(f"--impl {name}: cannot load {reference!r}: {type(error).__name__}: {error}") from None
     missing = [op for op in ("save_partial_states", "compress_norm_rope_store") if not callable(getattr(target, op, None))]
-    if missing:
-        raise ValueError(f"--impl {name}: expected an object with save_partial_states and compress_norm_rope_store, missing {missing}")
+    v41 = offers_v41(target)
+    if missing and not v41:
+        raise ValueError(f"--impl {name}: expected an object with save_partial_states and compress_norm_rope_store "
+                         f"(or DeepSeek-V4.1's v41_* operations), missing {missing}")
     declared = getattr(target, "CAPABILITIES", None)
     if declared is not None and not isinstance(declared, Capabilities):
         raise ValueError(f"--impl {name}: expected CAPABILITIES to be a dsv4_compressor.conformance.Capabilities, "
                          f"got {type(declared).__name__}")
     if declared is not None and declared.step_call and not callable(getattr(target, "compress_and_save", None)):
         raise ValueError(f"--impl {name}: expected compress_and_save (CAPABILITIES declares step_call=True), missing")
+    if declared is not None and declared.v41 is not None:
+        undefined = [f"v41_{op}" for op in declared.v41.operations if not callable(getattr(target, f"v41_{op}", None))]
+        if undefined:
+            raise ValueError(f"--impl {name}: expected {undefined} (CAPABILITIES declares them in v41), missing")
     if declared is None:  # the older declaration: devices only
         devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
         declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)
         if name in BUILTIN_CAPABILITIES and _takes_hadamard(target):  # the project's kernels with SPEC §12
             declared = replace(declared, head_widths=(512, 128))
+        if v41 and declared.v41 is None:  # undeclared V4.1 operations: every valid call of those offered
+            declared = replace(declared, v41=replace(V41_EVERYTHING, operations=v41))
+    if missing:  # V4.1 alone
+        declared = replace(declared, v4=False)
     return LoadedImplementation(name=getattr(target, "name", name) if name in ("torch",) else name, target=target,
                                 devices=declared.devices, capabilities=declared, reference=name)

@@ -1,5 +1,6 @@
 """The conformance suite as pytest tests (one per scenario, per multi-step sequence, per
-scenario's batch invariance and per SPEC §9 error case).
+scenario's batch invariance and per SPEC §9 error case; DeepSeek-V4.1's scenarios and SPEC §14.8
+cases, marked ``spec_s14``, for an implementation that declares V4.1).
 
 Enabled by the project's pytest plugin::
 
@@ -21,7 +22,7 @@ import pytest
 
 MARKERS = {
     "conformance": "a conformance test of --dsv4-impl (dsv4_compressor.conformance)",
-    **{f"spec_s{n}": f"checks SPEC §{n}" for n in (4, 5, 6, 7, 9, 10, 12, 13)},
+    **{f"spec_s{n}": f"checks SPEC §{n}" for n in (4, 5, 6, 7, 9, 10, 12, 13, 14)},
 }
 
 
@@ -40,7 +41,8 @@ def add_options(parser) -> None:
 
 
 def _sections_marker(section: str) -> str:
-    return "spec_s" + section.lstrip("§")
+    """``§5`` -> ``spec_s5``; a subsection ``§14.3`` -> ``spec_s14``."""
+    return "spec_s" + section.lstrip("§").split(".")[0]
 
 
 class ConformanceFailure(Exception):
@@ -63,8 +65,10 @@ class ScenarioItem(_ConformanceItem):
 
     def runtest(self):
         from .runner import run_scenario
+        from .v41_runner import run_v41_scenario
 
-        verdict = run_scenario(self.impl, self.scenario, tolerant=self.tolerant)
+        run = run_v41_scenario if getattr(self.scenario, "model", "v4") == "v4.1" else run_scenario
+        verdict = run(self.impl, self.scenario, tolerant=self.tolerant)
         self.user_properties.append(("status", verdict.status))
         if verdict.status in ("skip", "unsupported"):
             pytest.skip(f"{verdict.status}: {verdict.first_difference}")
@@ -120,7 +124,9 @@ class ErrorCaseItem(_ConformanceItem):
 
         key = self.impl.name
         if key not in self.results:  # one worker process runs all cases of an implementation
-            self.results[key] = {v.case: v for v in run_error_cases(self.impl, CASES)}
+            from .v41_errors import V41_CASES
+
+            self.results[key] = {v.case: v for v in run_error_cases(self.impl, CASES + V41_CASES)}
         verdict = self.results[key][self.case.name]
         if verdict.status in ("skip", "unsupported"):
             pytest.skip(f"{verdict.status}: {verdict.detail}")
@@ -128,7 +134,8 @@ class ErrorCaseItem(_ConformanceItem):
             raise ConformanceFailure(f"{verdict.status.upper()}: {verdict.detail}")
 
     def reportinfo(self):
-        return "dsv4-conformance", None, f"{self.impl.name}: SPEC §9 {self.case.name}"
+        section = "SPEC §14.8" if self.case.name.startswith("v41 ") else "SPEC §9"
+        return "dsv4-conformance", None, f"{self.impl.name}: {section} {self.case.name}"
 
 
 def _xfail_name(item) -> str:
@@ -146,6 +153,8 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
     from .implementations import load_implementation
     from .scenarios import CATALOGUE, scenarios
     from .sequences import sequences
+    from .v41_errors import V41_CASES
+    from .v41_scenarios import V41_CATALOGUE, v41_scenarios
 
     names = config.getoption("--dsv4-impl")
     if not names:
@@ -153,9 +162,11 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
     xfail = {n.strip() for n in config.getoption("--dsv4-xfail").split(",") if n.strip()}
     patterns = [p.strip() for p in config.getoption("--dsv4-scenarios").split(",") if p.strip()]
     in_catalogue = [p for p in patterns if any(fnmatch.fnmatch(s.name, p) for s in CATALOGUE)]
+    in_v41 = [p for p in patterns if any(fnmatch.fnmatch(s.name, p) for s in V41_CATALOGUE)]
     try:
         chosen_sequences = sequences(patterns or None)
-        if patterns and not in_catalogue and not chosen_sequences:
+        chosen_v41 = v41_scenarios(in_v41, None) if patterns else v41_scenarios(None, config.getoption("--dsv4-size"))
+        if patterns and not in_catalogue and not chosen_sequences and not chosen_v41:
             raise ValueError(f"--dsv4-scenarios: no scenario or sequence matches {patterns}")
         if in_catalogue or patterns:
             chosen = scenarios(in_catalogue, None) if in_catalogue else []
@@ -170,6 +181,8 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
         kinds = [(ScenarioItem, "", chosen), (SequenceItem, "sequences::", chosen_sequences)]
         if not config.getoption("--dsv4-no-invariance"):
             kinds.append((InvarianceItem, "invariance::", chosen))
+        if impl.capabilities.v41 is not None:
+            kinds.append((ScenarioItem, "", chosen_v41))
         for kind, prefix, where in kinds:
             for scenario in where:
                 item = kind.from_parent(pytest_session, name=f"dsv4[{impl.name}]::{prefix}{scenario.name}", impl=impl,
@@ -178,10 +191,10 @@ def make_items(pytest_session, config) -> list[pytest.Item]:
                     item.add_marker(_sections_marker(section))
                 items.append(item)
         if not config.getoption("--dsv4-no-errors") and not patterns:
-            for case in CASES:
+            for case in CASES + (V41_CASES if impl.capabilities.v41 is not None else ()):
                 item = ErrorCaseItem.from_parent(pytest_session, name=f"dsv4[{impl.name}]::errors::{case.name}", impl=impl,
                                                  case=case, results=results)
-                item.add_marker("spec_s9")
+                item.add_marker("spec_s14" if case in V41_CASES else "spec_s9")
                 items.append(item)
     for item in items:
         item.add_marker("conformance")

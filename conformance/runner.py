@@ -53,6 +53,7 @@ class Verdict:
     first_difference: str = ""
     region: str | None = None
     counts: dict = field(default_factory=dict)  # deviations by kind (tolerant mode)
+    departure: str = ""  # the known departure (SPEC §14.10) that explains the bytes, where one does
 
     @property
     def passed(self) -> bool:
