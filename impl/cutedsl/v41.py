@@ -50,24 +50,6 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 @dataclass(frozen=True)
-class V41Capabilities:
-    """What this family's DeepSeek-V4.1 operations run (SPEC §14): the options a conformance run
-    may call them with. The Triton family's operations take the same set."""
-
-    devices: tuple[str, ...] = ("cuda",)
-    ratios: tuple[int, ...] = (1, 2)
-    layouts: tuple[str, ...] = V41_STORE_LAYOUTS  # v41_rope_quant_store and the combined call
-    index_key_layouts: tuple[str, ...] = V41_INDEX_KEY_LAYOUTS  # v41_index_key_store
-    projection_dtypes: tuple[str, ...] = ("fp32", "bf16")  # kv and score, each either
-    state_dtypes: tuple[str, ...] = ("fp32", "bf16")  # SPEC §13.1
-    ring_addressing: bool = True  # SPEC §13.3
-    latent_optional: bool = True  # the combined call takes latent=None
-
-
-V41_CAPABILITIES = V41Capabilities()
-
-
-@dataclass(frozen=True)
 class V41Plan:
     """A validated call's kernel: its configuration, TVM-FFI function and trailing scalars."""
 
@@ -416,5 +398,5 @@ def v41_warm_up(*, compress_ratio: int, layout: str | None, entries_per_page: in
     return configs
 
 
-__all__ = ["V41_CAPABILITIES", "V41Capabilities", "V41Plan", "V41Shapes", "v41_compress_norm", "v41_compress_norm_rope_store", "v41_index_key_store",
+__all__ = ["V41Plan", "V41Shapes", "v41_compress_norm", "v41_compress_norm_rope_store", "v41_index_key_store",
            "v41_rope_quant_store", "v41_warm_up"]

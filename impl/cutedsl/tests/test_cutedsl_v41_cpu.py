@@ -338,28 +338,32 @@ def test_nvfp4_records_divide_and_the_ratio2_softmax_divides():
 
 # ---- the declaration -----------------------------------------------------------------------------------------
 def test_every_declared_option_is_one_launch(recorded):
-    """``V41_CAPABILITIES``: every ratio with every layout, every projection and state dtype, rings,
-    no latent and both index-key layouts are calls the host takes (one launch each)."""
-    from dsv4_compressor.impl.cutedsl import V41_CAPABILITIES as declared
+    """The family's DeepSeek-V4.1 declaration in the conformance suite (every ratio with every
+    layout, every projection and state dtype, rings, no latent and both index-key layouts) names
+    calls the host takes, one launch each."""
+    from dsv4_compressor.conformance.implementations import BUILTIN_CAPABILITIES
+    from dsv4_compressor.spec.entry_layout import V41_INDEX_KEY_LAYOUTS, V41_STORE_LAYOUTS
 
+    declared = BUILTIN_CAPABILITIES["cutedsl"].v41
+    layouts = declared.layouts or V41_STORE_LAYOUTS + V41_INDEX_KEY_LAYOUTS
     launches, _ = recorded
     calls = 0
     for ratio in declared.ratios:
-        for layout in declared.layouts:
+        for layout in [name for name in layouts if name in V41_STORE_LAYOUTS]:
             v41.v41_compress_norm_rope_store(**_combined_arguments(S.build_case(MIXED, ratio=ratio, seed=20,
                                                                                 layout=layout)))
             calls += 1
-        for index_layout in declared.index_key_layouts:
+        for index_layout in [name for name in layouts if name in V41_INDEX_KEY_LAYOUTS]:
             case = S.build_case(MIXED, ratio=ratio, seed=21, layout=None)
             v41.v41_index_key_store(**S.torch_arguments(S.index_key_arguments(case, index_layout))[0])
             calls += 1
-    states = {False: V.paged(4), True: V.vllm_ring(0)} if declared.ring_addressing else {False: V.paged(4)}
+    states = {False: V.paged(4), True: V.vllm_ring(0)} if declared.ring_state else {False: V.paged(4)}
     for state_dtype in declared.state_dtypes:
-        for kv_dtype in declared.projection_dtypes:
+        for kv_dtype in declared.input_dtypes:
             for ring, state in states.items():
                 case = S.build_case(MIXED, ratio=2, seed=22, layout="v41_nvfp4", state=state,
                                     bf16_state=state_dtype == "bf16", bf16_inputs=kv_dtype == "bf16")
-                v41.v41_compress_norm_rope_store(**_combined_arguments(case, latent=not declared.latent_optional))
+                v41.v41_compress_norm_rope_store(**_combined_arguments(case, latent=False))
                 calls += 1
     rings = {config.ring for kernel, config, _ in launches if kernel == "v41_compress" and config.ratio == 2}
     assert len(launches) == calls and rings == {False, True}
