@@ -164,6 +164,18 @@ def _resolve(reference: str) -> Any:
     return target
 
 
+_PACKAGE = __name__.rsplit(".", 2)[0]  # dsv4_compressor
+
+
+def builtin_family(name: str, target) -> str | None:
+    """The project's kernel family an implementation is (``"triton"``, ``"cutedsl"``), also when it
+    is one of the family's named variants (``impl.cutedsl.variants:nopdl``); ``None`` for others."""
+    if name in BUILTIN_CAPABILITIES:
+        return name
+    module = type(target).__module__
+    return next((family for family in BUILTIN_CAPABILITIES if module.startswith(f"{_PACKAGE}.impl.{family}.")), None)
+
+
 def offers_v41(target) -> tuple[str, ...]:
     """The DeepSeek-V4.1 operations ``target`` has (names of :data:`~.capabilities.V41_OPERATIONS`)."""
     return tuple(op for op in V41_OPERATIONS if callable(getattr(target, f"v41_{op}", None)))
@@ -204,9 +216,12 @@ def load_implementation(name: str) -> LoadedImplementation:
             raise ValueError(f"--impl {name}: expected {undefined} (CAPABILITIES declares them in v41), missing")
     if declared is None:  # the older declaration: devices only
         devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
-        declared = replace(BUILTIN_CAPABILITIES.get(name, Capabilities()), devices=devices)
-        if name in BUILTIN_CAPABILITIES and _takes_hadamard(target):  # the project's kernels with SPEC §12
+        family = builtin_family(name, target)
+        declared = replace(BUILTIN_CAPABILITIES.get(family, Capabilities()), devices=devices)
+        if family and _takes_hadamard(importlib.import_module(f"{_PACKAGE}.impl.{family}")):  # with SPEC §12
             declared = replace(declared, head_widths=(512, 128))
+        if declared.v41 is not None and not v41:  # a family's object without the V4.1 operations (a variant)
+            declared = replace(declared, v41=None)
         if v41 and declared.v41 is None:  # undeclared V4.1 operations: every valid call of those offered
             declared = replace(declared, v41=replace(V41_EVERYTHING, operations=v41))
     if missing:  # V4.1 alone

@@ -180,6 +180,18 @@ def test_capability_checks():
     assert Capabilities().unsupported(Features(**{**base, "head_width": 128, "layout": "indexer_fp8"}))
 
 
+def test_a_named_variant_declares_what_its_family_runs():
+    """A CuTe DSL variant (``impl.cutedsl.variants:nopdl``) passes every call to the family's
+    operations, so the suite calls it on the indexer's head width too, and not on V4.1's
+    operations, which a variant does not have."""
+    pytest.importorskip("cutlass")
+    family = load_implementation("cutedsl").capabilities
+    for name in ("dsv4_compressor.impl.cutedsl.variants:nopdl", "dsv4_compressor.impl.cutedsl.variants:indexer_nopdl"):
+        variant = load_implementation(name).capabilities
+        assert variant.head_widths == family.head_widths == (512, 128)
+        assert variant.v41 is None and family.v41 is not None
+
+
 def test_names_argument_requires_the_name_first():
     assert names_argument(ValueError("k_cache: expected ..."), "k_cache")
     assert names_argument(ValueError("'k_cache' must be ..."), "k_cache")
