@@ -14,6 +14,7 @@ runs on one copy, the kernels on a CUDA twin of another with the same allocation
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import numpy as np
 import pytest
@@ -23,9 +24,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.impl.triton.tests import v41_scenarios as S  # noqa: E402
+from dsv4_compressor.impl.triton.tests.v41_family_checks import (  # noqa: E402,F401  (collected here, run on CuTe DSL)
+    test_a_step_without_active_tokens_writes_only_the_saves, test_combined_call_bytes_identical_to_spec,
+    test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent, test_compress_norm_alone,
+    test_entries_per_page, test_index_key_store, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
+    test_saving_every_token_equals_the_spec_save_then_compress,
+)
 from dsv4_compressor.impl.triton.tests.v41_scenarios import (  # noqa: E402
-    EPS, V41Case, assert_identical, build_case, index_key_arguments, padded_rows, run_both, spec_copy, torch_arguments,
-    torch_twin, with_step,
+    EPS, MIXED, RECORDS, assert_identical, build_case, index_key_arguments, run_both, spec_copy, torch_arguments,
+    torch_twin,
 )
 from dsv4_compressor.spec import batch as B  # noqa: E402
 from dsv4_compressor.spec import v41_batch as V  # noqa: E402
@@ -33,10 +41,14 @@ from dsv4_compressor.spec.batch import Request  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
-MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
 STATES = {"paged4": V.paged(4), "paged2": V.paged(2), "reference_ring": V.reference_ring(), "vllm_ring": V.vllm_ring(3)}
 INPUTS = ("fp32", "bf16", "kv_fp32_score_bf16")
+
+
+@pytest.fixture
+def v41_family() -> str:
+    """The kernel family the shared checks (``v41_family_checks``) run on."""
+    return "cutedsl"
 
 
 def _cutedsl():
@@ -45,96 +57,12 @@ def _cutedsl():
     return cutedsl
 
 
-def _written(results: dict) -> None:
-    """The call wrote something (guards against comparing two untouched buffers)."""
-    for name in ("latent", "k_cache"):
-        if name in results:
-            assert np.count_nonzero(results[name][0] != B.CANARY_BYTE) > 0, f"{name}: nothing was written"
-
-
-def combined(case: V41Case, *, latent: bool = True, **options) -> dict:
-    """``v41_compress_norm_rope_store`` (``latent=None`` when not ``latent``), spec against CuTe DSL."""
-    arguments = case.compress_arguments(case.latent if latent else None)
-    arguments.update(cos_sin_cache=case.cos_sin, k_cache=case.k_cache, layout=case.layout, fp8_scale=case.fp8_scale)
-    return run_both(spec.v41_compress_norm_rope_store,
-                    lambda **a: _cutedsl().v41_compress_norm_rope_store(**a, **options), arguments,
-                    ("latent", "state_cache", "k_cache"))
-
-
-def compress_norm(case: V41Case, **options) -> dict:
-    return run_both(spec.v41_compress_norm, lambda **a: _cutedsl().v41_compress_norm(**a, **options),
-                    case.compress_arguments(case.latent), ("latent", "state_cache"))
-
-
-def rope_quant_store(case: V41Case, **options) -> dict:
-    """``v41_rope_quant_store`` of random bf16 latent rows (padded rows) for every token."""
-    latent = padded_rows(V.bf16_patterns(np.random.default_rng(1).standard_normal((case.step.num_tokens, 512))), 8)
-    arguments = dict(latent=latent, positions=case.step.positions, kv_slot_mapping=case.step.kv_slot_mapping,
-                     cos_sin_cache=case.cos_sin, k_cache=case.k_cache, compress_ratio=case.ratio, layout=case.layout,
-                     fp8_scale=case.fp8_scale)
-    return run_both(spec.v41_rope_quant_store, lambda **a: _cutedsl().v41_rope_quant_store(**a, **options), arguments,
-                    ("k_cache",))
-
-
-def index_key_store(arguments: dict, **options) -> dict:
-    return run_both(spec.v41_index_key_store, lambda **a: _cutedsl().v41_index_key_store(**a, **options), arguments,
-                    ("k_cache",))
-
-
-# ---- every record at both ratios -------------------------------------------------------------------------
-@pytest.mark.parametrize("layout, options", [
-    ("flashmla_fp8", dict(entries_per_page=2, page_pad_bytes=32, bf16_weight=True)),
-    ("bf16", dict(entries_per_page=1, input_row_pad=8, cos_sin_row_pad=8)),
-    ("fp8_per_tensor", dict(entries_per_page=64, bf16_inputs=True, fp8_scale=0.037)),
-    ("v41_mxfp8", dict(entries_per_page=2, page_pad_bytes=16, bf16_inputs=True, bf16_weight=True)),
-    ("v41_nvfp4", dict(entries_per_page=3, page_pad_bytes=48, drop_entry_fraction=0.3, num_padding=3)),
-])
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_combined_call_bytes_identical_to_spec(ratio, layout, options):
-    case = build_case(MIXED, ratio=ratio, seed=10 * ratio + RECORDS.index(layout), layout=layout, **options)
-    results = combined(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent(ratio):
-    case = build_case(MIXED, ratio=ratio, seed=3, layout="v41_nvfp4", bf16_inputs=True)
-    with_latent = combined(case)
-    without = combined(case, latent=False)
-    assert set(without) == ({"k_cache"} if ratio == 1 else {"k_cache", "state_cache"})
-    assert_identical(without)
-    for name, (_, ours) in without.items():
-        assert np.array_equal(ours, with_latent[name][1])
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_compress_norm_alone(ratio):
-    case = build_case(MIXED, ratio=ratio, seed=4, layout=None, state=V.vllm_ring(0), bf16_inputs=ratio == 1,
-                      unslotted_fraction=0.2)
-    results = compress_norm(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-@pytest.mark.parametrize("layout", RECORDS)
-def test_rope_quant_store_alone(ratio, layout):
-    case = build_case([Request(3, 1), Request(5, 4), Request(0, 2)], ratio=ratio, seed=5, layout=layout,
-                      entries_per_page=2, page_pad_bytes=16, drop_entry_fraction=0.2)
-    results = rope_quant_store(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-@pytest.mark.parametrize("layout, bf16_weight", [("indexer_fp8", True), ("indexer_mxfp4", False), ("indexer_mxfp4", True)])
-def test_index_key_store(ratio, layout, bf16_weight):
-    """``k_pre``'s rows padded by an odd number of elements (its rows need no alignment)."""
-    case = build_case(MIXED, ratio=ratio, seed=6, layout=None, drop_entry_fraction=0.2)
-    results = index_key_store(index_key_arguments(case, layout, bf16_weight=bf16_weight, k_pre_row_pad=3))
-    _written(results)
-    assert_identical(results)
+# the four operations, spec against CuTe DSL (``options``: this family's keywords, ``shapes``, ``pdl``)
+combined = partial(S.combined, family="cutedsl")
+compress_norm = partial(S.compress_norm, family="cutedsl")
+rope_quant_store = partial(S.rope_quant_store, family="cutedsl")
+index_key_store = partial(S.index_key_store, family="cutedsl")
+_written = S.written
 
 
 # ---- ratio 2's state: dtypes, addressing, inputs, the save after the compress ------------------------------
@@ -168,12 +96,6 @@ def test_ring_chunks_longer_than_the_ring_save_after_the_compress_reads(state, r
         assert_identical(compress_norm(case))
 
 
-def test_ring_wraps_around_many_times():
-    requests = [Request(8 * 37 + 7, 1), Request(8 * 12 + 8, 3), Request(8 * 5 + 1, 10)]
-    case = build_case(requests, ratio=2, seed=8, state=V.vllm_ring(0), layout="v41_mxfp8", bf16_state=True)
-    assert_identical(combined(case))
-
-
 def test_chunk_rows_are_read_from_the_inputs_not_the_state():
     """Every state row but the one before each chunk holds NaN (SPEC §13.4 step 1)."""
     case = build_case([Request(3, 4), Request(10, 6), Request(1, 1)], ratio=2, seed=9, state=V.paged(2),
@@ -185,11 +107,6 @@ def test_chunk_rows_are_read_from_the_inputs_not_the_state():
         keep[t.block_table[req, p // 2], p % 2] = True
     case.state_cache[~keep] = np.float32(np.nan)
     assert_identical(combined(case))
-
-
-def test_saving_every_token_equals_the_spec_save_then_compress():
-    case = build_case([Request(0, 7), Request(5, 4), Request(30, 1)], ratio=2, seed=11, state=V.paged(4))
-    assert_identical(combined(with_step(case, save_slot_mapping=case.step.slot_mapping.copy())))
 
 
 # ---- multi-step runs -----------------------------------------------------------------------------------------
@@ -248,20 +165,6 @@ def test_verify_run_on_vllms_ring():
 
 
 # ---- pages, padding, empty calls, this family's options ----------------------------------------------------
-@pytest.mark.parametrize("entries_per_page", [1, 2, 64])
-def test_entries_per_page(entries_per_page):
-    case = build_case(MIXED + [Request(40, 2)], ratio=2, seed=14, layout="v41_nvfp4", entries_per_page=entries_per_page,
-                      page_pad_bytes=16 * (entries_per_page % 3))
-    assert_identical(combined(case))
-
-
-def test_a_step_without_active_tokens_writes_only_the_saves():
-    case = build_case([Request(4, 1), Request(10, 1)], ratio=2, seed=15, num_padding=2)
-    results = combined(case)
-    assert_identical(results)
-    assert np.all(results["latent"][1] == B.CANARY_BYTE)
-    assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
-    assert np.any(results["state_cache"][0] != spec_copy(case.state_cache)[0])
 
 
 @pytest.mark.parametrize("options", [

@@ -18,84 +18,26 @@ from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.batch import Request
 
-from v41_scenarios import (
-    EPS, assert_identical, build_case, combined, compress_norm, index_key_arguments, index_key_store, rope_quant_store,
-    programs_in_reverse_order, run_both, spec_copy, torch_arguments, torch_twin, with_step,
+from v41_family_checks import (  # noqa: F401  (collected here, run on the Triton family)
+    test_a_step_without_active_tokens_writes_only_the_saves, test_combined_call_bytes_identical_to_spec,
+    test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent, test_compress_norm_alone,
+    test_entries_per_page, test_index_key_store, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
+    test_saving_every_token_equals_the_spec_save_then_compress,
 )
+from v41_scenarios import (
+    EPS, RECORDS, assert_identical, build_case, combined, compress_norm, index_key_arguments, index_key_store,
+    programs_in_reverse_order, rope_quant_store, run_both, spec_copy, torch_arguments, torch_twin,
+)
+from v41_scenarios import written as _written
 
 INTERPRETER = not torch.cuda.is_available()
-RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
 CANARY16 = B.CANARY_BYTE * 0x0101
-# decode at odd positions (row p - 1 from the state) and an even one, prefill chunks from 0 and from an odd position
-MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
 
 
-def _written(results: dict) -> None:
-    """The call wrote something: latent rows and a record (guards against comparing two untouched buffers)."""
-    for name in ("latent", "k_cache"):
-        if name in results:
-            spec_bytes = results[name][0]
-            assert np.count_nonzero(spec_bytes != B.CANARY_BYTE) > 0, f"{name}: nothing was written"
-
-
-# ---- the combined call: every record at both ratios ----------------------------------------------------------
-@pytest.mark.parametrize("layout, options", [
-    ("flashmla_fp8", dict(entries_per_page=2, page_pad_bytes=32, bf16_weight=True)),
-    ("bf16", dict(entries_per_page=1, input_row_pad=8, cos_sin_row_pad=8)),
-    ("fp8_per_tensor", dict(entries_per_page=64, bf16_inputs=True, fp8_scale=0.037)),
-    ("v41_mxfp8", dict(entries_per_page=2, page_pad_bytes=16, bf16_inputs=True, bf16_weight=True)),
-    ("v41_nvfp4", dict(entries_per_page=3, page_pad_bytes=48, drop_entry_fraction=0.3, num_padding=3)),
-])
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_combined_call_bytes_identical_to_spec(ratio, layout, options):
-    case = build_case(MIXED, ratio=ratio, seed=10 * ratio + RECORDS.index(layout), layout=layout, **options)
-    results = combined(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent(ratio):
-    """``latent=None``: nothing is written there, and the cache and state are those of a call with a latent."""
-    case = build_case(MIXED, ratio=ratio, seed=3, layout="v41_nvfp4", bf16_inputs=True)
-    with_latent = combined(case)
-    without = combined(case, latent=False)
-    assert set(without) == ({"k_cache"} if ratio == 1 else {"k_cache", "state_cache"})
-    assert_identical(without)
-    for name, (_, triton_bytes) in without.items():
-        assert np.array_equal(triton_bytes, with_latent[name][1])
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_compress_norm_alone(ratio):
-    case = build_case(MIXED, ratio=ratio, seed=4, layout=None, state=V.vllm_ring(0), bf16_inputs=ratio == 1,
-                      unslotted_fraction=0.2)
-    results = compress_norm(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-@pytest.mark.parametrize("layout", RECORDS)
-def test_rope_quant_store_alone(ratio, layout):
-    """Every token with a cache slot at a boundary stores the record of its latent row (at ratio 2
-    whatever its state slot), from a random bf16 latent with padded rows."""
-    case = build_case([Request(3, 1), Request(5, 4), Request(0, 2)], ratio=ratio, seed=5, layout=layout,
-                      entries_per_page=2, page_pad_bytes=16, drop_entry_fraction=0.2)
-    results = rope_quant_store(case)
-    _written(results)
-    assert_identical(results)
-
-
-@pytest.mark.parametrize("ratio", [1, 2])
-@pytest.mark.parametrize("layout, bf16_weight", [("indexer_fp8", True), ("indexer_mxfp4", False), ("indexer_mxfp4", True)])
-def test_index_key_store(ratio, layout, bf16_weight):
-    """SPEC §14.6 into both of §12's records; ``k_pre``'s rows padded by an odd number of elements
-    (its rows need no alignment)."""
-    case = build_case(MIXED, ratio=ratio, seed=6, layout=None, drop_entry_fraction=0.2)
-    results = index_key_store(index_key_arguments(case, layout, bf16_weight=bf16_weight, k_pre_row_pad=3))
-    _written(results)
-    assert_identical(results)
+@pytest.fixture
+def v41_family() -> str:
+    """The kernel family the shared checks (``v41_family_checks``) run on."""
+    return "triton"
 
 
 # ---- ratio 2's state: dtypes, addressing, inputs -----------------------------------------------------------------
@@ -160,13 +102,6 @@ def test_ring_chunks_longer_than_the_ring_save_after_the_compress_reads(state, r
             assert_identical(compress_norm(case))
 
 
-def test_ring_wraps_around_many_times():
-    """Positions far past the ring's capacity (ring slot ``q mod C``), a decode on each side of a wrap."""
-    requests = [Request(8 * 37 + 7, 1), Request(8 * 12 + 8, 3), Request(8 * 5 + 1, 10)]
-    case = build_case(requests, ratio=2, seed=8, state=V.vllm_ring(0), layout="v41_mxfp8", bf16_state=True)
-    assert_identical(combined(case))
-
-
 def test_chunk_rows_are_read_from_the_inputs_not_the_state():
     """Every state row a window could read but the one before each chunk holds NaN: a kernel that
     read a chunk row from the state would write NaN-derived bytes (SPEC §13.4 step 1)."""
@@ -178,12 +113,6 @@ def test_chunk_rows_are_read_from_the_inputs_not_the_state():
         keep[t.block_table[req, p // 2], p % 2] = True
     case.state_cache[~keep] = np.float32(np.nan)
     assert_identical(combined(case))
-
-
-def test_saving_every_token_equals_the_spec_save_then_compress():
-    """``save_slot_mapping = slot_mapping`` (paged): every token is saved after the compress."""
-    case = build_case([Request(0, 7), Request(5, 4), Request(30, 1)], ratio=2, seed=11, state=V.paged(4))
-    assert_identical(combined(with_step(case, save_slot_mapping=case.step.slot_mapping.copy())))
 
 
 # ---- multi-step runs: decode, prefill and verify steps on one state --------------------------------------------
@@ -242,21 +171,6 @@ def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state):
 
 
 # ---- entries per page, padding, empty calls ----------------------------------------------------------------------
-@pytest.mark.parametrize("entries_per_page", [1, 2, 64])
-def test_entries_per_page(entries_per_page):
-    case = build_case(MIXED + [Request(40, 2)], ratio=2, seed=14, layout="v41_nvfp4", entries_per_page=entries_per_page,
-                      page_pad_bytes=16 * (entries_per_page % 3))
-    assert_identical(combined(case))
-
-
-def test_a_step_without_active_tokens_writes_only_the_saves():
-    """Even positions and padding: no latent row, no record; ratio 2 saves its rows."""
-    case = build_case([Request(4, 1), Request(10, 1)], ratio=2, seed=15, num_padding=2)
-    results = combined(case)
-    assert_identical(results)
-    assert np.all(results["latent"][1] == B.CANARY_BYTE)
-    assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
-    assert np.any(results["state_cache"][0] != spec_copy(case.state_cache)[0])
 
 
 def test_an_empty_call_launches_nothing():

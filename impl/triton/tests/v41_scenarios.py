@@ -9,6 +9,7 @@ catches writes into padding, into rows of inactive tokens and into untouched ent
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -160,16 +161,16 @@ def torch_arguments(arguments: dict) -> tuple[dict, dict]:
     return out, owners
 
 
-def run_both(spec_function, triton_function, arguments: dict, written: tuple[str, ...]) -> dict:
-    """Run ``spec_function`` on NumPy copies and ``triton_function`` on torch twins of ``arguments``;
-    ``{name: (spec allocation bytes, triton allocation bytes)}`` of every written buffer."""
+def run_both(spec_function, family_function, arguments: dict, written: tuple[str, ...]) -> dict:
+    """Run ``spec_function`` on NumPy copies and ``family_function`` on torch twins of ``arguments``;
+    ``{name: (spec allocation bytes, the family's allocation bytes)}`` of every written buffer."""
     spec_arguments, spec_owners = dict(arguments), {}
     for name in written:
         if arguments.get(name) is not None:
             spec_owners[name], spec_arguments[name] = spec_copy(arguments[name])
     spec_function(**spec_arguments)
     torch_args, owners = torch_arguments(arguments)
-    triton_function(**torch_args)
+    family_function(**torch_args)
     return {name: (spec_owners[name], owners[name].cpu().numpy()) for name in spec_owners}
 
 
@@ -178,7 +179,7 @@ def first_difference(expected: np.ndarray, actual: np.ndarray) -> str:
     if diff.size == 0:
         return "identical"
     i = int(diff[0])
-    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, triton 0x{actual[i]:02x}"
+    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, kernel 0x{actual[i]:02x}"
 
 
 def assert_identical(results: dict) -> None:
@@ -187,36 +188,49 @@ def assert_identical(results: dict) -> None:
         assert np.array_equal(expected, actual), f"{name}: {first_difference(expected, actual)}"
 
 
-# ---- the four operations, spec against Triton ------------------------------------------------------------
-def combined(case: V41Case, *, latent: bool = True, **triton_kwargs) -> dict:
-    """``v41_compress_norm_rope_store`` (``latent=None`` when not ``latent``)."""
-    from dsv4_compressor.impl import triton as T
+# ---- the four operations, spec against a kernel family ----------------------------------------------------
+RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
+# decode at odd positions (row p - 1 from the state) and an even one, prefill chunks from 0 and from an odd position
+MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
 
+
+def operation(family: str, name: str):
+    """The kernel family's (``"triton"`` or ``"cutedsl"``) operation ``v41_<name>``."""
+    return getattr(importlib.import_module(f"dsv4_compressor.impl.{family}"), f"v41_{name}")
+
+
+def written(results: dict) -> None:
+    """The call wrote something: latent rows and a record (guards against comparing two untouched buffers)."""
+    for name in ("latent", "k_cache"):
+        if name in results:
+            assert np.count_nonzero(results[name][0] != B.CANARY_BYTE) > 0, f"{name}: nothing was written"
+
+
+def combined(case: V41Case, *, latent: bool = True, family: str = "triton", **options) -> dict:
+    """``v41_compress_norm_rope_store`` (``latent=None`` when not ``latent``); ``options``: the
+    family's own keywords."""
     arguments = case.compress_arguments(case.latent if latent else None)
     arguments.update(cos_sin_cache=case.cos_sin, k_cache=case.k_cache, layout=case.layout, fp8_scale=case.fp8_scale)
-    return run_both(spec.v41_compress_norm_rope_store,
-                    lambda **a: T.v41_compress_norm_rope_store(**a, **triton_kwargs), arguments,
+    run = operation(family, "compress_norm_rope_store")
+    return run_both(spec.v41_compress_norm_rope_store, lambda **a: run(**a, **options), arguments,
                     ("latent", "state_cache", "k_cache"))
 
 
-def compress_norm(case: V41Case, **triton_kwargs) -> dict:
-    from dsv4_compressor.impl import triton as T
+def compress_norm(case: V41Case, *, family: str = "triton", **options) -> dict:
+    run = operation(family, "compress_norm")
+    return run_both(spec.v41_compress_norm, lambda **a: run(**a, **options), case.compress_arguments(case.latent),
+                    ("latent", "state_cache"))
 
-    return run_both(spec.v41_compress_norm, lambda **a: T.v41_compress_norm(**a, **triton_kwargs),
-                    case.compress_arguments(case.latent), ("latent", "state_cache"))
 
-
-def rope_quant_store(case: V41Case, latent: np.ndarray | None = None, **triton_kwargs) -> dict:
+def rope_quant_store(case: V41Case, latent: np.ndarray | None = None, *, family: str = "triton", **options) -> dict:
     """``v41_rope_quant_store`` of ``latent`` (default: random bf16 rows for every token)."""
-    from dsv4_compressor.impl import triton as T
-
     if latent is None:
         latent = padded_rows(V.bf16_patterns(np.random.default_rng(1).standard_normal((case.step.num_tokens, 512))), 8)
     arguments = dict(latent=latent, positions=case.step.positions, kv_slot_mapping=case.step.kv_slot_mapping,
                      cos_sin_cache=case.cos_sin, k_cache=case.k_cache, compress_ratio=case.ratio, layout=case.layout,
                      fp8_scale=case.fp8_scale)
-    return run_both(spec.v41_rope_quant_store, lambda **a: T.v41_rope_quant_store(**a, **triton_kwargs), arguments,
-                    ("k_cache",))
+    run = operation(family, "rope_quant_store")
+    return run_both(spec.v41_rope_quant_store, lambda **a: run(**a, **options), arguments, ("k_cache",))
 
 
 def index_key_arguments(case: V41Case, layout: str, *, bf16_weight: bool = True, k_pre_row_pad: int = 0,
@@ -231,11 +245,9 @@ def index_key_arguments(case: V41Case, layout: str, *, bf16_weight: bool = True,
                 compress_ratio=case.ratio, layout=layout)
 
 
-def index_key_store(arguments: dict, **triton_kwargs) -> dict:
-    from dsv4_compressor.impl import triton as T
-
-    return run_both(spec.v41_index_key_store, lambda **a: T.v41_index_key_store(**a, **triton_kwargs), arguments,
-                    ("k_cache",))
+def index_key_store(arguments: dict, *, family: str = "triton", **options) -> dict:
+    run = operation(family, "index_key_store")
+    return run_both(spec.v41_index_key_store, lambda **a: run(**a, **options), arguments, ("k_cache",))
 
 
 def with_step(case: V41Case, **changes) -> V41Case:
