@@ -28,14 +28,13 @@ from dsv4_compressor.impl.triton.tests import v41_scenarios as S  # noqa: E402
 from dsv4_compressor.impl.triton.tests.v41_family_checks import (  # noqa: E402,F401  (collected here, run on CuTe DSL)
     test_a_step_without_active_tokens_writes_only_the_saves, test_combined_call_bytes_identical_to_spec,
     test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent, test_compress_norm_alone,
-    test_entries_per_page, test_index_key_store, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
+    test_entries_per_page, test_index_key_store, test_prefill_decode_run_on_the_reference_ring, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
     test_saving_every_token_equals_the_spec_save_then_compress,
+    test_verify_steps_with_a_boundary_inside_and_rejected_drafts,
 )
 from dsv4_compressor.impl.triton.tests.v41_scenarios import (  # noqa: E402
-    EPS, MIXED, RECORDS, assert_identical, build_case, index_key_arguments, run_both, spec_copy, torch_arguments,
-    torch_twin,
+    MIXED, RECORDS, assert_identical, build_case, index_key_arguments, run_both,
 )
-from dsv4_compressor.spec import batch as B  # noqa: E402
 from dsv4_compressor.spec import v41_batch as V  # noqa: E402
 from dsv4_compressor.spec.batch import Request  # noqa: E402
 
@@ -62,6 +61,7 @@ combined = partial(S.combined, family="cutedsl")
 compress_norm = partial(S.compress_norm, family="cutedsl")
 rope_quant_store = partial(S.rope_quant_store, family="cutedsl")
 index_key_store = partial(S.index_key_store, family="cutedsl")
+run_steps = partial(S.run_steps, family="cutedsl")
 _written = S.written
 
 
@@ -110,58 +110,11 @@ def test_chunk_rows_are_read_from_the_inputs_not_the_state():
 
 
 # ---- multi-step runs -----------------------------------------------------------------------------------------
-def _run_steps(plan: list[list[tuple[int, int]]], layout_state: V.StateLayout, *, bf16_state: bool, seed: int) -> None:
-    """``plan`` (per step, ``(context_len, num_tokens)`` of each request) through the spec and CuTe DSL,
-    each on its own buffers carried across the steps, every buffer compared after every step."""
-    rng = np.random.default_rng(seed)
-    reach = [max(c + n for c, n in (step[i] for step in plan)) for i in range(len(plan[0]))]
-    tables = V.v41_tables(reach, compress_ratio=2, state=layout_state, entries_per_page=4, rng=rng)
-    state = V.state_cache(tables.num_state_blocks, layout_state.block_size, rng, bf16=bf16_state, row_pad=8)
-    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 4, page_pad_bytes=16)
-    weight, cos_sin = B.random_norm_weight(rng, bf16=True), B.rope_cos_sin_cache(max(reach) + 2)
-    spec_state, spec_cache = spec_copy(state), spec_copy(k_cache)
-    ours_state, ours_cache = torch_twin(state), torch_twin(k_cache)
-    for number, requests in enumerate(plan):
-        step = V.v41_step(tables, [Request(c, n) for c, n in requests], num_padding=1)
-        kv, score = V.projections(step.num_tokens, rng, bf16=number % 2 == 1)
-        latent = V.latent_buffer(step.num_tokens)
-        arguments = dict(kv=kv, score=score, positions=step.positions, token_to_req=step.token_to_req,
-                         query_start_loc=step.query_start_loc, slot_mapping=step.slot_mapping,
-                         save_slot_mapping=step.save_slot_mapping, block_table=tables.block_table,
-                         bs=layout_state.block_size, rms_norm_weight=weight, rms_norm_eps=EPS, cos_sin_cache=cos_sin,
-                         kv_slot_mapping=step.kv_slot_mapping, compress_ratio=2, layout="v41_nvfp4",
-                         ring_capacity=layout_state.ring_capacity)
-        spec_latent = spec_copy(latent)
-        spec.v41_compress_norm_rope_store(**arguments, state_cache=spec_state[1], k_cache=spec_cache[1],
-                                          latent=spec_latent[1])
-        torch_args, _ = torch_arguments(arguments)
-        ours_latent = torch_twin(latent)
-        _cutedsl().v41_compress_norm_rope_store(**torch_args, state_cache=ours_state[1], k_cache=ours_cache[1],
-                                                latent=ours_latent[1])
-        assert_identical({f"step {number} {name}": (expected[0], actual[0].cpu().numpy()) for name, expected, actual in (
-            ("latent", spec_latent, ours_latent), ("state_cache", spec_state, ours_state),
-            ("k_cache", spec_cache, ours_cache))})
-
-
-def test_prefill_decode_run_on_the_reference_ring():
-    plan = [[(0, 5), (0, 3)], [(5, 4), (3, 1)], [(9, 1), (4, 1)], [(10, 1), (5, 6)]]
-    _run_steps(plan, V.reference_ring(), bf16_state=False, seed=12)
-
-
-@pytest.mark.parametrize("layout_state", [V.vllm_ring(3), V.paged(4)], ids=["vllm_ring", "paged4"])
-def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state):
-    verify = V.verify_requests([6, 9], 3)
-    after = V.after_verify(verify, [2, 3])
-    plan = [[(0, 6), (0, 9)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after],
-            [(c + 4, 1) for c in after]]
-    _run_steps(plan, layout_state, bf16_state=True, seed=13)
-
-
 def test_verify_run_on_vllms_ring():
     verify = V.verify_requests(list(range(1, 130, 2)), 3)
     after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
     plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
-    _run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)
+    run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)
 
 
 # ---- pages, padding, empty calls, this family's options ----------------------------------------------------

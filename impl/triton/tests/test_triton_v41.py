@@ -21,12 +21,13 @@ from dsv4_compressor.spec.batch import Request
 from v41_family_checks import (  # noqa: F401  (collected here, run on the Triton family)
     test_a_step_without_active_tokens_writes_only_the_saves, test_combined_call_bytes_identical_to_spec,
     test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent, test_compress_norm_alone,
-    test_entries_per_page, test_index_key_store, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
+    test_entries_per_page, test_index_key_store, test_prefill_decode_run_on_the_reference_ring, test_ring_wraps_around_many_times, test_rope_quant_store_alone,
     test_saving_every_token_equals_the_spec_save_then_compress,
+    test_verify_steps_with_a_boundary_inside_and_rejected_drafts,
 )
 from v41_scenarios import (
     EPS, RECORDS, assert_identical, build_case, combined, compress_norm, index_key_arguments, index_key_store,
-    programs_in_reverse_order, rope_quant_store, run_both, spec_copy, torch_arguments, torch_twin,
+    programs_in_reverse_order, rope_quant_store, run_both, run_steps,
 )
 from v41_scenarios import written as _written
 
@@ -116,60 +117,6 @@ def test_chunk_rows_are_read_from_the_inputs_not_the_state():
 
 
 # ---- multi-step runs: decode, prefill and verify steps on one state --------------------------------------------
-def _run_steps(plan: list[list[tuple[int, int]]], layout_state: V.StateLayout, *, bf16_state: bool, seed: int,
-               num_speculative: int = 0) -> None:
-    """Runs ``plan`` (per step, ``(context_len, num_tokens)`` of each request) through the spec and
-    Triton, each on its own buffers carried across the steps, comparing every buffer after every step."""
-    from dsv4_compressor.impl import triton as T
-
-    rng = np.random.default_rng(seed)
-    reach = [max(c + n for c, n in (step[i] for step in plan)) for i in range(len(plan[0]))]
-    tables = V.v41_tables(reach, compress_ratio=2, state=layout_state, entries_per_page=4, rng=rng)
-    state = V.state_cache(tables.num_state_blocks, layout_state.block_size, rng, bf16=bf16_state, row_pad=8)
-    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 4, page_pad_bytes=16)
-    weight, cos_sin = B.random_norm_weight(rng, bf16=True), B.rope_cos_sin_cache(max(reach) + 2)
-    spec_state, spec_cache = spec_copy(state), spec_copy(k_cache)
-    triton_state, triton_cache = torch_twin(state), torch_twin(k_cache)
-    for number, requests in enumerate(plan):
-        step = V.v41_step(tables, [Request(c, n) for c, n in requests], num_padding=1)
-        kv, score = V.projections(step.num_tokens, rng, bf16=number % 2 == 1)
-        latent = V.latent_buffer(step.num_tokens)
-        arguments = dict(kv=kv, score=score, positions=step.positions, token_to_req=step.token_to_req,
-                         query_start_loc=step.query_start_loc, slot_mapping=step.slot_mapping,
-                         save_slot_mapping=step.save_slot_mapping, block_table=tables.block_table,
-                         bs=layout_state.block_size, rms_norm_weight=weight, rms_norm_eps=EPS, cos_sin_cache=cos_sin,
-                         kv_slot_mapping=step.kv_slot_mapping, compress_ratio=2, layout="v41_nvfp4",
-                         ring_capacity=layout_state.ring_capacity)
-        spec_latent = spec_copy(latent)
-        spec.v41_compress_norm_rope_store(**arguments, state_cache=spec_state[1], k_cache=spec_cache[1],
-                                          latent=spec_latent[1])
-        torch_args, _ = torch_arguments(arguments)
-        triton_latent = torch_twin(latent)
-        T.v41_compress_norm_rope_store(**torch_args, state_cache=triton_state[1], k_cache=triton_cache[1],
-                                       latent=triton_latent[1])
-        assert_identical({f"step {number} {name}": (ours[0], theirs[0].cpu().numpy()) for name, ours, theirs in (
-            ("latent", spec_latent, triton_latent), ("state_cache", spec_state, triton_state),
-            ("k_cache", spec_cache, triton_cache))})
-
-
-def test_prefill_decode_run_on_the_reference_ring():
-    """Prefill chunks (one from an odd position), then decode steps that read row ``p - 1`` from the ring of 2."""
-    plan = [[(0, 5), (0, 3)], [(5, 4), (3, 1)], [(9, 1), (4, 1)], [(10, 1), (5, 6)]]
-    _run_steps(plan, V.reference_ring(), bf16_state=False, seed=12)
-
-
-@pytest.mark.parametrize("layout_state", [V.vllm_ring(3), V.paged(4)], ids=["vllm_ring", "paged4"])
-def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state):
-    """Verify groups of S + 1 = 4 tokens (two boundaries inside each), some drafts rejected: the next
-    step starts after the accepted ones and overwrites the rows of the rejected."""
-    verify = V.verify_requests([6, 9], 3)
-    after = V.after_verify(verify, [2, 3])  # request 0 keeps 2 drafts (positions 8, 9 rejected), request 1 all 3
-    assert after == [9, 13]  # odd: the next chunk reads row P0 - 1 from the state
-    plan = [[(0, 6), (0, 9)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after],
-            [(c + 4, 1) for c in after]]
-    _run_steps(plan, layout_state, bf16_state=True, seed=13)
-
-
 # ---- entries per page, padding, empty calls ----------------------------------------------------------------------
 
 
@@ -225,4 +172,4 @@ def test_gpu_verify_run_on_vllms_ring():
     verify = V.verify_requests(list(range(1, 130, 2)), 3)
     after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
     plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
-    _run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)
+    run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21)

@@ -14,7 +14,7 @@ import pytest
 
 from dsv4_compressor.impl.triton.tests.v41_scenarios import (
     MIXED, RECORDS, assert_identical, build_case, combined, compress_norm, index_key_arguments, index_key_store,
-    rope_quant_store, spec_copy, with_step, written,
+    rope_quant_store, run_steps, spec_copy, with_step, written,
 )
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
@@ -80,6 +80,25 @@ def test_index_key_store(ratio, layout, bf16_weight, v41_family):
     results = index_key_store(arguments, family=v41_family)
     written(results)
     assert_identical(results)
+
+
+# ---- multi-step runs: decode, prefill and verify steps on one state ------------------------------------------
+def test_prefill_decode_run_on_the_reference_ring(v41_family):
+    """Prefill chunks (one from an odd position), then decode steps that read row ``p - 1`` from the ring of 2."""
+    plan = [[(0, 5), (0, 3)], [(5, 4), (3, 1)], [(9, 1), (4, 1)], [(10, 1), (5, 6)]]
+    run_steps(plan, V.reference_ring(), bf16_state=False, seed=12, family=v41_family)
+
+
+@pytest.mark.parametrize("layout_state", [V.vllm_ring(3), V.paged(4)], ids=["vllm_ring", "paged4"])
+def test_verify_steps_with_a_boundary_inside_and_rejected_drafts(layout_state, v41_family):
+    """Verify groups of S + 1 = 4 tokens (two boundaries inside each), some drafts rejected: the next
+    step starts after the accepted ones and overwrites the rows of the rejected."""
+    verify = V.verify_requests([6, 9], 3)
+    after = V.after_verify(verify, [2, 3])  # request 0 keeps 2 drafts (positions 8, 9 rejected), request 1 all 3
+    assert after == [9, 13]  # odd: the next chunk reads row P0 - 1 from the state
+    plan = [[(0, 6), (0, 9)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after],
+            [(c + 4, 1) for c in after]]
+    run_steps(plan, layout_state, bf16_state=True, seed=13, family=v41_family)
 
 
 # ---- ratio 2's state: rings, saves, pages, steps without active tokens ---------------------------------------

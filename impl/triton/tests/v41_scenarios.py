@@ -250,6 +250,41 @@ def index_key_store(arguments: dict, *, family: str = "triton", **options) -> di
     return run_both(spec.v41_index_key_store, lambda **a: run(**a, **options), arguments, ("k_cache",))
 
 
+def run_steps(plan: list[list[tuple[int, int]]], layout_state: V.StateLayout, *, bf16_state: bool, seed: int,
+              family: str = "triton") -> None:
+    """Runs ``plan`` (per step, ``(context_len, num_tokens)`` of each request) through the spec and
+    the kernel family, each on its own buffers carried across the steps, comparing every buffer
+    after every step."""
+    run = operation(family, "compress_norm_rope_store")
+    rng = np.random.default_rng(seed)
+    reach = [max(c + n for c, n in (step[i] for step in plan)) for i in range(len(plan[0]))]
+    tables = V.v41_tables(reach, compress_ratio=2, state=layout_state, entries_per_page=4, rng=rng)
+    state = V.state_cache(tables.num_state_blocks, layout_state.block_size, rng, bf16=bf16_state, row_pad=8)
+    k_cache = B.canary_k_cache("v41_nvfp4", tables.num_pages, 4, page_pad_bytes=16)
+    weight, cos_sin = B.random_norm_weight(rng, bf16=True), B.rope_cos_sin_cache(max(reach) + 2)
+    spec_state, spec_cache = spec_copy(state), spec_copy(k_cache)
+    ours_state, ours_cache = torch_twin(state), torch_twin(k_cache)
+    for number, requests in enumerate(plan):
+        step = V.v41_step(tables, [Request(c, n) for c, n in requests], num_padding=1)
+        kv, score = V.projections(step.num_tokens, rng, bf16=number % 2 == 1)
+        latent = V.latent_buffer(step.num_tokens)
+        arguments = dict(kv=kv, score=score, positions=step.positions, token_to_req=step.token_to_req,
+                         query_start_loc=step.query_start_loc, slot_mapping=step.slot_mapping,
+                         save_slot_mapping=step.save_slot_mapping, block_table=tables.block_table,
+                         bs=layout_state.block_size, rms_norm_weight=weight, rms_norm_eps=EPS, cos_sin_cache=cos_sin,
+                         kv_slot_mapping=step.kv_slot_mapping, compress_ratio=2, layout="v41_nvfp4",
+                         ring_capacity=layout_state.ring_capacity)
+        spec_latent = spec_copy(latent)
+        spec.v41_compress_norm_rope_store(**arguments, state_cache=spec_state[1], k_cache=spec_cache[1],
+                                          latent=spec_latent[1])
+        torch_args, _ = torch_arguments(arguments)
+        ours_latent = torch_twin(latent)
+        run(**torch_args, state_cache=ours_state[1], k_cache=ours_cache[1], latent=ours_latent[1])
+        assert_identical({f"step {number} {name}": (expected[0], actual[0].cpu().numpy()) for name, expected, actual in (
+            ("latent", spec_latent, ours_latent), ("state_cache", spec_state, ours_state),
+            ("k_cache", spec_cache, ours_cache))})
+
+
 def with_step(case: V41Case, **changes) -> V41Case:
     """``case`` with some of its step's arrays replaced."""
     return replace(case, step=replace(case.step, **changes))
