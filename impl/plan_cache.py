@@ -19,3 +19,15 @@ class PlanCache(dict):
                 self.clear()
             self[key] = plan
         return plan
+
+    def lookup(self, key, build):
+        """The plan of ``key``, built by ``build()`` on a miss and always for ``key = None`` (calls that
+        validate the long way: debug calls, calls with an argument the key leaves out); an unhashable
+        argument also validates the long way. A plan may be ``None``: a call that launches nothing."""
+        try:
+            plan = False if key is None else self.get(key, False)
+        except TypeError:
+            key, plan = None, False
+        if plan is False:
+            plan = self.put(key, build())
+        return plan

@@ -21,7 +21,7 @@ from ..spec.v41_validation import (
     check_v41_state, check_v41_store, check_v41_store_contract,
 )
 from ..spec.validation import check_contract, check_save_contract, check_step_contract
-from .frontend import describe_torch
+from .frontend import describe_torch, layout_key
 
 
 def describe_optional(name: str, tensor):
@@ -163,3 +163,13 @@ def validate_v41_index_key_store(k_pre, positions, kv_slot_mapping, rms_norm_wei
         _check_store_contract(stored_tokens(positions_h, kv_slots_h, call.config.ratio), positions_h, kv_slots_h,
                               cos_sin_cache, k_cache, call)
     return call
+
+
+def v41_compress_key(kv, score, positions, state: V41StateArguments, rms_norm_weight, rms_norm_eps, kv_slot_mapping,
+                     latent, extras: tuple) -> tuple:
+    """The plan key of a compress call (both families): every tensor's layout, the scalars and their
+    types, then the operation's ``extras``."""
+    tensors = (kv, score, positions, state.token_to_req, state.query_start_loc, state.slot_mapping,
+               state.save_slot_mapping, state.block_table, state.state_cache, rms_norm_weight, kv_slot_mapping, latent)
+    scalars = (state.bs, state.ring_capacity, rms_norm_eps)
+    return (*(layout_key(t) for t in tensors), *scalars, *(type(s) for s in scalars), *extras)

@@ -32,12 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...spec.entry_layout import V41_INDEX_KEY_LAYOUTS, V41_STORE_LAYOUTS
 from ..frontend import layout_key
 from ..plan_cache import PlanCache
 from ..v41_frontend import (
-    V41StateArguments, validate_v41_compress_norm, validate_v41_compress_norm_rope_store, validate_v41_index_key_store,
-    validate_v41_rope_quant_store,
+    V41StateArguments, v41_compress_key, validate_v41_compress_norm, validate_v41_compress_norm_rope_store,
+    validate_v41_index_key_store, validate_v41_rope_quant_store,
 )
 from .host import buffers, plans
 from .host.v41_paths import DEFAULT_V41_SHAPES, V41_PATHS, V41Request, V41Shapes, record_store_align
@@ -57,19 +56,6 @@ class V41Plan:
     function: object  # the compiled kernel's TVM-FFI function
     scalars: tuple  # the launch's trailing scalars
     restride: bool = False  # a per-token array (or the block table) of extent 1 needs its unit stride restored
-
-
-def _lookup(key, build):
-    """The plan of ``key`` (built by ``build()`` on a miss, and always for ``key = None``: debug calls
-    and calls with an ``ape``); an unhashable argument validates the long way. A plan is ``None``
-    for a call that launches nothing (no tokens)."""
-    try:
-        plan = False if key is None else _PLANS.get(key, False)
-    except TypeError:
-        key, plan = None, False
-    if plan is False:
-        plan = _PLANS.put(key, build())
-    return plan
 
 
 def _compile(kernel: str, request: V41Request):
@@ -158,14 +144,6 @@ def _launch_compress(plan: V41Plan, kv, score, positions, state: V41StateArgumen
     plan.function(*arguments)
 
 
-def _compress_key(kv, score, positions, state: V41StateArguments, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
-                  extras: tuple) -> tuple:
-    tensors = (kv, score, positions, state.token_to_req, state.query_start_loc, state.slot_mapping,
-               state.save_slot_mapping, state.block_table, state.state_cache, rms_norm_weight, kv_slot_mapping, latent)
-    scalars = (state.bs, state.ring_capacity, rms_norm_eps)
-    return (*(layout_key(t) for t in tensors), *scalars, *(type(s) for s in scalars), *extras)
-
-
 # ---- the four operations -------------------------------------------------------------------------
 def v41_compress_norm(
     kv: torch.Tensor,  # fp32 or bf16 [T, 512]: the wkv projection
@@ -195,7 +173,7 @@ def v41_compress_norm(
     state arguments but ``state_cache`` (which must be ``None``)."""
     state = V41StateArguments(token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs, state_cache,
                               ring_capacity)
-    key = None if debug or ape is not None else _compress_key(
+    key = None if debug or ape is not None else v41_compress_key(
         kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
         ("compress_norm", compress_ratio, type(compress_ratio), pdl, shapes))
 
@@ -206,7 +184,7 @@ def v41_compress_norm(
         return _compress_plan(check, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent, None, None,
                               shapes, pdl)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent, None)
 
@@ -243,7 +221,7 @@ def v41_rope_quant_store(
         config, _, function = _compile("v41_store", request)
         return V41Plan(config, function, (_fp8_inv(call.fp8_scale),), _needs_restride(positions, kv_slot_mapping))
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         if plan.restride:
             positions, kv_slot_mapping = _unit(positions), _unit(kv_slot_mapping)
@@ -283,7 +261,7 @@ def v41_compress_norm_rope_store(
     §14.3's sense writes its latent row (when ``latent`` is given) and its record."""
     state = V41StateArguments(token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs, state_cache,
                               ring_capacity)
-    key = None if debug or ape is not None else _compress_key(
+    key = None if debug or ape is not None else v41_compress_key(
         kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
         ("compress_norm_rope_store", compress_ratio, layout, fp8_scale, layout_key(cos_sin_cache), layout_key(k_cache),
          type(compress_ratio), type(fp8_scale), pdl, shapes))
@@ -296,7 +274,7 @@ def v41_compress_norm_rope_store(
         return _compress_plan(check.compress, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent,
                               check.store, k_cache, shapes, pdl)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent,
                          (cos_sin_cache, k_cache))
@@ -338,7 +316,7 @@ def v41_index_key_store(
         config, _, function = _compile("v41_index_key", request)
         return V41Plan(config, function, (float(call.eps),), _needs_restride(positions, kv_slot_mapping))
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         if plan.restride:
             positions, kv_slot_mapping = _unit(positions), _unit(kv_slot_mapping)

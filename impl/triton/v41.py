@@ -25,8 +25,8 @@ import torch
 from ..frontend import flashmla_page_view, layout_key
 from ..plan_cache import PlanCache
 from ..v41_frontend import (
-    V41StateArguments, validate_v41_compress_norm, validate_v41_compress_norm_rope_store, validate_v41_index_key_store,
-    validate_v41_rope_quant_store,
+    V41StateArguments, v41_compress_key, validate_v41_compress_norm, validate_v41_compress_norm_rope_store,
+    validate_v41_index_key_store, validate_v41_rope_quant_store,
 )
 from .api import _check_device
 from .launch import Launcher
@@ -89,27 +89,6 @@ class _Plan:
     fp8_scale: float | None
 
 
-def _lookup(key, build):
-    """The plan of ``key`` (built by ``build()`` on a miss, and always for ``key = None``: debug calls
-    and calls with an ``ape``); an unhashable argument validates the long way. A plan is ``None``
-    for a call that launches nothing (no tokens)."""
-    try:
-        plan = False if key is None else _PLANS.get(key, False)
-    except TypeError:
-        key, plan = None, False
-    if plan is False:
-        plan = _PLANS.put(key, build())
-    return plan
-
-
-def _compress_key(kv, score, positions, state: V41StateArguments, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
-                  extras: tuple) -> tuple:
-    tensors = (kv, score, positions, state.token_to_req, state.query_start_loc, state.slot_mapping,
-               state.save_slot_mapping, state.block_table, state.state_cache, rms_norm_weight, kv_slot_mapping, latent)
-    scalars = (state.bs, state.ring_capacity, rms_norm_eps)
-    return (*(layout_key(t) for t in tensors), *scalars, *(type(s) for s in scalars), *extras)
-
-
 def _compress_static(check, kv, score, state: V41StateArguments, rms_norm_weight, latent, layout) -> CompressStatic:
     ratio2 = check.call.config.ratio == 2
     return CompressStatic(
@@ -159,7 +138,7 @@ def v41_compress_norm(
     state arguments but ``state_cache`` (which must be ``None``)."""
     state = V41StateArguments(token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs, state_cache,
                               ring_capacity)
-    key = None if debug or ape is not None else _compress_key(kv, score, positions, state, rms_norm_weight, rms_norm_eps,
+    key = None if debug or ape is not None else v41_compress_key(kv, score, positions, state, rms_norm_weight, rms_norm_eps,
                                                               kv_slot_mapping, latent, ("compress_norm", compress_ratio, type(compress_ratio)))
 
     def build():
@@ -172,7 +151,7 @@ def v41_compress_norm(
         return _Plan(Launcher(v41_compress_kernel, (check.call.num_tokens,), static.constants()), float(check.call.eps), 0,
                      None)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent, None, None)
 
@@ -205,7 +184,7 @@ def v41_rope_quant_store(
         return _Plan(Launcher(v41_rope_quant_store_kernel, (call.num_tokens,), static.constants()), 0.0,
                      call.entries_per_page, scale)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         plan.launch((positions, kv_slot_mapping), _latent_group(latent), (cos_sin_cache, cos_sin_cache.stride(0)),
                     _cache_group(k_cache, layout, plan.entries_per_page, plan.fp8_scale))
@@ -241,7 +220,7 @@ def v41_compress_norm_rope_store(
     §14.3's sense writes its latent row (when ``latent`` is given) and its record."""
     state = V41StateArguments(token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs, state_cache,
                               ring_capacity)
-    key = None if debug or ape is not None else _compress_key(
+    key = None if debug or ape is not None else v41_compress_key(
         kv, score, positions, state, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,
         ("compress_norm_rope_store", compress_ratio, layout, fp8_scale, layout_key(cos_sin_cache), layout_key(k_cache),
          type(compress_ratio), type(fp8_scale)))
@@ -259,7 +238,7 @@ def v41_compress_norm_rope_store(
         return _Plan(Launcher(v41_compress_kernel, (call.num_tokens,), static.constants()), float(call.eps),
                      store.entries_per_page, scale)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent,
                          (cos_sin_cache, cos_sin_cache.stride(0)),
@@ -297,7 +276,7 @@ def v41_index_key_store(
         return _Plan(Launcher(v41_index_key_kernel, (call.num_tokens,), static.constants()), float(call.eps),
                      call.entries_per_page, None)
 
-    plan = _lookup(key, build)
+    plan = _PLANS.lookup(key, build)
     if plan is not None:
         pages = flashmla_page_view(k_cache)
         plan.launch((positions, kv_slot_mapping), (k_pre.view(torch.int16), k_pre.stride(0)),
