@@ -36,6 +36,16 @@ def _flag(name: str, value) -> None:
         _fail(name, "True or False", value)
 
 
+def check_page(entry: EntryLayout, entries_per_page, store_align, layout: str) -> None:
+    """A store's page: ``entries_per_page`` (k_cache.shape[1]) an integer >= 1, ``store_align`` one
+    of the alignments of ``entry`` (the layout's descriptor)."""
+    if not isinstance(entries_per_page, int) or isinstance(entries_per_page, bool) or entries_per_page < 1:
+        _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", entries_per_page)
+    allowed = store_alignments(entry)
+    if store_align not in allowed:
+        _fail("store_align", f"one of {allowed} for layout {layout!r}", store_align)
+
+
 def _pdl_tag(pdl: bool) -> str:
     return "_pdl" if pdl else ""
 
@@ -81,13 +91,9 @@ class EntryFormat:
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             _fail("layout", "one of " + ", ".join(LAYOUTS), self.layout)
-        if not isinstance(self.entries_per_page, int) or self.entries_per_page < 1:
-            _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
+        check_page(self.entry, self.entries_per_page, self.store_align, self.layout)
         if self.weight_dtype not in WEIGHT_DTYPES:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
-        allowed = store_alignments(self.entry)
-        if self.store_align not in allowed:
-            _fail("store_align", f"one of {allowed} for layout {self.layout!r}", self.store_align)
 
     @property
     def entry(self) -> EntryLayout:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...spec.entry_layout import ENTRY_LAYOUTS, INDEXER_LAYOUTS, V41_RECORD_LAYOUTS, V41_STORE_LAYOUTS, EntryLayout
-from .config import LAYOUTS, WEIGHT_DTYPES, EntryFormat, store_alignments
+from .config import LAYOUTS, WEIGHT_DTYPES, EntryFormat, check_page
 
 PROJECTION_DTYPES = ("float32", "bfloat16")  # kv, score (bf16 converted exactly)
 STATE_DTYPES = ("float32", "bfloat16")  # ratio 2's state (SPEC §13.1)
@@ -59,12 +59,7 @@ class V41RecordFormat:
 
     def __post_init__(self):
         _one_of("layout", self.layout, V41_STORE_LAYOUTS)
-        if not isinstance(self.entries_per_page, int) or isinstance(self.entries_per_page, bool) \
-                or self.entries_per_page < 1:
-            _fail("entries_per_page (k_cache.shape[1])", "an integer >= 1", self.entries_per_page)
-        allowed = store_alignments(self.entry)
-        if self.store_align not in allowed:
-            _fail("store_align", f"one of {allowed} for layout {self.layout!r}", self.store_align)
+        check_page(self.entry, self.entries_per_page, self.store_align, self.layout)
 
     @property
     def entry(self) -> EntryLayout:
