@@ -121,13 +121,7 @@ class V41Variant:
         eps,  # binary32 rms_norm_eps
     ) -> np.ndarray:
         """``y`` (fp32) of the pooled ``x``: bf16-rounded first unless ``unrounded_pooled``."""
-        x = x if self._has("unrounded_pooled") else bf16(x)
-        ss = tree(mul(x, x), axis=-1)
-        v = add(mul(ss, INV_HEAD_DIMS[x.shape[-1]]), F32(eps))
-        rr = div(F32(1.0), sqrt(v))
-        if self._has("fast_math"):
-            rr = perturb((1.0 / np.sqrt(v.astype(np.float64))).astype(F32), 2)
-        return mul(mul(x, rr[..., None]), weight)
+        return self._norm_key(x if self._has("unrounded_pooled") else bf16(x), weight, eps)
 
     def _state_format(self, state_call, state: StateArguments) -> StateFormat:
         fmt = state_call.state_format
@@ -339,10 +333,12 @@ class V41Variant:
 
     def _norm_key(
         self,
-        x: np.ndarray,  # float32 [n, 128]: k_pre's values
-        weight: np.ndarray,  # float32 [128]
+        x: np.ndarray,  # float32 [n, 128]: k_pre's values, or [n, 512]: the pooled vectors as normed
+        weight: np.ndarray,  # float32 [128] or [512]
         eps,  # binary32 rms_norm_eps
     ) -> np.ndarray:
+        """The RMSNorm of SPEC §14.4 and §14.6 (the latent's and the index key's); ``fast_math`` perturbs its
+        reciprocal square root."""
         ss = tree(mul(x, x), axis=-1)
         v = add(mul(ss, INV_HEAD_DIMS[x.shape[-1]]), F32(eps))
         rr = div(F32(1.0), sqrt(v))
