@@ -294,14 +294,15 @@ def _cache_bytes(tensor) -> np.ndarray:  # tensor: a torch cache of any dtype (f
 
 def run_state_format(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, state: StateOptions,
                      seed: int = 0, log=print) -> int:
-    """:func:`run` in one of SPEC §13's state formats (the Triton kernels take them; the CuTe DSL
-    kernels keep the default); returns the number of compressed entries written, every step's
+    """:func:`run` in one of SPEC §13's state formats through the step call ``compress_and_save``
+    (the Triton kernels have it; the CuTe DSL family takes the formats in its two calls only); returns the number of compressed entries written, every step's
     state and compressed cache compared with the spec's byte for byte."""
     import torch
 
     if backend_name != "triton":
         raise SystemExit("--state-format ring, --state-dtype bf16 and --ape-at compress run on the Triton kernels "
-                         "(the CuTe DSL kernels keep a paged fp32 state): use --backend triton")
+                         "(through the step call compress_and_save, which the CuTe DSL family does not have): "
+                         "use --backend triton")
     backend, device = load_backend(backend_name)
     rng = np.random.default_rng(seed)
     r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page

@@ -43,10 +43,10 @@ from ...spec.validation import check_compress, check_hadamard
 from .. import custom_ops
 from ..frontend import describe_torch
 from ..plan_cache import PlanCache
-from .config import store_alignments
+from .config import StateFormat, store_alignments
 from .host import buffers, occupancy, plans
 from .host.arguments import (CompressOptions, CompressTensors, compress_key, fixed_key, save_fixed, save_key,
-                             token_part)
+                             tensor_key, token_part)
 from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
 from .host.paths import PathRequest, check_c128_path, choose, save_config
 from .host.policy import DEFAULT_POLICY, Policy
@@ -68,22 +68,33 @@ _DEFAULT_POLICY = "the default policy (DEFAULT_POLICY)"
 # ---- public operations ----------------------------------------------------------------------
 def save_partial_states(
     kv_score,  # fp32 [T, 2*SW]: kv then score (score without ape)
-    ape,  # fp32 [r, SW]
+    ape,  # fp32 [r, SW]; unused (may be None) with ape_at="compress"
     positions,  # int64 [T]
     slot_mapping,  # int64 [T], -1 = padding
-    state_cache,  # fp32 [num_state_blocks, bs, 2*SW], written in place
+    state_cache,  # fp32 or bf16 (SPEC §13.1) [num_state_blocks, bs, 2*SW], written in place
     block_size,  # bs
     *,
+    ape_at: str = "save",  # SPEC §13.2: "save" adds ape here, "compress" stores the raw score
+    ring_capacity: int | None = None,  # SPEC §13.3: checked only; slot_mapping already names ring slots
     debug: bool = False,
     pdl: bool = True,
     policy: Policy = DEFAULT_POLICY,
 ) -> None:
-    """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache.
-    Under ``torch.compile``: the custom op ``cutedsl_save_partial_states`` (the default policy)."""
+    """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache
+    (SPEC §13: the raw score with ``ape_at="compress"``; a bf16 state rounds each value once to
+    bf16). Under ``torch.compile``: the custom op ``cutedsl_save_partial_states`` (the default
+    policy and state format)."""
     if _compiling():
+        _refuse_formats("cutedsl_save_partial_states", ape_at, ring_capacity)
         return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
-    _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy).run(
-        kv_score, ape, positions, slot_mapping, state_cache)
+    _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
+               formats=(ape_at, ring_capacity)).run(kv_score, ape, positions, slot_mapping, state_cache)
+
+
+def _refuse_formats(operation: str, ape_at, ring_capacity) -> None:
+    """Under ``torch.compile``: the custom ops take SPEC §3's state format only."""
+    custom_ops.refuse("ape_at", ape_at, "save", operation)
+    custom_ops.refuse("ring_capacity", ring_capacity, None, operation)
 
 
 def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy) -> None:
@@ -94,24 +105,26 @@ def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size
 
 
 def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
-               fixed=None) -> plans.SavePlan:
-    """The cached plan of a save (``fixed``: a bound layer's interned key prefix)."""
+               fixed=None, formats=("save", None)) -> plans.SavePlan:
+    """The cached plan of a save (``fixed``: a bound layer's interned key prefix; ``formats``:
+    SPEC §13's ``(ape_at, ring_capacity)``)."""
     key = plan = None
     if not debug:
         try:
-            key = save_key(save_fixed(state_cache, block_size, pdl, policy) if fixed is None else fixed, kv_score, ape,
-                           positions, slot_mapping)
+            saved_ape = ape if formats[0] == "save" or ape is not None else kv_score  # None: any tensor layout
+            key = (*save_key(save_fixed(state_cache, block_size, pdl, policy) if fixed is None else fixed, kv_score,
+                             saved_ape, positions, slot_mapping), ape is None, *formats, *map(type, formats))
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
     if plan is None:
         plan = _PLANS.put(key, plans.build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size,
-                                                     debug, policy, pdl))
+                                                     debug, policy, pdl, *formats))
     return plan
 
 
 def compress_norm_rope_store(
-    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
+    state_cache,  # fp32 or bf16 (SPEC §13.1) [num_state_blocks, bs, 2*SW]
     token_to_req_indices,  # int32 [T]
     positions,  # int64 [T]
     slot_mapping,  # int64 [T]
@@ -128,6 +141,9 @@ def compress_norm_rope_store(
     layout: str = "flashmla_fp8",  # or "bf16", "fp8_per_tensor"; a 128-wide state: "indexer_fp8", "indexer_mxfp4"
     fp8_scale: float | None = None,
     hadamard: bool = False,  # indexer layouts: the Hadamard rotation before quantization (SPEC §12)
+    ape: torch.Tensor | None = None,  # fp32 [r, SW]: needed with ape_at="compress" (SPEC §13.2)
+    ape_at: str = "save",  # "save": the state's scores include ape; "compress": pooling adds it
+    ring_capacity: int | None = None,  # SPEC §13.3: None paged, C a ring of C rows per request
     debug: bool = False,
     workspace: torch.Tensor | None = None,  # C128 split/handoff paths' fp32 scratch: [S >= T, 512] or >= T*512 elements
     c128_path: str = "auto",  # "auto" or a path of host.paths.C128_PATHS ("fused_pipelined", "split_block8", ...)
@@ -139,18 +155,23 @@ def compress_norm_rope_store(
     The first call with a given argument layout validates, dispatches and compiles; later
     calls with the same layout reuse that plan (``debug=True`` always validates, and checks
     values). The indexer layouts (``"indexer_fp8"``, ``"indexer_mxfp4"``, head width 128,
-    SPEC §12) run the ``indexer`` path's kernel. Under ``torch.compile``: the custom op
-    ``cutedsl_compress_norm_rope_store`` (the default policy).
+    SPEC §12) run the ``indexer`` path's kernel. SPEC §13: a bf16 state (the tensor's dtype),
+    ``ape`` added at pooling (``ape_at="compress"``), a ring of ``ring_capacity`` rows per request
+    (C128: ``auto`` then takes ``split_generic``). Under ``torch.compile``: the custom op
+    ``cutedsl_compress_norm_rope_store`` (the default policy and state format).
     """
     if _compiling():
+        _refuse_formats("cutedsl_compress_norm_rope_store", ape_at, ring_capacity)
+        custom_ops.refuse("ape", ape, None, "cutedsl_compress_norm_rope_store")
         return _traced_compress("compress_norm_rope_store", (
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
             workspace, c128_path, pdl, hadamard), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
-    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, False)
-    _compress_plan(tensors, workspace, options, debug).run(tensors, workspace)
+    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, False,
+               ape_at, ring_capacity)
+    _compress_plan(tensors, workspace, options, debug, ape=ape).run(tensors, workspace, ape)
 
 
 def _traced_compress(operation: str, arguments: tuple, policy) -> None:
@@ -160,29 +181,31 @@ def _traced_compress(operation: str, arguments: tuple, policy) -> None:
     custom_ops.op("cutedsl", operation)(*arguments)
 
 
-def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=None) -> plans.LaunchPlan:
+def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=None, ape=None) -> plans.LaunchPlan:
     """The cached plan of a ``compress_norm_rope_store`` call (validated, dispatched and
     compiled on the first call with this layout); ``tensors`` and ``options`` in the order of
     :class:`.host.arguments.CompressTensors` and :class:`.host.arguments.CompressOptions`;
-    ``key``: a bound layer's, else the call's own."""
+    ``key``: a bound layer's, else the call's own; ``ape``: SPEC §13.2's, or None."""
     plan = None
     if not debug:
         try:
             if key is None:
                 key = compress_key(tensors, workspace, options)
+                if len(options) > 10:  # SPEC §13's options: their types and ape's layout too
+                    key = (*key, type(options[10]), type(options[11]), None if ape is None else tensor_key(ape))
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
     if plan is None:
         plan = _PLANS.put(None if debug else key, plans.build_compress_plan(
-            CompressTensors._make(tensors), workspace, CompressOptions._make(options), debug))
+            CompressTensors._make(tensors), workspace, CompressOptions._make(options), debug, ape))
     return plan
 
 
 def save_and_compress_norm_rope_store(
     kv_score,  # fp32 [T, 2*SW]: this step's kv and score projections
     ape,  # fp32 [r, SW]
-    state_cache,  # fp32 [num_state_blocks, bs, 2*SW]
+    state_cache,  # fp32 or bf16 (SPEC §13.1) [num_state_blocks, bs, 2*SW]
     token_to_req_indices,  # int32 [T]
     positions,  # int64 [T]
     slot_mapping,  # int64 [T]
@@ -198,6 +221,8 @@ def save_and_compress_norm_rope_store(
     layout: str = "flashmla_fp8",
     fp8_scale: float | None = None,
     hadamard: bool = False,  # indexer layouts (SPEC §12)
+    ape_at: str = "save",  # SPEC §13.2 (the save and the compress alike)
+    ring_capacity: int | None = None,  # SPEC §13.3
     debug: bool = False,
     workspace: torch.Tensor | None = None,
     c128_path: str = "auto",
@@ -217,17 +242,20 @@ def save_and_compress_norm_rope_store(
     ``cutedsl_save_and_compress_norm_rope_store`` (the default policy).
     """
     if _compiling():
+        _refuse_formats("cutedsl_save_and_compress_norm_rope_store", ape_at, ring_capacity)
         return _traced_compress("save_and_compress_norm_rope_store", (
             kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
             rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale,
             debug, workspace, c128_path, pdl, hadamard), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
-    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True)
-    plan = _compress_plan(tensors, workspace, options, debug)
-    save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
+    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True,
+               ape_at, ring_capacity)
+    plan = _compress_plan(tensors, workspace, options, debug, ape=ape)
+    save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
+                      formats=(ape_at, ring_capacity))
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
-    plan.run(tensors, workspace)
+    plan.run(tensors, workspace, ape)
 
 
 def compress(
@@ -319,6 +347,9 @@ class BoundLayer:
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
         self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, hadamard
         self.c128_path, self.pdl, self.policy = c128_path, pdl, policy
+        if isinstance(state_cache, torch.Tensor) and state_cache.dtype != torch.float32:
+            raise ValueError(f"state_cache: expected dtype float32 for a bound layer (SPEC §13's bf16 state runs "
+                             f"through the unbound calls), got {describe_torch('state_cache', state_cache).dtype}")
         self.options = CompressOptions(block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard,
                                        c128_path, pdl, policy)
         empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
@@ -444,10 +475,22 @@ def bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size: in
 DEFAULT_MAX_TOKENS = 16384  # token counts warm_up covers when given none
 
 
+def _warm_state(state_dtype, ape_at, ring_capacity) -> StateFormat:
+    """:func:`warm_up`'s SPEC §13 options as the kernels' :class:`.config.StateFormat`."""
+    dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    if state_dtype not in dtypes:
+        raise ValueError(f"state_dtype: expected torch.float32 or torch.bfloat16, got {state_dtype!r}")
+    if ring_capacity is not None and (isinstance(ring_capacity, bool) or not isinstance(ring_capacity, int)
+                                      or ring_capacity < 1):
+        raise ValueError(f"ring_capacity: expected None or a positive integer, got {ring_capacity!r}")
+    return StateFormat(dtypes[state_dtype], ape_at, ring_capacity is not None)  # (StateFormat checks ape_at)
+
+
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,
             weight_dtype: torch.dtype = torch.bfloat16, device="cuda", token_counts=None, store_align: int | None = None,
             hadamard: bool = False, c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY,
-            save: bool = True, save_and_compress: bool = False) -> list:
+            save: bool = True, save_and_compress: bool = False, state_dtype: torch.dtype = torch.float32,
+            ape_at: str = "save", ring_capacity: int | None = None) -> list:
     """Compile every kernel a layer's configuration can dispatch to, before CUDA-graph capture.
 
     The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
@@ -458,6 +501,8 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     ``pdl`` and ``policy``. ``token_counts``: the step sizes to prepare (None: every count from
     1 to 16384). ``save`` also compiles ``save_partial_states`` (16-byte aligned inputs);
     ``save_and_compress`` the early-metadata kernels of :func:`save_and_compress_norm_rope_store`.
+    SPEC §13's state format: ``state_dtype`` (``torch.float32`` or ``torch.bfloat16``), ``ape_at``,
+    ``ring_capacity`` (``None`` or ``C``; only whether it is a ring changes the kernels).
     The indexer layouts (SPEC §12; ``hadamard``) compile their one kernel, whatever the token
     counts, and the save kernel at the indexer's state widths.
 
@@ -475,19 +520,20 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     if store_align is None:  # the aligned rows' alignment
         store_align = max(store_alignments(entry))
     weight = "bfloat16" if weight_dtype == torch.bfloat16 else "float32"
+    state = _warm_state(state_dtype, ape_at, ring_capacity)
     counts = range(1, DEFAULT_MAX_TOKENS + 1) if token_counts is None else token_counts
     wanted = {}  # (path, kernel, config), in first-use order
     for early in (False, True) if save_and_compress and compress_ratio == 128 and pdl else (False,):
         for num_tokens in counts:
-            path = choose(c128_path, compress_ratio, entry.head_dim, num_tokens, block_size, policy)
+            path = choose(c128_path, compress_ratio, entry.head_dim, num_tokens, block_size, policy, state)
             request = PathRequest(compress_ratio, block_size, num_tokens, layout, entries_per_page, weight,
-                                  store_align, hadamard, policy, pdl, early and pdl)
+                                  store_align, hadamard, policy, pdl, early and pdl, state)
             for kernel, config in zip(path.kernels, path.configs(request)):
                 if (path, kernel, config) not in wanted:
                     log.info("cutedsl warm_up: C%d from T=%d: %s", compress_ratio, num_tokens, path.name)
                     wanted[(path, kernel, config)] = request
     if save:
-        config = save_config(compress_ratio, block_size, True, policy, pdl, entry.head_dim)
+        config = save_config(compress_ratio, block_size, True, policy, pdl, entry.head_dim, state)
         wanted[(None, "save", config)] = None
     compile_cache = plans.kernels()
     for (path, kernel, config), request in wanted.items():

@@ -24,7 +24,8 @@ from ...spec.entry_layout import ENTRY_LAYOUTS, INDEXER_LAYOUTS, LAYOUTS, EntryL
 WEIGHT_DTYPES = ("float32", "bfloat16")
 __all__ = ["DATA_RECORD_BYTES", "HEAD_DIM", "INDEXER_HEAD_DIM", "INDEXER_ROPE_FIRST", "NOPE_DIM", "QUANT_BLOCK",
            "ROPE_DIM", "SCALE_RECORD_BYTES", "EntryFormat", "C4Config", "C128PoolConfig", "SplitStoreConfig",
-           "FusedClusterConfig", "FusedHandoffConfig", "FusedPipelinedConfig", "SaveConfig", "IndexerConfig"]
+           "FusedClusterConfig", "FusedHandoffConfig", "FusedPipelinedConfig", "SaveConfig", "IndexerConfig",
+           "StateFormat", "DEFAULT_STATE"]
 
 
 def _fail(name: str, expected: str, given) -> None:
@@ -46,6 +47,17 @@ def check_page(entry: EntryLayout, entries_per_page, store_align, layout: str) -
         _fail("store_align", f"one of {allowed} for layout {layout!r}", store_align)
 
 
+def _state(name: str, value) -> None:
+    if not isinstance(value, StateFormat):
+        _fail(name, "a StateFormat", value)
+
+
+def _default_state(name: str, value) -> None:
+    if value != DEFAULT_STATE:
+        _fail(name, "the default StateFormat() (this kernel reads SPEC §3's state only; the split path takes "
+              "SPEC §13's formats)", value)
+
+
 def _pdl_tag(pdl: bool) -> str:
     return "_pdl" if pdl else ""
 
@@ -64,6 +76,61 @@ def store_alignments(entry: EntryLayout) -> tuple[int, ...]:
     if entry.records:
         return (16,)
     return (entry.element_bytes, 4 * entry.element_bytes)
+
+
+STATE_DTYPES = ("float32", "bfloat16")  # SPEC §13.1
+APE_AT = ("save", "compress")  # SPEC §13.2
+
+
+@dataclass(frozen=True)
+class StateFormat:
+    """How a kernel's partial state is kept (SPEC §13), fixed per compile.
+
+    ``dtype``: the state's elements (a bf16 state stores each value rounded once, to nearest
+    with ties to even, and pooling widens it exactly); ``ape_at``: ``"save"`` (the state holds
+    ``add(score, ape)``) or ``"compress"`` (the state holds the raw score, pooling adds
+    ``ape[p mod r]``); ``ring``: a ring of ``ring_capacity`` rows per request (SPEC §13.3; the
+    capacity itself is a launch argument). The default is SPEC §3-§5's state, and a kernel of
+    the default format compiles exactly as it did before SPEC §13: without the launch
+    arguments ``ape`` and ``ring_capacity``.
+    """
+
+    dtype: str = "float32"  # "float32" | "bfloat16"
+    ape_at: str = "save"  # "save" | "compress"
+    ring: bool = False  # position q at ring row q mod C (C = ring_capacity, dynamic)
+
+    SWEEP = {  # each option alone, and together
+        ("dtype", "ape_at", "ring"): (("bfloat16", "save", False), ("float32", "compress", False),
+                                      ("float32", "save", True), ("bfloat16", "compress", False),
+                                      ("bfloat16", "compress", True)),
+    }
+
+    def __post_init__(self):
+        if self.dtype not in STATE_DTYPES:
+            _fail("state dtype", " or ".join(STATE_DTYPES), self.dtype)
+        if self.ape_at not in APE_AT:
+            _fail("ape_at", " or ".join(repr(a) for a in APE_AT), self.ape_at)
+        _flag("ring", self.ring)
+
+    @property
+    def is_default(self) -> bool:
+        """SPEC §3-§5's format: fp32, ``ape`` added at the save, paged."""
+        return self == DEFAULT_STATE
+
+    @property
+    def element_bytes(self) -> int:
+        return 2 if self.dtype == "bfloat16" else 4
+
+    @property
+    def tag(self) -> str:
+        """``""`` for the default format (its kernels keep their names), else e.g. ``_sbf16_apec_ring``."""
+        if self.is_default:
+            return ""
+        dtype = "_sbf16" if self.dtype == "bfloat16" else "_sf32"
+        return f"{dtype}{'_apec' if self.ape_at == 'compress' else ''}{'_ring' if self.ring else ''}"
+
+
+DEFAULT_STATE = StateFormat()
 
 
 @dataclass(frozen=True)
@@ -121,6 +188,7 @@ class C4Config:
     entry: EntryFormat | None  # None: write the fp32 compressed vector instead of the cache
     tokens_per_cta: int = 1  # 1, 2, 4 (128 threads per token)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+    state: StateFormat = DEFAULT_STATE  # SPEC §13 (a non-default one takes ``ape`` and ``ring_capacity``)
 
     SWEEP = {"block_size": (1, 2, 3, 4, 8, 16), "entry": (None,), "tokens_per_cta": (1, 2, 4), "pdl": (False, True)}
 
@@ -129,6 +197,7 @@ class C4Config:
             _fail("block_size", "an integer >= 1", self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
+        _state("state", self.state)
 
     @property
     def rows_per_lookup(self) -> int:
@@ -139,7 +208,7 @@ class C4Config:
     @property
     def tag(self) -> str:
         out = self.entry.tag if self.entry is not None else "x"
-        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+        return f"c4_bs{self.block_size}_{out}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}{self.state.tag}"
 
 
 @dataclass(frozen=True)
@@ -165,6 +234,8 @@ class C128PoolConfig:
     early_metadata: bool = False  # with pdl (split, cluster and handoff kernels): read the per-token
     #                              metadata, the block table, weights and cos/sin before griddepcontrol.wait;
     #                              the previous kernel must not write them (see :mod:`.stages.dependent_launch`)
+    state: StateFormat = DEFAULT_STATE  # SPEC §13: the split compress kernel only (a non-default one
+    #                                     takes ``ape`` and ``ring_capacity``); a bf16 state keeps kv in registers
 
     SWEEP = {  # lookup runs of every length, each mapping with a run it allows
         ("block_size", "rows_per_lookup"): ((8, 8), (16, 8), (4, 4), (5, 1), (2, 2), (8, 1)),
@@ -189,6 +260,10 @@ class C128PoolConfig:
             _flag(name, getattr(self, name))
         if self.early_metadata and not self.pdl:
             _fail("early_metadata", "False without pdl (there is no wait to read ahead of)", self.early_metadata)
+        _state("state", self.state)
+        if self.state.dtype == "bfloat16" and self.kv_in_smem:
+            _fail("kv_in_smem", "False with a bf16 state (its rows are 8 bytes a lane: no 16-byte cp.async)",
+                  self.kv_in_smem)
 
     @property
     def lanes_per_row_group(self) -> int:
@@ -212,7 +287,8 @@ class C128PoolConfig:
         staged = "_kvsmem" if self.kv_in_smem else ""
         late = "_kvlate" if self.kv_after_max else ""
         early = "_early" if self.early_metadata else ""
-        return f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}{early}"
+        return (f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}"
+                f"{early}{self.state.tag}")
 
 
 @dataclass(frozen=True)
@@ -248,6 +324,7 @@ class FusedClusterConfig:
     def __post_init__(self):
         if self.pool.tile not in (32, 64):
             _fail("pool.tile", "64 (8 CTAs per token) or 32 (16 CTAs per token)", self.pool.tile)
+        _default_state("pool.state", self.pool.state)
 
     @property
     def cluster_size(self) -> int:
@@ -270,6 +347,7 @@ class FusedHandoffConfig(FusedClusterConfig):
     """
 
     def __post_init__(self):
+        _default_state("pool.state", self.pool.state)
         if self.pool.tile != 64:
             _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
         if self.pool.warps != 8:
@@ -296,6 +374,7 @@ class FusedPipelinedConfig(FusedClusterConfig):
     SWEEP = {"ctas_per_sm": (2, 3)}
 
     def __post_init__(self):
+        _default_state("pool.state", self.pool.state)
         if self.ctas_per_sm not in (1, 2, 3):
             _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
         if self.pool.tile != 64:
@@ -321,6 +400,7 @@ class SaveConfig:
     tokens_per_cta: int = 1
     pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
+    state: StateFormat = DEFAULT_STATE  # SPEC §13.1/§13.2: dtype and ape_at (a ring saves as it is paged)
 
     SWEEP = {
         ("compress_ratio", "block_size"): ((4, 4), (128, 8), (4, 3), (4, 16)),
@@ -339,6 +419,10 @@ class SaveConfig:
         _flag("pdl", self.pdl)
         if self.head_dim not in (HEAD_DIM, 128):
             _fail("head_dim", f"{HEAD_DIM} or 128", self.head_dim)
+        _state("state", self.state)
+        if self.state.ring:
+            _fail("state.ring", "False (the save writes at slot_mapping, which names ring slots already)",
+                  self.state.ring)
 
     @property
     def state_width(self) -> int:
@@ -354,7 +438,8 @@ class SaveConfig:
     def tag(self) -> str:
         v = "v4" if self.vector_inputs else "v1"
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
-        return f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+        return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+                f"{self.state.tag}")
 
 
 @dataclass(frozen=True)
@@ -374,6 +459,7 @@ class IndexerConfig:
     weight_dtype: str  # rms_norm_weight dtype: "float32" | "bfloat16"
     warps: int = 4  # C4: tokens per CTA (1, 2, 4, 8); C128: warps per token (8, 16: 256 threads sum the partials)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+    state: StateFormat = DEFAULT_STATE  # SPEC §13 (a non-default one takes ``ape`` and ``ring_capacity``)
 
     SWEEP = {  # lookup runs of 1, 2 and 4 rows (C4) and 1, 4, 8 and 16 (C128), every mapping width
         ("ratio", "block_size", "warps"): ((4, 16, 4), (4, 8, 1), (4, 3, 2), (4, 2, 8), (128, 8, 16), (128, 5, 16),
@@ -398,6 +484,7 @@ class IndexerConfig:
             _fail("rms_norm_weight dtype", " or ".join(WEIGHT_DTYPES), self.weight_dtype)
         _power_of_two("warps", self.warps, (1, 2, 4, 8) if self.ratio == 4 else (8, 16))
         _flag("pdl", self.pdl)
+        _state("state", self.state)
 
     @property
     def state_width(self) -> int:
@@ -430,4 +517,4 @@ class IndexerConfig:
         w = "wbf16" if self.weight_dtype == "bfloat16" else "wf32"
         rotation = "_hadamard" if self.hadamard else ""
         return (f"indexer_c{self.ratio}_{self.layout}{rotation}_bs{self.block_size}_B{self.entries_per_page}_{w}"
-                f"_w{self.warps}{_pdl_tag(self.pdl)}")
+                f"_w{self.warps}{_pdl_tag(self.pdl)}{self.state.tag}")

@@ -10,7 +10,8 @@ policy, PDL, bf16 weights, 64 entries a page, the production block sizes), the p
 kernels of ``compress`` and the save kernel, each with its neighbours in the configuration
 space (:func:`.space.neighbours`: every layout with each store alignment it allows, both
 weight dtypes, ``B`` of 1, 7 and 64, block sizes that take each lookup granularity, every
-mapping knob, PDL on and off, early metadata), and DeepSeek-V4.1's kernels (:mod:`.v41_ptx`: every
+mapping knob, PDL on and off, early metadata, SPEC §13's state formats where a kernel takes
+them: each option alone and all together), and DeepSeek-V4.1's kernels (:mod:`.v41_ptx`: every
 option of each at least once). A variant is named by its configuration's tag.
 Compilation needs no GPU: each compile names its target (``--gpu-arch``; :data:`TARGET`,
 Hopper, unless another is asked for: ``sm_100a`` or ``sm_103a`` for Blackwell), whatever
@@ -64,9 +65,13 @@ def kernel_configs() -> Iterator[tuple[str, object]]:
 def streams_rows(kernel: str, config) -> bool:
     """Whether the kernel streams state or input rows, which the PTX rules want in 128-bit loads
     (the split store kernel reads x; the save kernel's rows are 16-byte aligned only with
-    ``vector_inputs``; V4.1's kernels: :func:`.v41_ptx.streams_rows`)."""
+    ``vector_inputs``; a bf16 state's rows (SPEC §13.1) are 8 bytes a thread; V4.1's kernels:
+    :func:`.v41_ptx.streams_rows`)."""
     if kernel in v41_ptx.KERNELS:
         return v41_ptx.streams_rows(kernel, config)
+    state = getattr(config, "state", None)
+    if kernel != "save" and state is not None and state.dtype == "bfloat16":
+        return False
     return kernel != "split_store" and getattr(config, "vector_inputs", True)
 
 

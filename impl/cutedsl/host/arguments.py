@@ -37,6 +37,8 @@ class CompressOptions(NamedTuple):
     pdl: bool  # programmatic dependent launch
     policy: Policy
     early_metadata: bool = False  # with pdl: C128 metadata read before the wait (save_and_compress)
+    ape_at: str = "save"  # SPEC §13.2: "save" or "compress" (then the call passes ape)
+    ring_capacity: int | None = None  # SPEC §13.3: None paged, C a ring of C rows per request
 
 
 class CompressTensors(NamedTuple):

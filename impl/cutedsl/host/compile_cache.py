@@ -111,11 +111,25 @@ def fake_per_token(dtype, num_tokens):
     return cute.runtime.make_fake_compact_tensor(dtype, (num_tokens,), assumed_align=dtype.width // 8)
 
 
-def fake_state_cache(block_size: int, row_width: int):
-    """fp32 ``[num_blocks, bs, 2*SW]``, base 16-byte aligned, strides (s0, s1, 1)."""
+def fake_state_cache(block_size: int, row_width: int, dtype: str = "float32"):
+    """fp32 (or bf16, SPEC §13.1) ``[num_blocks, bs, 2*SW]``, base 16-byte aligned, strides (s0, s1, 1)."""
+    element = BFloat16 if dtype == "bfloat16" else Float32
     return cute.runtime.make_fake_tensor(
-        Float32, (cute.sym_int(), block_size, row_width), stride=(_dyn_stride(), _dyn_stride(), 1), assumed_align=16
+        element, (cute.sym_int(), block_size, row_width), stride=(_dyn_stride(), _dyn_stride(), 1), assumed_align=16
     )
+
+
+def fake_ape(ratio: int, state_width: int, align: int = 4):
+    """fp32 ``ape`` ``[r, SW]``, unit last stride, any row stride (``align``: its rows' alignment)."""
+    return cute.runtime.make_fake_tensor(Float32, (ratio, state_width), stride=(_dyn_stride(), 1), assumed_align=align)
+
+
+def state_format_arguments(state, ratio: int, state_width: int) -> tuple:
+    """The launch arguments after the stream of a kernel with a SPEC §13 state format: ``ape``
+    (``ape_at="compress"``; else ``None``) and ``ring_capacity``; none for the default format."""
+    if state.is_default:
+        return ()
+    return (fake_ape(ratio, state_width) if state.ape_at == "compress" else None, Int32(8))
 
 
 def fake_block_table():
@@ -167,16 +181,17 @@ def compile_c4(config: C4Config, *, keep_ptx: bool = False, arch: str | None = N
         from ..kernels.c4 import C4FusedKernel, C4PoolKernel
 
         T = cute.sym_int()
-        state = fake_state_cache(config.block_size, 4 * HEAD_DIM)
+        state = fake_state_cache(config.block_size, 4 * HEAD_DIM, config.state.dtype)
         token_req, positions = fake_per_token(Int32, T), fake_per_token(Int64, T)
         slots, kv_slots = fake_per_token(Int64, T), fake_per_token(Int64, T)
+        formats = state_format_arguments(config.state, 4, 2 * HEAD_DIM)
         if config.entry is None:
             return cute.compile(C4PoolKernel(config), state, token_req, positions, slots, fake_block_table(), kv_slots,
-                                fake_x_buffer(), fake_stream(), options=_options(keep_ptx, arch))
+                                fake_x_buffer(), fake_stream(), *formats, options=_options(keep_ptx, arch))
         return cute.compile(
             C4FusedKernel(config), state, token_req, positions, slots, fake_block_table(),
             fake_weight(config.entry.weight_dtype), fake_cos_sin(), fake_entry_cache(config.entry), kv_slots,
-            Float32(1e-6), Float32(1.0), fake_stream(), options=_options(keep_ptx, arch),
+            Float32(1e-6), Float32(1.0), fake_stream(), *formats, options=_options(keep_ptx, arch),
         )
 
     return cached(("c4", config, keep_ptx), build, arch)
@@ -191,9 +206,10 @@ def compile_split_pool(config: C128PoolConfig, *, keep_ptx: bool = False, arch: 
 
         T = cute.sym_int()
         return cute.compile(
-            SplitPoolKernel(config), fake_state_cache(config.block_size, 2 * HEAD_DIM), fake_per_token(Int32, T),
-            fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(), fake_per_token(Int64, T),
-            fake_x_buffer(), fake_stream(), options=_options(keep_ptx, arch),
+            SplitPoolKernel(config), fake_state_cache(config.block_size, 2 * HEAD_DIM, config.state.dtype),
+            fake_per_token(Int32, T), fake_per_token(Int64, T), fake_per_token(Int64, T), fake_block_table(),
+            fake_per_token(Int64, T), fake_x_buffer(), fake_stream(),
+            *state_format_arguments(config.state, 128, HEAD_DIM), options=_options(keep_ptx, arch),
         )
 
     return cached(("split_pool", config, keep_ptx), build, arch)
@@ -286,11 +302,10 @@ def compile_save(config: SaveConfig, *, keep_ptx: bool = False, arch: str | None
         row = 2 * config.state_width
         align = 16 if config.vector_inputs else 4
         kv_score = cute.runtime.make_fake_tensor(Float32, (T, row), stride=(_dyn_stride(), 1), assumed_align=align)
-        ape = cute.runtime.make_fake_tensor(Float32, (config.compress_ratio, config.state_width), stride=(_dyn_stride(), 1),
-                                            assumed_align=align)
+        ape = None if config.state.ape_at == "compress" else fake_ape(config.compress_ratio, config.state_width, align)
         return cute.compile(
             SavePartialStatesKernel(config), kv_score, ape, fake_per_token(Int64, T), fake_per_token(Int64, T),
-            fake_state_cache(config.block_size, row), fake_stream(), options=_options(keep_ptx, arch),
+            fake_state_cache(config.block_size, row, config.state.dtype), fake_stream(), options=_options(keep_ptx, arch),
         )
 
     return cached(("save", config, keep_ptx), build, arch)
@@ -309,11 +324,12 @@ def compile_indexer(config: IndexerConfig, *, keep_ptx: bool = False, arch: str 
                                                assumed_align=weight_dtype.width // 8)
         k_cache = fake_k_cache(config.layout, config.entries_per_page, 16)  # page stride dynamic, aligned base
         return cute.compile(
-            indexer_kernel(config), fake_state_cache(config.block_size, 2 * config.state_width),
+            indexer_kernel(config), fake_state_cache(config.block_size, 2 * config.state_width, config.state.dtype),
             fake_per_token(Int32, T), fake_per_token(Int64, T),
             fake_per_token(Int64, T), fake_block_table(), weight,
             fake_cos_sin(), k_cache, fake_per_token(Int64, T), Float32(1e-6),
-            fake_stream(), options=_options(keep_ptx, arch),
+            fake_stream(), *state_format_arguments(config.state, config.ratio, config.state_width),
+            options=_options(keep_ptx, arch),
         )
 
     return cached(("indexer", config, keep_ptx), build, arch)

@@ -27,6 +27,11 @@ device's resident clusters.
 
 The split paths (``split_block8``, ``split_generic``: compress kernel + store kernel) run
 only when asked for by name. C4 runs ``c4``; the indexer layouts (SPEC §12) run ``indexer``.
+
+SPEC §13's state formats (a bf16 state, ``ape_at="compress"``, a ring) are compile-time options
+(:class:`..config.StateFormat`) of the paths whose record says ``formats``: ``c4``, ``indexer``
+and the two split paths. A C128 call with a format other than the default takes
+``split_generic`` under ``auto``; a forced path that cannot take it is refused (``ValueError``).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ....spec.constants import HEAD_DIM, INDEXER_HEAD_DIM
-from ..config import (C4Config, C128PoolConfig, EntryFormat, FusedClusterConfig, FusedHandoffConfig,
-                      FusedPipelinedConfig, IndexerConfig, SaveConfig, SplitStoreConfig)
+from ..config import (DEFAULT_STATE, C4Config, C128PoolConfig, EntryFormat, FusedClusterConfig, FusedHandoffConfig,
+                      FusedPipelinedConfig, IndexerConfig, SaveConfig, SplitStoreConfig, StateFormat)
 from .buffers import handoff_counters
 from .policy import Policy
 
@@ -57,6 +62,7 @@ class PathRequest:
     policy: Policy
     pdl: bool
     early_metadata: bool = False  # with pdl: metadata read before griddepcontrol.wait (C128 paths)
+    state: StateFormat = DEFAULT_STATE  # SPEC §13: the state's dtype, where ape is added, paged or ring
 
     @property
     def entry(self) -> EntryFormat:
@@ -79,20 +85,22 @@ class KernelPath:
     auto: bool = True  # ``c128_path="auto"`` may pick it (the split paths: only by name)
     pooling: tuple | None = None  # (kernel, configs) of the pooling-only kernel that writes x (``compress``)
     takes_fp8_inv: bool = True  # the kernels take div(1, fp8_scale) after eps (the indexer's: eps alone)
+    formats: bool = False  # takes SPEC §13's state formats (then ``ape`` and ``ring_capacity`` follow)
 
 
 # ---- launches: the kernels' TVM-FFI signatures ------------------------------------------------
 # fixed = (state_cache, rms_norm_weight, cos_sin_cache, k_cache, device), the layer's tensors;
 # metadata = (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping).
-def launch_fused(plan, fixed, metadata, scratch) -> None:
-    """One kernel on the nine tensors, then the plan's scalars (and grid)."""
+# formats = () for SPEC §3's state, else (ape or None, ring_capacity): SPEC §13's launch arguments.
+def launch_fused(plan, fixed, metadata, scratch, formats=()) -> None:
+    """One kernel on the nine tensors, then the plan's scalars (and grid), then ``formats``."""
     state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
     token_req, positions, slots, block_table, kv_slots = metadata
     plan.ffi[0](state_cache, token_req, positions, slots, block_table, rms_norm_weight, cos_sin_cache, k_cache,
-                kv_slots, *plan.scalars)
+                kv_slots, *plan.scalars, *formats)
 
 
-def launch_handoff(plan, fixed, metadata, scratch) -> None:
+def launch_handoff(plan, fixed, metadata, scratch, formats=()) -> None:
     """One kernel on the nine tensors, the x scratch and the stream's arrival counters."""
     state_cache, rms_norm_weight, cos_sin_cache, k_cache, device = fixed
     token_req, positions, slots, block_table, kv_slots = metadata
@@ -100,7 +108,7 @@ def launch_handoff(plan, fixed, metadata, scratch) -> None:
                 kv_slots, scratch, handoff_counters(device, plan.num_tokens), *plan.scalars)
 
 
-def launch_split(plan, fixed, metadata, scratch) -> None:
+def launch_split(plan, fixed, metadata, scratch, formats=()) -> None:
     """The compress kernel into the x scratch, then the store kernel. The store kernel takes
     nothing the compress kernel has not checked already (the same per-token arrays and
     scratch, the layer's fixed tensors): once the first launch passed TVM-FFI's checks, the
@@ -108,7 +116,7 @@ def launch_split(plan, fixed, metadata, scratch) -> None:
     state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed
     token_req, positions, slots, block_table, kv_slots = metadata
     pool, store = plan.ffi
-    pool(state_cache, token_req, positions, slots, block_table, kv_slots, scratch)
+    pool(state_cache, token_req, positions, slots, block_table, kv_slots, scratch, *formats)
     store(scratch, positions, slots, kv_slots, rms_norm_weight, cos_sin_cache, k_cache, *plan.scalars)
 
 
@@ -135,7 +143,9 @@ def _pool_config(request: PathRequest, mapping: tuple, block8: bool) -> C128Pool
             "or 'auto'")
     rows_per_lookup = rows_per_lane if block8 else math.gcd(request.block_size, rows_per_lane)
     early = request.pdl and (request.early_metadata or request.policy.early_metadata)
-    return C128PoolConfig(request.block_size, rows_per_lookup, warps, tile, staged, late, request.pdl, early)
+    staged = staged and request.state.dtype == "float32"  # a bf16 state's kv rows stay in registers
+    return C128PoolConfig(request.block_size, rows_per_lookup, warps, tile, staged, late, request.pdl, early,
+                          request.state)
 
 
 def _cluster_pool(request: PathRequest) -> C128PoolConfig:
@@ -150,14 +160,15 @@ def _split_pool(request: PathRequest, block8: bool) -> C128PoolConfig:
 
 
 def _c4_configs(request: PathRequest) -> tuple:
-    return (C4Config(request.block_size, request.entry, request.policy.shapes.c4_tokens_per_cta, request.pdl),)
+    return (C4Config(request.block_size, request.entry, request.policy.shapes.c4_tokens_per_cta, request.pdl,
+                     request.state),)
 
 
 def _indexer_configs(request: PathRequest) -> tuple:
     shapes = request.policy.shapes
     warps = shapes.indexer_c4_warps if request.ratio == 4 else shapes.indexer_c128_warps
     return (IndexerConfig(request.ratio, request.block_size, request.layout, request.hadamard,
-                          request.entries_per_page, request.weight_dtype, warps, request.pdl),)
+                          request.entries_per_page, request.weight_dtype, warps, request.pdl, request.state),)
 
 
 def _fused_cluster_configs(request: PathRequest) -> tuple:
@@ -185,15 +196,18 @@ def _split_configs(block8: bool) -> Callable[[PathRequest], tuple]:
 
 
 def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
-                head_dim: int = HEAD_DIM) -> SaveConfig:
-    """``save_partial_states``' kernel (both head widths)."""
-    return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim)
+                head_dim: int = HEAD_DIM, state: StateFormat = DEFAULT_STATE) -> SaveConfig:
+    """``save_partial_states``' kernel (both head widths; ``state``: SPEC §13.1's dtype and §13.2's
+    ``ape_at``, a ring saving as a paged state does)."""
+    state = StateFormat(state.dtype, state.ape_at)  # the save writes at slot_mapping: ring or not
+    return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim,
+                      state)
 
 
 # the pooling-only kernels that write x (``compress``): C4's kernel without an entry, or the split
 # compress kernel (the fused C128 kernels pool like ``split_generic``)
 def _c4_pooling(request: PathRequest) -> C4Config:
-    return C4Config(request.block_size, None, request.policy.shapes.c4_tokens_per_cta, request.pdl)
+    return C4Config(request.block_size, None, request.policy.shapes.c4_tokens_per_cta, request.pdl, request.state)
 
 
 C4_POOLING = ("c4", _c4_pooling)
@@ -204,9 +218,9 @@ BLOCK8_POOLING = ("split_pool", lambda request: _split_pool(request, block8=True
 # ---- the registry -------------------------------------------------------------------------------
 _C128, _BOTH = (128,), (4, 128)
 PATHS = {path.name: path for path in (
-    KernelPath("c4", (4,), HEAD_DIM, ("c4",), _c4_configs, launch_fused, pooling=C4_POOLING),
+    KernelPath("c4", (4,), HEAD_DIM, ("c4",), _c4_configs, launch_fused, pooling=C4_POOLING, formats=True),
     KernelPath("indexer", _BOTH, INDEXER_HEAD_DIM, ("indexer",), _indexer_configs, launch_fused,
-               takes_fp8_inv=False),
+               takes_fp8_inv=False, formats=True),
     KernelPath("fused_cluster", _C128, HEAD_DIM, ("fused_cluster",), _fused_cluster_configs, launch_fused,
                pooling=GENERIC_POOLING),
     KernelPath("fused_handoff", _C128, HEAD_DIM, ("fused_handoff",), _fused_handoff_configs, launch_handoff,
@@ -214,9 +228,9 @@ PATHS = {path.name: path for path in (
     KernelPath("fused_pipelined", _C128, HEAD_DIM, ("fused_pipelined",), _fused_pipelined_configs, launch_fused,
                persistent=True, pooling=GENERIC_POOLING),
     KernelPath("split_block8", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(True), launch_split,
-               scratch=True, auto=False, pooling=BLOCK8_POOLING),
+               scratch=True, auto=False, pooling=BLOCK8_POOLING, formats=True),
     KernelPath("split_generic", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(False), launch_split,
-               scratch=True, auto=False, pooling=GENERIC_POOLING),
+               scratch=True, auto=False, pooling=GENERIC_POOLING, formats=True),
 )}
 C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")
 
@@ -232,18 +246,27 @@ def paths_for(ratio: int, head_dim: int) -> tuple[KernelPath, ...]:
 
 
 def choose(c128_path: str, ratio: int, head_dim: int, num_tokens: int, block_size: int,
-           policy: Policy) -> KernelPath:
+           policy: Policy, state: StateFormat = DEFAULT_STATE) -> KernelPath:
     """The path of a call (raises ``ValueError`` for an unknown ``c128_path``, also where it has
-    no effect, or for a forced one the block size does not allow). A ratio and head width with
-    one path take it (C4, the indexer); C128 takes the forced path or ``auto``'s choice."""
+    no effect, for a forced one the block size does not allow, or one that cannot take the
+    call's SPEC §13 state format). A ratio and head width with one path take it (C4, the
+    indexer); C128 takes the forced path or ``auto``'s choice: with a format other than the
+    default, ``split_generic``, the path of any block size that takes every format."""
     check_c128_path(c128_path)
     candidates = paths_for(ratio, head_dim)
     if len(candidates) == 1:
         return candidates[0]
+    formatted = state != DEFAULT_STATE
     if c128_path != "auto":
         path = PATHS[c128_path]
+        if formatted and not path.formats:
+            takes = ", ".join(repr(p.name) for p in candidates if p.formats)
+            raise ValueError(f"c128_path: expected a path that takes SPEC §13's state formats ({takes} or 'auto') "
+                             f"for {state}, got {c128_path!r}")
         path.configs(PathRequest(ratio, block_size, 1, "flashmla_fp8", 1, "float32", 16, False, policy, False))
         return path  # (its configurations raise if the block size does not allow it)
+    if formatted:
+        return PATHS["split_generic"]
     if num_tokens <= policy.cluster_max_tokens:
         return PATHS["fused_cluster"]
     if num_tokens <= policy.handoff_max_tokens:
@@ -255,10 +278,19 @@ def plan(call, options, store_align: int, bf16_weight: bool) -> tuple[KernelPath
     """The path of a validated call (the front end's ``CompressStoreCall``) and the request its
     configurations are built from; ``options``: the call's :class:`.arguments.CompressOptions`."""
     pooling, store = call.pooling, call.store
+    state = state_format(pooling.state_format)
     path = choose(options.c128_path, pooling.config.ratio, pooling.config.head_dim, pooling.num_tokens,
-                  pooling.block_size, options.policy)
+                  pooling.block_size, options.policy, state)
     request = PathRequest(pooling.config.ratio, pooling.block_size, pooling.num_tokens, store.layout,
                           store.entries_per_page, "bfloat16" if bf16_weight else "float32", store_align,
                           store.hadamard, options.policy, options.pdl,
-                          options.early_metadata and options.pdl)  # without PDL there is no wait to read ahead of
+                          options.early_metadata and options.pdl,  # without PDL there is no wait to read ahead of
+                          state)
     return path, request
+
+
+def state_format(spec_format) -> StateFormat:
+    """The kernels' :class:`..config.StateFormat` of the front end's validated one
+    (``spec.state_format.StateFormat``: dtype ``"fp32"``/``"bf16"``, ``ape_at``, ``ring_capacity``)."""
+    return StateFormat("bfloat16" if spec_format.dtype == "bf16" else "float32", spec_format.ape_at,
+                       spec_format.ring_capacity is not None)

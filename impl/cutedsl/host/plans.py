@@ -25,10 +25,11 @@ from ....spec.constants import HEAD_DIMS
 from ...frontend import validate_compress_norm_rope_store, validate_save_partial_states
 from . import buffers, occupancy
 from .arguments import CompressOptions, CompressTensors
-from .paths import KernelPath, plan, save_config
+from .paths import KernelPath, plan, save_config, state_format
 from .policy import Policy
 
 log = logging.getLogger("dsv4_compressor")
+STATE_DTYPES = ("float32", "bfloat16")  # SPEC §13.1: the state dtypes the kernels read and write
 
 
 def kernels():
@@ -54,11 +55,21 @@ class LaunchPlan:
     scalars: tuple = ()  # the launches' trailing scalars: eps[, fp8_inv][, clusters]
     num_tokens: int = 0
     restride: bool = False  # a per-token array or the block table needs its unit stride restored
+    ring_capacity: int | None = None  # SPEC §13: the kernels' ring_capacity launch argument, or None
+    #                                   for SPEC §3's state (the kernels then take neither it nor ape)
+    takes_ape: bool = False  # SPEC §13.2: ape_at="compress" (the call's ape goes to the kernels)
 
-    def run(self, tensors: tuple, workspace) -> None:
-        """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order): unit
-        strides restored where needed, the scratch taken from the workspace whose layout the
-        plan's key holds, then the path's launches."""
+    def formats(self, ape) -> tuple:
+        """SPEC §13's launch arguments after the plan's scalars: ``(ape or None, ring_capacity)``,
+        or none for SPEC §3's state."""
+        if self.ring_capacity is None:
+            return ()
+        return (ape if self.takes_ape else None, self.ring_capacity)
+
+    def run(self, tensors: tuple, workspace, ape=None) -> None:
+        """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order; ``ape``: fp32
+        ``[r, SW]`` with ``ape_at="compress"``): unit strides restored where needed, the scratch
+        taken from the workspace whose layout the plan's key holds, then the path's launches."""
         path = self.path
         if path is None:
             return
@@ -68,7 +79,7 @@ class LaunchPlan:
             metadata = buffers.unit_strides(*metadata)
         device = state_cache.device
         scratch = buffers.planned_scratch(workspace, self.num_tokens, device) if path.scratch else None
-        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch)
+        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch, self.formats(ape))
 
     def launch_bound(self, held: tuple, metadata: tuple, workspace) -> None:
         """A bound layer's eager call: the launches on ``held`` (the layer's state cache, norm
@@ -85,7 +96,8 @@ def _check_choices(options: CompressOptions) -> None:
         raise ValueError(f"policy: expected a dispatch Policy, got {type(options.policy).__name__}")
 
 
-def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOptions, debug: bool) -> LaunchPlan:
+def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOptions, debug: bool,
+                        ape=None) -> LaunchPlan:
     """Validate (SPEC §9, then this implementation's constraints), choose the path, compile.
 
     One pass through the host's modules: the front end's checks, the device facts and the
@@ -98,12 +110,16 @@ def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOp
         t.state_cache, t.token_to_req_indices, t.positions, t.slot_mapping, t.block_table, options.block_size,
         t.rms_norm_weight, options.rms_norm_eps, t.cos_sin_cache, t.k_cache, t.kv_slot_mapping,
         compress_ratio=options.compress_ratio, layout=options.layout, fp8_scale=options.fp8_scale,
-        hadamard=options.hadamard, debug=debug, head_dims=HEAD_DIMS)
+        hadamard=options.hadamard, debug=debug, head_dims=HEAD_DIMS, ape=ape, ape_at=options.ape_at,
+        ring_capacity=options.ring_capacity, state_dtypes=STATE_DTYPES)
     num_tokens = call.pooling.num_tokens
     facts = buffers.launch_facts(t.state_cache, t.k_cache, call.store.layout, workspace, num_tokens)
     path, request = plan(call, options, facts.store_align, t.rms_norm_weight.dtype == torch.bfloat16)
     if num_tokens == 0:
         return LaunchPlan(None, (), (), (), 0, False)
+    spec_format = call.pooling.state_format
+    formatted = not request.state.is_default
+    ring_capacity = (spec_format.ring_capacity or 0) if formatted else None  # any value for a paged state
     from . import compile_cache  # CuTe DSL itself: imported once a call has been validated
 
     configs = path.configs(request)
@@ -115,7 +131,8 @@ def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOp
     restride = any(m.stride(-1) != 1 for m in t.metadata)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", request.ratio, num_tokens,
               request.block_size, options.layout, path.name, f" grid {grid}" if grid else "")
-    return LaunchPlan(path, compiled, ffi, scalars, num_tokens, restride)
+    return LaunchPlan(path, compiled, ffi, scalars, num_tokens, restride, ring_capacity,
+                      spec_format.ape_at == "compress")
 
 
 # ---- save_partial_states --------------------------------------------------------------------
@@ -126,29 +143,34 @@ class SavePlan:
     kernel: object
     restride: bool
     vector_inputs: bool = False  # the kernel of 16-byte aligned kv_score and ape rows
+    reads_ape: bool = True  # ape_at="save" (SPEC §13.2: with "compress" the kernel takes None for ape)
 
     def run(self, kv_score, ape, positions, slot_mapping, state_cache) -> None:
         if self.kernel is None:
             return
         if self.restride:
             positions, slot_mapping = buffers.unit_stride_1d(positions), buffers.unit_stride_1d(slot_mapping)
-        self.kernel(kv_score, ape, positions, slot_mapping, state_cache)
+        self.kernel(kv_score, ape if self.reads_ape else None, positions, slot_mapping, state_cache)
 
 
 def build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug: bool,
-                    policy: Policy, pdl: bool) -> SavePlan:
-    """Validate a ``save_partial_states`` call and compile its kernel."""
+                    policy: Policy, pdl: bool, ape_at: str = "save", ring_capacity: int | None = None) -> SavePlan:
+    """Validate a ``save_partial_states`` call (SPEC §13: ``ape_at``, ``ring_capacity``, a bf16
+    state) and compile its kernel."""
     call = validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
-                                        head_dims=HEAD_DIMS)  # 512, and the indexer's 128 (SPEC §12)
+                                        head_dims=HEAD_DIMS,  # 512, and the indexer's 128 (SPEC §12)
+                                        ape_at=ape_at, ring_capacity=ring_capacity, state_dtypes=STATE_DTYPES)
     if not isinstance(pdl, bool):
         raise ValueError(f"pdl: expected True or False, got {pdl!r}")
     buffers.require_cuda("state_cache", state_cache)
     restride = positions.stride(0) != 1 or slot_mapping.stride(0) != 1
     if call.num_tokens == 0:
         return SavePlan(None, restride)
+    state = state_format(call.state_format)
+    reads_ape = state.ape_at == "save"
     vector_inputs = (
         kv_score.data_ptr() % 16 == 0 and (call.num_tokens <= 1 or kv_score.stride(0) % 4 == 0)
-        and ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0
+        and (not reads_ape or (ape.data_ptr() % 16 == 0 and ape.stride(0) % 4 == 0))
     )
-    config = save_config(call.config.ratio, call.block_size, vector_inputs, policy, pdl, call.config.head_dim)
-    return SavePlan(kernels().compile_kernel("save", config), restride, vector_inputs)
+    config = save_config(call.config.ratio, call.block_size, vector_inputs, policy, pdl, call.config.head_dim, state)
+    return SavePlan(kernels().compile_kernel("save", config), restride, vector_inputs, reads_ape)

@@ -4,13 +4,18 @@ Both pool with :class:`..stages.pooling_c4.C4Window` (a token group of 128 threa
 channels a thread, the 8 window rows in registers); the fused kernel finishes with
 :class:`..stages.postprocess.GroupFinish`. A CTA holds ``tokens_per_cta`` token groups, each
 synchronizing on its own named barrier, so a group of an inactive token simply skips.
+
+A configuration with a SPEC §13 state format (``config.state`` not the default) takes two more
+launch arguments after the stream: ``ape`` (fp32 ``[4, 1024]``, or ``None`` with ``ape_at="save"``)
+and ``ring_capacity`` (``C``; any value for a paged state). The default format's kernels take
+neither, so they compile as before.
 """
 
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -38,7 +43,7 @@ class C4PoolKernel:
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
+        mState: cute.Tensor,  # fp32 (or bf16: config.state) [num_blocks, bs, 2048]
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -46,16 +51,19 @@ class C4PoolKernel:
         mKvSlot: cute.Tensor,  # int64 [T]
         mOut: cute.Tensor,  # fp32 [S >= T, 512], rows 16-byte aligned
         stream: cuda.CUstream,
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
+               ring_capacity):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -66,7 +74,7 @@ class C4PoolKernel:
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity)
                 store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
 
 
@@ -86,7 +94,7 @@ class C4FusedKernel:
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
+        mState: cute.Tensor,  # fp32 (or bf16: config.state) [num_blocks, bs, 2048]
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -98,17 +106,20 @@ class C4FusedKernel:
         eps: Float32,  # rms_norm_eps as binary32
         fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
         stream: cuda.CUstream,
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv, mApe,
+                    ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, mApe: cute.Tensor, ring_capacity):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
@@ -116,6 +127,6 @@ class C4FusedKernel:
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity)
                 self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
                                       position, kv_slot, eps, fp8_inv)

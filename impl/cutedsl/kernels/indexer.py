@@ -28,6 +28,13 @@ consecutive aligned row ranges), and warp 0 divides. Runs of ``gcd(bs, R)`` rows
 lookup, all issued before the rows. The CTA's activity test is uniform, so its barriers are
 reached by all threads or none.
 
+SPEC §13 (``config.state`` not the default; :mod:`..stages.state_format`): the rows of a bf16
+state are read 8 bytes a lane and widened exactly, a ring's row of position ``q`` is found at
+``q mod C``, and with ``ape_at="compress"`` each valid row's score gets ``add(S, ape[q mod r])``
+after its load (C4: ``ape`` row ``i mod 4`` of window row ``i``; C128: row ``i``, the window
+starting at a multiple of 128). C4 then loads its kv rows into registers (no ``cp.async``).
+Such a kernel takes ``ape`` (or ``None``) and ``ring_capacity`` after the stream.
+
 Both hold the finishing stage :class:`..stages.indexer_entry.WarpFinish` and call it in one warp
 (norm, RoPE, the optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
 """
@@ -54,6 +61,7 @@ from ..stages.indexer_entry import VEC, WarpFinish
 from ..stages.memory import element_address, load_into, row_address, window_row_addresses
 from ..stages.pooling_c4 import WINDOW, pooled, window_weights
 from ..stages.pooling_c128 import copy_row_async, load_smem, store_smem
+from ..stages.state_format import add_ape, load_state_into, ring_position
 
 
 class IndexerC4Kernel:
@@ -83,7 +91,18 @@ class IndexerC4Kernel:
         sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]: the staged kv rows
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 256] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
+        if cutlass.const_expr(not self.config.state.is_default):
+            self.pool_formatted_window(mState, mBlockTable, req, position, lane, x, mApe, ring_capacity)
+        else:
+            self.pool_default_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
+
+    @cute.jit
+    def pool_default_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
+                            lane: Int32, sKv: cute.Tensor, warp: Int32, x: cute.Tensor):
+        """SPEC §3's state (fp32, paged, ``ape`` in the scores): kv staged by ``cp.async``."""
         bs, run = self.config.block_size, self.config.rows_per_lookup
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
@@ -121,10 +140,49 @@ class IndexerC4Kernel:
         for c in cutlass.range_constexpr(VEC):
             x[c] = pooled(kv, e[c], c)
 
+    @cute.jit
+    def pool_formatted_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
+                              lane: Int32, x: cute.Tensor, mApe: cute.Tensor, ring_capacity):
+        """A SPEC §13 state (``mState``: fp32 or bf16 ``[num_blocks, bs, 512]``): every block-table
+        read first, then the scores (``ape`` added at the compress when asked), then the kv rows,
+        all into registers."""
+        state = self.config.state
+        bs, run = self.config.block_size, self.config.rows_per_lookup
+        width = state.element_bytes
+        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        for i in cutlass.range_constexpr(8):
+            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
+            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
+        row_stride_bytes = Int64(mState.stride[1]) * width
+        runs = []  # (first window row, position, row address) per lookup
+        for half in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                runs.append((first_row, pos, row_address(mState, mBlockTable, req,
+                                                         ring_position(looked_up, state, ring_capacity), bs)))
+        for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then kv
+            for first_row, pos, start in runs:
+                channel = lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM
+                byte = (channel + (self.config.state_width if kind == 0 else 0)) * width
+                if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                    for i in cutlass.range_constexpr(run):
+                        row = first_row + i
+                        if cutlass.const_expr(kind == 0):
+                            load_state_into(sc[row], start + row_stride_bytes * i + byte, state)
+                            add_ape(sc[row], mApe, row % 4, channel, state)
+                        else:
+                            load_state_into(kv[row], start + row_stride_bytes * i + byte, state)
+        for c in cutlass.range_constexpr(VEC):
+            x[c] = pooled(kv, window_weights(sc, c), c)
+
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32):
+               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity):
         wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
@@ -137,7 +195,7 @@ class IndexerC4Kernel:
             if active:
                 w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
+                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x, mApe, ring_capacity)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
@@ -174,20 +232,26 @@ class IndexerC128Kernel:
         sDen: cute.Tensor,  # fp32 smem [warps, 128]
         sSum: cute.Tensor,  # fp32 smem [2, 128]
         x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 128] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
         R, run, bs = self.config.rows_per_warp, self.config.rows_per_lookup, self.config.block_size
+        state = self.config.state
+        width = state.element_bytes
         window_start = (position // 128) * 128  # p - 127 for a boundary token
         first_row = warp * R
-        kv_byte = lane * (VEC * 4)
-        score_byte = kv_byte + self.config.state_width * 4
-        row_stride_bytes = Int64(mState.stride[1]) * 4
-        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs)
+        kv_byte = lane * (VEC * width)
+        score_byte = kv_byte + self.config.state_width * width
+        row_stride_bytes = Int64(mState.stride[1]) * width
+        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs,
+                                    ring_capacity if state.ring else None)
         sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
         kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
         for i in cutlass.range_constexpr(R):  # scores first: the max can start earlier
-            load_into(sc[i], rows[i] + score_byte, 16)
+            load_state_into(sc[i], rows[i] + score_byte, state)
+            add_ape(sc[i], mApe, first_row + i, lane * VEC, state)
         for i in cutlass.range_constexpr(R):
-            load_into(kv[i], rows[i] + kv_byte, 16)
+            load_state_into(kv[i], rows[i] + kv_byte, state)
 
         # the window max per channel (exact, any order)
         lane_max = cute.make_rmem_tensor((VEC,), Float32)
@@ -230,7 +294,7 @@ class IndexerC128Kernel:
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32):
+               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity):
         wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         tok, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
@@ -241,7 +305,8 @@ class IndexerC128Kernel:
         if active:
             w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
-            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x)
+            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x, mApe,
+                           ring_capacity)
             if warp == 0:
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
@@ -309,7 +374,7 @@ class IndexerLauncher:
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW] (C4: 512 floats a row, C128: 256)
+        mState: cute.Tensor,  # fp32 or bf16 (config.state) [num_blocks, bs, 2*SW] (C4: 512 a row, C128: 256)
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -320,9 +385,12 @@ class IndexerLauncher:
         mKvSlot: cute.Tensor,  # int64 [T]
         eps: Float32,  # rms_norm_eps as binary32
         stream: cuda.CUstream,
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [r, SW] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
         body = self.body
-        body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps).launch(
+        body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, mApe,
+                    ring_capacity).launch(
             grid=(body.num_ctas(mPos.shape[0]), 1, 1), block=(32 * body.config.warps, 1, 1), stream=stream,
             use_pdl=body.config.pdl
         )

@@ -7,6 +7,11 @@ per element, so the stored score is exactly SPEC's). Tokens with ``slot_mapping 
 nothing. Loads are 128-bit when the front end found ``kv_score``'s and ``ape``'s rows
 16-byte aligned (``vector_inputs``), scalar otherwise (SPEC only promises unit last
 strides there); the state cache rows are always 16-byte aligned (SPEC §3).
+
+SPEC §13 (``config.state``): with ``ape_at="compress"`` the score is stored raw (``ape`` is not
+read, and may be ``None``); a bf16 state stores each value rounded once to bf16 (to nearest,
+ties to even: ``cvt.rn.bf16x2.f32``), 8 bytes a chunk. A ring saves exactly as a paged state
+(``slot_mapping`` names ring slots already).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..config import SaveConfig
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
 from ..stages.memory import element_address, load_fragment, store_fragment
+from ..stages.state_format import store_state
 
 
 class SavePartialStatesKernel:
@@ -38,15 +44,17 @@ class SavePartialStatesKernel:
         self.threads = self.group_threads * self.tokens_per_cta
         self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4), else 1
         self.input_align = 16 if config.vector_inputs else 4
+        self.state = config.state
+        self.state_bytes = config.state.element_bytes  # 4, or 2 for a bf16 state
 
     @cute.jit
     def __call__(
         self,
         mKvScore: cute.Tensor,  # fp32 [T, 2*SW]: kv then score (score without ape)
-        mApe: cute.Tensor,  # fp32 [r, SW]
+        mApe: cute.Tensor,  # fp32 [r, SW]; None with ape_at="compress"
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]: state slot, -1 = padding
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2*SW], written in place
+        mState: cute.Tensor,  # fp32 or bf16 (config.state) [num_blocks, bs, 2*SW], written in place
         stream: cuda.CUstream,
     ):
         num_tokens = mPos.shape[0]
@@ -69,15 +77,43 @@ class SavePartialStatesKernel:
                 block = slot // self.block_size
                 dst = element_address(mState, block, slot - block * self.block_size, 0)
                 src = element_address(mKvScore, tok, 0)
+                if cutlass.const_expr(self.state.is_default):
+                    ape = element_address(mApe, mPos[tok] % self.ratio, 0)
+                    for k in cutlass.range_constexpr(self.chunks_per_thread):
+                        kv_byte = (t + k * self.group_threads) * (self.vec * 4)
+                        score_byte = kv_byte + self.state_width * 4
+                        kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
+                        store_fragment(kv, dst + kv_byte, 16)
+                        score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
+                        bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
+                        out = cute.make_rmem_tensor((self.vec,), Float32)
+                        for i in cutlass.range_constexpr(self.vec):
+                            out[i] = fadd(score[i], bias[i])
+                        store_fragment(out, dst + score_byte, 16)
+                else:
+                    self.save_formatted(mKvScore, mApe, mPos, mState, tok, src, dst, t)
+
+    @cute.jit
+    def save_formatted(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mState: cute.Tensor, tok,
+                       src, dst, t):
+        """SPEC §13.1/§13.2's save of token ``tok`` (``src``, ``dst``: its input and state rows'
+        byte addresses): ``R(kv)``, then ``R(add(score, ape[p mod r]))`` or ``R(score)``, ``R`` the
+        bf16 rounding of a bf16 state (the identity for fp32)."""
+        for k in cutlass.range_constexpr(self.chunks_per_thread):
+            chunk = t + k * self.group_threads
+            kv_byte = chunk * (self.vec * 4)
+            score_byte = kv_byte + self.state_width * 4
+            state_kv_byte = chunk * (self.vec * self.state_bytes)
+            state_score_byte = state_kv_byte + self.state_width * self.state_bytes
+            kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
+            store_state(mState, dst + state_kv_byte, kv)
+            score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
+            if cutlass.const_expr(self.state.ape_at == "save"):
                 ape = element_address(mApe, mPos[tok] % self.ratio, 0)
-                for k in cutlass.range_constexpr(self.chunks_per_thread):
-                    kv_byte = (t + k * self.group_threads) * (self.vec * 4)
-                    score_byte = kv_byte + self.state_width * 4
-                    kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
-                    store_fragment(kv, dst + kv_byte, 16)
-                    score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
-                    bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
-                    out = cute.make_rmem_tensor((self.vec,), Float32)
-                    for i in cutlass.range_constexpr(self.vec):
-                        out[i] = fadd(score[i], bias[i])
-                    store_fragment(out, dst + score_byte, 16)
+                bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
+                out = cute.make_rmem_tensor((self.vec,), Float32)
+                for i in cutlass.range_constexpr(self.vec):
+                    out[i] = fadd(score[i], bias[i])
+                store_state(mState, dst + state_score_byte, out)
+            else:
+                store_state(mState, dst + state_score_byte, score)

@@ -1,6 +1,8 @@
 """The C128 split path's compress kernel: pools one channel tile of one token per CTA into ``x``.
 
-Block8 and generic share the code (:class:`..stages.pooling_c128.C128TilePooling`); they
+It is the C128 kernel that takes SPEC §13's state formats (``pool.state``; then ``ape`` and
+``ring_capacity`` follow the stream). Block8 and generic share the code
+(:class:`..stages.pooling_c128.C128TilePooling`); they
 differ only in how many rows one block-table lookup serves. The split path's store kernel
 (:mod:`.split_store`) finishes the entries from ``x``.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -37,7 +39,7 @@ class SplitPoolKernel:
     @cute.jit
     def __call__(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mState: cute.Tensor,  # fp32 or bf16 (pool.state) [num_blocks, bs, 1024]
         mTokenReq: cute.Tensor,  # int32 [T]
         mPos: cute.Tensor,  # int64 [T]
         mSlot: cute.Tensor,  # int64 [T]
@@ -45,15 +47,18 @@ class SplitPoolKernel:
         mKvSlot: cute.Tensor,  # int64 [T]
         mOut: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
         stream: cuda.CUstream,
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
     ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut).launch(
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity).launch(
             grid=(self.pooling.num_tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
             use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor):
+               mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
+               ring_capacity):
         wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)
@@ -62,7 +67,8 @@ class SplitPoolKernel:
         req = mTokenReq[tok]  # loaded with the activity metadata, not after it
         if active:
             x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
-            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x, mApe,
+                                   ring_capacity)
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
                 channel = tile * self.pooling.tile + cute.arch.lane_idx() * self.pooling.final_channels

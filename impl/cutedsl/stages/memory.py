@@ -70,13 +70,18 @@ def row_address(mState: cute.Tensor, mBlockTable: cute.Tensor, req, pos, block_s
 
 
 def window_run_starts(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, rows: int, rows_per_lookup: int,
-                      block_size: int):
+                      block_size: int, ring_capacity=None):
     """Byte addresses of the first row of each lookup run of the ``rows`` consecutive state rows
     from position ``first_pos`` of request row ``req``: one block-table read per ``rows_per_lookup``
-    rows, a run that never crosses a state block. A generator: each read is traced where the
-    caller takes it, next to the rows that use it."""
+    rows, a run that never crosses a state block. ``ring_capacity``: ``C`` of a ring (SPEC §13.3;
+    each run looked up at its first position ``mod C``, ``C`` a multiple of the block size and so
+    of the run), or ``None`` (paged). A generator: each read is traced where the caller takes it,
+    next to the rows that use it."""
     for r in range(rows // rows_per_lookup):
-        yield row_address(mState, mBlockTable, req, first_pos + r * rows_per_lookup, block_size)
+        position = first_pos + r * rows_per_lookup
+        if ring_capacity is not None:
+            position = Int64(position) % Int64(ring_capacity)
+        yield row_address(mState, mBlockTable, req, position, block_size)
 
 
 def run_rows(start, row_stride_bytes, rows_per_lookup: int):
@@ -87,10 +92,11 @@ def run_rows(start, row_stride_bytes, rows_per_lookup: int):
 
 
 def window_row_addresses(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, row_stride_bytes, rows: int,
-                         rows_per_lookup: int, block_size: int) -> list:
+                         rows_per_lookup: int, block_size: int, ring_capacity=None) -> list:
     """Byte addresses of the ``rows`` consecutive state rows from position ``first_pos`` of request
-    row ``req`` (a Python list): the runs of :func:`window_run_starts`, row by row."""
-    starts = window_run_starts(mState, mBlockTable, req, first_pos, rows, rows_per_lookup, block_size)
+    row ``req`` (a Python list): the runs of :func:`window_run_starts`, row by row (``ring_capacity``
+    as there)."""
+    starts = window_run_starts(mState, mBlockTable, req, first_pos, rows, rows_per_lookup, block_size, ring_capacity)
     return [address for start in starts for address in run_rows(start, row_stride_bytes, rows_per_lookup)]
 
 

@@ -40,6 +40,12 @@ barrier is needed): 64 instead of 80 registers per thread. With ``kv_after_max``
 loads are issued only once pass 1 has the window max: when a wave of CTAs starts together,
 HBM then serves every CTA's scores (which gate the exps) before any kv row, and the exps
 overlap the kv transfer instead of waiting behind it.
+
+SPEC §13 (``pool.state`` not the default, the split compress kernel only; :mod:`.state_format`):
+a bf16 state's rows are read 8 bytes a lane and widened exactly (kv in registers); a ring's run
+of rows is looked up at its first position ``mod C``; with ``ape_at="compress"`` each score gets
+``add(S, ape[q mod 128])``, the window starting at a multiple of 128, so the lane's row ``i`` takes
+``ape`` row ``first_row + i``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import gmem_tensor, load_into, window_row_addresses, window_run_starts
 from .postprocess import rope_row
+from .state_format import add_ape, load_state_into
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -78,6 +85,7 @@ class C128TilePooling:
         self.rows_per_lookup = pool.rows_per_lookup
         self.final_channels = pool.tile // 32  # channels per lane of warp 0 in step 3
         self.kv_in_smem = pool.kv_in_smem
+        self.state = pool.state
 
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, tile]`` fp32 for max, tree(u), tree(e); with
@@ -105,15 +113,25 @@ class C128TilePooling:
         sDen: cute.Tensor,  # fp32 smem [warps, tile]
         sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
+        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring), else None
     ):
-        rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile)
+        rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile, ring_capacity)
         if cutlass.const_expr(self.pool.early_metadata):  # metadata and block table read: now the state
             wait_for_prerequisite_grids(True)
         # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
         # loads are still in flight (only u = kv * e waits for them)
         sc = self.row_fragments()
-        for i in cutlass.range_constexpr(self.rows_per_lane):
-            load_into(sc[i], rows[i] + score_byte, 16)
+        if cutlass.const_expr(self.state.is_default):
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                load_into(sc[i], rows[i] + score_byte, 16)
+        else:
+            lane = cute.arch.lane_idx()
+            _, first_row = self.lane_window(position, lane)
+            channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                load_state_into(sc[i], rows[i] + score_byte, self.state)
+                add_ape(sc[i], mApe, first_row + i, channel, self.state)
         kv = self.row_fragments()
 
         def issue_kv():
@@ -124,7 +142,7 @@ class C128TilePooling:
                 cute.arch.cp_async_commit_group()
             else:
                 for i in cutlass.range_constexpr(self.rows_per_lane):
-                    load_into(kv[i], rows[i] + kv_byte, 16)
+                    load_state_into(kv[i], rows[i] + kv_byte, self.state)
 
         def kv_rows():
             if cutlass.const_expr(self.kv_in_smem):
@@ -147,15 +165,17 @@ class C128TilePooling:
         req: Int32,  # block_table row of the token
         position: Int64,  # p, a boundary position
         tile: Int32,  # channel tile index
+        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring state format), else None
     ):
         """This lane's ``R`` window rows: byte addresses of the rows (a Python list) and the
         byte offsets of its 4 kv and 4 score channels within a row."""
         lane = cute.arch.lane_idx()
         window_start, first_row = self.lane_window(position, lane)
         kv_byte, score_byte = self.channel_bytes(tile, lane)
-        row_stride_bytes = Int64(mState.stride[1]) * 4
+        row_stride_bytes = Int64(mState.stride[1]) * self.state.element_bytes
         rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes,
-                                    self.rows_per_lane, self.rows_per_lookup, self.block_size)
+                                    self.rows_per_lane, self.rows_per_lookup, self.block_size,
+                                    ring_capacity if self.state.ring else None)
         return rows, kv_byte, score_byte
 
     @cute.jit
@@ -188,8 +208,9 @@ class C128TilePooling:
         """Byte offsets within a state row of lane ``lane``'s 4 kv and 4 score channels of channel
         tile ``tile``."""
         column = lane % self.lanes_per_group  # 4-channel column within the tile
-        kv_byte = (tile * self.tile + column * self.vec) * 4
-        return kv_byte, kv_byte + STATE_WIDTH * 4
+        width = self.state.element_bytes  # 4, or 2 for a bf16 state
+        kv_byte = (tile * self.tile + column * self.vec) * width
+        return kv_byte, kv_byte + STATE_WIDTH * width
 
     @cute.jit
     def reduce_rows(

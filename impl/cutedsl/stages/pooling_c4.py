@@ -18,6 +18,13 @@ the valid rows, then ``e_i = exp2s(mul(sub(s_i, M), L))``, ``u_i = mul(kv_i, e_i
 (positions -4..-1) are invalid: they are not loaded, their score is ``-inf`` (so they
 drop out of the max and ``exp2s(-inf) = +0``) and their kv ``+0``, so ``e = u = +0`` and
 they still take part in the trees, as the spec says.
+
+SPEC §13 (``config.state``, :mod:`.state_format`): a bf16 state's rows are read 8 bytes a thread
+and widened exactly; with ``ape_at="compress"`` each valid row's score gets
+``add(S, ape[q mod 4, h*512 + 4t + c])`` right after its load (the row's position ``q`` is
+``window_start + i`` with ``window_start`` a multiple of 4, so its ``ape`` row is ``i mod 4``, known
+at compile time); in a ring, row ``q`` lives at ``q mod C`` (a run of ``gcd(bs, 4)`` rows from a
+multiple of it stays in one block, ``C`` being a multiple of ``bs``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from ..config import HEAD_DIM, C4Config
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import load_into, row_address
 from .postprocess import rope_row
+from .state_format import add_ape, load_state_into, ring_position
 
 RATIO = 4
 WINDOW = 8
@@ -57,6 +65,7 @@ class C4Window:
     def __init__(self, config: C4Config):
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
+        self.state = config.state
 
     @cute.jit
     def pool_window(
@@ -67,6 +76,8 @@ class C4Window:
         position: Int64,  # p, a boundary position (p % 4 == 3)
         t: Int32,  # thread index in the token group, 0..127
         x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
+        mApe: cute.Tensor = None,  # fp32 [4, 1024] with ape_at="compress", else None
+        ring_capacity: Int32 = None,  # C, in a ring (else None)
     ):
         bs, run = self.block_size, self.rows_per_lookup
         kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
@@ -75,18 +86,45 @@ class C4Window:
             kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
             sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
         window_start = rope_row(position, RATIO) - RATIO  # the previous group's first position, p - 7
-        row_stride_bytes = Int64(mState.stride[1]) * 4
+        if cutlass.const_expr(self.state.is_default):
+            row_stride_bytes = Int64(mState.stride[1]) * 4
+            for half in cutlass.range_constexpr(2):
+                kv_byte = (half * HEAD_DIM + t * self.vec) * 4
+                score_byte = kv_byte + STATE_WIDTH * 4
+                for r in cutlass.range_constexpr(RATIO // run):
+                    first_row = half * RATIO + r * run
+                    pos = window_start + first_row
+                    if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                        start = row_address(mState, mBlockTable, req, pos, bs)
+                        for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
+                            load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
+                        for i in cutlass.range_constexpr(run):
+                            load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
+        else:
+            self.load_formatted_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity)
+        for c in cutlass.range_constexpr(self.vec):
+            x[c] = pooled(kv, window_weights(sc, c), c)
+
+    @cute.jit
+    def load_formatted_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req, window_start, t, kv: list,
+                            sc: list, mApe: cute.Tensor, ring_capacity):
+        """The valid window rows of a SPEC §13 state into ``kv``/``sc`` (fp32 ``(4,)`` fragments, the
+        invalid rows left as filled): ``mState`` fp32 or bf16 ``[num_blocks, bs, 2048]``, a row at
+        ``q mod C`` in a ring, ``ape[q mod 4]`` added to each score with ``ape_at="compress"``."""
+        bs, run = self.block_size, self.rows_per_lookup
+        width = self.state.element_bytes
+        row_stride_bytes = Int64(mState.stride[1]) * width
         for half in cutlass.range_constexpr(2):
-            kv_byte = (half * HEAD_DIM + t * self.vec) * 4
-            score_byte = kv_byte + STATE_WIDTH * 4
+            channel = half * HEAD_DIM + t * self.vec
+            kv_byte = channel * width
+            score_byte = kv_byte + STATE_WIDTH * width
             for r in cutlass.range_constexpr(RATIO // run):
                 first_row = half * RATIO + r * run
                 pos = window_start + first_row
                 if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                    start = row_address(mState, mBlockTable, req, pos, bs)
+                    start = row_address(mState, mBlockTable, req, ring_position(pos, self.state, ring_capacity), bs)
                     for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                        load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
+                        load_state_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, self.state)
+                        add_ape(sc[first_row + i], mApe, (first_row + i) % RATIO, channel, self.state)
                     for i in cutlass.range_constexpr(run):
-                        load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
-        for c in cutlass.range_constexpr(self.vec):
-            x[c] = pooled(kv, window_weights(sc, c), c)
+                        load_state_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, self.state)

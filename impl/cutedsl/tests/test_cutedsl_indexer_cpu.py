@@ -34,10 +34,11 @@ from cutedsl_test_calls import no_compile, wrapper_arguments  # noqa: E402,F401 
 
 @pytest.fixture(scope="module")
 def indexer_ptx():
-    """``[(config, ptx, report)]`` of every indexer kernel variant."""
+    """``[(config, ptx, report)]`` of every indexer kernel variant of SPEC §3's state (SPEC §13's
+    formats: ``test_cutedsl_state_formats_cpu.py``)."""
     out = []
     for kind, cfg in kernel_configs():
-        if kind != "indexer":
+        if kind != "indexer" or not cfg.state.is_default:
             continue
         ptx = compile_variant(kind, cfg).__ptx__
         out.append((cfg, ptx, ptx_rules.check_ptx("cutedsl", cfg.tag, ptx, require_target="sm_90a",

@@ -1,0 +1,237 @@
+"""SPEC §13's state formats in the CuTe DSL kernels, checked on CPU (no GPU needed).
+
+- the configurations: :class:`StateFormat` validates its fields, the default format keeps the
+  kernels' names, the save takes no ring, the fused C128 kernels refuse a non-default format,
+  a bf16 state keeps the C128 kv rows in registers;
+- the PTX list holds every option of the save, C4, indexer and split compress kernels, and each
+  such variant compiles for sm_90a and passes SPEC §2's PTX rules, with the instructions its
+  format implies (a ring: a remainder per lookup; a bf16 state: widening conversions on read,
+  ``cvt.rn.bf16x2.f32`` on save; ``ape_at="compress"``: the save adds nothing);
+- dispatch: C4 and the indexer take every format, a formatted C128 call under ``auto`` takes
+  ``split_generic``, a forced path that cannot take the format is refused before any launch;
+- the calls (TVM-FFI stubbed): the kernels get ``ape`` and ``ring_capacity`` after their other
+  arguments exactly when the format is not the default; SPEC §9's refusals come before any launch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+from dsv4_compressor.impl import ptx_rules  # noqa: E402
+from dsv4_compressor.impl.cutedsl import api  # noqa: E402
+from dsv4_compressor.impl.cutedsl.config import (DEFAULT_STATE, C4Config, C128PoolConfig, EntryFormat,  # noqa: E402
+                                                 FusedClusterConfig, IndexerConfig, SaveConfig, StateFormat)
+from dsv4_compressor.impl.cutedsl.host.paths import PATHS, choose  # noqa: E402
+from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY  # noqa: E402
+from dsv4_compressor.impl.cutedsl.ptx import compile_variant, kernel_configs, streams_rows  # noqa: E402
+from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
+from dsv4_compressor.spec import batch as spec_batch  # noqa: E402
+from dsv4_compressor.spec.batch import Request  # noqa: E402
+from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
+
+BF16_RING_APE = StateFormat("bfloat16", "compress", True)
+ENTRY = EntryFormat("flashmla_fp8", 64, "bfloat16", 16)
+
+
+# ---- configurations ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value, message", [("dtype", "float16", "state dtype"), ("ape_at", "pool", "ape_at"),
+                                                    ("ring", 1, "ring")])
+def test_state_format_rejects_bad_fields(field, value, message):
+    with pytest.raises(ValueError, match=f"^{message}: expected"):
+        StateFormat(**{field: value})
+
+
+def test_the_default_format_keeps_the_kernel_names():
+    assert DEFAULT_STATE.tag == "" and C4Config(4, ENTRY).tag == C4Config(4, ENTRY, state=StateFormat()).tag
+    assert C4Config(4, ENTRY, state=BF16_RING_APE).tag.endswith("_sbf16_apec_ring")
+    assert StateFormat("float32", "save", True).tag == "_sf32_ring"
+
+
+def test_configs_refuse_formats_their_kernels_do_not_take():
+    with pytest.raises(ValueError, match=r"^state\.ring: expected False"):
+        SaveConfig(4, 4, True, state=StateFormat(ring=True))
+    with pytest.raises(ValueError, match=r"^pool\.state: expected the default"):
+        FusedClusterConfig(C128PoolConfig(8, 1, state=StateFormat(ape_at="compress")), ENTRY)
+    with pytest.raises(ValueError, match="^kv_in_smem: expected False with a bf16 state"):
+        C128PoolConfig(8, 1, kv_in_smem=True, state=StateFormat("bfloat16"))
+    with pytest.raises(ValueError, match="^state: expected a StateFormat"):
+        IndexerConfig(4, 16, "indexer_fp8", False, 64, "bfloat16", state="bfloat16")
+
+
+# ---- the PTX list ---------------------------------------------------------------------------------------
+def _formatted_variants() -> list:
+    out = []
+    for kernel, config in kernel_configs():
+        state = getattr(config, "state", None)
+        if state is not None and not state.is_default:
+            out.append((kernel, config))
+    return out
+
+
+def test_the_ptx_list_has_every_option_of_each_formatted_kernel():
+    variants = _formatted_variants()
+    by_kernel = {}
+    for kernel, config in variants:
+        by_kernel.setdefault((kernel, getattr(config, "ratio", None)), set()).add(config.state)
+    options = {StateFormat("bfloat16"), StateFormat(ape_at="compress"), StateFormat(ring=True), BF16_RING_APE}
+    for key in (("c4", None), ("split_pool", None), ("indexer", 4), ("indexer", 128)):
+        assert options <= by_kernel[key], key
+    assert {StateFormat("bfloat16"), StateFormat(ape_at="compress"),
+            StateFormat("bfloat16", "compress")} <= by_kernel[("save", None)]
+    assert not any(kernel.startswith("fused") for kernel, _ in variants)
+
+
+def _body(ptx: str) -> str:
+    return "\n".join(line.split("//")[0] for line in ptx.split(".entry", 1)[1].splitlines())
+
+
+@pytest.fixture(scope="module")
+def formatted_ptx():
+    wanted = {("c4", 4, BF16_RING_APE), ("c4", 4, StateFormat(ring=True)), ("split_pool", 8, BF16_RING_APE),
+              ("split_pool", 8, StateFormat(ape_at="compress")), ("indexer", 16, BF16_RING_APE),
+              ("indexer", 8, StateFormat(ring=True)), ("save", 4, StateFormat("bfloat16", "compress")),
+              ("save", 4, StateFormat("bfloat16")), ("save", 4, StateFormat(ape_at="compress"))}
+    out = []
+    for kernel, config in _formatted_variants():
+        if (kernel, config.block_size, config.state) in wanted and getattr(config, "pdl", True):
+            out.append((kernel, config, compile_variant(kernel, config).__ptx__))
+    assert len(out) >= len(wanted)
+    return out
+
+
+def test_formatted_variants_pass_the_ptx_rules(formatted_ptx):
+    for kernel, config, ptx in formatted_ptx:
+        report = ptx_rules.check_ptx("cutedsl", config.tag, ptx, require_target="sm_90a",
+                                     require_vector_loads=streams_rows(kernel, config))
+        assert report.ok, (config.tag, report.violations)
+        assert "ld.local" not in ptx and "st.local" not in ptx, config.tag
+
+
+def test_the_format_shows_in_the_ptx(formatted_ptx):
+    for kernel, config, ptx in formatted_ptx:
+        body = _body(ptx)
+        state = config.state
+        remainders = len(re.findall(r"\brem\.[su]64\b", body))
+        if kernel != "save":
+            assert (remainders > 0) == state.ring, config.tag  # q mod C per lookup, only in a ring
+        widened = len(re.findall(r"cvt\.f32\.bf16", body))
+        if kernel in ("c4", "split_pool") and state.dtype == "bfloat16":
+            assert widened >= 16, config.tag  # 4 channels of kv and score, row by row
+        if kernel == "save":
+            rounded = len(re.findall(r"cvt\.rn\.bf16x2\.f32", body))
+            assert (rounded > 0) == (state.dtype == "bfloat16"), config.tag
+            assert ("add.rn.f32" in body) == (state.ape_at == "save"), config.tag
+
+
+# ---- dispatch ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("state", [StateFormat("bfloat16"), StateFormat(ape_at="compress"), StateFormat(ring=True)])
+def test_a_formatted_c128_call_takes_a_path_that_takes_it(state):
+    for tokens in (1, 64, 100000):
+        assert choose("auto", 128, 512, tokens, 8, DEFAULT_POLICY, state).name == "split_generic"
+        assert choose("auto", 128, 512, tokens, 8, DEFAULT_POLICY).name != "split_generic"
+    assert choose("split_block8", 128, 512, 1, 8, DEFAULT_POLICY, state).name == "split_block8"
+    assert choose("auto", 4, 512, 1, 4, DEFAULT_POLICY, state).name == "c4"
+    assert choose("auto", 128, 128, 1, 8, DEFAULT_POLICY, state).name == "indexer"
+    for name in ("fused_cluster", "fused_handoff", "fused_pipelined"):
+        assert not PATHS[name].formats
+        with pytest.raises(ValueError, match=f"^c128_path: expected a path that takes SPEC §13's state formats.*"
+                                             f"got '{name}'"):
+            choose(name, 128, 512, 1, 8, DEFAULT_POLICY, state)
+
+
+# ---- the calls, TVM-FFI stubbed ---------------------------------------------------------------------------
+@pytest.fixture
+def launches(monkeypatch):
+    log, compiled = [], []
+    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, log, compiled))
+    host_only(monkeypatch)
+    monkeypatch.setattr(api, "_PLANS", PlanCache())
+    return log
+
+
+def _call(ratio: int, *, bf16: bool, ape_at: str, ring: int | None, head: int = 512):
+    """A small step's torch arguments (CPU tensors stand for CUDA ones under the stubs)."""
+    rng = np.random.default_rng(7)
+    bs = {4: 4, 128: 8}[ratio]
+    requests = [Request(ratio * 3 - 1, 1), Request(0, ratio)]
+    b = spec_batch.build_batch(requests, compress_ratio=ratio, block_size=bs, entries_per_page=2, rng=rng)
+    if ring is not None:
+        b = spec_batch.build_ring_batch(requests, compress_ratio=ratio, ring_capacity=ring, block_size=bs,
+                                        entries_per_page=2, rng=rng)
+    sw = (2 if ratio == 4 else 1) * head
+    state = torch.zeros((b.num_state_blocks, bs, 2 * sw), dtype=torch.bfloat16 if bf16 else torch.float32)
+    layout = "flashmla_fp8" if head == 512 else "indexer_fp8"
+    entry = 584 if head == 512 else 132
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    args = [state, t(b.token_to_req_indices), t(b.positions), t(b.slot_mapping), t(b.block_table), bs,
+            torch.ones(head, dtype=torch.bfloat16), 1e-6, torch.zeros((4096, 64)),
+            torch.zeros((b.num_pages, 4, entry), dtype=torch.uint8), t(b.kv_slot_mapping)]  # 16-byte page strides
+    kwargs = dict(compress_ratio=ratio, layout=layout, ape=torch.zeros((ratio, sw)) if ape_at == "compress" else None,
+                  ape_at=ape_at, ring_capacity=ring)
+    if ratio == 128 and head == 512:
+        kwargs["workspace"] = torch.empty((len(b.positions), 512))
+    return args, kwargs, b
+
+
+@pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])
+@pytest.mark.parametrize("bf16, ape_at, ring", [(True, "save", False), (False, "compress", False),
+                                                (False, "save", True), (True, "compress", True)])
+def test_formatted_calls_launch_with_ape_and_ring_capacity(launches, ratio, head, bf16, ape_at, ring):
+    capacity = {4: 8, 128: 128}[ratio] if ring else None
+    args, kwargs, _ = _call(ratio, bf16=bf16, ape_at=ape_at, ring=capacity, head=head)
+    api.compress_norm_rope_store(*args, **kwargs)
+    kinds = [kind for kind, _, _ in launches]
+    assert kinds == {(4, 512): ["c4"], (128, 512): ["split_pool", "split_store"]}.get((ratio, head), ["indexer"])
+    kind, config, call = launches[0]
+    assert config.state == StateFormat("bfloat16" if bf16 else "float32", ape_at, ring)
+    ape, ring_capacity = call[-2:]
+    assert ring_capacity == (capacity or 0)
+    assert (ape is not None) == (ape_at == "compress")
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_default_calls_launch_as_before(launches, ratio):
+    args, kwargs, _ = _call(ratio, bf16=False, ape_at="save", ring=None)
+    api.compress_norm_rope_store(*args, **kwargs)
+    kind, config, call = launches[0]
+    if ratio == 4:  # nine tensors, eps and fp8_inv: no ape, no ring_capacity
+        assert kind == "c4" and config.state == DEFAULT_STATE and len(call) == 11
+    else:  # auto's fused paths, SPEC §3's state
+        assert kind.startswith("fused") and config.pool.state == DEFAULT_STATE
+
+
+def test_formatted_saves_take_no_ape_with_ape_at_compress(launches):
+    kv_score = torch.zeros((3, 2048))
+    state = torch.zeros((4, 4, 2048), dtype=torch.bfloat16)
+    positions, slots = torch.tensor([0, 1, 2]), torch.tensor([0, 1, -1])
+    api.save_partial_states(kv_score, None, positions, slots, state, 4, ape_at="compress", ring_capacity=8)
+    (kind, config, call), = launches
+    assert kind == "save" and config.state == StateFormat("bfloat16", "compress") and call[1] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(ape=None, ape_at="compress"), "^ape: expected"),
+    (dict(ape_at="later"), "^ape_at: expected"),
+    (dict(ring_capacity=6), "^ring_capacity: expected"),
+    (dict(c128_path="fused_cluster"), "^c128_path: expected a path that takes SPEC §13's state formats"),
+])
+def test_refusals_come_before_any_launch(launches, change, message):
+    args, kwargs, _ = _call(128, bf16=True, ape_at="compress", ring=None)
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=message):
+        api.compress_norm_rope_store(*args, **kwargs)
+    assert launches == []
+
+
+def test_a_bound_layer_refuses_a_bf16_state():
+    args, kwargs, _ = _call(4, bf16=True, ape_at="save", ring=None)
+    with pytest.raises(ValueError, match="^state_cache: expected dtype float32 for a bound layer"):
+        api.bind(args[0], args[9], args[6], args[8], block_size=4, compress_ratio=4, rms_norm_eps=1e-6)

@@ -1,0 +1,144 @@
+"""SPEC §13's state formats in the CuTe DSL kernels on a GPU: the bytes of the spec, byte for byte.
+
+The scenarios are the Triton tests' (``impl/triton/tests/triton_state_scenarios.py``): one step's
+buffers in a format (fp32 or bf16 state, ``ape_at``, paged or a ring), built once in NumPy, the
+spec and the CuTe DSL calls run from identical copies, whole allocations compared (padding and
+canaries included). The CuTe DSL family takes the two calls (the save, then the compress), not
+the step call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton" / "tests"))  # the shared scenarios
+
+import triton_state_scenarios as scenarios  # noqa: E402
+from dsv4_compressor import spec  # noqa: E402
+from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
+from dsv4_compressor.spec.batch import Request  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda"
+BLOCK_SIZE = {(4, 512): 4, (128, 512): 8, (4, 128): 16, (128, 128): 8}
+RING = {(4, 512): 12, (4, 128): 16, (128, 512): 136, (128, 128): 136}
+LAYOUTS = {512: [("flashmla_fp8", False), ("bf16", False), ("fp8_per_tensor", False)],
+           128: [("indexer_fp8", False), ("indexer_mxfp4", True), ("indexer_mxfp4", False), ("indexer_fp8", True)]}
+FORMATS = list(itertools.product((False, True), ("save", "compress"), (False, True)))  # bf16 state, ape_at, ring
+
+
+def _cases():
+    cases = []
+    for ratio, head in itertools.product((4, 128), (512, 128)):
+        for i, (bf16_state, ape_at, ring) in enumerate(FORMATS):
+            layout, hadamard = LAYOUTS[head][i % len(LAYOUTS[head])]
+            cases.append(pytest.param(ratio, head, layout, hadamard, bf16_state, ape_at, ring,
+                                      id=f"c{ratio}-h{head}-{layout}{'-hadamard' if hadamard else ''}"
+                                         f"-{'bf16' if bf16_state else 'fp32'}-ape_at_{ape_at}{'-ring' if ring else ''}"))
+    return cases
+
+
+def _requests(ratio: int, ring: bool) -> list[Request]:
+    """The Triton tests' two-call requests: decode boundaries (one whose window wraps around a
+    ring), a first window, a chunk with a boundary inside (within C - W + 1 tokens on a ring)."""
+    if ratio == 4:
+        return [Request(35, 1), Request(6, 3), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
+    return [Request(383, 1), Request(250, 6)] if ring else [Request(127, 1), Request(250, 10)]
+
+
+def _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, requests, seed):
+    return scenarios.make_step(requests, ratio=ratio, layout=layout, seed=seed, head_dim=head,
+                               block_size=BLOCK_SIZE[ratio, head], bf16_state=bf16_state, ape_at=ape_at,
+                               ring_capacity=RING[ratio, head] if ring else None, hadamard=hadamard,
+                               bf16_weight=not bf16_state)
+
+
+def _save_tensor(step, device):
+    kv, _ = scenarios._projections(step, device)
+    return torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride())
+
+
+def run_save(step, *, with_ape: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``save_partial_states`` of every token with a slot, spec and CuTe DSL: the two state allocations."""
+    from dsv4_compressor.impl import cutedsl
+
+    b = step.batch
+    ape = step.ape if with_ape else None
+    state_buffer = Buffer.of(step.state)
+    owner, spec_state = state_buffer.numpy_copy()
+    spec.save_partial_states(step.kv_score, ape, b.positions, b.slot_mapping, spec_state, b.block_size,
+                             ape_at=step.ape_at, ring_capacity=b.ring_capacity)
+    raw, state = state_buffer.torch_copy(DEVICE)
+    tokens = scenarios._tokens(step, DEVICE)
+    cutedsl.save_partial_states(_save_tensor(step, DEVICE), None if ape is None else scenarios._tensor(ape, DEVICE),
+                                tokens["positions"], tokens["slot_mapping"], state, b.block_size, ape_at=step.ape_at,
+                                ring_capacity=b.ring_capacity)
+    torch.cuda.synchronize()
+    return owner, raw.cpu().numpy()
+
+
+def run_save_then_compress(step, *, c128_path: str = "auto") -> dict:
+    """The two calls in the step's format, spec and CuTe DSL: ``{name: (spec, CuTe DSL)}`` allocations."""
+    from dsv4_compressor.impl import cutedsl
+
+    b = step.batch
+    state_owner, spec_state = Buffer.of(step.state).numpy_copy()
+    cache_owner, spec_cache = Buffer.of(step.k_cache).numpy_copy()
+    save_ape = step.ape if step.ape_at == "save" else None
+    pool_ape = step.ape if step.ape_at == "compress" else None
+    spec.save_partial_states(step.kv_score, save_ape, b.positions, b.slot_mapping, spec_state, b.block_size,
+                             ape_at=step.ape_at, ring_capacity=b.ring_capacity)
+    spec.compress_norm_rope_store(
+        spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size, step.weight, 1e-6,
+        step.cos_sin, spec_cache, b.kv_slot_mapping, compress_ratio=b.compress_ratio, layout=step.layout,
+        fp8_scale=step.fp8_scale, hadamard=step.hadamard, ape=pool_ape, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
+    t, raw = scenarios._store_tensors(step, DEVICE)
+    tokens = scenarios._tokens(step, DEVICE)
+    cutedsl.save_partial_states(_save_tensor(step, DEVICE),
+                                None if save_ape is None else scenarios._tensor(save_ape, DEVICE), tokens["positions"],
+                                tokens["slot_mapping"], t["state_cache"], b.block_size, ape_at=step.ape_at,
+                                ring_capacity=b.ring_capacity)
+    cutedsl.compress_norm_rope_store(
+        t["state_cache"], tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"], t["block_table"],
+        b.block_size, t["rms_norm_weight"], 1e-6, t["cos_sin_cache"], t["k_cache"], tokens["kv_slot_mapping"],
+        compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
+        ape=None if pool_ape is None else scenarios._tensor(pool_ape, DEVICE), ape_at=step.ape_at,
+        ring_capacity=b.ring_capacity, c128_path=c128_path)
+    torch.cuda.synchronize()
+    return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
+            "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
+
+
+@pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])
+@pytest.mark.parametrize("bf16_state, ape_at", [(False, "compress"), (True, "save"), (True, "compress")])
+def test_save_writes_the_spec_bytes(ratio, head, bf16_state, ape_at):
+    step = _step(ratio, head, LAYOUTS[head][0][0], False, bf16_state, ape_at, False, _requests(ratio, False), 1)
+    expected, got = run_save(step, with_ape=ape_at == "save")
+    assert np.array_equal(expected, got)
+
+
+@pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())
+def test_save_then_compress_writes_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
+    step = _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, _requests(ratio, ring), 3)
+    assert step.batch.num_active >= 2
+    scenarios.assert_identical(run_save_then_compress(step))
+
+
+@pytest.mark.parametrize("bf16_state, ape_at, ring", [(True, "compress", True), (False, "save", True)])
+def test_the_block8_split_path_takes_the_formats(bf16_state, ape_at, ring):
+    step = _step(128, 512, "flashmla_fp8", False, bf16_state, ape_at, ring, _requests(128, ring), 5)
+    scenarios.assert_identical(run_save_then_compress(step, c128_path="split_block8"))
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_ring_windows_wrap_around(ratio):
+    """A decode boundary whose window crosses the ring's end (C4: a ring of W + 4 rows)."""
+    step = _step(ratio, 512, "flashmla_fp8", False, True, "compress", True, _requests(ratio, True)[:1], 4)
+    scenarios.assert_identical(run_save_then_compress(step))
