@@ -341,23 +341,22 @@ class BoundLayer:
     """
 
     def __init__(self, state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size, compress_ratio,
-                 rms_norm_eps, layout, fp8_scale, hadamard, c128_path, pdl, policy):
-        self.state_cache, self.k_cache = state_cache, k_cache  # fp32 [blocks, bs, 2*SW]; k_cache as in the layout
+                 rms_norm_eps, layout, fp8_scale, hadamard, c128_path, pdl, policy, ape_at="save", ring_capacity=None):
+        self.state_cache, self.k_cache = state_cache, k_cache  # fp32 or bf16 [blocks, bs, 2*SW]; k_cache as in the layout
         self.rms_norm_weight, self.cos_sin_cache = rms_norm_weight, cos_sin_cache  # [H]; fp32 [max_pos, 64]
         self.block_size, self.compress_ratio, self.rms_norm_eps = block_size, compress_ratio, rms_norm_eps
         self.layout, self.fp8_scale, self.hadamard = layout, fp8_scale, hadamard
         self.c128_path, self.pdl, self.policy = c128_path, pdl, policy
-        if isinstance(state_cache, torch.Tensor) and state_cache.dtype != torch.float32:
-            raise ValueError(f"state_cache: expected dtype float32 for a bound layer (SPEC §13's bf16 state runs "
-                             f"through the unbound calls), got {describe_torch('state_cache', state_cache).dtype}")
+        self.ape_at, self.ring_capacity = ape_at, ring_capacity  # SPEC §13.2/§13.3 (the state's dtype: §13.1)
         self.options = CompressOptions(block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard,
-                                       c128_path, pdl, policy)
-        empty = _empty_metadata(state_cache)  # T = 0: validates every fixed argument now
+                                       c128_path, pdl, policy, False, ape_at, ring_capacity)
+        empty = _empty_metadata(state_cache, block_size, ring_capacity)  # T = 0: validates the fixed arguments
         plans.build_compress_plan(CompressTensors._make(self._tensors(empty[0], empty[1], empty[1], empty[2], empty[1])),
-                                  None, self.options, False)
+                                  None, self.options, False, _empty_ape(state_cache, compress_ratio, ape_at))
         fixed = fixed_key(state_cache, rms_norm_weight, cos_sin_cache, k_cache, self.options)
-        self._layout = _LAYER_LAYOUTS.setdefault(fixed, len(_LAYER_LAYOUTS))  # plans' key prefix
+        self._layout = _LAYER_LAYOUTS.setdefault((*fixed, type(ape_at), type(ring_capacity)), len(_LAYER_LAYOUTS))
         self._launches = _BOUND_LAUNCHES.setdefault(self._layout, PlanCache())  # T -> plan.launch_bound
+        self._takes_ape = ape_at == "compress"  # the compress's ape is a per-call argument: the keyed path
         self._held = None  # (state cache, norm weight, cos/sin, k_cache) as TVM-FFI tensors, then the device
         self._save_kernel = None  # save_partial_states' kernel of 16-byte aligned inputs, once compiled
 
@@ -376,49 +375,54 @@ class BoundLayer:
         return (self.state_cache, token_to_req_indices, positions, slot_mapping, block_table, self.rms_norm_weight,
                 self.cos_sin_cache, self.k_cache, kv_slot_mapping)  # in CompressTensors' order
 
-    def _compress_plan(self, tensors: tuple, workspace, debug: bool, early_metadata: bool) -> plans.LaunchPlan:
+    def _compress_plan(self, tensors: tuple, workspace, debug: bool, early_metadata: bool,
+                       ape=None) -> plans.LaunchPlan:
         options = self.options._replace(early_metadata=True) if early_metadata else self.options
         try:
-            key = (self._layout, early_metadata, *token_part(*tensors[1:5], tensors[8], workspace))
+            key = (self._layout, early_metadata, *token_part(*tensors[1:5], tensors[8], workspace),
+                   None if ape is None else tensor_key(ape))
         except AttributeError:  # not a tensor: validate (and reject) it the long way
             key = None
-        return _compress_plan(tensors, workspace, options, debug, key)
+        return _compress_plan(tensors, workspace, options, debug, key, ape=ape)
 
     def _save_plan(self, kv_score, ape, positions, slot_mapping, debug: bool) -> plans.SavePlan:
         return _save_plan(kv_score, ape, positions, slot_mapping, self.state_cache, self.block_size, debug, self.pdl,
-                          self.policy, fixed=self._layout)
+                          self.policy, fixed=self._layout, formats=(self.ape_at, self.ring_capacity))
 
     def compress_norm_rope_store(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, *,
-                                 workspace=None, debug: bool = False) -> None:
+                                 ape=None, workspace=None, debug: bool = False) -> None:
         """:func:`compress_norm_rope_store` with this layer's fixed arguments (``workspace``:
-        pass a 2-D ``[S >= T, 512]`` one for the C128 scratch, see :func:`.host.buffers.bound_scratch`)."""
-        if not debug:
+        pass a 2-D ``[S >= T, 512]`` one for the C128 scratch, see :func:`.host.buffers.bound_scratch`;
+        ``ape``: fp32 ``[r, SW]``, a layer bound with ``ape_at="compress"`` only, whose calls then
+        take the keyed path)."""
+        if not debug and not self._takes_ape:
             try:  # the eager path (see the class)
                 launch_bound = self._launches.get(positions.shape[0])
                 if (launch_bound is not None and token_to_req_indices.dtype is _INT32 and positions.dtype is _INT64
                         and slot_mapping.dtype is _INT64 and block_table.dtype is _INT32
-                        and kv_slot_mapping.dtype is _INT64):
+                        and kv_slot_mapping.dtype is _INT64 and ape is None):
                     launch_bound(self._held, (token_to_req_indices, positions, slot_mapping, block_table,
                                               kv_slot_mapping), workspace)
                     return
             except _REFUSED:  # refused before any launch: the validation below names the argument
                 pass
         tensors = self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-        plan = self._compress_plan(tensors, workspace, debug, False)
-        plan.run(tensors, workspace)
-        if plan.kernels and not debug:  # validated and launched: later calls with this T take the eager path
+        plan = self._compress_plan(tensors, workspace, debug, False, ape)
+        plan.run(tensors, workspace, ape)
+        if plan.kernels and not debug and not self._takes_ape:  # later calls with this T take the eager path
             self._hold()
             self._launches.put(plan.num_tokens, plan.launch_bound)
 
     def save_partial_states(self, kv_score, ape, positions, slot_mapping, *, debug: bool = False) -> None:
         """:func:`save_partial_states` into this layer's state cache (the eager path, as for
-        :meth:`compress_norm_rope_store`, for ``kv_score`` and ``ape`` with 16-byte aligned rows)."""
+        :meth:`compress_norm_rope_store`, for ``kv_score`` and ``ape`` with 16-byte aligned rows;
+        with ``ape_at="compress"`` the save reads no ``ape``: pass None or any)."""
         kernel = self._save_kernel
         if kernel is not None and not debug:
             try:  # TVM-FFI checks the rest, the base alignments included (see the class)
                 if (positions.shape[0] and positions.dtype is _INT64 and slot_mapping.dtype is _INT64
-                        and not kv_score.stride(0) % 4 and not ape.stride(0) % 4):
-                    kernel(kv_score, ape, positions, slot_mapping, self._held[0])
+                        and not kv_score.stride(0) % 4 and (self._takes_ape or not ape.stride(0) % 4)):
+                    kernel(kv_score, None if self._takes_ape else ape, positions, slot_mapping, self._held[0])
                     return
             except _REFUSED:  # refused before any launch: the validation below names the argument
                 pass
@@ -430,12 +434,14 @@ class BoundLayer:
 
     def save_and_compress_norm_rope_store(self, kv_score, ape, token_to_req_indices, positions, slot_mapping,
                                           block_table, kv_slot_mapping, *, workspace=None, debug: bool = False) -> None:
-        """:func:`save_and_compress_norm_rope_store` with this layer's fixed arguments."""
+        """:func:`save_and_compress_norm_rope_store` with this layer's fixed arguments (``ape`` goes to
+        the compress too where the layer adds it there, ``ape_at="compress"``)."""
         tensors = self._tensors(token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping)
-        plan = self._compress_plan(tensors, workspace, debug, True)
+        compress_ape = ape if self._takes_ape else None
+        plan = self._compress_plan(tensors, workspace, debug, True, compress_ape)
         self._save_plan(kv_score, ape, positions, slot_mapping, debug).run(kv_score, ape, positions, slot_mapping,
                                                                           self.state_cache)
-        plan.run(tensors, workspace)
+        plan.run(tensors, workspace, compress_ape)
 
     def warm_up(self, token_counts=None, *, save: bool = True, save_and_compress: bool = False) -> list:
         """:func:`warm_up` for this layer's configuration."""
@@ -444,18 +450,35 @@ class BoundLayer:
                        device=self.state_cache.device, token_counts=token_counts,
                        store_align=buffers.store_align(self.k_cache, self.layout), hadamard=self.hadamard,
                        c128_path=self.c128_path, pdl=self.pdl, policy=self.policy, save=save,
-                       save_and_compress=save_and_compress)
+                       save_and_compress=save_and_compress, state_dtype=self.state_cache.dtype, ape_at=self.ape_at,
+                       ring_capacity=self.ring_capacity)
 
 
-def _empty_metadata(state_cache) -> tuple:
+def _empty_metadata(state_cache, block_size=1, ring_capacity=None) -> tuple:
+    """``T = 0`` per-token arrays and a block table of no rows, as wide as a ring of
+    ``ring_capacity`` rows needs (SPEC §13.3; one column when paged or unchecked)."""
     device = state_cache.device if isinstance(state_cache, torch.Tensor) else None
+    columns = 1
+    if (isinstance(ring_capacity, int) and isinstance(block_size, int) and block_size > 0
+            and 0 < ring_capacity <= 1 << 20):
+        columns = max(1, -(-ring_capacity // block_size))
     return (torch.empty(0, dtype=torch.int32, device=device), torch.empty(0, dtype=torch.int64, device=device),
-            torch.empty((0, 1), dtype=torch.int32, device=device))
+            torch.empty((0, columns), dtype=torch.int32, device=device))
+
+
+def _empty_ape(state_cache, compress_ratio, ape_at):
+    """A zero ``ape`` (fp32 ``[r, SW]``) for a bound layer's ``T = 0`` validation where the compress
+    takes one (``ape_at="compress"``), else None."""
+    if ape_at != "compress" or not isinstance(state_cache, torch.Tensor) or state_cache.dim() != 3:
+        return None
+    ratio = compress_ratio if compress_ratio in (4, 128) else 4
+    return torch.zeros((ratio, state_cache.shape[2] // 2), dtype=torch.float32, device=state_cache.device)
 
 
 def bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size: int, compress_ratio: int,
          rms_norm_eps: float, layout: str = "flashmla_fp8", fp8_scale: float | None = None, hadamard: bool = False,
-         c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY) -> BoundLayer:
+         c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY, ape_at: str = "save",
+         ring_capacity: int | None = None) -> BoundLayer:
     """A layer's operator: its state cache, compressed cache, norm weight, cos/sin cache and
     scalars validated now (``ValueError`` as in the unbound calls), so that each call checks
     only the per-token arrays, the block table and the workspace (after the first call of a
@@ -464,11 +487,14 @@ def bind(state_cache, k_cache, rms_norm_weight, cos_sin_cache, *, block_size: in
     ``op = bind(...); op.save_partial_states(kv_score, ape, positions, slot_mapping)``,
     ``op.compress_norm_rope_store(token_to_req_indices, positions, slot_mapping, block_table,
     kv_slot_mapping, workspace=...)``, ``op.save_and_compress_norm_rope_store(...)``, ``op.warm_up()``.
-    The indexer layouts (SPEC §12, with ``hadamard``) bind the same way.
+    The indexer layouts (SPEC §12, with ``hadamard``) bind the same way. SPEC §13's state formats:
+    the state's dtype is the bound ``state_cache``'s (fp32 or bf16); ``ape_at`` and ``ring_capacity``
+    are the layer's (with ``ape_at="compress"`` its compress calls take ``ape=`` and skip the eager path).
     """
     return BoundLayer(state_cache, k_cache, rms_norm_weight, cos_sin_cache, block_size=block_size,
                       compress_ratio=compress_ratio, rms_norm_eps=rms_norm_eps, layout=layout, fp8_scale=fp8_scale,
-                      hadamard=hadamard, c128_path=c128_path, pdl=pdl, policy=policy)
+                      hadamard=hadamard, c128_path=c128_path, pdl=pdl, policy=policy, ape_at=ape_at,
+                      ring_capacity=ring_capacity)
 
 
 # ---- warm-up -----------------------------------------------------------------------------------

@@ -84,9 +84,11 @@ class LaunchPlan:
     def launch_bound(self, held: tuple, metadata: tuple, workspace) -> None:
         """A bound layer's eager call: the launches on ``held`` (the layer's state cache, norm
         weight, cos/sin cache and k_cache as TVM-FFI tensors, then its torch device) and the
-        call's per-token arrays as given; the workspace is checked by :func:`.buffers.bound_scratch`."""
+        call's per-token arrays as given; the workspace is checked by :func:`.buffers.bound_scratch`.
+        SPEC §13: a layer whose compress takes ``ape`` never comes here (its ``ape`` is per call), so
+        the formats' launch arguments are ``(None, ring_capacity)`` or none."""
         scratch = buffers.bound_scratch(workspace, self.num_tokens, held[4]) if self.path.scratch else None
-        self.path.launch(self, held, metadata, scratch)
+        self.path.launch(self, held, metadata, scratch, self.formats(None))
 
 
 def _check_choices(options: CompressOptions) -> None:

@@ -231,7 +231,57 @@ def test_refusals_come_before_any_launch(launches, change, message):
     assert launches == []
 
 
-def test_a_bound_layer_refuses_a_bf16_state():
+# ---- bound layers (TVM-FFI stubbed) ----------------------------------------------------------------------
+def _bind(args, kwargs):
+    state, _, _, _, _, bs, weight, eps, cos_sin, k_cache, _ = args
+    return api.bind(state, k_cache, weight, cos_sin, block_size=bs, compress_ratio=kwargs["compress_ratio"],
+                    rms_norm_eps=eps, layout=kwargs["layout"], ape_at=kwargs["ape_at"],
+                    ring_capacity=kwargs["ring_capacity"])
+
+
+FORMATS = [(True, "save", False), (False, "compress", False), (False, "save", True), (True, "compress", True)]
+
+
+@pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])
+@pytest.mark.parametrize("bf16, ape_at, ring", FORMATS)
+def test_a_bound_layer_launches_what_the_unbound_call_does(launches, monkeypatch, ratio, head, bf16, ape_at, ring):
+    monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
+    args, kwargs, _ = _call(ratio, bf16=bf16, ape_at=ape_at, ring={4: 8, 128: 128}[ratio] if ring else None, head=head)
+    workspace = kwargs.pop("workspace", None)
+    api.compress_norm_rope_store(*args, **kwargs, workspace=workspace)
+    unbound = list(launches)
+    layer = _bind(args, kwargs)
+    per_token = (args[1], args[2], args[3], args[4], args[10])
+    for _ in range(3):  # validated, then (ape added at the save) the eager path
+        layer.compress_norm_rope_store(*per_token, ape=kwargs["ape"], workspace=workspace)
+    assert launches == unbound * 4
+    if ape_at == "compress":  # the compress's ape is per call: a layer without it is refused by name
+        with pytest.raises(ValueError, match="^ape: expected"):
+            layer.compress_norm_rope_store(*per_token, workspace=workspace)
+    else:
+        assert layer._launches.get(len(args[2])) is not None
+
+
+@pytest.mark.parametrize("bf16, ape_at, ring", FORMATS)
+def test_a_bound_save_takes_the_layers_format(launches, monkeypatch, bf16, ape_at, ring):
+    monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
+    args, kwargs, _ = _call(4, bf16=bf16, ape_at=ape_at, ring=8 if ring else None)
+    kv_score, ape = torch.zeros((len(args[2]), 2048)), torch.zeros((4, 1024))
+    api.save_partial_states(kv_score, ape, args[2], args[3], args[0], 4, ape_at=ape_at, ring_capacity=8 if ring else None)
+    unbound = list(launches)
+    layer = _bind(args, kwargs)
+    for _ in range(3):  # validated, then the eager path
+        layer.save_partial_states(kv_score, ape, args[2], args[3])
+    assert launches == unbound * 4
+    kind, config, call = launches[0]
+    assert kind == "save" and config.state == StateFormat("bfloat16" if bf16 else "float32", ape_at)
+    assert (call[1] is None) == (ape_at == "compress")
+
+
+@pytest.mark.parametrize("change, message", [(dict(ape_at="later"), "^ape_at: expected"),
+                                             (dict(ring_capacity=6), "^ring_capacity: expected")])
+def test_bind_refuses_a_bad_format_by_name(change, message):
     args, kwargs, _ = _call(4, bf16=True, ape_at="save", ring=None)
-    with pytest.raises(ValueError, match="^state_cache: expected dtype float32 for a bound layer"):
-        api.bind(args[0], args[9], args[6], args[8], block_size=4, compress_ratio=4, rms_norm_eps=1e-6)
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=message):
+        _bind(args, kwargs)
