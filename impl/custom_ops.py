@@ -38,12 +38,10 @@ SCHEMAS = {
                            "Tensor(a!) state_cache, int block_size, bool debug=False) -> ()",
     "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_HADAMARD}) -> ()",
 }
-# SPEC §13's state formats (an implementation registered with ``state_formats``): ``ape`` optional in
-# the save (unused with ape_at="compress"), the options appended to both operations (the compress's:
-# _COMPRESS_STATE_OPTIONS), and the step call, which writes both caches.
+# SPEC §13.4's step call (an implementation registered with ``step_call``), which writes both caches.
+# (With ``state_formats``, :func:`register` also makes the saves' ``ape`` optional, unused with
+# ape_at="compress", and appends _STATE_OPTIONS to the saves and _COMPRESS_STATE_OPTIONS to the compress.)
 STATE_FORMAT_SCHEMAS = {
-    "save_partial_states": "(Tensor kv_score, Tensor? ape, Tensor positions, Tensor slot_mapping, "
-                           "Tensor(a!) state_cache, int block_size, bool debug=False" + _STATE_OPTIONS + ") -> ()",
     "compress_and_save": (
         "(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor token_to_req, Tensor query_start_loc, "
         "Tensor slot_mapping, Tensor save_slot_mapping, Tensor block_table, int bs, Tensor(a!) state_cache, "
@@ -64,7 +62,7 @@ CUTEDSL_SCHEMAS = {
 }
 
 
-def _kernels(module, cutedsl: bool, state_formats: bool) -> dict:
+def _kernels(module, cutedsl: bool, state_formats: bool, step_call: bool) -> dict:
     """The real implementation of each op: the module's operation with the schema's arguments."""
     compress_extras = (("workspace", "c128_path", "pdl") if cutedsl else ()) + ("hadamard",)
     save_extras = (("pdl",) if cutedsl else ()) + (("ape_at", "ring_capacity") if state_formats else ())  # SPEC §13
@@ -85,7 +83,7 @@ def _kernels(module, cutedsl: bool, state_formats: bool) -> dict:
             fp8_scale=fp8_scale, debug=debug, **dict(zip(compress_extras, extras)))
 
     kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store}
-    if state_formats:
+    if step_call:
 
         def compress_and_save(*args):
             names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
@@ -96,15 +94,16 @@ def _kernels(module, cutedsl: bool, state_formats: bool) -> dict:
         return kernels
 
     def save_and_compress_norm_rope_store(kv_score, ape, *args):
-        defaults = ("flashmla_fp8", None, False, None, "auto", True, False)  # layout .. hadamard, as in the schema
+        # layout .. hadamard as in the schema, then SPEC §13's options where the implementation takes them
+        defaults = ("flashmla_fp8", None, False, None, "auto", True, False) + (("save", None) if state_formats else ())
         (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
          rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace,
-         c128_path, pdl, hadamard) = tuple(args) + defaults[len(args) - 12:]
+         c128_path, pdl, hadamard, *formats) = tuple(args) + defaults[len(args) - 12:]
         module.save_and_compress_norm_rope_store(
             kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
             rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio,
             layout=layout, fp8_scale=fp8_scale, hadamard=hadamard, debug=debug, workspace=workspace,
-            c128_path=c128_path, pdl=pdl)
+            c128_path=c128_path, pdl=pdl, **dict(zip(("ape_at", "ring_capacity"), formats)))
 
     def compress(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, kv_slot_mapping,
                  compress_ratio, c128_path="auto", pdl=True):
@@ -147,27 +146,36 @@ def _described(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def register(prefix: str, module, *, cutedsl: bool, state_formats: bool = False) -> dict:
+def register(prefix: str, module, *, cutedsl: bool, state_formats: bool = False, step_call: bool | None = None) -> dict:
     """Define ``{prefix}_save_partial_states`` and ``{prefix}_compress_norm_rope_store`` and, for the
     CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments, the
     save's ``pdl`` last),
     ``{prefix}_save_and_compress_norm_rope_store`` and ``{prefix}_compress``, each calling
     ``module``'s operation of that name. The compress ops take ``layout`` (the indexer layouts
-    too) and ``hadamard`` (SPEC §12). With ``state_formats`` (SPEC §13) the save's ``ape`` is
-    optional and both ops take ``ape_at`` and ``ring_capacity`` (the compress also ``ape``) after
-    their other arguments, and ``{prefix}_compress_and_save`` (§13.4) is defined; a state's dtype
-    needs no argument. Returns ``{operation: op}``.
+    too) and ``hadamard`` (SPEC §12). With ``state_formats`` (SPEC §13) the saves' ``ape`` is
+    optional and every op that reads or writes the state takes ``ape_at`` and ``ring_capacity``
+    (the compress also ``ape``) after its other arguments; with ``step_call`` (default:
+    ``state_formats``) ``{prefix}_compress_and_save`` (§13.4) is defined. A state's dtype needs no
+    argument. Returns ``{operation: op}``.
 
     Registers once per process: a second import of the package under another name (a test
     runner importing the repository root as a package) finds the ops already defined.
     """
+    step_call = state_formats if step_call is None else step_call
     namespace = getattr(torch.ops, NAMESPACE)
-    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {}), **(STATE_FORMAT_SCHEMAS if state_formats else {})}
+    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
     if state_formats:
+        schemas["save_partial_states"] = schemas["save_partial_states"].replace(
+            "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
         schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
             ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
+        if cutedsl:
+            schemas["save_and_compress_norm_rope_store"] = schemas["save_and_compress_norm_rope_store"].replace(
+                "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
+    if step_call:
+        schemas["compress_and_save"] = STATE_FORMAT_SCHEMAS["compress_and_save"]
     if not hasattr(namespace, f"{prefix}_save_partial_states"):
-        for operation, kernel in _kernels(module, cutedsl, state_formats).items():
+        for operation, kernel in _kernels(module, cutedsl, state_formats, step_call).items():
             name = f"{prefix}_{operation}"
             _LIBRARY.define(name + schemas[operation])
             _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")

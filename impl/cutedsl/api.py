@@ -83,25 +83,20 @@ def save_partial_states(
     """SPEC §4: copy each saved token's kv and ``add(score, ape[p mod r])`` into the state cache
     (SPEC §13: the raw score with ``ape_at="compress"``; a bf16 state rounds each value once to
     bf16). Under ``torch.compile``: the custom op ``cutedsl_save_partial_states`` (the default
-    policy and state format)."""
+    policy)."""
     if _compiling():
-        _refuse_formats("cutedsl_save_partial_states", ape_at, ring_capacity)
-        return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy)
+        return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
+                            ape_at, ring_capacity)
     _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
                formats=(ape_at, ring_capacity)).run(kv_score, ape, positions, slot_mapping, state_cache)
 
 
-def _refuse_formats(operation: str, ape_at, ring_capacity) -> None:
-    """Under ``torch.compile``: the custom ops take SPEC §3's state format only."""
-    custom_ops.refuse("ape_at", ape_at, "save", operation)
-    custom_ops.refuse("ring_capacity", ring_capacity, None, operation)
-
-
-def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy) -> None:
+def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy, ape_at,
+                 ring_capacity) -> None:
     """``save_partial_states`` as ``torch.compile`` traces it: one custom op."""
     custom_ops.refuse("policy", policy, DEFAULT_POLICY, "cutedsl_save_partial_states", _DEFAULT_POLICY)
     custom_ops.op("cutedsl", "save_partial_states")(kv_score, ape, positions, slot_mapping, state_cache, block_size,
-                                                    debug, pdl)
+                                                    debug, pdl, ape_at, ring_capacity)
 
 
 def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
@@ -158,15 +153,13 @@ def compress_norm_rope_store(
     SPEC §12) run the ``indexer`` path's kernel. SPEC §13: a bf16 state (the tensor's dtype),
     ``ape`` added at pooling (``ape_at="compress"``), a ring of ``ring_capacity`` rows per request
     (C128: ``auto`` then takes ``split_generic``). Under ``torch.compile``: the custom op
-    ``cutedsl_compress_norm_rope_store`` (the default policy and state format).
+    ``cutedsl_compress_norm_rope_store`` (the default policy).
     """
     if _compiling():
-        _refuse_formats("cutedsl_compress_norm_rope_store", ape_at, ring_capacity)
-        custom_ops.refuse("ape", ape, None, "cutedsl_compress_norm_rope_store")
         return _traced_compress("compress_norm_rope_store", (
             state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
             rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug,
-            workspace, c128_path, pdl, hadamard), policy)
+            workspace, c128_path, pdl, hadamard, ape, ape_at, ring_capacity), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
     options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, False,
@@ -242,11 +235,10 @@ def save_and_compress_norm_rope_store(
     ``cutedsl_save_and_compress_norm_rope_store`` (the default policy).
     """
     if _compiling():
-        _refuse_formats("cutedsl_save_and_compress_norm_rope_store", ape_at, ring_capacity)
         return _traced_compress("save_and_compress_norm_rope_store", (
             kv_score, ape, state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
             rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale,
-            debug, workspace, c128_path, pdl, hadamard), policy)
+            debug, workspace, c128_path, pdl, hadamard, ape_at, ring_capacity), policy)
     tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
                cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
     options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True,

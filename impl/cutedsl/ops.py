@@ -2,8 +2,10 @@
 
 ``cutedsl_save_partial_states`` (mutates ``state_cache``), ``cutedsl_compress_norm_rope_store``
 (mutates ``k_cache`` and ``workspace``), ``cutedsl_save_and_compress_norm_rope_store`` (all
-three) and ``cutedsl_compress`` (returns a new fp32 ``[T, 512]``; no ``out``), with the
-default :class:`.dispatch.Policy`. See :mod:`dsv4_compressor.impl.custom_ops`.
+three) and ``cutedsl_compress`` (returns a new fp32 ``[T, 512]``; no ``out``; SPEC §3's state),
+with the default :class:`.host.policy.Policy`. The first three take SPEC §13's ``ape_at`` and
+``ring_capacity`` (the compress also ``ape``; a bf16 state by its dtype). See
+:mod:`dsv4_compressor.impl.custom_ops`.
 """
 
 from __future__ import annotations
@@ -11,4 +13,4 @@ from __future__ import annotations
 from .. import custom_ops
 from . import api
 
-OPS = custom_ops.register("cutedsl", api, cutedsl=True)
+OPS = custom_ops.register("cutedsl", api, cutedsl=True, state_formats=True, step_call=False)

@@ -104,3 +104,52 @@ def test_bad_arguments_raise_the_front_ends_message_eagerly_and_when_the_step_ru
     with pytest.raises(ValueError, match="ape"):
         torch.compile(step, fullgraph=True, backend="eager")(args, kv_score, bad_ape, workspace)
     assert launches == []
+
+
+# ---- SPEC §13's state formats: the ops take ape, ape_at and ring_capacity ---------------------------------
+def _formatted_inputs(ratio: int):
+    """A C4 or C128 step on a bf16 ring state with ``ape`` added at the compress (CPU tensors)."""
+    from test_cutedsl_state_formats_cpu import _call
+
+    args, kwargs, _ = _call(ratio, bf16=True, ape_at="compress", ring={4: 8, 128: 128}[ratio])
+    sw = args[0].shape[2] // 2
+    return args, kwargs, torch.zeros(len(args[2]), 2 * sw)
+
+
+def formatted_step(args, kwargs, kv_score):
+    """The save, the compress and both back to back, each with SPEC §13's options."""
+    state, token_req, positions, slots, table, bs = args[:6]
+    options = dict(ape_at=kwargs["ape_at"], ring_capacity=kwargs["ring_capacity"])
+    api.save_partial_states(kv_score, None, positions, slots, state, bs, **options)
+    api.compress_norm_rope_store(*args, **kwargs)
+    both = {name: value for name, value in kwargs.items() if name != "ape"}  # ape: the save's positional one
+    api.save_and_compress_norm_rope_store(kv_score, kwargs["ape"], *args, **both)
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_a_fullgraph_compiled_formatted_step_launches_what_the_eager_calls_do(recorded, ratio):
+    launches, _ = recorded
+    torch._dynamo.reset()
+    args, kwargs, kv_score = _formatted_inputs(ratio)
+    formatted_step(args, kwargs, kv_score)
+    eager = list(launches)
+    assert [kind for kind, _, _ in eager] == {4: ["save", "c4", "save", "c4"],
+                                              128: ["save", "split_pool", "split_store", "save", "split_pool",
+                                                    "split_store"]}[ratio]
+    for kind, config, call in eager:  # the options reached the kernels (the save's state has no ring)
+        if kind != "split_store":
+            assert (config.state.dtype, config.state.ape_at, config.state.ring) == ("bfloat16", "compress",
+                                                                                    kind != "save"), kind
+        if kind in ("c4", "split_pool"):
+            assert call[-1] == kwargs["ring_capacity"] and call[-2] is not None  # ring_capacity, ape
+    launches.clear()
+    explained = torch._dynamo.explain(formatted_step)(args, kwargs, kv_score)
+    assert explained.graph_break_count == 0
+    launches.clear()
+    torch.compile(formatted_step, fullgraph=True, backend="aot_eager")(args, kwargs, kv_score)
+    # aot_eager may hand a mutated tensor's copy to the op: compare all but the pointers
+    def scalars(records):  # the save's: whether it got an ape; the compress kernels': ring_capacity
+        return [(kind, config, len(call), call[1] is None if kind == "save" else call[-1])
+                for kind, config, call in records]
+
+    assert scalars(launches) == scalars(eager)
