@@ -3,8 +3,8 @@
 The scenarios are the Triton tests' (``impl/triton/tests/triton_state_scenarios.py``): one step's
 buffers in a format (fp32 or bf16 state, ``ape_at``, paged or a ring), built once in NumPy, the
 spec and the CuTe DSL calls run from identical copies, whole allocations compared (padding and
-canaries included). The CuTe DSL family takes the two calls (the save, then the compress), not
-the step call.
+canaries included). The CuTe DSL family takes the two calls (the save, then the compress), unbound
+and through a bound layer (``bind`` with the format), not the step call.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def run_save(step, *, with_ape: bool) -> tuple[np.ndarray, np.ndarray]:
     return owner, raw.cpu().numpy()
 
 
-def run_save_then_compress(step, *, c128_path: str = "auto") -> dict:
-    """The two calls in the step's format, spec and CuTe DSL: ``{name: (spec, CuTe DSL)}`` allocations."""
+def run_save_then_compress(step, *, c128_path: str = "auto", bound: bool = False) -> dict:
+    """The two calls in the step's format, spec and CuTe DSL (``bound``: a layer's calls, each made
+    twice: validated, then the eager path): ``{name: (spec, CuTe DSL)}`` allocations."""
     from dsv4_compressor.impl import cutedsl
 
     b = step.batch
@@ -101,16 +102,29 @@ def run_save_then_compress(step, *, c128_path: str = "auto") -> dict:
         fp8_scale=step.fp8_scale, hadamard=step.hadamard, ape=pool_ape, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
     t, raw = scenarios._store_tensors(step, DEVICE)
     tokens = scenarios._tokens(step, DEVICE)
-    cutedsl.save_partial_states(_save_tensor(step, DEVICE),
-                                None if save_ape is None else scenarios._tensor(save_ape, DEVICE), tokens["positions"],
+    pool_ape_t = None if pool_ape is None else scenarios._tensor(pool_ape, DEVICE)
+    save_ape_t = None if save_ape is None else scenarios._tensor(save_ape, DEVICE)
+    if bound:
+        layer = cutedsl.bind(t["state_cache"], t["k_cache"], t["rms_norm_weight"], t["cos_sin_cache"],
+                             block_size=b.block_size, compress_ratio=b.compress_ratio, rms_norm_eps=1e-6,
+                             layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
+                             c128_path=c128_path, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
+        for _ in range(2):  # the same bytes again: the save and the compress are idempotent here
+            layer.save_partial_states(_save_tensor(step, DEVICE), save_ape_t, tokens["positions"],
+                                      tokens["slot_mapping"])
+            layer.compress_norm_rope_store(tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"],
+                                           t["block_table"], tokens["kv_slot_mapping"], ape=pool_ape_t)
+        torch.cuda.synchronize()
+        return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
+                "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
+    cutedsl.save_partial_states(_save_tensor(step, DEVICE), save_ape_t, tokens["positions"],
                                 tokens["slot_mapping"], t["state_cache"], b.block_size, ape_at=step.ape_at,
                                 ring_capacity=b.ring_capacity)
     cutedsl.compress_norm_rope_store(
         t["state_cache"], tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"], t["block_table"],
         b.block_size, t["rms_norm_weight"], 1e-6, t["cos_sin_cache"], t["k_cache"], tokens["kv_slot_mapping"],
         compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
-        ape=None if pool_ape is None else scenarios._tensor(pool_ape, DEVICE), ape_at=step.ape_at,
-        ring_capacity=b.ring_capacity, c128_path=c128_path)
+        ape=pool_ape_t, ape_at=step.ape_at, ring_capacity=b.ring_capacity, c128_path=c128_path)
     torch.cuda.synchronize()
     return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
             "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
@@ -142,3 +156,12 @@ def test_ring_windows_wrap_around(ratio):
     """A decode boundary whose window crosses the ring's end (C4: a ring of W + 4 rows)."""
     step = _step(ratio, 512, "flashmla_fp8", False, True, "compress", True, _requests(ratio, True)[:1], 4)
     scenarios.assert_identical(run_save_then_compress(step))
+
+
+@pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])
+@pytest.mark.parametrize("bf16_state, ape_at, ring", [(True, "save", True), (False, "compress", False),
+                                                      (True, "compress", True)])
+def test_a_bound_layer_writes_the_spec_bytes(ratio, head, bf16_state, ape_at, ring):
+    layout, hadamard = LAYOUTS[head][0]
+    step = _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, _requests(ratio, ring), 6)
+    scenarios.assert_identical(run_save_then_compress(step, bound=True))
