@@ -28,8 +28,8 @@ How that maps onto SPEC §13 (docs/engine.md has the whole table):
   passes ``ring_capacity=`` (an addition to vLLM's keywords).
 - ``is_circular=False`` -> ``compress_norm_rope_store`` as in :mod:`.vllm`.
 
-The CuTe DSL kernels keep the default format (no ring, no step call), so
-:func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the Triton kernels'
+The CuTe DSL kernels take a ring in their two calls but have no step call reading the chunk
+from ``kv``/``score``, so :func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the Triton kernels'
 ``compress_and_save``: the same bytes, one fused compress launch (plus a save launch with
 nothing to save). Everything is validated before anything is launched; ``ValueError`` names the
 argument.
