@@ -9,7 +9,6 @@ and through a bound layer (``bind`` with the format), not the step call.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
@@ -21,43 +20,15 @@ pytest.importorskip("cutlass")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton" / "tests"))  # the shared scenarios
 
 import triton_state_scenarios as scenarios  # noqa: E402
+from triton_state_scenarios import LAYOUTS  # noqa: E402
+from triton_state_scenarios import format_cases as _cases  # noqa: E402
+from triton_state_scenarios import format_step as _step  # noqa: E402
+from triton_state_scenarios import two_call_requests as _requests  # noqa: E402
 from dsv4_compressor import spec  # noqa: E402
 from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
-from dsv4_compressor.spec.batch import Request  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
-BLOCK_SIZE = {(4, 512): 4, (128, 512): 8, (4, 128): 16, (128, 128): 8}
-RING = {(4, 512): 12, (4, 128): 16, (128, 512): 136, (128, 128): 136}
-LAYOUTS = {512: [("flashmla_fp8", False), ("bf16", False), ("fp8_per_tensor", False)],
-           128: [("indexer_fp8", False), ("indexer_mxfp4", True), ("indexer_mxfp4", False), ("indexer_fp8", True)]}
-FORMATS = list(itertools.product((False, True), ("save", "compress"), (False, True)))  # bf16 state, ape_at, ring
-
-
-def _cases():
-    cases = []
-    for ratio, head in itertools.product((4, 128), (512, 128)):
-        for i, (bf16_state, ape_at, ring) in enumerate(FORMATS):
-            layout, hadamard = LAYOUTS[head][i % len(LAYOUTS[head])]
-            cases.append(pytest.param(ratio, head, layout, hadamard, bf16_state, ape_at, ring,
-                                      id=f"c{ratio}-h{head}-{layout}{'-hadamard' if hadamard else ''}"
-                                         f"-{'bf16' if bf16_state else 'fp32'}-ape_at_{ape_at}{'-ring' if ring else ''}"))
-    return cases
-
-
-def _requests(ratio: int, ring: bool) -> list[Request]:
-    """The Triton tests' two-call requests: decode boundaries (one whose window wraps around a
-    ring), a first window, a chunk with a boundary inside (within C - W + 1 tokens on a ring)."""
-    if ratio == 4:
-        return [Request(35, 1), Request(6, 3), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
-    return [Request(383, 1), Request(250, 6)] if ring else [Request(127, 1), Request(250, 10)]
-
-
-def _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, requests, seed):
-    return scenarios.make_step(requests, ratio=ratio, layout=layout, seed=seed, head_dim=head,
-                               block_size=BLOCK_SIZE[ratio, head], bf16_state=bf16_state, ape_at=ape_at,
-                               ring_capacity=RING[ratio, head] if ring else None, hadamard=hadamard,
-                               bf16_weight=not bf16_state)
 
 
 def _save_tensor(step, device):

@@ -10,8 +10,6 @@ engine-like sizes on a CUDA device."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -23,38 +21,14 @@ from dsv4_compressor.spec import batch as spec_batch
 from dsv4_compressor.spec.batch import Request
 from dsv4_compressor.spec.formats import bf16_bits
 
-from triton_state_scenarios import (Step, assert_identical, make_step, run_save, run_save_then_compress, run_step,
-                                    step_arguments)
+from triton_state_scenarios import (FORMATS, LAYOUTS, RING, Step, assert_identical, run_save, run_save_then_compress,
+                                    run_step, step_arguments)
+from triton_state_scenarios import format_cases as _cases
+from triton_state_scenarios import format_step as _step
+from triton_state_scenarios import two_call_requests as _two_call_requests
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = np.float32
-BLOCK_SIZE = {(4, 512): 4, (128, 512): 8, (4, 128): 16, (128, 128): 8}
-# C4: W + 4 rows (512-wide, bs 4), one block of 16 rows (the indexer, bs 16); C128: vLLM's ring for 8 drafts
-RING = {(4, 512): 12, (4, 128): 16, (128, 512): 136, (128, 128): 136}
-LAYOUTS = {512: [("flashmla_fp8", False), ("bf16", False), ("fp8_per_tensor", False)],
-           128: [("indexer_fp8", False), ("indexer_mxfp4", True), ("indexer_mxfp4", False), ("indexer_fp8", True)]}
-FORMATS = list(itertools.product((False, True), ("save", "compress"), (False, True)))  # bf16 state, ape_at, ring
-
-
-def _cases():
-    """Every format (bf16 state x ape_at x ring) on both ratios and head widths, the layouts (and
-    the indexer's rotation) taking turns so that each appears in every ratio and head width."""
-    cases = []
-    for ratio, head in itertools.product((4, 128), (512, 128)):
-        for i, (bf16_state, ape_at, ring) in enumerate(FORMATS):
-            layout, hadamard = LAYOUTS[head][i % len(LAYOUTS[head])]
-            cases.append(pytest.param(ratio, head, layout, hadamard, bf16_state, ape_at, ring,
-                                      id=f"c{ratio}-h{head}-{layout}{'-hadamard' if hadamard else ''}"
-                                         f"-{'bf16' if bf16_state else 'fp32'}-ape_at_{ape_at}{'-ring' if ring else ''}"))
-    return cases
-
-
-def _two_call_requests(ratio: int, ring: bool) -> list[Request]:
-    """Decode boundaries (one whose window wraps around a ring), a first window, a chunk with a
-    boundary inside; on a ring the chunks stay within C - W + 1 tokens (the two-call path's limit)."""
-    if ratio == 4:
-        return [Request(35, 1), Request(6, 3), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
-    return [Request(383, 1), Request(250, 6)] if ring else [Request(127, 1), Request(250, 10)]
 
 
 def _step_requests(ratio: int, ring: bool) -> list[Request]:
@@ -62,12 +36,6 @@ def _step_requests(ratio: int, ring: bool) -> list[Request]:
     if ratio == 4:
         return [Request(35, 1), Request(2, 15), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
     return [Request(383, 1), Request(250, 6), Request(100, 140)] if ring else [Request(127, 1), Request(250, 10)]
-
-
-def _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, requests, seed) -> Step:
-    return make_step(requests, ratio=ratio, layout=layout, seed=seed, head_dim=head, block_size=BLOCK_SIZE[ratio, head],
-                     bf16_state=bf16_state, ape_at=ape_at, ring_capacity=RING[ratio, head] if ring else None,
-                     hadamard=hadamard, bf16_weight=not bf16_state)
 
 
 # ---- save_partial_states ----------------------------------------------------------------------------

@@ -10,9 +10,11 @@ ring state holds each request's last ``C`` rows before its chunk (``batch.as_rin
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 from dsv4_compressor import spec
@@ -88,6 +90,42 @@ def make_step(requests: list[Request], *, ratio: int, layout: str, seed: int, he
         cos_sin=spec_batch.rope_cos_sin_cache(max_pos), k_cache=spec_batch.canary_k_cache(layout, b.num_pages, entries_per_page),
         layout=layout, ape_at=ape_at, hadamard=hadamard, fp8_scale=0.0173 if layout == "fp8_per_tensor" else None,
     )
+
+
+# ---- the format combinations both kernel families are checked on ----------------------------------------
+BLOCK_SIZE = {(4, 512): 4, (128, 512): 8, (4, 128): 16, (128, 128): 8}
+# C4: W + 4 rows (512-wide, bs 4), one block of 16 rows (the indexer, bs 16); C128: vLLM's ring for 8 drafts
+RING = {(4, 512): 12, (4, 128): 16, (128, 512): 136, (128, 128): 136}
+LAYOUTS = {512: [("flashmla_fp8", False), ("bf16", False), ("fp8_per_tensor", False)],
+           128: [("indexer_fp8", False), ("indexer_mxfp4", True), ("indexer_mxfp4", False), ("indexer_fp8", True)]}
+FORMATS = list(itertools.product((False, True), ("save", "compress"), (False, True)))  # bf16 state, ape_at, ring
+
+
+def format_cases():
+    """Every format (bf16 state x ape_at x ring) on both ratios and head widths, the layouts (and
+    the indexer's rotation) taking turns so that each appears in every ratio and head width."""
+    cases = []
+    for ratio, head in itertools.product((4, 128), (512, 128)):
+        for i, (bf16_state, ape_at, ring) in enumerate(FORMATS):
+            layout, hadamard = LAYOUTS[head][i % len(LAYOUTS[head])]
+            cases.append(pytest.param(ratio, head, layout, hadamard, bf16_state, ape_at, ring,
+                                      id=f"c{ratio}-h{head}-{layout}{'-hadamard' if hadamard else ''}"
+                                         f"-{'bf16' if bf16_state else 'fp32'}-ape_at_{ape_at}{'-ring' if ring else ''}"))
+    return cases
+
+
+def two_call_requests(ratio: int, ring: bool) -> list[Request]:
+    """Decode boundaries (one whose window wraps around a ring), a first window, a chunk with a
+    boundary inside; on a ring the chunks stay within C - W + 1 tokens (the two-call path's limit)."""
+    if ratio == 4:
+        return [Request(35, 1), Request(6, 3), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
+    return [Request(383, 1), Request(250, 6)] if ring else [Request(127, 1), Request(250, 10)]
+
+
+def format_step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, requests, seed) -> Step:
+    return make_step(requests, ratio=ratio, layout=layout, seed=seed, head_dim=head, block_size=BLOCK_SIZE[ratio, head],
+                     bf16_state=bf16_state, ape_at=ape_at, ring_capacity=RING[ratio, head] if ring else None,
+                     hadamard=hadamard, bf16_weight=not bf16_state)
 
 
 def _tensor(array: np.ndarray, device: str) -> torch.Tensor:
