@@ -15,10 +15,13 @@ Python calls remain the cheapest way to launch.
 The public functions themselves trace too: while ``torch.compile`` traces (Dynamo folds
 ``torch.compiler.is_compiling()`` to True), each calls its op (:func:`op`), so the graph holds
 one op per call; eagerly that check is the only addition to the call. An option the op cannot
-take is refused then, naming it (:func:`refuse`).
+take is refused then, naming it (:func:`refuse`). A public function whose signature is its op's
+schema (DeepSeek-V4.1's, :mod:`.v41_custom_ops`) gets that routing from :func:`traced_as_op`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -126,6 +129,34 @@ def op(prefix: str, operation: str):
     """The custom op ``torch.ops.dsv4_compressor.{prefix}_{operation}`` (what a public function
     calls while ``torch.compile`` traces it)."""
     return getattr(getattr(torch.ops, NAMESPACE), f"{prefix}_{operation}")
+
+
+_compiling = torch.compiler.is_compiling  # True while torch.compile traces (Dynamo folds it)
+
+
+def traced_as_op(prefix: str, operation: str, fixed: tuple = ()):
+    """Decorate a public function whose parameters are its custom op's schema (names, order,
+    keyword-only ones) so that, while ``torch.compile`` traces, the call is the op
+    ``torch.ops.dsv4_compressor.{prefix}_{operation}`` on the same arguments; eagerly it is the
+    function, after the one check. ``fixed``: ``(name, default, expected)`` of each keyword-only
+    option the function has and the op does not take; it must keep ``default`` while tracing
+    (:func:`refuse`; ``expected`` describes it, None: its repr). The undecorated function is
+    ``__wrapped__`` (what the op's kernel calls)."""
+    op_name = f"{prefix}_{operation}"
+
+    def decorate(function):
+        @functools.wraps(function)
+        def public(*args, **kwargs):
+            if _compiling():
+                for name, default, expected in fixed:
+                    if name in kwargs:
+                        refuse(name, kwargs.pop(name), default, op_name, expected)
+                return op(prefix, operation)(*args, **kwargs)
+            return function(*args, **kwargs)
+
+        return public
+
+    return decorate
 
 
 def refuse(name: str, given, default, operation: str, expected: str | None = None) -> None:

@@ -7,7 +7,10 @@ through them and CUDA graphs capture them. The §14.8 checks run inside the real
 implementation, when the op executes, and raise the same ``ValueError``.
 
 The arguments are the spec's, in its order, with the same keyword-only ones; ``ape`` is accepted
-(as ``None``) so that a V4 call ported unchanged gets §14.8's error.
+(as ``None``) so that a V4 call ported unchanged gets §14.8's error. A family may append
+keyword-only options of its own (CuTe DSL's ``pdl``). The public functions, decorated with
+:func:`.custom_ops.traced_as_op`, call these ops while ``torch.compile`` traces them; each op's
+kernel is the undecorated function.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ def _fake_nothing(*args, **kwargs) -> None:
     return None
 
 
-def register_v41(prefix: str, module) -> dict:
+def register_v41(prefix: str, module, options: str = "") -> dict:
     """Define ``{prefix}_v41_compress_norm``, ``{prefix}_v41_rope_quant_store``,
     ``{prefix}_v41_compress_norm_rope_store`` and ``{prefix}_v41_index_key_store``, each calling
-    ``module``'s function of the operation's name with the op's arguments. Returns ``{operation: op}``.
+    ``module``'s function of the operation's name (undecorated) with the op's arguments;
+    ``options``: schema text of the family's keyword-only options, appended to each (e.g.
+    ``", bool pdl=True"``). Returns ``{operation: op}``.
 
     Registers once per process (a second import of the package under another name finds the ops defined).
     """
@@ -52,7 +57,8 @@ def register_v41(prefix: str, module) -> dict:
     if not hasattr(namespace, f"{prefix}_v41_compress_norm"):
         for operation, schema in SCHEMAS.items():
             name = f"{prefix}_{operation}"
-            _LIBRARY.define(name + schema)
-            _LIBRARY.impl(name, getattr(module, operation), "CompositeExplicitAutograd")
+            _LIBRARY.define(name + schema.replace(") -> ()", options + ") -> ()"))
+            function = getattr(module, operation)
+            _LIBRARY.impl(name, getattr(function, "__wrapped__", function), "CompositeExplicitAutograd")
             torch.library.register_fake(f"{NAMESPACE}::{name}", _fake_nothing, lib=_LIBRARY)
     return {operation: getattr(namespace, f"{prefix}_{operation}") for operation in SCHEMAS}

@@ -19,7 +19,9 @@ As in :mod:`.api`, the first call with an argument layout validates it (the shar
 launched), builds the static configuration of the operation's kernel (:mod:`.host.v41_paths`),
 compiles it (:mod:`.host.compile_cache`, once per configuration) and keeps the plan; later calls
 with the same layout look the plan up and call the kernel's TVM-FFI function. ``debug=True``
-always validates, and checks the caller's contract on the host. These kernels have been
+always validates, and checks the caller's contract on the host. While ``torch.compile`` traces,
+each operation is its custom op ``torch.ops.dsv4_compressor.cutedsl_v41_*`` (:mod:`.v41_ops`;
+``pdl`` passed through, ``shapes`` the default), one graph node and no graph break. These kernels have been
 compiled and PTX-checked for sm_90a but have not run on a GPU yet.
 """
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import custom_ops
 from ..frontend import layout_key
 from ..plan_cache import PlanCache
 from ..v41_frontend import (
@@ -46,6 +49,9 @@ log = logging.getLogger("dsv4_compressor")
 _PLANS = PlanCache()
 BF16 = torch.bfloat16
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# Under torch.compile each operation is its custom op (.v41_ops), which takes ``pdl`` but not
+# ``shapes``: the thread mappings must be the default then (refused by name otherwise).
+_FAMILY_OPTIONS = (("shapes", DEFAULT_V41_SHAPES, "the default thread mappings (DEFAULT_V41_SHAPES)"),)
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ def _launch_compress(plan: V41Plan, kv, score, positions, state: V41StateArgumen
 
 
 # ---- the four operations -------------------------------------------------------------------------
+@custom_ops.traced_as_op("cutedsl", "v41_compress_norm", _FAMILY_OPTIONS)
 def v41_compress_norm(
     kv: torch.Tensor,  # fp32 or bf16 [T, 512]: the wkv projection
     score: torch.Tensor | None,  # fp32 or bf16 [T, 512]: the raw wgate projection; None for ratio 1
@@ -189,6 +196,7 @@ def v41_compress_norm(
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent, None)
 
 
+@custom_ops.traced_as_op("cutedsl", "v41_rope_quant_store", _FAMILY_OPTIONS)
 def v41_rope_quant_store(
     latent: torch.Tensor,  # bf16 [T, 512]: read for the tokens that store
     positions: torch.Tensor,  # int64 [T]
@@ -229,6 +237,7 @@ def v41_rope_quant_store(
                                                          plan.scalars))
 
 
+@custom_ops.traced_as_op("cutedsl", "v41_compress_norm_rope_store", _FAMILY_OPTIONS)
 def v41_compress_norm_rope_store(
     kv: torch.Tensor,  # fp32 or bf16 [T, 512]
     score: torch.Tensor | None,  # fp32 or bf16 [T, 512]; None for ratio 1
@@ -280,6 +289,7 @@ def v41_compress_norm_rope_store(
                          (cos_sin_cache, k_cache))
 
 
+@custom_ops.traced_as_op("cutedsl", "v41_index_key_store", _FAMILY_OPTIONS)
 def v41_index_key_store(
     k_pre: torch.Tensor,  # bf16 [T, 128]: wk(latent)
     positions: torch.Tensor,  # int64 [T]

@@ -11,7 +11,9 @@ Arguments are those of ``spec.v41_operator`` in the same order, as torch tensors
 ``torch.bfloat16``, ``fp8_per_tensor``'s cache as ``torch.float8_e4m3fn``), on CUDA, or on CPU
 under ``TRITON_INTERPRET=1``; buffers are written in place. As in :mod:`.api`, the first call
 with an argument layout validates it and builds a launch plan (grid, stride arguments,
-constexprs); later calls with the same layout look the plan up and launch.
+constexprs); later calls with the same layout look the plan up and launch. While
+``torch.compile`` traces, each operation is its custom op ``torch.ops.dsv4_compressor.triton_v41_*``
+(:mod:`.v41_ops`), one graph node and no graph break.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import custom_ops
 from ..frontend import flashmla_page_view, layout_key
 from ..plan_cache import PlanCache
 from ..v41_frontend import (
@@ -112,6 +115,7 @@ def _launch_compress(plan: _Plan, kv, score, positions, state: V41StateArguments
 
 
 # ---- the four operations -------------------------------------------------------------------------
+@custom_ops.traced_as_op("triton", "v41_compress_norm")
 def v41_compress_norm(
     kv: torch.Tensor,  # fp32 or bf16 [T, 512]: the wkv projection
     score: torch.Tensor | None,  # fp32 or bf16 [T, 512]: the raw wgate projection; None for ratio 1
@@ -156,6 +160,7 @@ def v41_compress_norm(
         _launch_compress(plan, kv, score, positions, state, rms_norm_weight, kv_slot_mapping, latent, None, None)
 
 
+@custom_ops.traced_as_op("triton", "v41_rope_quant_store")
 def v41_rope_quant_store(
     latent: torch.Tensor,  # bf16 [T, 512]: read for the tokens that store
     positions: torch.Tensor,  # int64 [T]
@@ -190,6 +195,7 @@ def v41_rope_quant_store(
                     _cache_group(k_cache, layout, plan.entries_per_page, plan.fp8_scale))
 
 
+@custom_ops.traced_as_op("triton", "v41_compress_norm_rope_store")
 def v41_compress_norm_rope_store(
     kv: torch.Tensor,  # fp32 or bf16 [T, 512]
     score: torch.Tensor | None,  # fp32 or bf16 [T, 512]; None for ratio 1
@@ -245,6 +251,7 @@ def v41_compress_norm_rope_store(
                          _cache_group(k_cache, layout, plan.entries_per_page, plan.fp8_scale))
 
 
+@custom_ops.traced_as_op("triton", "v41_index_key_store")
 def v41_index_key_store(
     k_pre: torch.Tensor,  # bf16 [T, 128]: wk(latent)
     positions: torch.Tensor,  # int64 [T]

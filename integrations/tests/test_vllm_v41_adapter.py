@@ -471,6 +471,112 @@ def test_indexer_k_norm_rope_store_refuses_before_writing():
     assert not cache.any()
 
 
+# ---- torch.compile(fullgraph=True) ----------------------------------------------------------------------------------
+def _traced(function, *args, **kwargs) -> list[str]:
+    """The project's ops in the one graph Dynamo traces from ``function`` (no graph break)."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(function)(*args, **kwargs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    return [str(n.target).split(".")[1] for n in explained.graphs[0].graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("dsv4_compressor.")]
+
+
+def pair(compress: tuple, insert: tuple, fp8_scale) -> None:
+    """vLLM's two calls of a layer step (``compress``: ``fused_save_compress_norm``'s first nine
+    arguments; ``insert``: ``(cos_sin_cache, kv_cache, kv_slot_mapping, latent)``)."""
+    cos_sin, cache, kv_slots, latent = insert
+    vllm_v41.fused_save_compress_norm(*compress, latent)
+    vllm_v41.rope_quant_insert(latent, compress[1], cos_sin, cache, kv_slots, compress[8], fp8_scale=fp8_scale)
+
+
+def fused(compress: tuple, insert: tuple, fp8_scale) -> None:
+    """The fused entry on the same arguments."""
+    cos_sin, cache, kv_slots, latent = insert
+    vllm_v41.fused_save_compress_norm_rope_quant_insert(*compress, cos_sin, cache, kv_slots, latent_out=latent,
+                                                        fp8_scale=fp8_scale)
+
+
+@pytest.mark.parametrize("ratio, layout", [(2, "v41_nvfp4"), (1, "fp8_per_tensor")])
+def test_the_pair_and_the_fused_entry_trace_and_write_the_specs_bytes(ratio, layout):
+    """A fullgraph-compiled layer step calling vLLM's pair, then one calling the fused entry: each
+    traces with no graph break (ratio 2's ring metadata derived by torch ops in the graph), one op
+    per call, and writes the spec's combined call's bytes. ``fp8_scale`` is a Python float (a
+    tensor's ``.item()`` cannot reach the op's float argument under Dynamo)."""
+    s = _build(MIXED, ratio=ratio, seed=90 + ratio, entries_per_page=2)
+    k_cache, fp8_scale = _cache(s, layout)
+    expected = _spec_combined(s, k_cache, layout, fp8_scale)
+    st = s.step
+
+    def arguments():
+        """Fresh buffers: (owners, compress arguments, insert arguments)."""
+        owners = _owners(latent=s.latent, state_cache=s.state_cache, k_cache=k_cache, layout=layout)
+        compress = (_twin(s.kv_score)[1], _tensor(st.positions, GRAPH_ROWS, 10**6),
+                    owners["state_cache"][1] if ratio == 2 else None,
+                    _tensor(st.slot_mapping if ratio == 2 else st.kv_slot_mapping), _tensor(st.query_start_loc),
+                    _tensor(st.token_to_req, GRAPH_ROWS), _weight(s.weight), EPS, ratio)
+        return owners, compress, (_table(s.cos_sin), owners["k_cache"][1], _tensor(st.kv_slot_mapping),
+                                  owners["latent"][1])
+
+    ops = {pair: ["triton_v41_compress_norm", "triton_v41_rope_quant_store"],
+           fused: ["triton_v41_compress_norm_rope_store"]}
+    for entry, entry_ops in ops.items():
+        assert _traced(entry, *arguments()[1:], fp8_scale) == entry_ops
+        owners, compress, insert = arguments()
+        torch.compile(entry, fullgraph=True, backend="aot_eager")(compress, insert, fp8_scale)
+        for name, (owner, _) in owners.items():
+            _assert_identical(f"{entry.__name__}: {name}", expected[name], owner.cpu().numpy())
+
+
+def test_the_index_key_and_the_ring_save_trace():
+    s = _build(MIXED, ratio=2, seed=95)
+    rng = np.random.default_rng(5)
+    k_pre, weight = V.k_pre(s.num_tokens + GRAPH_ROWS, rng), B.random_norm_weight(rng, bf16=True, head_dim=128)
+    k_cache = B.canary_k_cache("indexer_mxfp4", s.tables.num_pages, s.tables.entries_per_page, page_pad_bytes=16)
+    k_owner_np, k_view = _copy(k_cache)
+    spec.v41_index_key_store(k_pre[:s.num_tokens], s.step.positions, s.step.kv_slot_mapping, weight, EPS, s.cos_sin,
+                             k_view, compress_ratio=2, layout="indexer_mxfp4")
+    arguments = (_twin(k_pre)[1], _tensor(s.step.positions, GRAPH_ROWS), _table(s.cos_sin), _weight(weight), EPS)
+    assert _traced(vllm_v41.indexer_k_norm_rope_store, *arguments, _twin(k_cache)[1], _tensor(s.step.kv_slot_mapping),
+                   2, True) == ["triton_v41_index_key_store"]
+    k_owner, k_tensor = _twin(k_cache)
+    torch.compile(vllm_v41.indexer_k_norm_rope_store, fullgraph=True, backend="aot_eager")(
+        *arguments, k_tensor, _tensor(s.step.kv_slot_mapping), 2, True)
+    _assert_written("k_cache", Buffer.of(k_cache).owner, k_owner_np)
+    _assert_identical("k_cache", k_owner_np, k_owner.cpu().numpy())
+
+    rows = torch.from_numpy(rng.standard_normal((3, 1024)).astype(np.float32))
+    state = torch.zeros((4, 8, 1024))
+    slots = torch.tensor([13, -1, 30])
+    assert _traced(vllm_v41.save_ring_rows, rows, slots, state) == ["triton_v41_compress_norm"]
+    state.zero_()
+    torch.compile(vllm_v41.save_ring_rows, fullgraph=True, backend="aot_eager")(rows, slots, state)
+    assert torch.equal(state[1, 5], rows[0]) and torch.equal(state[3, 6], rows[2]) and int((state != 0).sum()) == 2048
+
+
+def test_what_does_not_trace_is_what_the_docs_say():
+    """A tensor ``fp8_scale`` (read with ``.item()``, which the op's float argument cannot take under
+    Dynamo) fails a fullgraph compile; ``prev_rows`` breaks the graph at the compress's host checks,
+    made before the save writes anything."""
+    s = _build([Request(3, 1), Request(0, 2)], ratio=2, seed=96, entries_per_page=2)
+    k_cache, fp8_scale = _cache(s, "fp8_per_tensor")
+    latent = torch.zeros((s.num_tokens, 512), dtype=torch.bfloat16, device=DEVICE)
+    st = s.step
+    insert = (latent, _tensor(st.positions), _table(s.cos_sin), _twin(k_cache, "float8_e4m3fn")[1],
+              _tensor(st.kv_slot_mapping), 2)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="fp8_scale"):
+        torch.compile(vllm_v41.rope_quant_insert, fullgraph=True, backend="eager")(
+            *insert, fp8_scale=torch.tensor([fp8_scale], device=DEVICE))
+    compress = (_twin(s.kv_score)[1], _tensor(st.positions), _twin(s.state_cache)[1], _tensor(st.slot_mapping),
+                _tensor(st.query_start_loc), _tensor(st.token_to_req), _weight(s.weight), EPS, 2, latent)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(vllm_v41.fused_save_compress_norm)(
+        *compress, prev_rows=torch.zeros((1, 1024), device=DEVICE),
+        prev_row_indices=_tensor(np.array([0, -1], dtype=np.int64)))
+    assert explained.graph_break_count > 0
+    assert all("validation.py" in reason.user_stack[-1].filename for reason in explained.break_reasons)
+
+
 # ---- GPU: engine-like sizes --------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("ratio", [1, 2])
