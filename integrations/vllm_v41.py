@@ -5,8 +5,9 @@ vLLM's V4.1 compressor layer makes up to four calls per layer and step: ``fused_
 parallelism only), ``rope_quant_insert`` (RoPE and the compressed-cache record) and, for layers
 that own an indexer, ``indexer_k_norm_rope_store`` on ``k_pre = wk(latent)``. The functions here
 take exactly vLLM's parameters and call SPEC §14.7's operations in
-:mod:`dsv4_compressor.impl.triton` (the CuTe DSL family has no V4.1 kernels yet; on a CPU tensor
-Triton's interpreter runs them). The bytes written are the spec's (docs/SPEC.md §14), which differ
+:mod:`dsv4_compressor.impl.triton`, the family vLLM's own V4.1 kernels belong to (on a CPU tensor
+Triton's interpreter runs them; the CuTe DSL family's ``cutedsl.v41_*`` take the same §14.7
+arguments). The bytes written are the spec's (docs/SPEC.md §14), which differ
 from vLLM's own kernels where SPEC §14.10 says. :func:`fused_save_compress_norm_rope_quant_insert`
 replaces the first and third call with one launch.
 
