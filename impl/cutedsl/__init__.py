@@ -9,6 +9,9 @@ Public API (torch tensors, vLLM's names and dtypes; SPEC §8):
   ``c128_path``)
 - :func:`save_and_compress_norm_rope_store` (SPEC §4 then §5-§7, the two calls back to back:
   with PDL the compress kernel reads its metadata while the save kernel runs)
+- :func:`compress_and_save` (SPEC §13.4's step call: the compress kernel of the call's state
+  format reading the chunk's window rows from ``kv``/``score``, then the save of
+  ``save_slot_mapping``, one stream, the Triton family's signature plus ``pdl`` and ``policy``)
 - :func:`compress` (SPEC §5: the fp32 compressed vector, for tests)
 - :func:`bind` (a layer's operator: its fixed tensors validated once, cheaper calls)
 - :func:`warm_up` (compile every kernel a layer's configuration can dispatch to)
@@ -64,7 +67,7 @@ Importing this package needs torch only; CuTe DSL is imported on first use, with
 ``ImportError`` if it is missing.
 """
 
-from .api import (SUPPORTED_DEVICES, BoundLayer, bind, compress, compress_norm_rope_store,
+from .api import (SUPPORTED_DEVICES, BoundLayer, bind, compress, compress_and_save, compress_norm_rope_store,
                   save_and_compress_norm_rope_store, save_partial_states, warm_up)
 from .host.policy import DEFAULT_POLICY, KernelShapes, Policy, PoolShape
 from .host.v41_paths import DEFAULT_V41_SHAPES, V41Shapes
@@ -74,6 +77,6 @@ from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.cuted
 from . import v41_ops  # noqa: E402,F401  (registers torch.ops.dsv4_compressor.cutedsl_v41_*)
 
 __all__ = ["SUPPORTED_DEVICES", "save_partial_states", "compress_norm_rope_store", "save_and_compress_norm_rope_store",
-           "compress", "bind", "BoundLayer", "warm_up", "Policy", "KernelShapes", "PoolShape", "DEFAULT_POLICY",
+           "compress", "compress_and_save", "bind", "BoundLayer", "warm_up", "Policy", "KernelShapes", "PoolShape", "DEFAULT_POLICY",
            "v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_store", "v41_index_key_store",
            "v41_warm_up", "V41Shapes", "DEFAULT_V41_SHAPES"]

@@ -44,7 +44,7 @@ from .. import custom_ops
 from ..frontend import describe_torch
 from ..plan_cache import PlanCache
 from .config import StateFormat, store_alignments
-from .host import buffers, occupancy, plans
+from .host import buffers, occupancy, plans, step_plans
 from .host.arguments import (CompressOptions, CompressTensors, compress_key, fixed_key, save_fixed, save_key,
                              tensor_key, token_part)
 from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
@@ -248,6 +248,59 @@ def save_and_compress_norm_rope_store(
                       formats=(ape_at, ring_capacity))
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
     plan.run(tensors, workspace, ape)
+
+
+def compress_and_save(
+    kv,  # fp32 [T, SW]: this call's kv projections (any row stride, 16-byte aligned rows)
+    score,  # fp32 [T, SW]: this call's raw scores (no ape; any row stride, 16-byte aligned rows)
+    ape,  # fp32 [r, SW]: added at the save or at the compress (ape_at)
+    positions,  # int64 [T]
+    token_to_req,  # int32 [T]: request (block_table row) of each token
+    query_start_loc,  # int32 [num_reqs + 1]: first token of each request's chunk
+    slot_mapping,  # int64 [T]: state slot, -1 = padding (the activity rule reads it)
+    save_slot_mapping,  # int64 [T]: slot the save writes, -1 = not saved (a ring: the tail)
+    block_table,  # int32 [num_reqs', max_blocks], num_reqs' >= num_reqs
+    bs,  # rows per state block
+    state_cache,  # fp32 or bf16 [num_state_blocks, bs, 2*SW], written in place
+    rms_norm_weight,  # bf16 or fp32 [H], H = 512 or 128
+    rms_norm_eps,  # python float (rounded to binary32)
+    cos_sin_cache,  # fp32 [max_pos, 64]
+    k_cache,  # the layout's cache, as in compress_norm_rope_store; written in place
+    kv_slot_mapping,  # int64 [T]: compressed-cache slot, -1 = none
+    *,
+    compress_ratio: int,  # 4 (C4) or 128 (C128)
+    layout: str = "flashmla_fp8",
+    fp8_scale: float | None = None,
+    ape_at: str = "save",  # SPEC §13.2
+    ring_capacity: int | None = None,  # SPEC §13.3: None paged, C a ring of C rows per request
+    hadamard: bool = False,  # SPEC §12's rotation; indexer layouts only
+    debug: bool = False,
+    pdl: bool = True,  # programmatic dependent launch (see .dependent_launch)
+    policy: Policy = DEFAULT_POLICY,  # kernel shapes (the C128 step runs split_generic)
+) -> None:
+    """SPEC §13.4 in two launches on the current stream: the compress kernel of the call's state
+    format compiled with ``rows_from_inputs`` (each window row at or after its request's chunk start
+    read from ``kv``/``score`` as the save would store it and pooling read it back, older rows from
+    the state; C4: ``c4``, C128: ``split_generic``, the indexer layouts: ``indexer``), then the save
+    of the tokens with ``save_slot_mapping >= 0``, after every window has been read. Nothing is
+    compiled or launched if validation fails. The first call with a given argument layout validates
+    and compiles; later calls reuse that plan (``debug=True`` always validates, and checks values)."""
+    tensors = step_plans.StepTensors(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping,
+                                     save_slot_mapping, block_table, state_cache, rms_norm_weight, cos_sin_cache,
+                                     k_cache, kv_slot_mapping)
+    options = (bs, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, "auto", pdl, policy, False, ape_at,
+               ring_capacity)  # in CompressOptions' order
+    key = plan = None
+    if not debug:
+        try:
+            key = ("step", *(tensor_key(x) for x in tensors), *options,
+                   *(type(x) for x in options))
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
+            key = plan = None
+    if plan is None:
+        plan = _PLANS.put(key, step_plans.build_step_plan(tensors, CompressOptions._make(options), debug))
+    plan.run(tensors)
 
 
 def compress(

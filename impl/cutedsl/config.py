@@ -90,19 +90,23 @@ class StateFormat:
     with ties to even, and pooling widens it exactly); ``ape_at``: ``"save"`` (the state holds
     ``add(score, ape)``) or ``"compress"`` (the state holds the raw score, pooling adds
     ``ape[p mod r]``); ``ring``: a ring of ``ring_capacity`` rows per request (SPEC §13.3; the
-    capacity itself is a launch argument). The default is SPEC §3-§5's state, and a kernel of
-    the default format compiles exactly as it did before SPEC §13: without the launch
-    arguments ``ape`` and ``ring_capacity``.
+    capacity itself is a launch argument); ``rows_from_inputs``: SPEC §13.4's step, the window rows at
+    or after the request's chunk start read from this call's ``kv``/``score`` (then ``ape``, the
+    ``kv``, ``score`` and ``query_start_loc`` launch arguments follow ``ring_capacity``; a save does
+    not read it). The default is SPEC §3-§5's state, and a kernel of the default format compiles
+    exactly as it did before SPEC §13: without the launch arguments ``ape`` and ``ring_capacity``.
     """
 
     dtype: str = "float32"  # "float32" | "bfloat16"
     ape_at: str = "save"  # "save" | "compress"
     ring: bool = False  # position q at ring row q mod C (C = ring_capacity, dynamic)
+    rows_from_inputs: bool = False  # SPEC §13.4: rows at positions >= the chunk start from kv/score
 
-    SWEEP = {  # each option alone, and together
-        ("dtype", "ape_at", "ring"): (("bfloat16", "save", False), ("float32", "compress", False),
-                                      ("float32", "save", True), ("bfloat16", "compress", False),
-                                      ("bfloat16", "compress", True)),
+    SWEEP = {  # each option alone, and together; the step's rows alone and with every other option
+        ("dtype", "ape_at", "ring", "rows_from_inputs"): (
+            ("bfloat16", "save", False, False), ("float32", "compress", False, False), ("float32", "save", True, False),
+            ("bfloat16", "compress", False, False), ("bfloat16", "compress", True, False),
+            ("float32", "save", False, True), ("bfloat16", "compress", True, True)),
     }
 
     def __post_init__(self):
@@ -111,6 +115,7 @@ class StateFormat:
         if self.ape_at not in APE_AT:
             _fail("ape_at", " or ".join(repr(a) for a in APE_AT), self.ape_at)
         _flag("ring", self.ring)
+        _flag("rows_from_inputs", self.rows_from_inputs)
 
     @property
     def is_default(self) -> bool:
@@ -123,11 +128,19 @@ class StateFormat:
 
     @property
     def tag(self) -> str:
-        """``""`` for the default format (its kernels keep their names), else e.g. ``_sbf16_apec_ring``."""
+        """``""`` for the default format (its kernels keep their names), else e.g. ``_sbf16_apec_ring``
+        (``_step`` appended with ``rows_from_inputs``)."""
         if self.is_default:
             return ""
         dtype = "_sbf16" if self.dtype == "bfloat16" else "_sf32"
-        return f"{dtype}{'_apec' if self.ape_at == 'compress' else ''}{'_ring' if self.ring else ''}"
+        step = "_step" if self.rows_from_inputs else ""
+        return f"{dtype}{'_apec' if self.ape_at == 'compress' else ''}{'_ring' if self.ring else ''}{step}"
+
+    @property
+    def stored(self) -> "StateFormat":
+        """The format as a save writes it: dtype and ``ape_at`` (a ring and the step's row source
+        change where pooling reads, not what a save stores)."""
+        return StateFormat(self.dtype, self.ape_at)
 
 
 DEFAULT_STATE = StateFormat()
@@ -264,6 +277,9 @@ class C128PoolConfig:
         if self.state.dtype == "bfloat16" and self.kv_in_smem:
             _fail("kv_in_smem", "False with a bf16 state (its rows are 8 bytes a lane: no 16-byte cp.async)",
                   self.kv_in_smem)
+        if self.state.rows_from_inputs and (self.kv_in_smem or self.kv_after_max):
+            _fail("kv_in_smem/kv_after_max", "False with rows_from_inputs (each row is read from the chunk or the "
+                  "state, kv and score together, into registers)", (self.kv_in_smem, self.kv_after_max))
 
     @property
     def lanes_per_row_group(self) -> int:
@@ -401,6 +417,7 @@ class SaveConfig:
     pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
     state: StateFormat = DEFAULT_STATE  # SPEC §13.1/§13.2: dtype and ape_at (a ring saves as it is paged)
+    split_inputs: bool = False  # SPEC §13.4: kv [T, SW] and score [T, SW] as two tensors (score after the stream)
 
     SWEEP = {
         ("compress_ratio", "block_size"): ((4, 4), (128, 8), (4, 3), (4, 16)),
@@ -408,6 +425,7 @@ class SaveConfig:
         "tokens_per_cta": (1, 2, 4),
         "pdl": (False, True),
         "head_dim": (HEAD_DIM, INDEXER_HEAD_DIM),
+        "split_inputs": (False, True),
     }
 
     def __post_init__(self):
@@ -423,6 +441,10 @@ class SaveConfig:
         if self.state.ring:
             _fail("state.ring", "False (the save writes at slot_mapping, which names ring slots already)",
                   self.state.ring)
+        if self.state.rows_from_inputs:
+            _fail("state.rows_from_inputs", "False (a save writes rows; only pooling reads them from the inputs)",
+                  self.state.rows_from_inputs)
+        _flag("split_inputs", self.split_inputs)
 
     @property
     def state_width(self) -> int:
@@ -438,8 +460,9 @@ class SaveConfig:
     def tag(self) -> str:
         v = "v4" if self.vector_inputs else "v1"
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
-        return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
-                f"{self.state.tag}")
+        split = "_split" if self.split_inputs else ""
+        return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}{split}_tpc{self.tokens_per_cta}"
+                f"{_pdl_tag(self.pdl)}{self.state.tag}")
 
 
 @dataclass(frozen=True)

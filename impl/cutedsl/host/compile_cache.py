@@ -126,9 +126,15 @@ def fake_ape(ratio: int, state_width: int, align: int = 4):
 
 def state_format_arguments(state, ratio: int, state_width: int) -> tuple:
     """The launch arguments after the stream of a kernel with a SPEC §13 state format: ``ape``
-    (``ape_at="compress"``; else ``None``) and ``ring_capacity``; none for the default format."""
+    (``ape_at="compress"``; else ``None``) and ``ring_capacity``; none for the default format.
+    With ``rows_from_inputs`` (SPEC §13.4) ``ape`` always, then ``kv`` and ``score`` (fp32 ``[T, SW]``,
+    16-byte aligned rows, any row stride) and ``query_start_loc`` (int32 ``[num_reqs + 1]``)."""
     if state.is_default:
         return ()
+    if state.rows_from_inputs:
+        T = cute.sym_int()
+        return (fake_ape(ratio, state_width), Int32(8), fake_rows("float32", state_width, T),
+                fake_rows("float32", state_width, T), fake_per_token(Int32, cute.sym_int()))
     return (fake_ape(ratio, state_width) if state.ape_at == "compress" else None, Int32(8))
 
 
@@ -301,11 +307,15 @@ def compile_save(config: SaveConfig, *, keep_ptx: bool = False, arch: str | None
         T = cute.sym_int()
         row = 2 * config.state_width
         align = 16 if config.vector_inputs else 4
-        kv_score = cute.runtime.make_fake_tensor(Float32, (T, row), stride=(_dyn_stride(), 1), assumed_align=align)
+        width = config.state_width if config.split_inputs else row  # split: kv [T, SW], score [T, SW] after the stream
+        kv_score = cute.runtime.make_fake_tensor(Float32, (T, width), stride=(_dyn_stride(), 1), assumed_align=align)
+        score = (cute.runtime.make_fake_tensor(Float32, (T, width), stride=(_dyn_stride(), 1), assumed_align=align),
+                 ) if config.split_inputs else ()
         ape = None if config.state.ape_at == "compress" else fake_ape(config.compress_ratio, config.state_width, align)
         return cute.compile(
             SavePartialStatesKernel(config), kv_score, ape, fake_per_token(Int64, T), fake_per_token(Int64, T),
-            fake_state_cache(config.block_size, row, config.state.dtype), fake_stream(), options=_options(keep_ptx, arch),
+            fake_state_cache(config.block_size, row, config.state.dtype), fake_stream(), *score,
+            options=_options(keep_ptx, arch),
         )
 
     return cached(("save", config, keep_ptx), build, arch)

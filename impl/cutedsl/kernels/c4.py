@@ -8,7 +8,9 @@ synchronizing on its own named barrier, so a group of an inactive token simply s
 A configuration with a SPEC §13 state format (``config.state`` not the default) takes two more
 launch arguments after the stream: ``ape`` (fp32 ``[4, 1024]``, or ``None`` with ``ape_at="save"``)
 and ``ring_capacity`` (``C``; any value for a paged state). The default format's kernels take
-neither, so they compile as before.
+neither, so they compile as before. With ``rows_from_inputs`` (SPEC §13.4) three more follow:
+``kv`` and ``score`` (fp32 ``[T, 1024]``, 16-byte aligned rows) and ``query_start_loc`` (int32
+``[num_reqs + 1]``), and ``ape`` is always given.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c4 import RATIO, C4Window
 from ..stages.postprocess import GroupFinish
+from ..stages.step_rows import chunk_of
 
 
 class C4PoolKernel:
@@ -53,17 +56,21 @@ class C4PoolKernel:
         stream: cuda.CUstream,
         mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
         ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
+        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
+        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity).launch(
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity, mKv, mScore,
+                    mQsl).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
-               ring_capacity):
+               ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -74,7 +81,8 @@ class C4PoolKernel:
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity)
+                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
                 store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
 
 
@@ -108,18 +116,22 @@ class C4FusedKernel:
         stream: cuda.CUstream,
         mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
         ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
+        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
+        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv, mApe,
-                    ring_capacity).launch(
+                    ring_capacity, mKv, mScore, mQsl).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, mApe: cute.Tensor, ring_capacity):
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, mApe: cute.Tensor, ring_capacity,
+               mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
         if tok < mPos.shape[0]:
@@ -127,6 +139,7 @@ class C4FusedKernel:
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity)
+                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
+                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
                 self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
                                       position, kv_slot, eps, fp8_inv)

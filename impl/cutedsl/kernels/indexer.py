@@ -33,7 +33,10 @@ state are read 8 bytes a lane and widened exactly, a ring's row of position ``q`
 ``q mod C``, and with ``ape_at="compress"`` each valid row's score gets ``add(S, ape[q mod r])``
 after its load (C4: ``ape`` row ``i mod 4`` of window row ``i``; C128: row ``i``, the window
 starting at a multiple of 128). C4 then loads its kv rows into registers (no ``cp.async``).
-Such a kernel takes ``ape`` (or ``None``) and ``ring_capacity`` after the stream.
+Such a kernel takes ``ape`` (or ``None``) and ``ring_capacity`` after the stream. With
+``rows_from_inputs`` (SPEC §13.4's step, :mod:`..stages.step_rows`) ``ape`` always, then ``kv`` and
+``score`` (fp32 ``[T, SW]``) and ``query_start_loc`` (int32 ``[num_reqs + 1]``): each window row is the
+chunk's at or after the chunk start, else the state's (a block-table read per row).
 
 Both hold the finishing stage :class:`..stages.indexer_entry.WarpFinish` and call it in one warp
 (norm, RoPE, the optional Hadamard rotation, FP8 or MXFP4 quantization, the store).
@@ -62,6 +65,7 @@ from ..stages.memory import element_address, load_into, row_address, window_row_
 from ..stages.pooling_c4 import WINDOW, pooled, window_weights
 from ..stages.pooling_c128 import copy_row_async, load_smem, store_smem
 from ..stages.state_format import add_ape, load_state_into, ring_position
+from ..stages.step_rows import StepRows, chunk_of
 
 
 class IndexerC4Kernel:
@@ -70,6 +74,7 @@ class IndexerC4Kernel:
     def __init__(self, config: IndexerConfig):
         self.config = config
         self.finishing = WarpFinish(config)
+        self.step_rows = StepRows(config.state, config.block_size, config.state_width)  # rows_from_inputs
 
     def num_ctas(self, num_tokens):
         return (num_tokens + self.config.warps - 1) // self.config.warps
@@ -93,8 +98,11 @@ class IndexerC4Kernel:
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
         mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 256] (ape_at="compress"), else None
         ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
-        if cutlass.const_expr(not self.config.state.is_default):
+        if cutlass.const_expr(self.config.state.rows_from_inputs):
+            self.pool_step_window(mState, mBlockTable, req, position, lane, x, mApe, ring_capacity, chunk)
+        elif cutlass.const_expr(not self.config.state.is_default):
             self.pool_formatted_window(mState, mBlockTable, req, position, lane, x, mApe, ring_capacity)
         else:
             self.pool_default_window(mState, mBlockTable, req, position, lane, sKv, warp, x)
@@ -141,6 +149,27 @@ class IndexerC4Kernel:
             x[c] = pooled(kv, e[c], c)
 
     @cute.jit
+    def pool_step_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
+                         lane: Int32, x: cute.Tensor, mApe: cute.Tensor, ring_capacity, chunk):
+        """SPEC §13.4 step 1: each valid row (``q >= 0``) from the chunk or the state
+        (:class:`..stages.step_rows.StepRows`; ``mState`` fp32 or bf16 ``[num_blocks, bs, 512]``,
+        ``ape`` fp32 ``[4, 256]``), then SPEC §5's pooling."""
+        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
+        for i in cutlass.range_constexpr(8):
+            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
+            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
+        for i in cutlass.range_constexpr(8):
+            pos = window_start + i
+            if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                channel = lane * VEC + (i // 4) * INDEXER_HEAD_DIM
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe, ring_capacity,
+                                        chunk)
+        for c in cutlass.range_constexpr(VEC):
+            x[c] = pooled(kv, window_weights(sc, c), c)
+
+    @cute.jit
     def pool_formatted_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
                               lane: Int32, x: cute.Tensor, mApe: cute.Tensor, ring_capacity):
         """A SPEC §13 state (``mState``: fp32 or bf16 ``[num_blocks, bs, 512]``): every block-table
@@ -182,7 +211,8 @@ class IndexerC4Kernel:
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity):
+               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity, mKv: cute.Tensor,
+               mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         cta, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
@@ -195,7 +225,8 @@ class IndexerC4Kernel:
             if active:
                 w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x, mApe, ring_capacity)
+                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
+                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x, mApe, ring_capacity, chunk)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
@@ -205,6 +236,7 @@ class IndexerC128Kernel:
     def __init__(self, config: IndexerConfig):
         self.config = config
         self.finishing = WarpFinish(config)
+        self.step_rows = StepRows(config.state, config.block_size, config.state_width)  # rows_from_inputs
 
     def num_ctas(self, num_tokens):
         return num_tokens
@@ -234,6 +266,7 @@ class IndexerC128Kernel:
         x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
         mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 128] (ape_at="compress"), else None
         ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
         R, run, bs = self.config.rows_per_warp, self.config.rows_per_lookup, self.config.block_size
         state = self.config.state
@@ -243,15 +276,22 @@ class IndexerC128Kernel:
         kv_byte = lane * (VEC * width)
         score_byte = kv_byte + self.config.state_width * width
         row_stride_bytes = Int64(mState.stride[1]) * width
-        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run, bs,
-                                    ring_capacity if state.ring else None)
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
-        for i in cutlass.range_constexpr(R):  # scores first: the max can start earlier
-            load_state_into(sc[i], rows[i] + score_byte, state)
-            add_ape(sc[i], mApe, first_row + i, lane * VEC, state)
-        for i in cutlass.range_constexpr(R):
-            load_state_into(kv[i], rows[i] + kv_byte, state)
+        if cutlass.const_expr(state.rows_from_inputs):  # SPEC §13.4 step 1: the chunk's rows or the state's
+            sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+            kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+            for i in cutlass.range_constexpr(R):
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, lane * VEC,
+                                   first_row + i, mApe, ring_capacity, chunk)
+        else:
+            rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run,
+                                        bs, ring_capacity if state.ring else None)
+            sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+            kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
+            for i in cutlass.range_constexpr(R):  # scores first: the max can start earlier
+                load_state_into(sc[i], rows[i] + score_byte, state)
+                add_ape(sc[i], mApe, first_row + i, lane * VEC, state)
+            for i in cutlass.range_constexpr(R):
+                load_state_into(kv[i], rows[i] + kv_byte, state)
 
         # the window max per channel (exact, any order)
         lane_max = cute.make_rmem_tensor((VEC,), Float32)
@@ -294,7 +334,8 @@ class IndexerC128Kernel:
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity):
+               mKvSlot: cute.Tensor, eps: Float32, mApe: cute.Tensor, ring_capacity, mKv: cute.Tensor,
+               mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.config.pdl)  # first: before any global access
         tok, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
@@ -305,8 +346,9 @@ class IndexerC128Kernel:
         if active:
             w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
+            chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
             self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x, mApe,
-                           ring_capacity)
+                           ring_capacity, chunk)
             if warp == 0:
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
@@ -387,10 +429,13 @@ class IndexerLauncher:
         stream: cuda.CUstream,
         mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [r, SW] (ape_at="compress"), else None
         ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, SW], else None
+        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, SW], else None
+        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
     ):
         body = self.body
         body.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, mApe,
-                    ring_capacity).launch(
+                    ring_capacity, mKv, mScore, mQsl).launch(
             grid=(body.num_ctas(mPos.shape[0]), 1, 1), block=(32 * body.config.warps, 1, 1), stream=stream,
             use_pdl=body.config.pdl
         )

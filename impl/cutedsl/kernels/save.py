@@ -12,6 +12,9 @@ SPEC §13 (``config.state``): with ``ape_at="compress"`` the score is stored raw
 read, and may be ``None``); a bf16 state stores each value rounded once to bf16 (to nearest,
 ties to even: ``cvt.rn.bf16x2.f32``), 8 bytes a chunk. A ring saves exactly as a paged state
 (``slot_mapping`` names ring slots already).
+
+SPEC §13.4's step saves from ``kv`` and ``score`` given as two fp32 ``[T, SW]`` tensors
+(``config.split_inputs``): the launch's first tensor is then ``kv`` and ``score`` follows the stream.
 """
 
 from __future__ import annotations
@@ -56,16 +59,17 @@ class SavePartialStatesKernel:
         mSlot: cute.Tensor,  # int64 [T]: state slot, -1 = padding
         mState: cute.Tensor,  # fp32 or bf16 (config.state) [num_blocks, bs, 2*SW], written in place
         stream: cuda.CUstream,
+        mScore: cute.Tensor = None,  # split_inputs: fp32 [T, SW] (then mKvScore is kv, fp32 [T, SW]), else None
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mKvScore, mApe, mPos, mSlot, mState).launch(
+        self.kernel(mKvScore, mApe, mPos, mSlot, mState, mScore).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
 
     @cute.kernel
     def kernel(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
-               mState: cute.Tensor):
+               mState: cute.Tensor, mScore: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -84,17 +88,25 @@ class SavePartialStatesKernel:
                         score_byte = kv_byte + self.state_width * 4
                         kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
                         store_fragment(kv, dst + kv_byte, 16)
-                        score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
+                        score = load_fragment(Float32, self.score_address(src, mScore, tok, kv_byte, score_byte),
+                                              self.vec, self.input_align)
                         bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
                         out = cute.make_rmem_tensor((self.vec,), Float32)
                         for i in cutlass.range_constexpr(self.vec):
                             out[i] = fadd(score[i], bias[i])
                         store_fragment(out, dst + score_byte, 16)
                 else:
-                    self.save_formatted(mKvScore, mApe, mPos, mState, tok, src, dst, t)
+                    self.save_formatted(mScore, mApe, mPos, mState, tok, src, dst, t)
+
+    def score_address(self, src, mScore: cute.Tensor, tok, kv_byte, score_byte):
+        """The byte address of a token's 4 score inputs: in its ``kv_score`` row (``src`` + the score
+        half's offset), or in ``mScore`` (``split_inputs``: fp32 ``[T, SW]``) at the kv chunk's offset."""
+        if cutlass.const_expr(self.config.split_inputs):
+            return element_address(mScore, tok, 0) + kv_byte
+        return src + score_byte
 
     @cute.jit
-    def save_formatted(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mState: cute.Tensor, tok,
+    def save_formatted(self, mScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mState: cute.Tensor, tok,
                        src, dst, t):
         """SPEC §13.1/§13.2's save of token ``tok`` (``src``, ``dst``: its input and state rows'
         byte addresses): ``R(kv)``, then ``R(add(score, ape[p mod r]))`` or ``R(score)``, ``R`` the
@@ -107,7 +119,8 @@ class SavePartialStatesKernel:
             state_score_byte = state_kv_byte + self.state_width * self.state_bytes
             kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
             store_state(mState, dst + state_kv_byte, kv)
-            score = load_fragment(Float32, src + score_byte, self.vec, self.input_align)
+            score = load_fragment(Float32, self.score_address(src, mScore, tok, kv_byte, score_byte), self.vec,
+                                  self.input_align)
             if cutlass.const_expr(self.state.ape_at == "save"):
                 ape = element_address(mApe, mPos[tok] % self.ratio, 0)
                 bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)

@@ -45,7 +45,10 @@ SPEC §13 (``pool.state`` not the default, the split compress kernel only; :mod:
 a bf16 state's rows are read 8 bytes a lane and widened exactly (kv in registers); a ring's run
 of rows is looked up at its first position ``mod C``; with ``ape_at="compress"`` each score gets
 ``add(S, ape[q mod 128])``, the window starting at a multiple of 128, so the lane's row ``i`` takes
-``ape`` row ``first_row + i``.
+``ape`` row ``first_row + i``. With ``rows_from_inputs`` (SPEC §13.4's step, :mod:`.step_rows`)
+each of a lane's rows is read from the chunk's ``kv``/``score`` when its position is at or after the
+chunk start, else from the state (a block-table read per row), kv and score together into
+registers (no ``kv_in_smem``, no ``kv_after_max``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight
 from .memory import gmem_tensor, load_into, window_row_addresses, window_run_starts
 from .postprocess import rope_row
 from .state_format import add_ape, load_state_into
+from .step_rows import StepRows
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -86,6 +90,7 @@ class C128TilePooling:
         self.final_channels = pool.tile // 32  # channels per lane of warp 0 in step 3
         self.kv_in_smem = pool.kv_in_smem
         self.state = pool.state
+        self.step_rows = StepRows(pool.state, pool.block_size, STATE_WIDTH)
 
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, tile]`` fp32 for max, tree(u), tree(e); with
@@ -102,6 +107,33 @@ class C128TilePooling:
 
     @cute.jit
     def pool_tile(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 128 == 127)
+        tile: Int32,  # channel tile index
+        sMax: cute.Tensor,  # fp32 smem [warps, tile]
+        sNum: cute.Tensor,  # fp32 smem [warps, tile]
+        sDen: cute.Tensor,  # fp32 smem [warps, tile]
+        sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
+        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
+        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring), else None
+        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
+    ):
+        """SPEC §5 for one channel tile of the token's window: the state's rows
+        (:meth:`pool_state_tile`), or with ``rows_from_inputs`` the chunk's and the state's
+        (:meth:`pool_step_tile`)."""
+        if cutlass.const_expr(self.state.rows_from_inputs):
+            self.pool_step_tile(mState, mBlockTable, req, position, tile, (sMax, sNum, sDen), x, mApe, ring_capacity,
+                                chunk)
+        else:
+            self.pool_state_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x, mApe,
+                                 ring_capacity)
+
+    @cute.jit
+    def pool_state_tile(
         self,
         mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
         mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
@@ -156,6 +188,39 @@ class C128TilePooling:
         else:
             issue_kv()
             self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
+
+    @cute.jit
+    def pool_step_tile(
+        self,
+        mState: cute.Tensor,  # fp32 or bf16 [num_blocks, bs, 1024]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req: Int32,  # block_table row of the token
+        position: Int64,  # p, a boundary position (p % 128 == 127)
+        tile: Int32,  # channel tile index
+        partials: tuple,  # (sMax, sNum, sDen): fp32 smem [warps, tile] each
+        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0
+        mApe: cute.Tensor,  # fp32 [128, 512]
+        ring_capacity,  # Int32 C (read only in a ring)
+        chunk,  # step_rows.chunk_of(...)
+    ):
+        """SPEC §13.4 step 1 for this lane's ``R`` rows (:class:`.step_rows.StepRows`: the chunk's or
+        the state's, ``ape`` row ``first_row + i``), then the same reduction as :meth:`pool_tile`."""
+        if cutlass.const_expr(self.pool.early_metadata):
+            wait_for_prerequisite_grids(True)
+        lane = cute.arch.lane_idx()
+        window_start, first_row = self.lane_window(position, lane)
+        channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+        sc = self.row_fragments()
+        kv = self.row_fragments()
+        for i in cutlass.range_constexpr(self.rows_per_lane):
+            self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
+                                    first_row + i, mApe, ring_capacity, chunk)
+        sMax, sNum, sDen = partials
+
+        def kv_rows():
+            return kv
+
+        self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
 
     @cute.jit
     def row_addresses(

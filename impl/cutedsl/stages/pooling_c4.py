@@ -24,7 +24,9 @@ and widened exactly; with ``ape_at="compress"`` each valid row's score gets
 ``add(S, ape[q mod 4, h*512 + 4t + c])`` right after its load (the row's position ``q`` is
 ``window_start + i`` with ``window_start`` a multiple of 4, so its ``ape`` row is ``i mod 4``, known
 at compile time); in a ring, row ``q`` lives at ``q mod C`` (a run of ``gcd(bs, 4)`` rows from a
-multiple of it stays in one block, ``C`` being a multiple of ``bs``).
+multiple of it stays in one block, ``C`` being a multiple of ``bs``). With ``rows_from_inputs``
+(SPEC §13.4's step, :mod:`.step_rows`) each valid row is read from the chunk's ``kv``/``score`` when
+its position is at or after the chunk start, else from the state, a block-table read per row.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import load_into, row_address
 from .postprocess import rope_row
 from .state_format import add_ape, load_state_into, ring_position
+from .step_rows import StepRows
 
 RATIO = 4
 WINDOW = 8
@@ -66,6 +69,7 @@ class C4Window:
         self.block_size = config.block_size
         self.rows_per_lookup = config.rows_per_lookup
         self.state = config.state
+        self.step_rows = StepRows(config.state, config.block_size, STATE_WIDTH)
 
     @cute.jit
     def pool_window(
@@ -78,6 +82,7 @@ class C4Window:
         x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
         mApe: cute.Tensor = None,  # fp32 [4, 1024] with ape_at="compress", else None
         ring_capacity: Int32 = None,  # C, in a ring (else None)
+        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
         bs, run = self.block_size, self.rows_per_lookup
         kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
@@ -100,6 +105,8 @@ class C4Window:
                             load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
                         for i in cutlass.range_constexpr(run):
                             load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
+        elif cutlass.const_expr(self.state.rows_from_inputs):
+            self.load_step_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity, chunk)
         else:
             self.load_formatted_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity)
         for c in cutlass.range_constexpr(self.vec):
@@ -128,3 +135,15 @@ class C4Window:
                         add_ape(sc[first_row + i], mApe, (first_row + i) % RATIO, channel, self.state)
                     for i in cutlass.range_constexpr(run):
                         load_state_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, self.state)
+
+    @cute.jit
+    def load_step_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req, window_start, t, kv: list, sc: list,
+                       mApe: cute.Tensor, ring_capacity, chunk):
+        """SPEC §13.4 step 1: the valid window rows (``q >= 0``) into ``kv``/``sc``, each from the chunk
+        (``q >= P0``) or the state (:class:`.step_rows.StepRows`); ``ape`` row ``q mod 4 = i mod 4``."""
+        for i in cutlass.range_constexpr(WINDOW):
+            pos = window_start + i
+            if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                channel = (i // RATIO) * HEAD_DIM + t * self.vec
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % RATIO, mApe,
+                                        ring_capacity, chunk)
