@@ -33,6 +33,7 @@ path is ``indexer`` (``workspace`` and ``c128_path`` do not apply there).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -557,11 +558,28 @@ def _warm_state(state_dtype, ape_at, ring_capacity) -> StateFormat:
     return StateFormat(dtypes[state_dtype], ape_at, ring_capacity is not None)  # (StateFormat checks ape_at)
 
 
+def _want_step(wanted: dict, counts, compress_ratio: int, block_size: int, policy: Policy, state: StateFormat,
+               store: tuple) -> None:
+    """Add :func:`compress_and_save`'s kernels for ``counts`` to ``wanted`` (``store``: the request's
+    layout, entries per page, weight dtype, store alignment, hadamard and pdl)."""
+    layout, entries_per_page, weight, store_align, hadamard, pdl = store
+    head_dim = ENTRY_LAYOUTS[layout].head_dim
+    step = dataclasses.replace(state, rows_from_inputs=True)
+    for num_tokens in counts:
+        path = choose("auto", compress_ratio, head_dim, num_tokens, block_size, policy, step)
+        request = PathRequest(compress_ratio, block_size, num_tokens, layout, entries_per_page, weight, store_align,
+                              hadamard, policy, pdl, False, step)
+        for kernel, config in zip(path.kernels, path.configs(request)):
+            wanted.setdefault((path, kernel, config), request)
+    save = save_config(compress_ratio, block_size, True, policy, pdl, head_dim, step.stored)
+    wanted.setdefault((None, "save", dataclasses.replace(save, split_inputs=True)), None)
+
+
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,
             weight_dtype: torch.dtype = torch.bfloat16, device="cuda", token_counts=None, store_align: int | None = None,
             hadamard: bool = False, c128_path: str = "auto", pdl: bool = True, policy: Policy = DEFAULT_POLICY,
             save: bool = True, save_and_compress: bool = False, state_dtype: torch.dtype = torch.float32,
-            ape_at: str = "save", ring_capacity: int | None = None) -> list:
+            ape_at: str = "save", ring_capacity: int | None = None, step: bool = False) -> list:
     """Compile every kernel a layer's configuration can dispatch to, before CUDA-graph capture.
 
     The configuration: ``compress_ratio``, ``block_size``, ``layout``, ``entries_per_page``
@@ -573,7 +591,9 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     1 to 16384). ``save`` also compiles ``save_partial_states`` (16-byte aligned inputs);
     ``save_and_compress`` the early-metadata kernels of :func:`save_and_compress_norm_rope_store`.
     SPEC §13's state format: ``state_dtype`` (``torch.float32`` or ``torch.bfloat16``), ``ape_at``,
-    ``ring_capacity`` (``None`` or ``C``; only whether it is a ring changes the kernels).
+    ``ring_capacity`` (``None`` or ``C``; only whether it is a ring changes the kernels). ``step``: the
+    kernels of :func:`compress_and_save` too (the compress kernels with ``rows_from_inputs``, the save
+    of two input tensors, its ``ape`` rows 16-byte aligned).
     The indexer layouts (SPEC §12; ``hadamard``) compile their one kernel, whatever the token
     counts, and the save kernel at the indexer's state widths.
 
@@ -606,6 +626,9 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     if save:
         config = save_config(compress_ratio, block_size, True, policy, pdl, entry.head_dim, state)
         wanted[(None, "save", config)] = None
+    if step:
+        _want_step(wanted, counts, compress_ratio, block_size, policy, state,
+                   (layout, entries_per_page, weight, store_align, hadamard, pdl))
     compile_cache = plans.kernels()
     for (path, kernel, config), request in wanted.items():
         compiled = compile_cache.compile_kernel(kernel, config)

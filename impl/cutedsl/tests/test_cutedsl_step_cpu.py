@@ -174,3 +174,21 @@ def test_the_family_declares_its_step_call():
     from dsv4_compressor.impl import cutedsl
 
     assert BUILTIN_CAPABILITIES["cutedsl"].step_call and callable(cutedsl.compress_and_save)
+
+
+@pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (128, 128)])
+def test_warm_up_compiles_what_the_step_launches(launches, ratio, head):
+    step, args, options = _arguments(ratio, head, True, "compress", True)
+    b = step.batch
+    warmed = api.warm_up(compress_ratio=ratio, block_size=b.block_size, layout=options["layout"],
+                         entries_per_page=args[14].shape[1], weight_dtype=args[11].dtype, device="cpu",
+                         token_counts=[b.num_tokens], store_align=16, hadamard=options["hadamard"],
+                         state_dtype=args[10].dtype, ape_at="compress", ring_capacity=b.ring_capacity, save=False,
+                         step=True)
+    api.compress_and_save(*args, **options)
+    assert {config for _, config, _ in launches} <= set(warmed)
+    without = api.warm_up(compress_ratio=ratio, block_size=b.block_size, layout=options["layout"],
+                          entries_per_page=args[14].shape[1], weight_dtype=args[11].dtype, device="cpu",
+                          token_counts=[b.num_tokens], store_align=16, hadamard=options["hadamard"],
+                          state_dtype=args[10].dtype, ape_at="compress", ring_capacity=b.ring_capacity, save=False)
+    assert launches[0][1] not in without and launches[-1][1] not in without  # the step's kernels are its own
