@@ -101,13 +101,13 @@ class SpecImplementation:
 
 # The project's kernels handle every valid call (general paths behind the fast ones), the
 # indexer's head width where their compress call takes ``hadamard``; their devices come from
-# their own SUPPORTED_DEVICES. SPEC §13's options as each family runs them (CuTe DSL: an fp32
-# paged state, ape at the save, the two calls); both run every DeepSeek-V4.1 call (SPEC §14).
-BUILTIN_CAPABILITIES = {  # the project's kernels: both run SPEC §13's state formats, Triton also its step call
+# their own SUPPORTED_DEVICES. Both run every SPEC §13 option, the step call included, and every
+# DeepSeek-V4.1 call (SPEC §14).
+BUILTIN_CAPABILITIES = {  # the project's kernels: both run SPEC §13's state formats and its step call
     "triton": Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"), ring_addressing=True,
                            step_call=True, v41=V41_EVERYTHING),
     "cutedsl": Capabilities(state_dtypes=("fp32", "bf16"), ape_at=("save", "compress"), ring_addressing=True,
-                            v41=V41_EVERYTHING),
+                            step_call=True, v41=V41_EVERYTHING),
 }
 
 

@@ -285,7 +285,15 @@ def compress_and_save(
     the state; C4: ``c4``, C128: ``split_generic``, the indexer layouts: ``indexer``), then the save
     of the tokens with ``save_slot_mapping >= 0``, after every window has been read. Nothing is
     compiled or launched if validation fails. The first call with a given argument layout validates
-    and compiles; later calls reuse that plan (``debug=True`` always validates, and checks values)."""
+    and compiles; later calls reuse that plan (``debug=True`` always validates, and checks values).
+    Under ``torch.compile``: the custom op ``cutedsl_compress_and_save`` (the default ``pdl`` and policy)."""
+    if _compiling():
+        custom_ops.refuse("pdl", pdl, True, "cutedsl_compress_and_save")
+        custom_ops.refuse("policy", policy, DEFAULT_POLICY, "cutedsl_compress_and_save", _DEFAULT_POLICY)
+        return custom_ops.op("cutedsl", "compress_and_save")(
+            kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table, bs,
+            state_cache, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout,
+            fp8_scale, ape_at, ring_capacity, hadamard, debug)
     tensors = step_plans.StepTensors(kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping,
                                      save_slot_mapping, block_table, state_cache, rms_norm_weight, cos_sin_cache,
                                      k_cache, kv_slot_mapping)

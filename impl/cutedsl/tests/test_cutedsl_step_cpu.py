@@ -192,3 +192,28 @@ def test_warm_up_compiles_what_the_step_launches(launches, ratio, head):
                           token_counts=[b.num_tokens], store_align=16, hadamard=options["hadamard"],
                           state_dtype=args[10].dtype, ape_at="compress", ring_capacity=b.ring_capacity, save=False)
     assert launches[0][1] not in without and launches[-1][1] not in without  # the step's kernels are its own
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_the_step_traces_as_its_op_and_launches_what_the_eager_call_does(launches, ratio):
+    _, args, options = _arguments(ratio, 512, True, "compress", True)
+
+    def step(*tensors):
+        api.compress_and_save(*tensors, **options)
+
+    api.compress_and_save(*args, **options)
+    eager = [(kind, config) for kind, config, _ in launches]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(*args)
+    assert explained.graph_break_count == 0
+    assert [str(node.target) for node in explained.graphs[0].graph.nodes if node.op == "call_function"] == [
+        "dsv4_compressor.cutedsl_compress_and_save"]
+    launches.clear()
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
+    assert [(kind, config) for kind, config, _ in launches] == eager
+    launches.clear()
+    with pytest.raises(Exception, match="pdl: expected True under torch.compile"):
+        torch.compile(lambda *t: api.compress_and_save(*t, **options, pdl=False), fullgraph=True,
+                      backend="eager")(*args)
+    assert launches == []
