@@ -18,7 +18,7 @@ Run: ``python -m dsv4_compressor.docs.examples.engine_loop [--backend triton|cut
 [--ratio 4|128] [--steps N]``. Without a CUDA GPU the Triton kernels run under Triton's
 interpreter (``TRITON_INTERPRET=1`` is set here before Triton is imported).
 
-SPEC §13's state formats (Triton): ``--state-format ring`` keeps each request's state in a ring
+SPEC §13's state formats (either ``--backend``): ``--state-format ring`` keeps each request's state in a ring
 of ``C`` rows and makes the step call ``compress_and_save`` with each chunk's tail as the saves;
 ``--state-dtype bf16`` keeps a bf16 state; ``--ape-at compress`` stores raw scores and adds
 ``ape`` while pooling. Any combination runs (:func:`run_state_format`), checked the same way.
@@ -261,8 +261,8 @@ def capacity_of(state: StateOptions, config: EngineConfig) -> int | None:
 
 def state_format_step(module, arrays: dict, caches: tuple, constants: tuple, state: StateOptions,
                       config: EngineConfig) -> None:
-    """One layer step in ``state``'s format through ``module`` (the Triton kernels on torch tensors,
-    or the NumPy spec on arrays): paged, the save then the compress; a ring, ``compress_and_save``.
+    """One layer step in ``state``'s format through ``module`` (either family's kernels on torch
+    tensors, or the NumPy spec on arrays): paged, the save then the compress; a ring, ``compress_and_save``.
     ``arrays``: the step's metadata and ``kv_score`` [T, 2*SW]; ``caches``: (state_cache, k_cache);
     ``constants``: (ape [r, SW], rms_norm_weight [512], eps, cos_sin_cache [max_pos, 64])."""
     state_cache, k_cache = caches
@@ -294,15 +294,11 @@ def _cache_bytes(tensor) -> np.ndarray:  # tensor: a torch cache of any dtype (f
 
 def run_state_format(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, state: StateOptions,
                      seed: int = 0, log=print) -> int:
-    """:func:`run` in one of SPEC §13's state formats through the step call ``compress_and_save``
-    (the Triton kernels have it; the CuTe DSL family takes the formats in its two calls only); returns the number of compressed entries written, every step's
-    state and compressed cache compared with the spec's byte for byte."""
+    """:func:`run` in one of SPEC §13's state formats (paged: the two calls; a ring: the step call
+    ``compress_and_save``) on either family's kernels; returns the number of compressed entries
+    written, every step's state and compressed cache compared with the spec's byte for byte."""
     import torch
 
-    if backend_name != "triton":
-        raise SystemExit("--state-format ring, --state-dtype bf16 and --ape-at compress run on the Triton kernels "
-                         "(through the step call compress_and_save, which the CuTe DSL family does not have): "
-                         "use --backend triton")
     backend, device = load_backend(backend_name)
     rng = np.random.default_rng(seed)
     r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page

@@ -92,8 +92,21 @@ def test_state_format_flags_select_the_run(capsys):
     assert engine_loop.main(["--state-format", "ring", "--state-dtype", "bf16", "--ape-at", "compress", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "ring of 12" in out and "bf16 state, ape at compress" in out
-    with pytest.raises(SystemExit, match="--backend triton"):
-        engine_loop.main(["--backend", "cutedsl", "--state-format", "ring"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio, addressing, dtype, ape_at", [(4, "ring", "bf16", "compress"), (128, "ring", "fp32", "save"),
+                                                              (4, "paged", "bf16", "save")])
+def test_engine_loop_in_state_formats_on_cutedsl(ratio, addressing, dtype, ape_at):
+    """The CuTe DSL family in SPEC §13's formats (a ring through its step call ``compress_and_save``),
+    every step checked against the spec."""
+    requests = engine_loop.default_requests(ratio)
+    state = engine_loop.StateOptions(addressing=addressing, dtype=dtype, ape_at=ape_at)
+    written = engine_loop.run_state_format(engine_loop.default_config(ratio), requests, "cutedsl", 40, state,
+                                           log=lambda line: None)
+    assert written == sum(q.total_len // ratio for q in requests)
+
+
 # ---- --model v4.1 ------------------------------------------------------------------------------------
 def test_engine_loop_v41_on_triton():
     """Both V4.1 layers through vLLM's entry points (the pair and the fused entry on alternate
