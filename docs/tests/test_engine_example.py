@@ -95,8 +95,8 @@ def test_state_format_flags_select_the_run(capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ratio, addressing, dtype, ape_at", [(4, "ring", "bf16", "compress"), (128, "ring", "fp32", "save"),
-                                                              (4, "paged", "bf16", "save")])
+@pytest.mark.parametrize("ratio, addressing, dtype, ape_at", [
+    (4, "ring", "bf16", "compress"), (128, "ring", "fp32", "save"), (4, "paged", "bf16", "save")])
 def test_engine_loop_in_state_formats_on_cutedsl(ratio, addressing, dtype, ape_at):
     """The CuTe DSL family in SPEC §13's formats (a ring through its step call ``compress_and_save``),
     every step checked against the spec."""

@@ -164,8 +164,8 @@ class IndexerC4Kernel:
             pos = window_start + i
             if pos >= Int64(0):  # false only for rows 0..3 at p = 3
                 channel = lane * VEC + (i // 4) * INDEXER_HEAD_DIM
-                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe, ring_capacity,
-                                        chunk)
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe,
+                                        ring_capacity, chunk)
         for c in cutlass.range_constexpr(VEC):
             x[c] = pooled(kv, window_weights(sc, c), c)
 
@@ -280,8 +280,8 @@ class IndexerC128Kernel:
             sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
             kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(R)]
             for i in cutlass.range_constexpr(R):
-                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, lane * VEC,
-                                   first_row + i, mApe, ring_capacity, chunk)
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i,
+                                        lane * VEC, first_row + i, mApe, ring_capacity, chunk)
         else:
             rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes, R, run,
                                         bs, ring_capacity if state.ring else None)

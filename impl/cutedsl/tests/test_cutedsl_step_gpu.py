@@ -33,7 +33,8 @@ def _requests(ratio: int, ring: bool) -> list[Request]:
     """Decode boundaries, a first window, chunks with a boundary inside; on a ring a chunk longer
     than the ring (its tail saved), as the Triton step tests."""
     if ratio == 4:
-        return [Request(35, 1), Request(2, 15), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
+        return ([Request(35, 1), Request(2, 15), Request(0, 4)] if ring
+                else [Request(11, 1), Request(0, 5), Request(9, 11)])
     return [Request(383, 1), Request(250, 6), Request(100, 140)] if ring else [Request(127, 1), Request(250, 10)]
 
 
