@@ -28,8 +28,8 @@ How that maps onto SPEC §13 (docs/engine.md has the whole table):
   passes ``ring_capacity=`` (an addition to vLLM's keywords).
 - ``is_circular=False`` -> ``compress_norm_rope_store`` as in :mod:`.vllm`.
 
-The CuTe DSL kernels take a ring in their two calls but have no step call reading the chunk
-from ``kv``/``score``, so :func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the Triton kernels'
+The CuTe DSL family's own step call ``compress_and_save`` has not run on a GPU yet, so
+:func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the Triton kernels'
 ``compress_and_save``: the same bytes, one fused compress launch (plus a save launch with
 nothing to save). Everything is validated before anything is launched; ``ValueError`` names the
 argument.
@@ -246,8 +246,8 @@ def compress_norm_rope_store_cutedsl(
 ) -> None:
     """vLLM's newer CuTe DSL compressor call (``kv=``, ``score=``, ``ape=``, ``query_start_loc=``,
     ``is_circular=``): a paged call on the CuTe DSL kernels; a ring (``is_circular=True``) on
-    the Triton kernels' ``compress_and_save`` (SPEC §13.4), which the CuTe DSL kernels do not
-    have yet."""
+    the Triton kernels' ``compress_and_save`` (SPEC §13.4; the CuTe DSL family's own has not run on
+    a GPU yet)."""
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
     _expect("int8_ds_mla", bool(int8_ds_mla), False, "the int8 cache layout is not one of SPEC §7's")
     layout = _store_layout(store_full_kv, store_full_fp8)

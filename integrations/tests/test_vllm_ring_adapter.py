@@ -248,7 +248,7 @@ def test_c4_ring_windows_across_the_rings_end(block_size, ring_capacity):
 
 def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout():
     """``is_circular=True`` on the CuTe DSL entry point takes the Triton step call (the CuTe DSL
-    kernels keep a paged state), with ``store_full_kv`` as the bf16 layout."""
+    family's own has not run on a GPU yet), with ``store_full_kv`` as the bf16 layout."""
     capacity = vllm_ring.c128_ring_capacity(1)
     engine = _engine(128, capacity, capacity, num_reqs=2, layout="bf16", seed=4)
     plans = [[(127, 1), (100, 160)]]
