@@ -48,8 +48,16 @@ def _as_stored(values: cute.Tensor, state: StateFormat) -> cute.Tensor:
     return values
 
 
-def chunk_window_row(kv: cute.Tensor, sc: cute.Tensor, chunk, mApe: cute.Tensor, position, channel, ape_row,
-                     state: StateFormat) -> None:
+def chunk_window_row(
+    kv: cute.Tensor,  # fp32 (4,) out
+    sc: cute.Tensor,  # fp32 (4,) out
+    chunk,  # chunk_of(...): (kv fp32 [T, SW], score fp32 [T, SW], first token, P0)
+    mApe: cute.Tensor,  # fp32 [r, SW]
+    position,  # Int64 q >= P0
+    channel,  # the first of the 4 channels (within SW)
+    ape_row,  # q mod r
+    state: StateFormat,
+) -> None:
     """``kv``, ``sc`` (fp32 ``(4,)``) <- channels ``channel..+3`` of the chunk's row at ``position``
     (SPEC §13.4 step 1; ``chunk`` from :func:`chunk_of`, ``mApe`` fp32 ``[r, SW]``, ``ape_row`` =
     ``position mod r``)."""
@@ -99,8 +107,19 @@ class StepRows:
         else:
             self.state_window_row(kv, sc, mState, mBlockTable, req, position, channel, ape_row, mApe, ring_capacity)
 
-    def state_window_row(self, kv: cute.Tensor, sc: cute.Tensor, mState: cute.Tensor, mBlockTable: cute.Tensor, req,
-                         position, channel, ape_row, mApe: cute.Tensor, ring_capacity) -> None:
+    def state_window_row(
+        self,
+        kv: cute.Tensor,  # fp32 (4,) out
+        sc: cute.Tensor,  # fp32 (4,) out
+        mState: cute.Tensor,  # fp32 or bf16 [num_blocks, bs, 2*SW]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        req,  # block_table row of the token
+        position,  # Int64 q < P0
+        channel,  # the first of the 4 channels (within SW)
+        ape_row,  # q mod r
+        mApe: cute.Tensor,  # fp32 [r, SW] (read with ape_at="compress")
+        ring_capacity,  # Int32 C (read only in a ring)
+    ) -> None:
         """``kv``, ``sc`` (fp32 ``(4,)``) <- the state's row at ``position`` (one block-table read; a
         ring's row at ``q mod C``), as pooling reads it (SPEC §13.1-§13.3)."""
         width = self.state.element_bytes
