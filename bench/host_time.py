@@ -148,7 +148,7 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
             state, token_req, positions, slots, table, bs, weight, eps, cos_sin, k_cache, kv_slots, **kw))
         def key():  # an unbound call's arguments in the records' order, its key, its plan found
             return api._compress_plan(tensors, workspace, (bs, eps, ratio, "flashmla_fp8", None, False, "auto", True,
-                                                           api.DEFAULT_POLICY, False), False)
+                                                           api.DEFAULT_POLICY, False, "save", None), False)
 
         out["key"] = timed(key)
         plan = key()

@@ -184,9 +184,8 @@ def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=N
     if not debug:
         try:
             if key is None:
-                key = compress_key(tensors, workspace, options)
-                if len(options) > 10:  # SPEC §13's options: their types and ape's layout too
-                    key = (*key, type(options[10]), type(options[11]), None if ape is None else tensor_key(ape))
+                key = (*compress_key(tensors, workspace, options),  # and SPEC §13's: their types, ape's layout
+                       type(options[10]), type(options[11]), None if ape is None else tensor_key(ape))
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
