@@ -162,6 +162,14 @@ for s in "$@"; do
       step "$s" 590 $PY -m dsv4_compressor.conformance.sanitize --tools "${s#sanitize-}" --logs "$LOGS" ;;
     tests-serving)
       step tests-serving 400 $PY -m pytest -p no:cacheprovider -q -m gpu conformance/tests/test_graphs_gpu.py ;;
+    conformance-v41)
+      step conformance-v41 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --model v4.1 --size all ;;
+    conformance-states)
+      step conformance-states 500 $PY -m dsv4_compressor conformance --impl triton --impl cutedsl --scenarios 'state_*' 'medium_state_*' 'large_state_*' --no-errors ;;
+    tests-v41)
+      step tests-v41 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_v41.py impl/cutedsl/tests/test_cutedsl_v41_gpu.py integrations/tests/test_vllm_v41_adapter.py ;;
+    tests-states)
+      step tests-states 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_state_formats.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_step_gpu.py integrations/tests/test_vllm_ring_adapter.py ;;
     soak)
       step soak 540 $PY -m dsv4_compressor soak --minutes 6 --json "$LOGS/soak.json" ;;
     tests-bench-steps)

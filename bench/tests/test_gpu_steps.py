@@ -98,3 +98,20 @@ def test_bench_steps_listed_and_parse():
     assert "vllm_v41_adapter:VllmV41" in commands["bench-v41-r2-fp32"]
     bf16 = commands["bench-v41-r2-bf16"]
     assert steps.parser().parse_args(bf16[bf16.index(STEPS_TOOL) + 1:]).input_dtype == ["bf16"]
+
+
+def test_gpu_test_files_and_scenarios_named_by_steps_exist():
+    """Every test file a ``tests-*`` step runs is in the repository, and every ``--scenarios`` pattern
+    of a conformance step matches a scenario of the catalogue."""
+    import fnmatch
+
+    from dsv4_compressor.conformance.scenarios import CATALOGUE
+
+    root = SCRIPT.parents[1]
+    files = [word for words in _step_commands() for word in words if word.endswith(".py")]
+    assert "impl/cutedsl/tests/test_cutedsl_step_gpu.py" in files
+    assert not [f for f in files if not (root / f).is_file()], files
+    names = [scenario.name for scenario in CATALOGUE]
+    patterns = _values("--scenarios")
+    assert "state_*" in patterns
+    assert not [p for p in patterns if not fnmatch.filter(names, p)], patterns
