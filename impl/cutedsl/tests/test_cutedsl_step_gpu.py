@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton" / "tests")
 import triton_state_scenarios as scenarios  # noqa: E402
 from triton_state_scenarios import format_cases as _cases  # noqa: E402
 from triton_state_scenarios import format_step as _step  # noqa: E402
-from dsv4_compressor import spec  # noqa: E402
+from triton_state_scenarios import step_requests as _requests  # noqa: E402
 from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
 from dsv4_compressor.spec.batch import Request  # noqa: E402
 
@@ -29,36 +29,10 @@ pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 
 
-def _requests(ratio: int, ring: bool) -> list[Request]:
-    """Decode boundaries, a first window, chunks with a boundary inside; on a ring a chunk longer
-    than the ring (its tail saved), as the Triton step tests."""
-    if ratio == 4:
-        return ([Request(35, 1), Request(2, 15), Request(0, 4)] if ring
-                else [Request(11, 1), Request(0, 5), Request(9, 11)])
-    return [Request(383, 1), Request(250, 6), Request(100, 140)] if ring else [Request(127, 1), Request(250, 10)]
-
-
 def run_step(step, *, save_slot_mapping: np.ndarray | None = None) -> dict:
     """``compress_and_save``, spec and CuTe DSL: ``{name: (spec, CuTe DSL)}`` allocations of
     ``state_cache`` and ``k_cache``."""
-    from dsv4_compressor.impl import cutedsl
-
-    b = step.batch
-    saves = b.save_slot_mapping if save_slot_mapping is None else save_slot_mapping
-    state_owner, spec_state = Buffer.of(step.state).numpy_copy()
-    cache_owner, spec_cache = Buffer.of(step.k_cache).numpy_copy()
-    spec.compress_and_save(
-        step.kv, step.score, step.ape, b.positions, b.token_to_req_indices, b.query_start_loc, b.slot_mapping, saves,
-        b.block_table, b.block_size, spec_state, step.weight, 1e-6, step.cos_sin, spec_cache, b.kv_slot_mapping,
-        compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, ape_at=step.ape_at,
-        ring_capacity=b.ring_capacity, hadamard=step.hadamard, debug=True)
-    args, options, raw = scenarios.step_arguments(step, DEVICE)
-    if save_slot_mapping is not None:
-        args[7] = torch.from_numpy(save_slot_mapping.copy()).to(DEVICE)
-    cutedsl.compress_and_save(*args, **options)
-    torch.cuda.synchronize()
-    return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
-            "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
+    return scenarios.run_step(step, DEVICE, family="cutedsl", save_slot_mapping=save_slot_mapping)
 
 
 @pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())

@@ -25,17 +25,11 @@ from triton_state_scenarios import (FORMATS, LAYOUTS, RING, Step, assert_identic
                                     run_step, step_arguments)
 from triton_state_scenarios import format_cases as _cases
 from triton_state_scenarios import format_step as _step
+from triton_state_scenarios import step_requests as _step_requests
 from triton_state_scenarios import two_call_requests as _two_call_requests
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = np.float32
-
-
-def _step_requests(ratio: int, ring: bool) -> list[Request]:
-    """As :func:`_two_call_requests`; on a ring also a chunk longer than the ring (its tail saved)."""
-    if ratio == 4:
-        return [Request(35, 1), Request(2, 15), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
-    return [Request(383, 1), Request(250, 6), Request(100, 140)] if ring else [Request(127, 1), Request(250, 10)]
 
 
 # ---- save_partial_states ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ ring state holds each request's last ``C`` rows before its chunk (``batch.as_rin
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from dataclasses import dataclass
 
@@ -122,6 +123,13 @@ def two_call_requests(ratio: int, ring: bool) -> list[Request]:
     return [Request(383, 1), Request(250, 6)] if ring else [Request(127, 1), Request(250, 10)]
 
 
+def step_requests(ratio: int, ring: bool) -> list[Request]:
+    """As :func:`two_call_requests`; on a ring also a chunk longer than the ring (its tail saved)."""
+    if ratio == 4:
+        return [Request(35, 1), Request(2, 15), Request(0, 4)] if ring else [Request(11, 1), Request(0, 5), Request(9, 11)]
+    return [Request(383, 1), Request(250, 6), Request(100, 140)] if ring else [Request(127, 1), Request(250, 10)]
+
+
 def format_step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, requests, seed) -> Step:
     return make_step(requests, ratio=ratio, layout=layout, seed=seed, head_dim=head, block_size=BLOCK_SIZE[ratio, head],
                      bf16_state=bf16_state, ape_at=ape_at, ring_capacity=RING[ratio, head] if ring else None,
@@ -226,12 +234,12 @@ def step_arguments(step: Step, device: str) -> tuple[list, dict, dict]:
     return args, options, raw
 
 
-def run_step(step: Step, device: str, *, config=None, save_slot_mapping: np.ndarray | None = None,
-             debug: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``compress_and_save``, spec and Triton: ``{name: (spec, Triton)}`` allocations of
-    ``state_cache`` and ``k_cache``."""
-    from dsv4_compressor.impl import triton as triton_impl
-
+def run_step(step: Step, device: str, *, family: str = "triton", save_slot_mapping: np.ndarray | None = None,
+             **options) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``compress_and_save``, spec and a kernel family (``"triton"`` or ``"cutedsl"``; ``options``: the
+    family's own keywords, e.g. Triton's ``config``, ``debug``): ``{name: (spec, family)}`` allocations
+    of ``state_cache`` and ``k_cache``."""
+    family_impl = importlib.import_module(f"dsv4_compressor.impl.{family}")
     b = step.batch
     saves = b.save_slot_mapping if save_slot_mapping is None else save_slot_mapping
     state_owner, spec_state = Buffer.of(step.state).numpy_copy()
@@ -241,10 +249,10 @@ def run_step(step: Step, device: str, *, config=None, save_slot_mapping: np.ndar
         b.block_table, b.block_size, spec_state, step.weight, 1e-6, step.cos_sin, spec_cache, b.kv_slot_mapping,
         compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, ape_at=step.ape_at,
         ring_capacity=b.ring_capacity, hadamard=step.hadamard, debug=True)
-    args, options, raw = step_arguments(step, device)
+    args, keywords, raw = step_arguments(step, device)
     if save_slot_mapping is not None:
         args[7] = torch.from_numpy(save_slot_mapping.copy()).to(device)
-    triton_impl.compress_and_save(*args, **options, config=config, debug=debug)
+    family_impl.compress_and_save(*args, **keywords, **options)
     return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
             "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
 
