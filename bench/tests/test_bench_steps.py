@@ -144,18 +144,28 @@ def _cache_bytes(k_cache: torch.Tensor) -> np.ndarray:
     S.StateCase("c128_decode_step", 128, "decode_step", 8, "ring", "fp32", active=2),
     S.StateCase("c4_prefill_step", 4, "prefill", 16, "paged", "bf16"),
 ], ids=lambda c: f"{c.name}-{c.variant}")
-def test_compress_and_save_stores_what_save_then_compress_stores(case):
-    """The step call and the two calls, each on its own copy of one input set: the same records."""
+def test_compress_and_save_and_the_pair_store_the_specs_records(case):
+    """The step call and the two calls, each on its own input set, against SPEC §13.4's
+    ``compress_and_save`` on NumPy copies of that set: the records the spec writes (the two calls
+    save every token, so only the cache is theirs to share with the step)."""
+    from dsv4_compressor import spec
     from dsv4_compressor.impl import triton as T
 
-    caches = []
     for name in ("compress_and_save", "save+compress"):
-        torch.manual_seed(0)  # the same projections, state and weights for both
         prepared, refusal = S.prepare_state(case, _device(), num_sets=1)
         assert not refusal
-        S.state_calls(case, T, refusal)[name](prepared.sets[0])
-        caches.append(_cache_bytes(prepared.sets[0]["k_cache"]))
-    assert np.count_nonzero(caches[0]) > 0 and np.array_equal(caches[0], caches[1])
+        s = prepared.sets[0]
+        k = s["k_cache"]
+        expected = _cache_bytes(k)
+        spec.compress_and_save(
+            *(_numpy(s[n]) for n in ("kv", "score", "ape", "positions", "token_to_req", "query_start_loc",
+                                     "slot_mapping", "save_slot_mapping", "block_table")),
+            case.block_size, _numpy(s["state"]), _numpy(s["weight"]), S.RMS_NORM_EPS, _numpy(s["cos_sin"]),
+            np.lib.stride_tricks.as_strided(expected, k.shape, k.stride()), _numpy(s["kv_slot_mapping"]),
+            compress_ratio=case.ratio, layout=case.layout, ring_capacity=case.ring_capacity)
+        assert not np.array_equal(_cache_bytes(k), expected)  # the spec wrote records
+        S.state_calls(case, T, refusal)[name](s)
+        assert np.array_equal(_cache_bytes(k), expected), name
 
 
 def _numpy(t):
