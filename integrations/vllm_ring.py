@@ -163,6 +163,22 @@ def _compress(
         kv_slots, compress_ratio=ratio, layout=layout, fp8_scale=fp8_scale, ape_at="save", ring_capacity=capacity)
 
 
+_TENSORS = ("state_cache", "token_to_req_indices", "positions", "slot_mapping", "block_table", "cos_sin_cache",
+            "kv_cache", "k_cache_metadata", "rms_norm_weight", "kv", "score", "ape", "query_start_loc")
+_SCALARS = ("num_actual", "block_size", "state_width", "compress_ratio", "overlap", "rms_norm_eps")
+
+
+def _compress_call(backend_name: str, call: dict[str, Any], layout: str, fp8_scale: float | None) -> None:
+    """An entry point's call (its parameters by vLLM's names): the fixed shapes checked, then
+    :func:`_compress`."""
+    c = call
+    _check_fixed(c["head_dim"], c["rope_head_dim"], c["quant_block"], c["token_stride"], c["scale_dim"],
+                 c["use_fp4_cache"])
+    _expect("int8_ds_mla", bool(c["int8_ds_mla"]), False, "the int8 cache layout is not one of SPEC §7's")
+    _compress(backend_name, {n: c[n] for n in _TENSORS}, {n: c[n] for n in _SCALARS}, layout, fp8_scale,
+              c["is_circular"], c["ring_capacity"])
+
+
 def compress_norm_rope_store_triton(
     state_cache: torch.Tensor,  # fp32 [num_state_blocks, bs, 2*SW]; a ring: [blocks, C, 2*SW] (bs = C)
     num_actual: int,  # T: tokens of this step
@@ -198,15 +214,7 @@ def compress_norm_rope_store_triton(
     """vLLM's newer ``compress_norm_rope_store_triton`` call on this project's Triton kernels
     (SPEC §5-§7, §13.3, §13.4): with ``is_circular=True`` the compress of ``compress_and_save``
     on a ring of ``C`` rows, saving nothing (vLLM saves the tail afterwards)."""
-    _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
-    _expect("int8_ds_mla", bool(int8_ds_mla), False, "the int8 cache layout is not one of SPEC §7's")
-    tensors = dict(state_cache=state_cache, token_to_req_indices=token_to_req_indices, positions=positions,
-                   slot_mapping=slot_mapping, block_table=block_table, cos_sin_cache=cos_sin_cache, kv_cache=kv_cache,
-                   k_cache_metadata=k_cache_metadata, rms_norm_weight=rms_norm_weight, kv=kv, score=score, ape=ape,
-                   query_start_loc=query_start_loc)
-    scalars = dict(num_actual=num_actual, block_size=block_size, state_width=state_width, compress_ratio=compress_ratio,
-                   overlap=overlap, rms_norm_eps=rms_norm_eps)
-    _compress("triton", tensors, scalars, "flashmla_fp8", None, is_circular, ring_capacity)
+    _compress_call("triton", locals(), "flashmla_fp8", None)
 
 
 def compress_norm_rope_store_cutedsl(
@@ -248,13 +256,5 @@ def compress_norm_rope_store_cutedsl(
     ``is_circular=``): a paged call on the CuTe DSL kernels; a ring (``is_circular=True``) on
     the Triton kernels' ``compress_and_save`` (SPEC §13.4; the CuTe DSL family's own has not run on
     a GPU yet)."""
-    _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
-    _expect("int8_ds_mla", bool(int8_ds_mla), False, "the int8 cache layout is not one of SPEC §7's")
     layout = _store_layout(store_full_kv, store_full_fp8)
-    tensors = dict(state_cache=state_cache, token_to_req_indices=token_to_req_indices, positions=positions,
-                   slot_mapping=slot_mapping, block_table=block_table, cos_sin_cache=cos_sin_cache, kv_cache=kv_cache,
-                   k_cache_metadata=k_cache_metadata, rms_norm_weight=rms_norm_weight, kv=kv, score=score, ape=ape,
-                   query_start_loc=query_start_loc)
-    scalars = dict(num_actual=num_actual, block_size=block_size, state_width=state_width, compress_ratio=compress_ratio,
-                   overlap=overlap, rms_norm_eps=rms_norm_eps)
-    _compress("cutedsl", tensors, scalars, layout, _host_scale(fp8_scale, layout), is_circular, ring_capacity)
+    _compress_call("cutedsl", locals(), layout, _host_scale(fp8_scale, layout))
