@@ -222,17 +222,7 @@ def _scenario_rows(args, runnable, chosen, report: Report) -> None:
     mode = "tolerant (SPEC §10 error bounds)" if args.tolerant else "exact (every byte)"
     names = ", ".join(f"{n!r} on {d}" for n, _, d in runnable)
     print(f"conformance of {names}: {len(chosen)} scenarios, verdict {mode}", flush=True)
-    print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), WIDTHS))
-    print("-" * 150)
-    for scenario in chosen:
-        for name, impl, device in runnable:
-            start = time.perf_counter()
-            verdict = run_scenario(impl, scenario, tolerant=args.tolerant, device=device)
-            _print_verdict(args, scenario.name, name, verdict, time.perf_counter() - start)
-            report.count(name, scenario.name, verdict.status, verdict.passed)
-            report.results["scenarios"].append({
-                "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
-                "device": device, **_verdict_json(verdict), "seconds": round(time.perf_counter() - start, 3)})
+    _verdict_rows(args, runnable, chosen, report, run_scenario, lambda verdict: {})
 
 
 def _v41_rows(args, runnable, chosen, report: Report) -> None:
@@ -241,17 +231,24 @@ def _v41_rows(args, runnable, chosen, report: Report) -> None:
     mode = "tolerant (SPEC §14.9 error bounds)" if args.tolerant else "exact (every byte)"
     print(f"\nDeepSeek-V4.1 (SPEC §14): {len(chosen)} scenarios, verdict {mode}; latent, state and cache compared",
           flush=True)
+    _verdict_rows(args, runnable, chosen, report, run_v41_scenario,
+                  lambda verdict: {"model": "v4.1", "departure": verdict.departure})
+
+
+def _verdict_rows(args, runnable, chosen, report: Report, run, extra) -> None:
+    """One table row per scenario and implementation (``run(impl, scenario, tolerant=, device=)``
+    gives the verdict; ``extra(verdict)``: the JSON fields a catalogue adds)."""
     print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), WIDTHS))
     print("-" * 150)
     for scenario in chosen:
         for name, impl, device in runnable:
             start = time.perf_counter()
-            verdict = run_v41_scenario(impl, scenario, tolerant=args.tolerant, device=device)
+            verdict = run(impl, scenario, tolerant=args.tolerant, device=device)
             _print_verdict(args, scenario.name, name, verdict, time.perf_counter() - start)
             report.count(name, scenario.name, verdict.status, verdict.passed)
             report.results["scenarios"].append({
-                "scenario": scenario.name, "model": "v4.1", "size": scenario.size, "sections": list(scenario.sections),
-                "impl": name, "device": device, **_verdict_json(verdict), "departure": verdict.departure,
+                "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
+                "device": device, **_verdict_json(verdict), **extra(verdict),
                 "seconds": round(time.perf_counter() - start, 3)})
 
 
