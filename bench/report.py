@@ -14,11 +14,17 @@ def _fmt(value, digits=1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def markdown_tables(rows: list[Row], baseline: str | None, copy_gbs: float) -> str:
-    """One table per (case, mode): token_num | active | <impl> µs ... | speedup vs baseline | GB/s | % copy BW."""
+def _by_case_and_mode(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """The rows of each (case, mode), in the order they first appear: one table each."""
     groups = defaultdict(list)
     for row in rows:
         groups[(row.case, row.mode)].append(row)
+    return groups
+
+
+def markdown_tables(rows: list[Row], baseline: str | None, copy_gbs: float) -> str:
+    """One table per (case, mode): token_num | active | <impl> µs ... | speedup vs baseline | GB/s | % copy BW."""
+    groups = _by_case_and_mode(rows)
     out = []
     for (case, mode), group in groups.items():
         impls = list(dict.fromkeys(r.implementation for r in group))
@@ -106,9 +112,7 @@ def step_tables(rows: list[Row], baseline: str | None, copy_gbs: float, floor: s
     µs per call of each implementation, the speedup of each over ``baseline`` (its time / theirs), each
     one's time over the floor's (1.00x: as fast as moving the step's bytes allows), and its share of
     the copy bandwidth; then each implementation's error or refusal."""
-    groups = defaultdict(list)
-    for row in rows:
-        groups[(row.case, row.mode)].append(row)
+    groups = _by_case_and_mode(rows)
     out = []
     for (case, mode), group in groups.items():
         impls = list(dict.fromkeys(r.implementation for r in group))
