@@ -24,81 +24,40 @@ from triton_state_scenarios import LAYOUTS  # noqa: E402
 from triton_state_scenarios import format_cases as _cases  # noqa: E402
 from triton_state_scenarios import format_step as _step  # noqa: E402
 from triton_state_scenarios import two_call_requests as _requests  # noqa: E402
-from dsv4_compressor import spec  # noqa: E402
-from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 
 
-def _save_tensor(step, device):
-    kv, _ = scenarios._projections(step, device)
-    return torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride())
-
-
 def run_save(step, *, with_ape: bool) -> tuple[np.ndarray, np.ndarray]:
     """``save_partial_states`` of every token with a slot, spec and CuTe DSL: the two state allocations."""
-    from dsv4_compressor.impl import cutedsl
-
-    b = step.batch
-    ape = step.ape if with_ape else None
-    state_buffer = Buffer.of(step.state)
-    owner, spec_state = state_buffer.numpy_copy()
-    spec.save_partial_states(step.kv_score, ape, b.positions, b.slot_mapping, spec_state, b.block_size,
-                             ape_at=step.ape_at, ring_capacity=b.ring_capacity)
-    raw, state = state_buffer.torch_copy(DEVICE)
-    tokens = scenarios._tokens(step, DEVICE)
-    cutedsl.save_partial_states(_save_tensor(step, DEVICE), None if ape is None else scenarios._tensor(ape, DEVICE),
-                                tokens["positions"], tokens["slot_mapping"], state, b.block_size, ape_at=step.ape_at,
-                                ring_capacity=b.ring_capacity)
-    torch.cuda.synchronize()
-    return owner, raw.cpu().numpy()
+    return scenarios.run_save(step, DEVICE, family="cutedsl", with_ape=with_ape)
 
 
-def run_save_then_compress(step, *, c128_path: str = "auto", bound: bool = False) -> dict:
-    """The two calls in the step's format, spec and CuTe DSL (``bound``: a layer's calls, each made
-    twice: validated, then the eager path): ``{name: (spec, CuTe DSL)}`` allocations."""
-    from dsv4_compressor.impl import cutedsl
+def _bound_calls(c128_path: str):
+    """The two calls through a layer bound once, each made twice (validated, then the eager path:
+    the same bytes again, the save and the compress are idempotent here)."""
+    def calls(step, t, tokens, kv_score, save_ape, pool_ape):
+        from dsv4_compressor.impl import cutedsl
 
-    b = step.batch
-    state_owner, spec_state = Buffer.of(step.state).numpy_copy()
-    cache_owner, spec_cache = Buffer.of(step.k_cache).numpy_copy()
-    save_ape = step.ape if step.ape_at == "save" else None
-    pool_ape = step.ape if step.ape_at == "compress" else None
-    spec.save_partial_states(step.kv_score, save_ape, b.positions, b.slot_mapping, spec_state, b.block_size,
-                             ape_at=step.ape_at, ring_capacity=b.ring_capacity)
-    spec.compress_norm_rope_store(
-        spec_state, b.token_to_req_indices, b.positions, b.slot_mapping, b.block_table, b.block_size, step.weight, 1e-6,
-        step.cos_sin, spec_cache, b.kv_slot_mapping, compress_ratio=b.compress_ratio, layout=step.layout,
-        fp8_scale=step.fp8_scale, hadamard=step.hadamard, ape=pool_ape, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
-    t, raw = scenarios._store_tensors(step, DEVICE)
-    tokens = scenarios._tokens(step, DEVICE)
-    pool_ape_t = None if pool_ape is None else scenarios._tensor(pool_ape, DEVICE)
-    save_ape_t = None if save_ape is None else scenarios._tensor(save_ape, DEVICE)
-    if bound:
+        b = step.batch
         layer = cutedsl.bind(t["state_cache"], t["k_cache"], t["rms_norm_weight"], t["cos_sin_cache"],
                              block_size=b.block_size, compress_ratio=b.compress_ratio, rms_norm_eps=1e-6,
                              layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
                              c128_path=c128_path, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
-        for _ in range(2):  # the same bytes again: the save and the compress are idempotent here
-            layer.save_partial_states(_save_tensor(step, DEVICE), save_ape_t, tokens["positions"],
-                                      tokens["slot_mapping"])
+        for _ in range(2):
+            layer.save_partial_states(kv_score, save_ape, tokens["positions"], tokens["slot_mapping"])
             layer.compress_norm_rope_store(tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"],
-                                           t["block_table"], tokens["kv_slot_mapping"], ape=pool_ape_t)
-        torch.cuda.synchronize()
-        return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
-                "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
-    cutedsl.save_partial_states(_save_tensor(step, DEVICE), save_ape_t, tokens["positions"],
-                                tokens["slot_mapping"], t["state_cache"], b.block_size, ape_at=step.ape_at,
-                                ring_capacity=b.ring_capacity)
-    cutedsl.compress_norm_rope_store(
-        t["state_cache"], tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"], t["block_table"],
-        b.block_size, t["rms_norm_weight"], 1e-6, t["cos_sin_cache"], t["k_cache"], tokens["kv_slot_mapping"],
-        compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
-        ape=pool_ape_t, ape_at=step.ape_at, ring_capacity=b.ring_capacity, c128_path=c128_path)
-    torch.cuda.synchronize()
-    return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
-            "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
+                                           t["block_table"], tokens["kv_slot_mapping"], ape=pool_ape)
+    return calls
+
+
+def run_save_then_compress(step, *, c128_path: str = "auto", bound: bool = False) -> dict:
+    """The two calls in the step's format, spec and CuTe DSL (``bound``: a layer's calls):
+    ``{name: (spec, CuTe DSL)}`` allocations."""
+    if bound:
+        return scenarios.run_save_then_compress(step, DEVICE, family="cutedsl", calls=_bound_calls(c128_path))
+    return scenarios.run_save_then_compress(step, DEVICE, family="cutedsl", c128_path=c128_path)
 
 
 @pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])

@@ -155,10 +155,17 @@ def _projections(step: Step, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return kv_score[:, :width], kv_score[:, width:]
 
 
-def run_save(step: Step, device: str, *, with_ape: bool = True, config=None) -> tuple[np.ndarray, np.ndarray]:
-    """``save_partial_states`` of every token with a slot, spec and Triton: (spec, Triton) state allocations."""
-    from dsv4_compressor.impl import triton as triton_impl
+def save_input(step: Step, device: str) -> torch.Tensor:
+    """The save's ``kv_score [T, 2*SW]``: a view over the step's kv and score projections."""
+    kv, _ = _projections(step, device)
+    return torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride())
 
+
+def run_save(step: Step, device: str, *, family: str = "triton", with_ape: bool = True,
+             **options) -> tuple[np.ndarray, np.ndarray]:
+    """``save_partial_states`` of every token with a slot, spec and a kernel family (``options``: the
+    family's own keywords): (spec, family) state allocations."""
+    family_impl = importlib.import_module(f"dsv4_compressor.impl.{family}")
     b = step.batch
     ape = step.ape if with_ape else None
     state_buffer = Buffer.of(step.state)
@@ -166,12 +173,10 @@ def run_save(step: Step, device: str, *, with_ape: bool = True, config=None) -> 
     spec.save_partial_states(step.kv_score, ape, b.positions, b.slot_mapping, spec_state, b.block_size,
                              ape_at=step.ape_at, ring_capacity=b.ring_capacity)
     raw, state = state_buffer.torch_copy(device)
-    kv, _ = _projections(step, device)
-    kv_score = torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride())
     tokens = _tokens(step, device)
-    triton_impl.save_partial_states(kv_score, None if ape is None else _tensor(ape, device), tokens["positions"],
-                                    tokens["slot_mapping"], state, b.block_size, ape_at=step.ape_at,
-                                    ring_capacity=b.ring_capacity, config=config)
+    family_impl.save_partial_states(save_input(step, device), None if ape is None else _tensor(ape, device),
+                                    tokens["positions"], tokens["slot_mapping"], state, b.block_size,
+                                    ape_at=step.ape_at, ring_capacity=b.ring_capacity, **options)
     return owner, raw.cpu().numpy()
 
 
@@ -185,12 +190,13 @@ def _store_tensors(step: Step, device: str) -> tuple[dict, dict]:
     return tensors, {"state_cache": state_raw, "k_cache": cache_raw}
 
 
-def run_save_then_compress(step: Step, device: str, *, config=None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The two-call path in the step's format, spec and Triton: ``save_partial_states`` of every token
-    with a slot, then ``compress_norm_rope_store``. Returns ``{name: (spec, Triton)}`` allocations of
-    ``state_cache`` and ``k_cache``."""
-    from dsv4_compressor.impl import triton as triton_impl
-
+def run_save_then_compress(step: Step, device: str, *, family: str = "triton", calls=None,
+                           **options) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The two-call path in the step's format, spec and a kernel family: ``save_partial_states`` of
+    every token with a slot, then ``compress_norm_rope_store`` (``options``: the family's own
+    keywords of the compress). ``calls(step, tensors, tokens, kv_score, save_ape, pool_ape)``, when
+    given, makes the family's two calls instead (e.g. through a bound layer). Returns
+    ``{name: (spec, family)}`` allocations of ``state_cache`` and ``k_cache``."""
     b = step.batch
     state_owner, spec_state = Buffer.of(step.state).numpy_copy()
     cache_owner, spec_cache = Buffer.of(step.k_cache).numpy_copy()
@@ -204,17 +210,20 @@ def run_save_then_compress(step: Step, device: str, *, config=None) -> dict[str,
         fp8_scale=step.fp8_scale, hadamard=step.hadamard, ape=pool_ape, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
     t, raw = _store_tensors(step, device)
     tokens = _tokens(step, device)
-    kv, _ = _projections(step, device)
-    triton_impl.save_partial_states(
-        torch.as_strided(kv, (kv.shape[0], 2 * kv.shape[1]), kv.stride()),
-        None if save_ape is None else _tensor(save_ape, device), tokens["positions"], tokens["slot_mapping"],
-        t["state_cache"], b.block_size, ape_at=step.ape_at, ring_capacity=b.ring_capacity)
-    triton_impl.compress_norm_rope_store(
-        t["state_cache"], tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"], t["block_table"],
-        b.block_size, t["rms_norm_weight"], 1e-6, t["cos_sin_cache"], t["k_cache"], tokens["kv_slot_mapping"],
-        compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale, hadamard=step.hadamard,
-        ape=None if pool_ape is None else _tensor(pool_ape, device), ape_at=step.ape_at, ring_capacity=b.ring_capacity,
-        config=config)
+    save_ape_t = None if save_ape is None else _tensor(save_ape, device)
+    pool_ape_t = None if pool_ape is None else _tensor(pool_ape, device)
+    if calls is not None:
+        calls(step, t, tokens, save_input(step, device), save_ape_t, pool_ape_t)
+    else:
+        family_impl = importlib.import_module(f"dsv4_compressor.impl.{family}")
+        family_impl.save_partial_states(save_input(step, device), save_ape_t, tokens["positions"],
+                                        tokens["slot_mapping"], t["state_cache"], b.block_size, ape_at=step.ape_at,
+                                        ring_capacity=b.ring_capacity)
+        family_impl.compress_norm_rope_store(
+            t["state_cache"], tokens["token_to_req_indices"], tokens["positions"], tokens["slot_mapping"],
+            t["block_table"], b.block_size, t["rms_norm_weight"], 1e-6, t["cos_sin_cache"], t["k_cache"],
+            tokens["kv_slot_mapping"], compress_ratio=b.compress_ratio, layout=step.layout, fp8_scale=step.fp8_scale,
+            hadamard=step.hadamard, ape=pool_ape_t, ape_at=step.ape_at, ring_capacity=b.ring_capacity, **options)
     return {"state_cache": (state_owner, raw["state_cache"].cpu().numpy()),
             "k_cache": (cache_owner, raw["k_cache"].cpu().numpy())}
 
