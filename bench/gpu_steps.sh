@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# One run on a GPU machine that checks and times everything. Logs, CSV/JSON and plots go to a
-# work folder and are packed into one archive, $OUT/gpu-run.tgz.
+# One run on a GPU machine that checks and times everything. Each step's log, CSV/JSON and plots
+# go to $OUT/logs as the step runs, so a run cut short still brings back what it did.
 #
-#   bash bench/gpu_steps.sh STEP...    STEP: see the case list below (env, conformance-*,
-#                                              tests-*, tune-c128, bench*, sanitize*, soak, pytest-bench)
+#   bash bench/gpu_steps.sh STEP... [--parallel STEP...] [--serial STEP...]
+#     STEP: see the case list below (env, conformance-*, conformance:IMPL:SHARD, tests-*,
+#           tune-c128, bench*, sanitize*, soak*, pytest-bench)
+#     --parallel: the steps after it run side by side (correctness only: never time anything
+#                 beside other work); --serial (or the end) waits for them, then one by one again.
+#
+# conformance:IMPL:SHARD splits the catalogue so that its parts run side by side: IMPL is one
+# implementation or several joined by '+' (they share the spec's results), SHARD one of core,
+# state, verify, medium, large-c4, large-c128, large-rest, errors, v41, graph-small, graph-big.
 #
 # The steps bench-v41-* also time vLLM's V4.1 kernels through the third-party adapter module
 # vllm_v41_adapter (class VllmV41), when its folder is on the caller's PYTHONPATH and $VLLM_REF names its
@@ -14,27 +21,77 @@
 # default python3).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
-LOGS="$(mktemp -d)"
-mkdir -p "$OUT"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 link_dir="$(mktemp -d)"
 ln -s "$PWD" "$link_dir/dsv4_compressor"
 export PYTHONPATH="$link_dir${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 status=0
+parallel=0
+running=()
 
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to NAME.log in the work folder
+run_step() {  # run_step NAME SECONDS COMMAND...: run with a time limit into NAME.log, exit status into NAME.rc
   local name="$1" limit="$2"; shift 2
-  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
-  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  tail -n 40 "$LOGS/$name.log"
-  echo "=== $name: exit $rc"
-  [ "$rc" -eq 0 ] || status=1
+  echo "$(date -u +%H:%M:%S) limit ${limit}s: $*" > "$LOGS/$name.log"
+  timeout "$limit" "$@" >> "$LOGS/$name.log" 2>&1
+  echo $? > "$LOGS/$name.rc"
+}
+
+report_step() {  # report_step NAME LINES: the end of its log and its exit status
+  local rc; rc="$(cat "$LOGS/$1.rc" 2>/dev/null || echo missing)"
+  tail -n "$2" "$LOGS/$1.log"
+  echo "=== $1: exit $rc"
+  [ "$rc" = 0 ] || status=1
+}
+
+step() {  # step NAME SECONDS COMMAND...: now, or in the background after --parallel
+  local name="$1"
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${2}s): ${*:3}"
+  if [ "$parallel" = 1 ]; then
+    run_step "$@" & running+=("$name")
+  else
+    run_step "$@"; report_step "$name" 40
+  fi
+}
+
+join_parallel() {  # wait for the background steps, then report each
+  [ "${#running[@]}" -gt 0 ] || return 0
+  wait
+  echo "=== parallel steps done at $(date -u +%H:%M:%S)"
+  for name in "${running[@]}"; do report_step "$name" "${PARALLEL_TAIL:-6}"; done
+  running=()
+}
+
+shard_args() {  # shard_args SHARD: the conformance arguments of one part of the catalogue
+  case "$1" in
+    core) echo "--scenarios c4_* c128_* tiny_amax huge_values equal_scores spread_scores signed_zeros subnormal_kv inactive_tokens non_boundary_slots fp8_per_tensor_saturation --model v4 --no-errors" ;;
+    state) echo "--scenarios state_* --model v4 --no-errors" ;;
+    verify) echo "--scenarios verify_* indexer_* rollback_* --model v4 --no-errors" ;;
+    medium) echo "--scenarios medium_* --model v4 --no-errors" ;;
+    large-c4) echo "--scenarios large_c4_decode_16384 large_c4_mixed large_c4_bf16_layout large_c4_positions_2e22 --model v4 --no-errors" ;;
+    large-c128) echo "--scenarios large_c128_* --model v4 --no-errors" ;;
+    large-rest) echo "--scenarios large_c4_offsets_beyond_2e31 large_state_* --model v4 --no-errors" ;;
+    errors) echo "--errors-only --model all" ;;
+    v41) echo "--model v4.1 --size all --no-errors" ;;
+    graph-small) echo "--graph --size small" ;;
+    graph-big) echo "--graph --scenarios medium_* large_*" ;;
+    *) return 1 ;;
+  esac
 }
 
 for s in "$@"; do
   case "$s" in
+    --parallel)
+      parallel=1 ;;
+    --serial)
+      join_parallel; parallel=0 ;;
+    conformance:*:*)
+      IFS=: read -r _ impls shard <<< "$s"
+      if ! args="$(shard_args "$shard")"; then echo "unknown shard $shard in $s"; status=1; continue; fi
+      impl_args=(); IFS=+ read -ra names <<< "$impls"; for n in "${names[@]}"; do impl_args+=(--impl "$n"); done
+      set -f; step "conformance-$impls-$shard" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance "${impl_args[@]}" $args --json "$LOGS/conformance-$impls-$shard.json"; set +f ;;
     env)
       step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; $PY -c 'import cutlass; print(\"cutlass\", cutlass.__version__)'; git log -1 --format=%H 2>/dev/null || true" ;;
     conformance-triton)
@@ -159,7 +216,7 @@ for s in "$@"; do
     sanitize)
       step sanitize 3000 $PY -m dsv4_compressor.conformance.sanitize --logs "$LOGS" ;;
     sanitize-memcheck|sanitize-racecheck|sanitize-synccheck|sanitize-initcheck)
-      step "$s" 590 $PY -m dsv4_compressor.conformance.sanitize --tools "${s#sanitize-}" --logs "$LOGS" ;;
+      step "$s" "${SANITIZE_LIMIT:-590}" $PY -m dsv4_compressor.conformance.sanitize --tools "${s#sanitize-}" --logs "$LOGS" ;;
     tests-serving)
       step tests-serving 400 $PY -m pytest -p no:cacheprovider -q -m gpu conformance/tests/test_graphs_gpu.py ;;
     conformance-v41)
@@ -176,12 +233,12 @@ for s in "$@"; do
       step tests-bench-steps 200 $PY -m pytest -p no:cacheprovider -q bench/tests/test_bench_steps.py bench/tests/test_bench_steps_gpu.py ;;
     state-memory)
       step state-memory 60 $PY -m dsv4_compressor.bench.steps memory ;;
-    bench-state-c128)
-      step bench-state-c128 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --trials 3 --tag c128 --out "$LOGS" ;;
+    bench-state-c128)  # both kernel families, each beside CuTe DSL's save + compress
+      step bench-state-c128 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl triton --trials 2 --tag c128 --out "$LOGS" ;;
     bench-state-c4)
-      step bench-state-c4 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 4 --trials 3 --tag c4 --out "$LOGS" ;;
+      step bench-state-c4 240 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 4 --mode graph --impl cutedsl --impl triton --trials 2 --tag c4 --out "$LOGS" ;;
     bench-state-dense)
-      step bench-state-dense 240 $PY -m dsv4_compressor.bench.steps state --cases dense --mode graph --sizes 1 4 16 64 256 1024 4096 16374 --trials 3 --tag dense --out "$LOGS" ;;
+      step bench-state-dense 300 $PY -m dsv4_compressor.bench.steps state --cases dense --mode graph --sizes 1 64 1024 2048 4096 16374 --impl cutedsl --impl triton --trials 2 --tag dense --out "$LOGS" ;;
     bench-v41-r1-fp32|bench-v41-r1-bf16|bench-v41-r2-fp32|bench-v41-r2-bf16)
       case "$s" in  # the ratio and the kv / score dtype; every small size rotates thousands of input sets
         bench-v41-r1-fp32) args="--ratio 1 --input-dtype fp32" ;;
@@ -189,15 +246,25 @@ for s in "$@"; do
         bench-v41-r2-fp32) args="--ratio 2 --input-dtype fp32" ;;
         bench-v41-r2-bf16) args="--ratio 2 --input-dtype bf16" ;;
       esac
-      step "$s" 240 $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 3 --tag "${s#bench-}" --out "$LOGS" ;;
+      step "$s" 240 $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --mode graph --sizes 1 8 64 512 4096 16384 --impl cutedsl --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 2 --tag "${s#bench-}" --out "$LOGS" ;;
+    bench-v41-eager)
+      step bench-v41-eager 200 $PY -m dsv4_compressor.bench.steps v41 --ratio 1 2 --input-dtype fp32 --cases sweeps --mode eager --sizes 1 64 1024 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag v41-eager --out "$LOGS" ;;
     bench-v41-index-key)
-      step bench-v41-index-key 240 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --sizes 1 16 256 4096 16384 --impl triton --impl vllm_v41_adapter:VllmV41 --trials 3 --tag index-key --out "$LOGS" ;;
+      step bench-v41-index-key 200 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --mode graph --sizes 1 16 256 4096 16384 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag index-key --out "$LOGS" ;;
+    tests-gpu-triton)
+      step tests-gpu-triton "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/triton/tests docs/tests bench/tests ;;
+    tests-gpu-cutedsl)
+      step tests-gpu-cutedsl "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/cutedsl/tests conformance/tests integrations/tests ;;
+    soak-5)
+      step soak-5 420 $PY -m dsv4_compressor soak --minutes 5.2 --json "$LOGS/soak-5.json" ;;
+    host-time-eager)
+      step host-time-eager 120 $PY -m dsv4_compressor.bench.host_time --ratio 128 4 --sizes 1 64 1024 --calls 1000 ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)
       echo "unknown step $s"; status=1 ;;
   esac
 done
-tar czf "$OUT/gpu-run.tgz" -C "$LOGS" .
-echo "packed $(ls "$LOGS" | wc -l) files into $OUT/gpu-run.tgz"
+join_parallel
+echo "$(ls "$LOGS" | wc -l) files in $LOGS"
 exit $status

@@ -3,8 +3,9 @@ formats and §14's V4.1 compressors, each call beside the step's floor and the c
 in the same run.
 
     steps state [--cases serving dense] [--addressing paged ring] [--state-dtype fp32 bf16] [--ratio 128 4] [--sizes ...]
+                [--impl cutedsl --impl triton --impl module:attribute]
     steps v41 [--cases sweeps steps index-key] [--ratio 1 2] [--input-dtype fp32 bf16] [--sizes ...]
-              [--layout flashmla_fp8] [--impl triton --impl triton-split --impl module:attribute]
+              [--layout flashmla_fp8] [--impl triton --impl triton-split --impl cutedsl --impl module:attribute]
     steps memory                      the state memory per request per layer of each format (computed)
 
 Common: ``--mode eager|graph`` (default both), ``--trials``, ``--sets``, ``--out``, ``--tag``, and
@@ -35,8 +36,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-dtype", nargs="+", choices=("fp32", "bf16"), help="v41: kv / score (default both)")
     p.add_argument("--layout", nargs="+", help="v41: the record (default flashmla_fp8); index-key: indexer_fp8, "
                    "indexer_mxfp4 (default both)")
-    p.add_argument("--impl", action="append", help="v41: triton, triton-split or module:attribute (default triton, "
-                   "triton-split); state: module:attribute of an object with SPEC §13's calls (default the Triton kernels)")
+    p.add_argument("--impl", action="append", help="v41: triton, triton-split, cutedsl or module:attribute (default triton, "
+                   "triton-split); state: triton, cutedsl or module:attribute of an object with SPEC §13's calls (default triton; "
+                   "with several, the first one's save+compress is the baseline)")
     p.add_argument("--mode", choices=("eager", "graph"), action="append", help="default both")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--sets", type=int, default=None, help="input sets per case (default: past L2)")
@@ -99,10 +101,12 @@ def _state_runner(args):
 
     from .state_steps import prepare_state, state_calls
 
-    names = args.impl or ["dsv4_compressor.impl.triton"]
+    names = args.impl or ["triton"]
     modules = []
     for name in names:
         module_name, _, attribute = name.partition(":")
+        if name in ("triton", "cutedsl"):  # the project's kernel families
+            module_name = f"dsv4_compressor.impl.{name}"
         module = importlib.import_module(module_name)
         modules.append((name, getattr(module, attribute) if attribute else module))
 
@@ -115,7 +119,7 @@ def _state_runner(args):
                           for n, c in state_calls(case, module, refusal).items()})
         return prepared, calls
 
-    return state_cases(args), prepare, "save+compress"
+    return state_cases(args), prepare, "save+compress" if len(modules) == 1 else f"{names[0]} save+compress"
 
 
 def _v41_runner(args):

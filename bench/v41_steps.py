@@ -231,17 +231,17 @@ class V41Impl:
 
 
 def load_v41_impl(name: str) -> V41Impl:
-    """``triton`` (the project's), ``triton-split`` (its two calls in place of the one launch), or
-    ``module:attribute``: an object with SPEC §14.7's operations, or a factory of one called with no
-    arguments. An object with a ``check_data`` attribute makes its first call with it as given and
+    """``triton`` or ``cutedsl`` (the project's kernel families), ``triton-split`` (Triton's two calls in
+    place of the one launch), or ``module:attribute``: an object with SPEC §14.7's operations, or a
+    factory of one called with no arguments. An object with a ``check_data`` attribute makes its first call with it as given and
     the timed ones on a copy with ``check_data = False`` (the checks copy to the host, which a CUDA
     graph cannot capture)."""
-    if name in ("triton", "triton-split"):
-        module = importlib.import_module("dsv4_compressor.impl.triton")
+    if name in ("triton", "triton-split", "cutedsl"):
+        module = importlib.import_module(f"dsv4_compressor.impl.{name.removesuffix('-split')}")
         return V41Impl(name, module, module)
     module_name, _, attribute = name.partition(":")
     if not attribute:
-        raise ValueError(f"--impl: expected triton, triton-split or module:attribute, got {name!r}")
+        raise ValueError(f"--impl: expected triton, triton-split, cutedsl or module:attribute, got {name!r}")
     target = getattr(importlib.import_module(module_name), attribute)
     if isinstance(target, type) or not hasattr(target, "v41_compress_norm_rope_store"):
         target = target()

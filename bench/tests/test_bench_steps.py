@@ -249,7 +249,7 @@ def test_a_module_attribute_with_check_data_makes_its_first_call_checked(monkeyp
         error = next(r.error for r in rows if r.implementation == "peer_for_test:Peer")
         assert (error == "") == (dtype == "fp32") and (dtype == "fp32" or error.startswith("unsupported: "))
     assert seen[:3] == [True, False, False]
-    with pytest.raises(ValueError, match="--impl: expected triton, triton-split or module:attribute"):
+    with pytest.raises(ValueError, match="--impl: expected triton, triton-split, cutedsl or module:attribute"):
         V.load_v41_impl("vllm")
 
 

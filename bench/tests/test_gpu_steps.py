@@ -3,6 +3,7 @@ bench implementations) all exist: a retired variant or setting fails here, not o
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_bench_steps_listed_and_parse():
             assert steps.state_cases(args), name
         elif args.suite == "v41":
             assert steps.v41_cases(args), name
-            assert all(i in ("triton", "triton-split") or ":" in i for i in args.impl), name
+            assert all(i in ("triton", "triton-split", "cutedsl") or ":" in i for i in args.impl), name
     assert "vllm_v41_adapter:VllmV41" in commands["bench-v41-r2-fp32"]
     bf16 = commands["bench-v41-r2-bf16"]
     assert steps.parser().parse_args(bf16[bf16.index(STEPS_TOOL) + 1:]).input_dtype == ["bf16"]
@@ -115,3 +116,41 @@ def test_gpu_test_files_and_scenarios_named_by_steps_exist():
     patterns = _values("--scenarios")
     assert "state_*" in patterns
     assert not [p for p in patterns if not fnmatch.filter(names, p)], patterns
+
+
+def _shards() -> dict[str, list[str]]:
+    """``shard_args``' conformance arguments of each shard of ``conformance:IMPL:SHARD``."""
+    text = SCRIPT.read_text()
+    body = text[text.index("shard_args() {"):]
+    body = body[:body.index("\n}\n")]
+    return {name: shlex.split(args) for name, args in re.findall(r'^\s*([\w-]+)\) echo "([^"]*)" ;;', body, re.M)}
+
+
+def test_conformance_shards_cover_the_catalogue_once():
+    """The V4 shards of ``conformance:IMPL:SHARD`` split the scenario catalogue and the sequences with no
+    scenario left out and none run twice, and every shard's arguments parse."""
+    import fnmatch
+
+    from dsv4_compressor.conformance import cli
+    from dsv4_compressor.conformance.scenarios import CATALOGUE
+    from dsv4_compressor.conformance.sequences import SEQUENCES
+
+    shards = _shards()
+    assert {"core", "state", "verify", "medium", "large-c4", "large-c128", "large-rest", "errors", "v41",
+            "graph-small", "graph-big"} == set(shards)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    for words in shards.values():
+        parser.parse_args(["--impl", "spec", *words])
+    seen = {}
+    for name, words in shards.items():
+        if "--scenarios" not in words or "--graph" in words:
+            continue
+        patterns = words[words.index("--scenarios") + 1:]
+        patterns = patterns[:next((i for i, w in enumerate(patterns) if w.startswith("-")), len(patterns))]
+        assert all(fnmatch.filter([s.name for s in CATALOGUE + SEQUENCES], p) for p in patterns), (name, patterns)
+        for item in CATALOGUE + SEQUENCES:
+            if any(fnmatch.fnmatch(item.name, p) for p in patterns):
+                seen.setdefault(item.name, []).append(name)
+    assert {n: s for n, s in seen.items() if len(s) > 1} == {}
+    assert sorted(set(s.name for s in CATALOGUE + SEQUENCES) - set(seen)) == []
