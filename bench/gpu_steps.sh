@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One run on a GPU machine that checks and times everything. Each step's log, CSV/JSON and plots
-# go to $OUT/logs as the step runs, so a run cut short still brings back what it did.
+# go to a work folder, packed into $OUT/logs.tgz at the end: keep the run's time limit above the
+# longest step's.
 #
 #   bash bench/gpu_steps.sh STEP... [--parallel STEP...] [--serial STEP...]
 #     STEP: see the case list below (env, conformance-*, conformance:IMPL:SHARD, tests-*,
@@ -21,8 +22,8 @@
 # default python3).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
-LOGS="$OUT/logs"
-mkdir -p "$LOGS"
+LOGS="$(mktemp -d)"  # packed into $OUT/logs.tgz at the end (a run brings back few files, not many)
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 link_dir="$(mktemp -d)"
 ln -s "$PWD" "$link_dir/dsv4_compressor"
@@ -246,11 +247,11 @@ for s in "$@"; do
         bench-v41-r2-fp32) args="--ratio 2 --input-dtype fp32" ;;
         bench-v41-r2-bf16) args="--ratio 2 --input-dtype bf16" ;;
       esac
-      step "$s" 240 $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --mode graph --sizes 1 8 64 512 4096 16384 --impl cutedsl --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 2 --tag "${s#bench-}" --out "$LOGS" ;;
+      step "$s" "${V41_LIMIT:-240}" $PY -m dsv4_compressor.bench.steps v41 $args --cases sweeps steps --mode graph --sizes 1 8 64 512 4096 16384 --impl cutedsl --impl triton --impl triton-split --impl vllm_v41_adapter:VllmV41 --trials 2 --tag "${s#bench-}" --out "$LOGS" ;;
     bench-v41-eager)
       step bench-v41-eager 200 $PY -m dsv4_compressor.bench.steps v41 --ratio 1 2 --input-dtype fp32 --cases sweeps --mode eager --sizes 1 64 1024 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag v41-eager --out "$LOGS" ;;
     bench-v41-index-key)
-      step bench-v41-index-key 200 $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --mode graph --sizes 1 16 256 4096 16384 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag index-key --out "$LOGS" ;;
+      step bench-v41-index-key "${V41_LIMIT:-200}" $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --mode graph --sizes 1 16 256 4096 16384 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag index-key --out "$LOGS" ;;
     tests-gpu-triton)
       step tests-gpu-triton "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/triton/tests docs/tests bench/tests ;;
     tests-gpu-cutedsl)
@@ -266,5 +267,6 @@ for s in "$@"; do
   esac
 done
 join_parallel
-echo "$(ls "$LOGS" | wc -l) files in $LOGS"
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
+echo "packed $(ls "$LOGS" | wc -l) files into $OUT/logs.tgz"
 exit $status

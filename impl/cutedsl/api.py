@@ -475,7 +475,8 @@ class BoundLayer:
             try:  # TVM-FFI checks the rest, the base alignments included (see the class)
                 if (positions.shape[0] and positions.dtype is _INT64 and slot_mapping.dtype is _INT64
                         and not kv_score.stride(0) % 4 and (self._takes_ape or not ape.stride(0) % 4)):
-                    kernel(kv_score, None if self._takes_ape else ape, positions, slot_mapping, self._held[0])
+                    kernel(kv_score, None if self._takes_ape else ape, positions, slot_mapping, self._held[0],
+                           None)  # the kernel's score of split inputs: TVM-FFI takes the defaulted None too
                     return
             except _REFUSED:  # refused before any launch: the validation below names the argument
                 pass

@@ -91,7 +91,8 @@ class KernelPath:
 # ---- launches: the kernels' TVM-FFI signatures ------------------------------------------------
 # fixed = (state_cache, rms_norm_weight, cos_sin_cache, k_cache, device), the layer's tensors;
 # metadata = (token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping).
-# formats = () for SPEC §3's state, else (ape or None, ring_capacity): SPEC §13's launch arguments.
+# formats: SPEC §13's launch arguments of a path that takes them, (ape, ring_capacity, kv, score,
+# query_start_loc) with None where unused (LaunchPlan.formats); () for the paths that do not.
 def launch_fused(plan, fixed, metadata, scratch, formats=()) -> None:
     """One kernel on the nine tensors, then the plan's scalars (and grid), then ``formats``."""
     state_cache, rms_norm_weight, cos_sin_cache, k_cache, _ = fixed

@@ -45,6 +45,9 @@ def kernels():
     return compile_cache
 
 
+NO_FORMAT_ARGUMENTS = (None,) * 5  # ape, ring_capacity, kv, score, query_start_loc of SPEC §3's state
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """A ``compress_norm_rope_store`` call's path, compiled kernels and scalars."""
@@ -60,11 +63,16 @@ class LaunchPlan:
     takes_ape: bool = False  # SPEC §13.2: ape_at="compress" (the call's ape goes to the kernels)
 
     def formats(self, ape) -> tuple:
-        """SPEC §13's launch arguments after the plan's scalars: ``(ape or None, ring_capacity)``,
-        or none for SPEC §3's state."""
-        if self.ring_capacity is None:
+        """SPEC §13's launch arguments after the plan's scalars, for a path whose kernels take them:
+        ``(ape or None, ring_capacity, None, None, None)`` (the last three are the step call's
+        ``kv``, ``score`` and ``query_start_loc``), every one ``None`` for SPEC §3's state. The
+        TVM-FFI function takes every parameter of the kernel's entry positionally, the defaulted
+        ``None`` ones too."""
+        if not self.path.formats:
             return ()
-        return (ape if self.takes_ape else None, self.ring_capacity)
+        if self.ring_capacity is None:
+            return NO_FORMAT_ARGUMENTS
+        return (ape if self.takes_ape else None, self.ring_capacity, None, None, None)
 
     def run(self, tensors: tuple, workspace, ape=None) -> None:
         """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order; ``ape``: fp32
@@ -86,7 +94,7 @@ class LaunchPlan:
         weight, cos/sin cache and k_cache as TVM-FFI tensors, then its torch device) and the
         call's per-token arrays as given; the workspace is checked by :func:`.buffers.bound_scratch`.
         SPEC §13: a layer whose compress takes ``ape`` never comes here (its ``ape`` is per call), so
-        the formats' launch arguments are ``(None, ring_capacity)`` or none."""
+        its formats' launch arguments hold no tensor (:meth:`formats`)."""
         scratch = buffers.bound_scratch(workspace, self.num_tokens, held[4]) if self.path.scratch else None
         self.path.launch(self, held, metadata, scratch, self.formats(None))
 

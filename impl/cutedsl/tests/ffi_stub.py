@@ -49,21 +49,36 @@ def _as_torch(value) -> torch.Tensor | None:
 
 
 class FfiStub:
-    """One compiled kernel's TVM-FFI checks, then ``record(args)`` (tensors as data pointers)."""
+    """One compiled kernel's TVM-FFI checks, then ``record(args)`` (tensors as data pointers).
 
-    def __init__(self, fake_args: tuple, record, device_type: str = "cpu"):
+    Two faces, as a compiled kernel has: the TVM-FFI function (``__tvm_ffi_object__()``, what
+    :func:`..host.buffers.ffi_function` hands the plans) takes every parameter of the kernel's
+    jitted entry positionally, the ones left at their ``None`` default at compile time too; the
+    compiled object itself (calling the stub) fills those trailing defaults in."""
+
+    execution_args = type("ExecutionArgs", (), {"has_pointer_address_arg_specs": False})()
+
+    def __init__(self, fake_args: tuple, record, device_type: str = "cpu", defaults: int = 0):
         from cutlass.base_dsl.tvm_ffi_builder import spec
         from cutlass.cute._tvm_ffi_args_spec_converter import ConverterContext, _convert_single_arg
 
         context = ConverterContext()
         params = [_convert_single_arg(a, f"arg{i}", inspect.Parameter.empty, context) for i, a in enumerate(fake_args)]
         self.params = [p for p in params if not isinstance(p, spec.EnvStream)]  # the stream is not an argument
+        self.defaults = defaults  # trailing parameters left at their None default (last in self.params)
         self.tensor_type, self.none_type = spec.Tensor, spec.ConstNone
         self.record, self.device_type = record, device_type
 
+    def __tvm_ffi_object__(self):
+        return self.call_all
+
     def __call__(self, *args):
+        missing = len(self.params) - len(args)
+        self.call_all(*args, *(None,) * (missing if 0 < missing <= self.defaults else 0))
+
+    def call_all(self, *args):
         if len(args) != len(self.params):
-            raise TypeError(f"expected {len(self.params)} arguments, got {len(args)}")
+            raise TypeError(f"Expects {len(self.params)} parameters, got {len(args)}")
         bound: dict = {}
         for index, (param, value) in enumerate(zip(self.params, args)):
             if isinstance(param, self.tensor_type):
@@ -106,13 +121,27 @@ class FfiStub:
             raise ValueError(f"Mismatched {what}, expected to match {bound[id(variable)]}")
 
 
+def _defaulted_parameters(kernel, given: int) -> int:
+    """How many parameters of ``kernel``'s jitted entry come after the ``given`` compile arguments
+    (each must have a ``None`` default): TVM-FFI lists them as parameters that take ``None``."""
+    entry = inspect.signature(type(kernel).__call__)
+    rest = list(entry.parameters.values())[1 + given:]  # after self and the given arguments
+    assert all(p.default is None for p in rest), f"{type(kernel).__name__}: parameters without a default: {rest}"
+    return len(rest)
+
+
 @contextlib.contextmanager
 def _fake_compile(record):
     """``cute.compile`` replaced by :class:`FfiStub` construction, and a private compile cache."""
     import cutlass.cute as cute
 
     saved, saved_cache = cute.compile, compile_cache._CACHE
-    cute.compile = lambda kernel, *fake_args, options=None: FfiStub(fake_args, record)
+
+    def compile_stub(kernel, *fake_args, options=None):
+        defaults = _defaulted_parameters(kernel, len(fake_args))
+        return FfiStub(fake_args + (None,) * defaults, record, defaults=defaults)
+
+    cute.compile = compile_stub
     compile_cache._CACHE = {}
     try:
         yield

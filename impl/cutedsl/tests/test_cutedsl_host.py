@@ -354,7 +354,8 @@ def test_an_indexer_plan_restores_unit_strides_and_passes_eps(indexer_recorded, 
         assert args[i].stride() == (2,)
     api.compress_norm_rope_store(*args, compress_ratio=4, layout="indexer_fp8")
     (launched,) = seen
-    assert len(launched) == 10 and launched[9] == float(np.float32(args[7]))
+    assert len(launched) == 15 and launched[9] == float(np.float32(args[7]))  # then SPEC §13's five, None
+    assert launched[10:] == (None,) * 5
     for position, i in zip((1, 2, 3, 8), (1, 2, 3, 10)):
         assert launched[position].stride() == (1,) and launched[position].data_ptr() == args[i].data_ptr()
 
@@ -373,7 +374,8 @@ def test_compress_writes_into_the_given_out_or_a_nan_filled_one(recorded, name):
     assert api.compress(*pooling, **kwargs, out=flat) is flat
     fresh = api.compress(*pooling, **kwargs)
     assert fresh.shape == (num_tokens, 512) and fresh.dtype == torch.float32 and bool(fresh.isnan().all())
-    assert [launched[-1] for _, _, launched in launches] == [rows.data_ptr(), flat.data_ptr(), fresh.data_ptr()]
+    out_index = 6  # state, token_req, positions, slots, block_table, kv_slots, out (then SPEC §13's Nones)
+    assert [launched[out_index] for _, _, launched in launches] == [rows.data_ptr(), flat.data_ptr(), fresh.data_ptr()]
 
 
 @pytest.mark.parametrize("hadamard", [True, 1, "yes"])

@@ -192,9 +192,10 @@ def test_formatted_calls_launch_with_ape_and_ring_capacity(launches, ratio, head
     assert kinds == {(4, 512): ["c4"], (128, 512): ["split_pool", "split_store"]}.get((ratio, head), ["indexer"])
     kind, config, call = launches[0]
     assert config.state == StateFormat("bfloat16" if bf16 else "float32", ape_at, ring)
-    ape, ring_capacity = call[-2:]
+    ape, ring_capacity, kv, score, query_start_loc = call[-5:]  # the last three: the step call's only
     assert ring_capacity == (capacity or 0)
     assert (ape is not None) == (ape_at == "compress")
+    assert (kv, score, query_start_loc) == (None, None, None)
 
 
 @pytest.mark.parametrize("ratio", [4, 128])
@@ -202,8 +203,8 @@ def test_default_calls_launch_as_before(launches, ratio):
     args, kwargs, _ = _call(ratio, bf16=False, ape_at="save", ring=None)
     api.compress_norm_rope_store(*args, **kwargs)
     kind, config, call = launches[0]
-    if ratio == 4:  # nine tensors, eps and fp8_inv: no ape, no ring_capacity
-        assert kind == "c4" and config.state == DEFAULT_STATE and len(call) == 11
+    if ratio == 4:  # nine tensors, eps and fp8_inv, then None for every SPEC §13 parameter of the entry
+        assert kind == "c4" and config.state == DEFAULT_STATE and len(call) == 16 and call[11:] == (None,) * 5
     else:  # auto's fused paths, SPEC §3's state
         assert kind.startswith("fused") and config.pool.state == DEFAULT_STATE
 

@@ -141,7 +141,8 @@ def test_a_fullgraph_compiled_formatted_step_launches_what_the_eager_calls_do(re
             assert (config.state.dtype, config.state.ape_at, config.state.ring) == ("bfloat16", "compress",
                                                                                     kind != "save"), kind
         if kind in ("c4", "split_pool"):
-            assert call[-1] == kwargs["ring_capacity"] and call[-2] is not None  # ring_capacity, ape
+            ape, ring_capacity = call[-5:-3]  # then the step call's kv, score and query_start_loc: None
+            assert ring_capacity == kwargs["ring_capacity"] and ape is not None and call[-3:] == (None,) * 3
     launches.clear()
     explained = torch._dynamo.explain(formatted_step)(args, kwargs, kv_score)
     assert explained.graph_break_count == 0
