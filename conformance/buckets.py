@@ -73,6 +73,9 @@ class StaticKey:
     fp8_scale: float | None
     hadamard: bool
     strided_inputs: bool
+    state_dtype: str = "float32"  # SPEC §13.1: the state's dtype (NumPy uint16 patterns: bf16)
+    ape_at: str = "save"  # SPEC §13.2
+    ring_capacity: int | None = None  # SPEC §13.3
     own: str = ""  # a step of its own (large allocations): its name
 
     @classmethod
@@ -82,7 +85,7 @@ class StaticKey:
         return cls(int(inputs.rms_norm_weight.shape[0]), b.compress_ratio, inputs.layout, b.block_size,
                    b.entries_per_page, state.shape[1:], state.strides, k.shape[1:], k.strides, k.logical,
                    str(inputs.rms_norm_weight.dtype), float(inputs.rms_norm_eps), inputs.fp8_scale, inputs.hadamard,
-                   inputs.strided_inputs, name if large else "")
+                   inputs.strided_inputs, str(state.dtype), inputs.ape_at, inputs.ring_capacity, name if large else "")
 
 
 def _arena_buffer(buffers: list[Buffer], count: int, fill: int) -> Buffer:

@@ -230,6 +230,9 @@ def run_group(impl: LoadedImplementation, steps: list[tuple[Scenario, StepInputs
         reason = impl.capabilities.unsupported(features(inputs))
         if scenario.device and (impl.takes_numpy or scenario.device != device):
             verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "skip", f"runs on {scenario.device} only"))
+        elif inputs.step_call:
+            verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "skip",
+                                          "SPEC §13.4's step call is judged by eager calls (not padded into buckets)"))
         elif reason:
             verdicts.append(ReplayVerdict(scenario.name, impl.name, tokens, active, "unsupported",
                                           f"declared unsupported: {reason}"))
@@ -240,6 +243,6 @@ def run_group(impl: LoadedImplementation, steps: list[tuple[Scenario, StepInputs
     plan = ArenaPlan.of([inputs for _, inputs, _ in runnable])
     for bucket in sorted(buckets):
         members = [m for m in runnable if m[1].batch.num_tokens <= bucket]
-        for form in step_call.forms_of(impl.target) if members else ():
+        for form in step_call.forms_of(impl.target, runnable[0][1]) if members else ():
             verdicts += _replay_bucket(impl, plan, members, bucket, form, graph, device, tolerant)
     return verdicts

@@ -8,6 +8,7 @@ takes them (NumPy or torch), :class:`StaticArgs` the arguments a captured graph 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,16 @@ def has_combined(target) -> bool:
     return callable(getattr(target, "save_and_compress_norm_rope_store", None))
 
 
-def forms_of(target) -> tuple[str, ...]:
-    """The call forms an implementation offers."""
-    return FORMS if has_combined(target) else FORMS[:1]
+def forms_of(target, inputs=None) -> tuple[str, ...]:
+    """The call forms an implementation offers (for a step of ``inputs``' static arguments: the
+    combined call only where it takes the step's SPEC §13 options)."""
+    if not has_combined(target):
+        return FORMS[:1]
+    if inputs is not None and state_calls.save_keywords(inputs):
+        parameters = inspect.signature(target.save_and_compress_norm_rope_store).parameters
+        if not all(name in parameters for name in state_calls.save_keywords(inputs)):
+            return FORMS[:1]
+    return FORMS
 
 
 def save(target, a: StepArrays, s: StaticArgs) -> None:
@@ -85,7 +93,8 @@ def compress(target, a: StepArrays, s: StaticArgs) -> None:
 def combined(target, a: StepArrays, s: StaticArgs) -> None:
     target.save_and_compress_norm_rope_store(
         a.kv_score, a.ape, a.state_cache, a.token_to_req_indices, a.positions, a.slot_mapping, a.block_table,
-        s.block_size, a.rms_norm_weight, s.rms_norm_eps, a.cos_sin_cache, a.k_cache, a.kv_slot_mapping, **s.keywords())
+        s.block_size, a.rms_norm_weight, s.rms_norm_eps, a.cos_sin_cache, a.k_cache, a.kv_slot_mapping, **s.keywords(),
+        **state_calls.save_keywords(s))
 
 
 def step(target, a: StepArrays, s: StaticArgs, form: str) -> None:

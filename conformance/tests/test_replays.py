@@ -72,6 +72,49 @@ def test_padded_replays_pass(impl):
     assert any(v.bucket == 64 and v.tokens <= 8 for v in verdicts)  # small steps in a large bucket
 
 
+STATE_CHOSEN = ("state_c4_fp32_save_paged_two_call", "state_c4_fp32_compress_paged_two_call",
+                "state_c4_fp32_save_ring_two_call", "state_c4_bf16_save_paged_two_call", "state_c4_bf16_ties_compress",
+                "state_c4_verify_ring_step")
+
+
+def test_steps_of_other_state_formats_get_graphs_of_their_own():
+    """Scenarios that differ only in SPEC §13's options (the state's dtype, where ape is added, a
+    ring) are configurations of their own: one captured graph bakes its options in."""
+    groups, _ = plan_groups(scenarios(list(STATE_CHOSEN[:4])), (64,))
+    assert len(groups) == 4
+    assert {(g.key.state_dtype, g.key.ape_at, g.key.ring_capacity) for g in groups} == {
+        ("float32", "save", None), ("float32", "compress", None), ("float32", "save", 12), ("uint16", "save", None)}
+
+
+@pytest.mark.parametrize("impl", ("torch", "cutedsl_formats_stub"))
+def test_padded_replays_of_state_formats_pass(impl, monkeypatch):
+    """Replays of SPEC §13 scenarios in one run, every format beside the others, match the spec;
+    the combined call gets the step's options where it takes them, else the step runs as two
+    calls; a step-call scenario (SPEC §13.4) is left to the eager verdict."""
+    loaded = load_implementation("torch")
+    if impl != "torch":  # a combined call that takes the options: the two calls behind it
+        target = loaded.target
+
+        class Formatted:
+            def __getattr__(self, name):
+                return getattr(target, name)
+
+            def save_and_compress_norm_rope_store(self, kv_score, ape, state_cache, *args, ape_at="save",
+                                                  ring_capacity=None, **keywords):
+                rest = dict(ape_at=ape_at, ring_capacity=ring_capacity)
+                target.save_partial_states(kv_score, ape, args[1], args[2], state_cache, args[4], **rest)
+                target.compress_norm_rope_store(state_cache, *args, **keywords, **rest,
+                                                **({"ape": ape} if ape_at == "compress" else {}))
+
+        loaded = LoadedImplementation("formatted", Formatted(), loaded.devices, loaded.capabilities)
+    groups, _ = plan_groups(scenarios(list(STATE_CHOSEN)), (64,))
+    verdicts = [v for g in groups for v in run_group(loaded, group_steps(g), (64,), graph=False, device="cpu")]
+    assert [v for v in verdicts if v.status not in ("pass", "skip")] == []
+    assert {v.scenario for v in verdicts if v.status == "skip"} == {"state_c4_verify_ring_step"}
+    forms = {v.form for v in verdicts if v.status == "pass" and "ring" in v.scenario}
+    assert forms == ({"two calls"} if impl == "torch" else {"two calls", "combined"})
+
+
 def test_padded_replays_judge_a_tolerant_implementation_by_the_bounds():
     fast = load_implementation("fast-math")
     groups, _ = plan_groups(scenarios(["c4_ulp_ties"]), (8,))
