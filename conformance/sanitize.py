@@ -100,9 +100,8 @@ def find_sanitizer() -> str | None:
 
 def sanitizer_command(sanitizer: str, tool: str, implementations: tuple[str, ...], buckets: tuple[int, ...]) -> list[str]:
     """The command line of one tool's run."""
-    extra = {"initcheck": ["--track-unused-memory", "no"]}.get(tool, [])
     return [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", str(EXIT_SANITIZER),
-            "--print-limit", "20", *extra, sys.executable, "-m", "dsv4_compressor.conformance.sanitize", "--workload",
+            "--print-limit", "20", sys.executable, "-m", "dsv4_compressor.conformance.sanitize", "--workload",
             "--impls", *implementations, "--buckets", *map(str, buckets)]
 
 
@@ -113,9 +112,10 @@ def run_tool(command: list[str], tool: str, log_dir: str | None) -> ToolResult:
     if log_dir:
         with open(os.path.join(log_dir, f"sanitize-{tool}.log"), "w") as f:
             f.write(output)
-    summary = re.findall(r"ERROR SUMMARY: (\d+) error", output)
+    summary = re.findall(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards displayed \((\d+) error", output)
+    summary = [int(a or b) for a, b in summary]
     verdict = [line for line in output.splitlines() if line.startswith("WORKLOAD ")]
-    result = ToolResult(tool, done.returncode, int(summary[-1]) if summary else None,
+    result = ToolResult(tool, done.returncode, summary[-1] if summary else None,
                         verdict[-1] if verdict else "no workload verdict (it did not finish)", time.perf_counter() - start)
     if not result.passed:
         print("\n".join(output.splitlines()[-60:]))

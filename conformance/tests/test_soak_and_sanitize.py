@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from dsv4_compressor.conformance import sanitize
 from dsv4_compressor.conformance.implementations import load_implementation
@@ -82,3 +83,24 @@ def test_the_sanitizers_cover_every_kernel_path():
 
 def test_the_sanitizers_workload_runs_on_the_cpu():
     assert sanitize.workload(("torch",), (8,), device="cpu") == 0
+
+
+@pytest.mark.parametrize("summary, errors", [("========= ERROR SUMMARY: 0 errors", 0),
+                                             ("========= ERROR SUMMARY: 3 errors", 3),
+                                             ("========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)", 0),
+                                             ("========= RACECHECK SUMMARY: 1 hazards displayed (1 errors, 0 warnings)", 1),
+                                             ("", None)])
+def test_a_tools_summary_and_the_workloads_verdict_are_read_from_its_output(tmp_path, summary, errors):
+    """Each tool's error count is read from its own summary line (racecheck counts hazards), and
+    a run passes only with no error and the workload's passing verdict."""
+    script = f"print('WORKLOAD PASSED: 3 verdicts'); print({summary!r})"
+    result = sanitize.run_tool([sys.executable, "-c", script], "racecheck", str(tmp_path))
+    assert result.errors == errors and result.passed == (errors == 0)
+    assert (tmp_path / "sanitize-racecheck.log").read_text().startswith("WORKLOAD PASSED")
+
+
+def test_every_tools_command_ends_in_the_workload():
+    """No tool option takes the next word as its value: the python executable follows the options."""
+    for tool in sanitize.TOOLS:
+        command = sanitize.sanitizer_command("compute-sanitizer", tool, ("cutedsl",), (8,))
+        assert command[command.index(sys.executable) - 2:command.index(sys.executable)] == ["--print-limit", "20"]
