@@ -169,9 +169,11 @@ def _first(columns, condition, count):
 @triton.jit
 def _load_row(ptr, columns, mask, BF16: tl.constexpr):
     # fp32 values, or bf16 values held as int16 patterns, widened to binary32
-    if BF16:
-        return _bf16_values(tl.load(ptr + columns, mask=mask, other=0, cache_modifier=".cg"))
-    return tl.load(ptr + columns, mask=mask, other=0.0, cache_modifier=".cg")
+    if BF16:  # one return: Triton types every return of a function, also one after a constexpr branch
+        values = _bf16_values(tl.load(ptr + columns, mask=mask, other=0, cache_modifier=".cg"))
+    else:
+        values = tl.load(ptr + columns, mask=mask, other=0.0, cache_modifier=".cg")
+    return values
 
 
 @triton.jit

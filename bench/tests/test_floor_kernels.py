@@ -146,3 +146,41 @@ def test_c4_floor_reads_each_rows_own_half(head):
         block_table, out, block_table.stride(0), state_t.stride(0), state_t.stride(1), BLOCK_SIZE=bs, HEAD=head,
         num_warps=1)
     _close(out, np.asarray(want))
+
+
+COMPILE_STEP_FLOOR = """
+import itertools, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dsv4_compressor.bench.floor_kernels import step_floor
+
+failed = []
+for input_bf16, state_bf16, latent in itertools.product((False, True), repeat=3):
+    values = lambda bf16: "*i16" if bf16 else "*fp32"
+    signature = {"inputs": (values(input_bf16), "i64", values(input_bf16), "i64"), "tokens": ("*i64", "*i64"),
+                 "state": (values(state_bf16), "i64", "i64", "i32"), "runs": ("*i64", "i32"),
+                 "outputs": ("*u8", "*i16", "i64"), "out_ptr": "*fp32", "num_tokens": "i32", "token_programs": "i32"}
+    constants = dict(SW=1024, H=512, TOKENS=4, RUNS=4, INPUT_BF16=input_bf16, HAS_SCORE=True, STATE_BF16=state_bf16,
+                     READS=1, ENTRY_BLOCK=1024, ENTRY_BYTES=584, LATENT=latent)
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    try:
+        triton.compile(ASTSource(step_floor, signature=signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+    except Exception as error:
+        failed.append((input_bf16, state_bf16, latent, str(error).splitlines()[0]))
+print(failed)
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_the_step_floor_compiles_for_every_dtype():
+    """The step floor compiles for Hopper with fp32 and bf16 inputs and state, with and without a
+    latent (the interpreter does not type-check as the compiler does)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_STEP_FLOOR], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
