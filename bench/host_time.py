@@ -201,7 +201,7 @@ def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed)
     device = state.device
 
     def launches(fixed, metadata=metadata, through=plan):
-        return lambda: plan.path.launch(through, (*fixed, device), metadata, scratch)
+        return lambda: plan.path.launch(through, (*fixed, device), metadata, scratch, plan.formats(None))
 
     held = layer._held[:4]
     objects = types.SimpleNamespace(ffi=plan.kernels, scalars=plan.scalars, num_tokens=plan.num_tokens)
@@ -211,7 +211,7 @@ def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed)
         every = tuple(tvm_ffi.from_dlpack(t) for t in metadata)
         out["ffi, all held"] = timed(launches(held, every))
     save = layer._save_kernel
-    out["save ffi, held"] = timed(lambda: save(kv_score, ape, positions, slots, held[0]))
+    out["save ffi, held"] = timed(lambda: save(kv_score, ape, positions, slots, held[0], None))  # None: mScore
     return out
 
 
