@@ -116,6 +116,34 @@ def load_backend(name: str):
     return backend, device
 
 
+def layer_constants(config: EngineConfig, requests: list[Request], rng: np.random.Generator, device) -> tuple:
+    """The layer's fixed inputs, drawn once: ``(ape, rms_norm_weight, rms_norm_eps, cos_sin_cache)``
+    as NumPy arrays for the spec, then as torch tensors on ``device`` for the kernels."""
+    import torch
+
+    r = config.compress_ratio
+    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    ape = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
+    weight = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
+    cos_sin = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
+    kernel = (torch.from_numpy(ape).to(device), torch.from_numpy(weight.view(np.int16)).view(torch.bfloat16).to(device),
+              1e-6, torch.from_numpy(cos_sin).to(device))
+    return (ape, weight, 1e-6, cos_sin), kernel
+
+
+def check_caches(step: int, device, caches: tuple, mirrors: tuple) -> None:
+    """After a step's calls: the kernels' ``(state_cache, k_cache)`` against the spec's NumPy mirrors,
+    every byte (``AssertionError`` naming the cache and the first differing byte)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for name, mine, expected in zip(("state_cache", "k_cache"), caches, mirrors):
+        differ = np.flatnonzero(_cache_bytes(mine) != expected.view(np.uint8))
+        if differ.size:
+            raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+
+
 def run(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, seed: int = 0, log=print) -> int:
     """Run the loop; returns the number of compressed entries written (all checked against the spec)."""
     import torch
@@ -131,13 +159,7 @@ def run(config: EngineConfig, requests: list[Request], backend_name: str, steps:
     k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
     state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 [blocks, bs, 2*SW]
     k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
-    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
-    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
-    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
-    ape = torch.from_numpy(ape_np).to(device)
-    weight = torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device)
-    cos_sin = torch.from_numpy(cos_sin_np).to(device)
-    eps = 1e-6
+    (ape_np, weight_np, eps, cos_sin_np), (ape, weight, _, cos_sin) = layer_constants(config, requests, rng, device)
 
     state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
@@ -164,13 +186,7 @@ def run(config: EngineConfig, requests: list[Request], backend_name: str, steps:
             state_np, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"], bs,
             weight_np, eps, cos_sin_np, k_cache_np, meta["kv_slot_mapping"], compress_ratio=r,
         )
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
-            got = mine.cpu().numpy().view(np.uint8)
-            differ = np.flatnonzero(got != expected.view(np.uint8))
-            if differ.size:
-                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        check_caches(step, device, (state_cache, k_cache), (state_np, k_cache_np))
         entries = int((meta["kv_slot_mapping"] >= 0).sum())
         written += entries
         tokens = sum(count for _, _, count in plan)
@@ -312,13 +328,7 @@ def run_state_format(config: EngineConfig, requests: list[Request], backend_name
     if state.dtype == "bf16":
         state_cache = state_cache.view(torch.bfloat16)  # bf16 [blocks, bs, 2*SW]
     k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
-    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
-    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
-    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
-    spec_constants = (ape_np, weight_np, 1e-6, cos_sin_np)
-    kernel_constants = (torch.from_numpy(ape_np).to(device),
-                        torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device), 1e-6,
-                        torch.from_numpy(cos_sin_np).to(device))
+    spec_constants, kernel_constants = layer_constants(config, requests, rng, device)
 
     state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
@@ -331,12 +341,7 @@ def run_state_format(config: EngineConfig, requests: list[Request], backend_name
         tensors = {name: torch.from_numpy(array).to(device) for name, array in meta.items()}
         state_format_step(backend, tensors, (state_cache, k_cache), kernel_constants, state, config)
         state_format_step(spec, meta, (state_np, k_cache_np), spec_constants, state, config)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
-            differ = np.flatnonzero(_cache_bytes(mine) != expected.view(np.uint8))
-            if differ.size:
-                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        check_caches(step, device, (state_cache, k_cache), (state_np, k_cache_np))
         entries = int((meta["kv_slot_mapping"] >= 0).sum())
         written += entries
         tokens = sum(count for _, _, count in plan)
