@@ -10,6 +10,7 @@ from dsv4_compressor import spec
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.batch import Request
+from spec_test_helpers import V41_DEBUG_CASES
 
 F32 = np.float32
 
@@ -212,17 +213,7 @@ def _with(call: dict, name: str, index: int, value) -> dict:
     return {**call, name: array}
 
 
-@pytest.mark.parametrize("ratio, change, message", [
-    (1, ("kv_slot_mapping", 0, 10_000), "is outside k_cache"),
-    (2, ("kv_slot_mapping", 2, 10_000), "is outside k_cache"),
-    (1, ("positions", 1, 40), "rotates with cos_sin_cache row 40"),
-    (2, ("slot_mapping", 4, -1), None),  # not an error: the token is inactive
-    (2, ("save_slot_mapping", 1, 1_000_000), "is outside the state cache"),
-    (2, ("token_to_req", 1, 0), "lies in request 1's chunk"),
-    (2, ("positions", 2, 7), "positions are consecutive"),
-    (2, ("kv_slot_mapping", 2, lambda call: call["kv_slot_mapping"][0]), "is written by more than one"),  # positions 1 and 3
-    (2, ("kv_slot_mapping", 4, 0), "for a padding token"),
-])
+@pytest.mark.parametrize("ratio, change, message", V41_DEBUG_CASES)
 def test_debug_checks_values_before_writing(ratio, change, message):
     call = _with(_debug_case(ratio), *change)
     if message is None:
