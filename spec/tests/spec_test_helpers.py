@@ -9,8 +9,9 @@ from dsv4_compressor.spec import float64_ideal
 from dsv4_compressor.conformance.scenarios import StepInputs
 
 # SPEC §14.8's debug checks of a v41_compress_norm_rope_store call (spec/tests/test_v41_errors.py's
-# ``v41_call``; the Triton family's test makes the same call with torch tensors): ``(ratio, (argument,
-# index, value or value(call)), the end of the message)``, None where the change breaks no check.
+# ``v41_call``; the Triton family's test makes the same call with torch tensors): ``(ratio, the change:
+# with_entry's (argument, index, value or value(call)), the end of the message)``, None where the
+# change breaks no check.
 V41_DEBUG_CASES = [
     (1, ("kv_slot_mapping", 0, 10_000), "is outside k_cache"),
     (2, ("kv_slot_mapping", 2, 10_000), "is outside k_cache"),
@@ -22,6 +23,14 @@ V41_DEBUG_CASES = [
     (2, ("kv_slot_mapping", 2, lambda call: call["kv_slot_mapping"][0]), "is written by more than one"),  # positions 1 and 3
     (2, ("kv_slot_mapping", 4, 0), "for a padding token"),
 ]
+
+
+def with_entry(call: dict, name: str, index, value) -> dict:
+    """``call`` with a copy of its array ``name`` (NumPy or torch) whose entry ``index`` is ``value``
+    (``value(call)`` where callable)."""
+    array = call[name].copy() if isinstance(call[name], np.ndarray) else call[name].clone()
+    array[index] = value(call) if callable(value) else value
+    return {**call, name: array}
 
 
 def store(inputs: StepInputs, batch, state: np.ndarray, k_cache: np.ndarray, tokens=slice(None)) -> None:
