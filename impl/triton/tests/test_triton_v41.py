@@ -18,15 +18,7 @@ from dsv4_compressor import spec
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec.batch import Request
 
-from v41_family_checks import (  # noqa: F401  (collected here, run on the Triton family)
-    test_a_step_without_active_tokens_writes_only_the_saves, test_chunk_rows_are_read_from_the_inputs_not_the_state,
-    test_combined_call_bytes_identical_to_spec, test_combined_call_without_a_latent_writes_the_same_cache_and_no_latent,
-    test_compress_norm_alone, test_engine_sized_batches, test_engine_sized_index_keys, test_entries_per_page,
-    test_index_key_store, test_prefill_decode_run_on_the_reference_ring, test_ratio2_state_options,
-    test_ring_wraps_around_many_times, test_rope_quant_store_alone,
-    test_saving_every_token_equals_the_spec_save_then_compress, test_verify_run_on_vllms_ring,
-    test_verify_steps_with_a_boundary_inside_and_rejected_drafts,
-)
+from v41_family_checks import *  # noqa: F401,F403  (the shared checks, collected here, run on the Triton family)
 from v41_family_checks import RING_CHUNKS, ratio2_case, ring_chunk_case
 from v41_scenarios import (
     EPS, assert_identical, build_case, combined, compress_norm, programs_in_reverse_order, run_both,

@@ -1,6 +1,6 @@
 """DeepSeek-V4.1's checks both kernel families run (SPEC §14.7): each test takes the fixture
-``v41_family`` (``"triton"`` or ``"cutedsl"``, defined by the test module that imports it) and
-compares that family's bytes with the spec's over whole allocations.
+``v41_family`` (``"triton"`` or ``"cutedsl"``, defined by the test module that imports them all
+with ``import *``) and compares that family's bytes with the spec's over whole allocations.
 
 ``test_triton_v41.py`` runs them under ``TRITON_INTERPRET=1`` on CPU and on a GPU (those marked
 ``gpu`` on a GPU only); ``impl/cutedsl/tests/test_cutedsl_v41_gpu.py`` runs them on a GPU. The
@@ -242,3 +242,7 @@ def test_verify_run_on_vllms_ring(v41_family):
     after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
     plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
     run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21, family=v41_family)
+
+
+# What a family's test module collects with ``from v41_family_checks import *``: every check above.
+__all__ = [name for name in dict(globals()) if name.startswith("test_")]
