@@ -116,6 +116,32 @@ def load_backend(name: str):
     return backend, device
 
 
+def allocate_caches(config: EngineConfig, device, bf16_state: bool = False) -> tuple:
+    """The state cache and the compressed cache, zeroed, allocated once: NumPy mirrors for the spec
+    (a bf16 state as uint16 bit patterns), then their torch twins on ``device`` for the kernels."""
+    import torch
+
+    width = ratio_config(config.compress_ratio).state_row_width  # 2*SW: kv then score
+    state_np = np.zeros((config.state_blocks, config.block_size, width), dtype=np.uint16 if bf16_state else np.float32)
+    k_cache_np = np.zeros((config.pages, config.entries_per_page, ENTRY_BYTES), dtype=np.uint8)
+    state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 or bf16 [blocks, bs, 2*SW]
+    if bf16_state:
+        state_cache = state_cache.view(torch.bfloat16)
+    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    return (state_np, k_cache_np), (state_cache, k_cache)
+
+
+def scheduled_steps(requests: list[Request], config: EngineConfig, steps: int, rng: np.random.Generator):
+    """The loop's steps, at most ``steps`` and none once every request is done: ``(step, plan,
+    state_pool, page_pool)``, the block pools made once before the first."""
+    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
+    for step in range(steps):
+        plan = schedule(requests, config)
+        if not plan:
+            return
+        yield step, plan, state_pool, page_pool
+
+
 def layer_constants(config: EngineConfig, requests: list[Request], rng: np.random.Generator, device) -> tuple:
     """The layer's fixed inputs, drawn once: ``(ape, rms_norm_weight, rms_norm_eps, cos_sin_cache)``
     as NumPy arrays for the spec, then as torch tensors on ``device`` for the kernels."""
@@ -152,21 +178,14 @@ def run(config: EngineConfig, requests: list[Request], backend_name: str, steps:
     rng = np.random.default_rng(seed)
     r = config.compress_ratio
     width = ratio_config(r).state_row_width  # 2*SW: kv then score
-    bs, B = config.block_size, config.entries_per_page
+    bs = config.block_size
 
     # 1. buffers, allocated once: NumPy mirrors for the spec, torch tensors for the kernels
-    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.float32)
-    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
-    state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 [blocks, bs, 2*SW]
-    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    (state_np, k_cache_np), (state_cache, k_cache) = allocate_caches(config, device)
     (ape_np, weight_np, eps, cos_sin_np), (ape, weight, _, cos_sin) = layer_constants(config, requests, rng, device)
 
-    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
-    for step in range(steps):
-        plan = schedule(requests, config)
-        if not plan:
-            break
+    for step, plan, state_pool, page_pool in scheduled_steps(requests, config, steps, rng):
         # 2. this step's metadata
         meta = build_step(requests, plan, config, state_pool, page_pool)
         kv_score_np = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)  # the projection's output
@@ -317,25 +336,14 @@ def run_state_format(config: EngineConfig, requests: list[Request], backend_name
 
     backend, device = load_backend(backend_name)
     rng = np.random.default_rng(seed)
-    r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page
-    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    width = ratio_config(config.compress_ratio).state_row_width  # 2*SW: kv then score
     capacity = capacity_of(state, config)
 
-    # buffers: a bf16 state is uint16 bit patterns in the spec, torch.bfloat16 for the kernels
-    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.uint16 if state.dtype == "bf16" else np.float32)
-    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
-    state_cache = torch.from_numpy(state_np.copy()).to(device)
-    if state.dtype == "bf16":
-        state_cache = state_cache.view(torch.bfloat16)  # bf16 [blocks, bs, 2*SW]
-    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    (state_np, k_cache_np), (state_cache, k_cache) = allocate_caches(config, device, bf16_state=state.dtype == "bf16")
     spec_constants, kernel_constants = layer_constants(config, requests, rng, device)
 
-    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
-    for step in range(steps):
-        plan = schedule(requests, config)
-        if not plan:
-            break
+    for step, plan, state_pool, page_pool in scheduled_steps(requests, config, steps, rng):
         meta = ring_step_metadata(requests, plan, config, state, state_pool, page_pool)
         meta["kv_score"] = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)
         tensors = {name: torch.from_numpy(array).to(device) for name, array in meta.items()}
