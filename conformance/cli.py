@@ -222,7 +222,7 @@ def _scenario_rows(args, runnable, chosen, report: Report) -> None:
     mode = "tolerant (SPEC §10 error bounds)" if args.tolerant else "exact (every byte)"
     names = ", ".join(f"{n!r} on {d}" for n, _, d in runnable)
     print(f"conformance of {names}: {len(chosen)} scenarios, verdict {mode}", flush=True)
-    _verdict_rows(args, runnable, chosen, report, run_scenario, lambda verdict: {})
+    _scenario_table(args, runnable, chosen, report, run_scenario, lambda verdict: {})
 
 
 def _v41_rows(args, runnable, chosen, report: Report) -> None:
@@ -231,25 +231,36 @@ def _v41_rows(args, runnable, chosen, report: Report) -> None:
     mode = "tolerant (SPEC §14.9 error bounds)" if args.tolerant else "exact (every byte)"
     print(f"\nDeepSeek-V4.1 (SPEC §14): {len(chosen)} scenarios, verdict {mode}; latent, state and cache compared",
           flush=True)
-    _verdict_rows(args, runnable, chosen, report, run_v41_scenario,
-                  lambda verdict: {"model": "v4.1", "departure": verdict.departure})
+    _scenario_table(args, runnable, chosen, report, run_v41_scenario,
+                    lambda verdict: {"model": "v4.1", "departure": verdict.departure})
 
 
-def _verdict_rows(args, runnable, chosen, report: Report, run, extra) -> None:
-    """One table row per scenario and implementation (``run(impl, scenario, tolerant=, device=)``
-    gives the verdict; ``extra(verdict)``: the JSON fields a catalogue adds)."""
+def _scenario_table(args, runnable, chosen, report: Report, run, extra) -> None:
+    """A catalogue's table: its header, then :func:`_verdict_rows` (``extra(verdict)``: the JSON
+    fields the catalogue adds to each scenario's)."""
     print(_row(("scenario", "impl", "tokens", "active", "verdict", "first difference / deviations"), WIDTHS))
     print("-" * 150)
-    for scenario in chosen:
+
+    def record(scenario, name: str, device: str, verdict, seconds: float) -> tuple[str, dict]:
+        return "scenarios", {
+            "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
+            "device": device, **_verdict_json(verdict), **extra(verdict), "seconds": round(seconds, 3)}
+
+    _verdict_rows(args, runnable, chosen, report, run, record)
+
+
+def _verdict_rows(args, runnable, chosen, report: Report, run, record) -> None:
+    """One table row per scenario (or sequence) and implementation: ``run(impl, item, tolerant=,
+    device=)`` gives the verdict, ``record(item, impl name, device, verdict, seconds)`` the section of
+    the JSON report and the entry it gets."""
+    for item in chosen:
         for name, impl, device in runnable:
             start = time.perf_counter()
-            verdict = run(impl, scenario, tolerant=args.tolerant, device=device)
-            _print_verdict(args, scenario.name, name, verdict, time.perf_counter() - start)
-            report.count(name, scenario.name, verdict.status, verdict.passed)
-            report.results["scenarios"].append({
-                "scenario": scenario.name, "size": scenario.size, "sections": list(scenario.sections), "impl": name,
-                "device": device, **_verdict_json(verdict), **extra(verdict),
-                "seconds": round(time.perf_counter() - start, 3)})
+            verdict = run(impl, item, tolerant=args.tolerant, device=device)
+            _print_verdict(args, item.name, name, verdict, time.perf_counter() - start)
+            report.count(name, item.name, verdict.status, verdict.passed)
+            section, entry = record(item, name, device, verdict, time.perf_counter() - start)
+            report.results[section].append(entry)
 
 
 def _print_verdict(args, label: str, name: str, verdict, seconds: float) -> None:
@@ -273,14 +284,9 @@ def _sequence_rows(args, runnable, chosen_sequences, report: Report) -> None:
 
     print(f"\nmulti-step sequences ({len(chosen_sequences)}: the caches carried from step to step, both compared with "
           f"the spec's after every step):", flush=True)
-    for sequence in chosen_sequences:
-        for name, impl, device in runnable:
-            start = time.perf_counter()
-            verdict = run_sequence(impl, sequence, tolerant=args.tolerant, device=device)
-            _print_verdict(args, sequence.name, name, verdict, time.perf_counter() - start)
-            report.count(name, sequence.name, verdict.status, verdict.passed)
-            report.results["sequences"].append({"sequence": sequence.name, "impl": name, "device": device,
-                                                **_verdict_json(verdict)})
+    _verdict_rows(args, runnable, chosen_sequences, report, run_sequence,
+                  lambda sequence, name, device, verdict, seconds: (
+                      "sequences", {"sequence": sequence.name, "impl": name, "device": device, **_verdict_json(verdict)}))
 
 
 def _invariance_rows(args, runnable, chosen, report: Report) -> None:

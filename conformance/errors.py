@@ -20,7 +20,7 @@ import numpy as np
 
 from ..spec.constants import ENTRY_BYTES
 from .implementations import LoadedImplementation
-from .runner import to_numpy, to_torch
+from .runner import StatusVerdict, to_numpy, to_torch
 from .scenarios import C4, StepRecipe, build_step, _decode
 
 
@@ -52,15 +52,11 @@ class ErrorCase:
 
 
 @dataclass
-class ErrorVerdict:
+class ErrorVerdict(StatusVerdict):
     case: str
     implementation: str
     status: str  # pass / fail / skip
     detail: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.status in ("pass", "skip", "unsupported")
 
 
 class TorchArrays:

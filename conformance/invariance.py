@@ -28,7 +28,7 @@ from ..spec.batch import Batch
 from . import step_call
 from .arrays import HostArrays, TorchArrays, arrays_for
 from .implementations import LoadedImplementation
-from .runner import features, first_difference, spec_result
+from .runner import StatusVerdict, features, first_difference, spec_result
 from .scenarios import Scenario, StepInputs
 from .step_call import StaticArgs, StepArrays
 
@@ -54,21 +54,13 @@ class InvarianceConfig:
 
 
 @dataclass
-class InvarianceVerdict:
+class InvarianceVerdict(StatusVerdict):
     name: str  # the scenario (or step)
     implementation: str
     status: str  # "pass", "fail", "error", "unsupported", "skip"
     detail: str = ""
     calls: int = 0  # calls made (the whole step's included)
     traceback: str = ""  # of an error
-
-    @property
-    def passed(self) -> bool:
-        return self.status in ("pass", "unsupported", "skip")
-
-    @property
-    def checked(self) -> bool:
-        return self.status in ("pass", "fail", "error")
 
 
 def partitionings(batch: Batch, config: InvarianceConfig, rng: np.random.Generator) -> list[Partitioning]:

@@ -43,17 +43,9 @@ class Expected:
     k_cache_after_store: np.ndarray  # uint8: the whole compressed-cache allocation after the store
 
 
-@dataclass
-class Verdict:
-    scenario: str
-    implementation: str
-    tokens: int
-    active: int
-    status: str  # "pass", "fail", "error", "unsupported" (declared, not called), "skip" (no device)
-    first_difference: str = ""
-    region: str | None = None
-    counts: dict = field(default_factory=dict)  # deviations by kind (tolerant mode)
-    departure: str = ""  # the known departure (SPEC §14.10) that explains the bytes, where one does
+class StatusVerdict:
+    """What a verdict's ``status`` says ("pass", "fail", "error", "unsupported": declared, not
+    called, "skip": no device), for the verdict dataclasses that have one."""
 
     @property
     def passed(self) -> bool:
@@ -63,6 +55,19 @@ class Verdict:
     @property
     def checked(self) -> bool:
         return self.status in ("pass", "fail", "error")
+
+
+@dataclass
+class Verdict(StatusVerdict):
+    scenario: str
+    implementation: str
+    tokens: int
+    active: int
+    status: str  # "pass", "fail", "error", "unsupported" (declared, not called), "skip" (no device)
+    first_difference: str = ""
+    region: str | None = None
+    counts: dict = field(default_factory=dict)  # deviations by kind (tolerant mode)
+    departure: str = ""  # the known departure (SPEC §14.10) that explains the bytes, where one does
 
 
 def spec_step(inputs: StepInputs, state: np.ndarray, k_cache: np.ndarray) -> None:

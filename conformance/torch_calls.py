@@ -15,7 +15,7 @@ import torch
 
 from ..impl.frontend import describe_torch
 from ..spec.validation import (
-    CompressCall, SaveCall, StepCall, StoreCall, check_compress, check_save_partial_states, check_step, check_store,
+    CompressCall, SaveCall, StepCall, StoreCall, check_compress, check_save_arrays, check_step, check_store_arrays,
 )
 
 HEAD_DIMS = (512, 128)  # SPEC §1 and the indexer's (§12)
@@ -71,10 +71,9 @@ def _described(name: str, tensor):
 
 def check_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, options: StateOptions) -> SaveCall:
     """SPEC §4/§9/§13 checks of ``save_partial_states`` (``ape`` may be None with ``ape_at="compress"``)."""
-    return check_save_partial_states(
-        describe_torch("kv_score", kv_score), _described("ape", ape), describe_torch("positions", positions),
-        describe_torch("slot_mapping", slot_mapping), describe_torch("state_cache", state_cache), block_size,
-        head_dims=HEAD_DIMS, ape_at=options.ape_at, ring_capacity=options.ring_capacity, state_dtypes=STATE_DTYPES)
+    return check_save_arrays(describe_torch, kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                             head_dims=HEAD_DIMS, ape_at=options.ape_at, ring_capacity=options.ring_capacity,
+                             state_dtypes=STATE_DTYPES)
 
 
 def check_pooling(state_cache, token_to_req, positions, slot_mapping, block_table, block_size, kv_slot_mapping,
@@ -99,7 +98,6 @@ def check_step_inputs(kv, score, ape, query_start_loc, save_slot_mapping, block_
 
 def check_store_args(store: StoreArgs, state_cache, head_dim: int) -> StoreCall:
     """SPEC §6/§7/§9/§12 checks of the store's arguments (``head_dim`` from the pooling checks)."""
-    return check_store(describe_torch("rms_norm_weight", store.rms_norm_weight), store.rms_norm_eps,
-                       describe_torch("cos_sin_cache", store.cos_sin_cache), describe_torch("k_cache", store.k_cache),
-                       store.layout, store.fp8_scale, describe_torch("state_cache", state_cache), head_dim=head_dim,
-                       hadamard=store.hadamard)
+    return check_store_arrays(describe_torch, store.rms_norm_weight, store.rms_norm_eps, store.cos_sin_cache,
+                              store.k_cache, store.layout, store.fp8_scale, state_cache, head_dim=head_dim,
+                              hadamard=store.hadamard)

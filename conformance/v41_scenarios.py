@@ -12,6 +12,7 @@ one-ulp slips to reach the bytes, ``large`` is for GPUs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -281,11 +282,17 @@ def _short(layout: str) -> str:
 PAGES = {"v41_mxfp8": (2, 16), "v41_nvfp4": (64, 48), "flashmla_fp8": (1, 0), "bf16": (2, 0), "fp8_per_tensor": (64, 0)}
 
 
+def _scenario(size: str, name: str, description: str, recipe: V41Recipe, seed: int, tags=()) -> V41Scenario:
+    """A catalogue entry of a size class: named ``v41_<name>`` (small) or ``v41_<size>_<name>``."""
+    prefix = "v41_" if size == "small" else f"v41_{size}_"
+    return V41Scenario(prefix + name, description, size, recipe, seed, tags)
+
+
 def _small() -> list[V41Scenario]:
     s: list[V41Scenario] = []
 
     def add(name, description, recipe, seed, tags=()):
-        s.append(V41Scenario(f"v41_{name}", description, "small", recipe, seed, tags))
+        s.append(_scenario("small", name, description, recipe, seed, tags))
 
     for i, layout in enumerate(RECORDS):  # every record at both ratios
         b, pad = PAGES[layout]
@@ -386,8 +393,7 @@ def _small_operations(add) -> None:
 
 
 def _medium() -> list[V41Scenario]:
-    def scenario(name, description, recipe, seed):
-        return V41Scenario(f"v41_medium_{name}", description, "medium", recipe, seed)
+    scenario = partial(_scenario, "medium")
 
     # Every request of a step gets the pages of the step's largest position (spec.v41_batch.v41_tables):
     # decode positions stay small, so that the caches stay below a gigabyte.
@@ -408,8 +414,7 @@ def _medium() -> list[V41Scenario]:
 
 
 def _large() -> list[V41Scenario]:
-    def scenario(name, description, recipe, seed):
-        return V41Scenario(f"v41_large_{name}", description, "large", recipe, seed)
+    scenario = partial(_scenario, "large")
 
     return [
         scenario("r1_decode_8192_mxfp8", "ratio 1, 8192 decode tokens into v41_mxfp8",

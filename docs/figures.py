@@ -128,6 +128,23 @@ class Svg:
         ty = y + d + (13 if below else -5)
         self.text((x1 + x2) / 2, ty, label, size=size, anchor="middle", fill=fill)
 
+    def heading(self, title, size=17, subtitle=None):
+        """The figure's bold title centred at the top, and the ``subtitle`` (muted) below it."""
+        self.text(self.width / 2, 30, title, size=size, anchor="middle", weight="bold")
+        if subtitle is not None:
+            self.text(self.width / 2, 50, subtitle, size=12, anchor="middle", fill=MUTED)
+
+    def lines(self, x, y, lines, step, **style):
+        """Lines of text from ``y`` down, ``step`` apart (``style``: :meth:`text`'s keywords)."""
+        for index, line in enumerate(lines):
+            self.text(x, y + step * index, line, **style)
+
+    def box(self, x, y, w, h, title, lines, fill, size=11.5):
+        """A rounded box: a bold title, then ``lines`` of monospace text (``size``), centred."""
+        self.rect(x, y, w, h, fill=fill, stroke=LINE, rx=6)
+        self.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
+        self.lines(x + w / 2, y + 38, lines, 16, size=size, anchor="middle", mono=True)
+
     def legend(self, x, y, items, cols=1, col_width=220, size=11):
         """Swatches with labels; ``items`` are ``(fill, label)`` with fill ``'hatch'`` for hatched."""
         for index, (fill, label) in enumerate(items):
@@ -163,16 +180,10 @@ class Svg:
 # ---- figure 1: the data flow ---------------------------------------------------------------
 def pipeline() -> str:
     svg = Svg(980, 800, "DeepSeek V4 KV compressor: data flow from projections to cache bytes")
-    svg.text(490, 30, "From projections to cache bytes", size=18, anchor="middle", weight="bold")
-    svg.text(490, 50, "one call of save_partial_states, then one of compress_norm_rope_store, per layer and step",
-             size=12, anchor="middle", fill=MUTED)
+    svg.heading("From projections to cache bytes", 18,
+                "one call of save_partial_states, then one of compress_norm_rope_store, per layer and step")
 
-    def box(x, y, w, h, title, lines, fill):
-        svg.rect(x, y, w, h, fill=fill, stroke=LINE, rx=6)
-        svg.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
-        for index, line in enumerate(lines):
-            svg.text(x + w / 2, y + 38 + 16 * index, line, size=11.5, anchor="middle", mono=True)
-
+    box = svg.box
     cx, w = 490, 620
     x = cx - w / 2
     box(x, 66, w, 62, "inputs of this step (T tokens)",
@@ -199,16 +210,15 @@ def pipeline() -> str:
     svg.path(f"M{_n(cx)},560 L{_n(rx + bw / 2)},560 L{_n(rx + bw / 2)},572", arrow=True, sw=1.4)
     svg.rect(lx, 574, bw, 80, fill=NOPE_LIGHT, stroke=LINE, rx=6)
     svg.text(lx + bw / 2, 593, "NoPE: y[0:448], 7 blocks of 64", size=13, anchor="middle", weight="bold")
-    for index, line in enumerate(["q = bf16(y);  amax = max |q| per block",
-                                  "k = smallest int with max(amax, 1e−4) ≤ 448·2^k",
-                                  "scale byte 127 + k;  byte = e4m3(q · 2^−k)"]):
-        svg.text(lx + bw / 2, 612 + 16 * index, line, size=11.5, anchor="middle", mono=True)
+    svg.lines(lx + bw / 2, 612, ["q = bf16(y);  amax = max |q| per block",
+                                 "k = smallest int with max(amax, 1e−4) ≤ 448·2^k",
+                                 "scale byte 127 + k;  byte = e4m3(q · 2^−k)"], 16, size=11.5, anchor="middle", mono=True)
     svg.rect(rx, 574, bw, 80, fill=ROPE_LIGHT, stroke=LINE, rx=6)
     svg.text(rx + bw / 2, 593, "RoPE: y[448:512], unrounded fp32", size=13, anchor="middle", weight="bold")
-    for index, line in enumerate(["(a, b) = (y[448+2j], y[449+2j]), cp = (p // r)·r",
-                                  "o0 = a·cos − b·sin,  o1 = a·sin + b·cos",
-                                  "(co, si from cos_sin_cache[cp]);  bf16(o0), bf16(o1)"]):
-        svg.text(rx + bw / 2, 612 + 16 * index, line, size=11.5, anchor="middle", mono=True)
+    svg.lines(rx + bw / 2, 612, ["(a, b) = (y[448+2j], y[449+2j]), cp = (p // r)·r",
+                                 "o0 = a·cos − b·sin,  o1 = a·sin + b·cos",
+                                 "(co, si from cos_sin_cache[cp]);  bf16(o0), bf16(o1)"], 16, size=11.5, anchor="middle",
+              mono=True)
     svg.line(lx + bw / 2, 654, lx + bw / 2, 676, arrow=True, sw=1.4)
     svg.line(rx + bw / 2, 654, rx + bw / 2, 676, arrow=True, sw=1.4)
     box(lx, 678, rx + bw - lx, 62, "store at kv_slot_mapping[t]: page = slot // B, o = slot % B (§7)",
@@ -223,10 +233,8 @@ def pipeline() -> str:
 # ---- figure 2: the state cache --------------------------------------------------------------
 def state_cache() -> str:
     svg = Svg(1000, 590, "State cache: rows of kv then score, padded strides")
-    svg.text(500, 30, "State cache (C4: SW = 1024, bs = 4), fp32 [num_state_blocks, bs, 2·SW]", size=17,
-             anchor="middle", weight="bold")
-    svg.text(500, 50, "strides (s0, s1, 1) in elements; here s1 = 2176 (row padding 128) and s0 = 5·s1 (one padding row per block)",
-             size=12, anchor="middle", fill=MUTED)
+    svg.heading("State cache (C4: SW = 1024, bs = 4), fp32 [num_state_blocks, bs, 2·SW]", 17,
+                "strides (s0, s1, 1) in elements; here s1 = 2176 (row padding 128) and s0 = 5·s1 (one padding row per block)")
     x0, scale = 150, 0.3  # px per float
     width, s1 = 2048, 2176
     row_h, gap = 22, 4
@@ -288,8 +296,7 @@ def state_cache() -> str:
 # ---- figure 3: C4 windows -----------------------------------------------------------------
 def c4_window() -> str:
     svg = Svg(1000, 620, "C4: overlapped windows of 8 rows")
-    svg.text(500, 30, "C4 (r = 4, W = 8): entry c pools half 0 of group c−1 and half 1 of group c", size=17,
-             anchor="middle", weight="bold")
+    svg.heading("C4 (r = 4, W = 8): entry c pools half 0 of group c−1 and half 1 of group c")
     x0, cw = 190, 38
     first, last = -4, 15
 
@@ -356,12 +363,11 @@ def c4_window() -> str:
     svg.text(x0 + 4 * seg + 16, ry + 10, "half 0 = columns [0:512] and [1024:1536]", size=11, fill=H0, weight="bold")
     svg.text(x0 + 4 * seg + 16, ry + 26, "half 1 = columns [512:1024] and [1536:2048]", size=11, fill=H1, weight="bold")
     fy = ry + 68
-    for index, line in enumerate([
+    svg.lines(40, fy, [
         "row i of the entry of boundary token p:  pos_i = p − 7 + i,  valid iff pos_i ≥ 0,  half h = i // 4",
         "kv_i[c] = S_i[512·h + c],  s_i[c] = S_i[1024 + 512·h + c]   (c = 0..511, channels independent)",
         "x[c] = div(tree(u_0..u_7), tree(e_0..e_7)), trees over the rows in row order;  RoPE row cp = (p // 4)·4",
-    ]):
-        svg.text(40, fy + 20 * index, line, size=12, mono=True)
+    ], 20, size=12, mono=True)
     ly2 = fy + 78
     svg.legend(40, ly2, [(H0_LIGHT, "half 0 of the row's token"), (H1_LIGHT, "half 1 of the row's token"),
                          ("hatch-red", "invalid row: e = u = +0")], cols=4, col_width=225, size=11)
@@ -379,8 +385,7 @@ XOR = "#2F6690"
 
 def c128_window() -> str:
     svg = Svg(1060, 625, "C128: 128 window rows through the block table")
-    svg.text(530, 30, "C128 (r = 128, W = 128, bs = 8): the window is 16 state blocks found through block_table", size=17,
-             anchor="middle", weight="bold")
+    svg.heading("C128 (r = 128, W = 128, bs = 8): the window is 16 state blocks found through block_table")
     x0, bw = 150, 46
     right = x0 + 16 * bw + 10
     y = 78
@@ -472,10 +477,9 @@ def flashmla_page(entries: int = 4) -> str:
     scale_start = entries * DATA_RECORD_BYTES
     zoom = 1  # the entry whose records are drawn large
     svg = Svg(1000, 600, f"flashmla_fp8 page layout, B = {entries}")
-    svg.text(500, 30, f"flashmla_fp8 page (B = {entries}): {entries} data records, {entries} scale records, padding to the page stride",
-             size=16.5, anchor="middle", weight="bold")
-    svg.text(500, 50, f"page p starts at byte p·stride0; stride0 ≥ B·584 = {page_bytes} and a multiple of 16; "
-             f"engines use round_up(B·584, 576) = {stride}", size=12, anchor="middle", fill=MUTED)
+    svg.heading(f"flashmla_fp8 page (B = {entries}): {entries} data records, {entries} scale records, padding to the page stride",
+                16.5, f"page p starts at byte p·stride0; stride0 ≥ B·584 = {page_bytes} and a multiple of 16; "
+                f"engines use round_up(B·584, 576) = {stride}")
     x0, width = 60, 880
     k = width / stride
     sx = x0 + scale_start * k
@@ -547,13 +551,12 @@ def flashmla_page(entries: int = 4) -> str:
     svg.rect(x0, zy, width, 40, fill="none", stroke=INK, sw=1.6)
 
     fy = 440
-    for index, line in enumerate([
+    svg.lines(x0, fy, [
         "entry slot s: page = s // B, o = s % B. NoPE byte d at page·stride0 + o·576 + d;",
         "RoPE channel 448+m (bf16) at page·stride0 + o·576 + 448 + 2m; scale byte g at page·stride0 + B·576 + o·8 + g",
         "value of NoPE channel d (for readers) = e4m3_to_float(byte[d]) · 2^(scale_byte[d // 64] − 127)",
         f"bytes from B·584 = {page_bytes} up to the page stride, and entries that no active token addresses, are never written",
-    ]):
-        svg.text(x0, fy + 19 * index, line, size=11.5, mono=True)
+    ], 19, size=11.5, mono=True)
     svg.legend(x0, fy + 100, [(NOPE_LIGHT, "NoPE: E4M3FN bytes"), (ROPE_LIGHT, "RoPE: bf16 little-endian"),
                               (SCALE_LIGHT, "UE8M0 scale bytes"), (PAD, "pad byte, always 0"),
                               ("hatch", "page padding, never written"), (SCALE, "entry o = 1: its records, drawn large")],
@@ -620,16 +623,14 @@ def _indexer_page(svg: Svg, layout: str, y: float, entries: int, zoom: int) -> N
 
 def indexer_pages(entries: int = 4) -> str:
     svg = Svg(1000, 480, f"indexer_fp8 and indexer_mxfp4 page layouts, B = {entries}")
-    svg.text(500, 30, f"The indexer's cache pages (head width 128, SPEC §12), B = {entries}; entry o = 1 drawn large",
-             size=16.5, anchor="middle", weight="bold")
+    svg.heading(f"The indexer's cache pages (head width 128, SPEC §12), B = {entries}; entry o = 1 drawn large", 16.5)
     _indexer_page(svg, "indexer_fp8", 160, entries, 1)
     _indexer_page(svg, "indexer_mxfp4", 320, entries, 1)
     fy = 405
-    for index, line in enumerate([
+    svg.lines(60, fy, [
         "slot s: page = s // B, o = s % B; data record at page·stride0 + o·D, scale record at page·stride0 + B·D + o·4",
         "mxfp4 data byte j = code[2j] | code[2j+1] << 4 (E2M1 codes: sign bit 3, grid 0, .5, 1, 1.5, 2, 3, 4, 6)",
-    ]):
-        svg.text(60, fy + 19 * index, line, size=11.5, mono=True)
+    ], 19, size=11.5, mono=True)
     svg.legend(60, fy + 55, [(NOPE_LIGHT, "data: E4M3 / packed E2M1 codes"), (SCALE_LIGHT, "scale: fp32 2^k / UE8M0 bytes"),
                              ("hatch", "page padding, never written")], cols=3, col_width=290, size=11)
     return svg.render()
@@ -640,8 +641,8 @@ def state_formats(ratio: int = 4, window: int = 8, capacity: int = 12, block: in
     """C4, a ring of ``capacity`` rows in blocks of ``block``, one request's chunk of ``tokens`` tokens from ``first``."""
     last = first + tokens - 1
     svg = Svg(1000, 610, "SPEC 13.4: where the rows of a window come from")
-    svg.text(500, 30, f"compress_and_save (SPEC §13.4): C4, a ring of C = {capacity} rows, one request's chunk of "
-             f"{tokens} tokens", size=16.5, anchor="middle", weight="bold")
+    svg.heading(f"compress_and_save (SPEC §13.4): C4, a ring of C = {capacity} rows, one request's chunk of {tokens} tokens",
+                16.5)
     lo = first - capacity
     x0, cw = 175, 29
 
@@ -704,14 +705,13 @@ def state_formats(ratio: int = 4, window: int = 8, capacity: int = 12, block: in
         svg.text(rx + slot * rw + rw / 2, ry + 90, f"s{slot}", size=9.5, anchor="middle", mono=True, fill=MUTED)
 
     fy = ry + 122
-    for index, line in enumerate([
+    svg.lines(40, fy, [
         "q < P0: S = state_cache[block_table[req, (q mod C) // bs], (q mod C) mod bs]   (paged: q in place of q mod C)",
         "q ≥ P0: kv_i = R(kv[u]), s_i = R(add(score[u], ape[q mod r]))  (ape_at save) or add(R(score[u]), ape[q mod r])",
         "        (ape_at compress): the row as the save would store it, read back as pooling reads it; R = bf16 or identity",
         f"then the save: the tail, the last C tokens of the chunk ({tail[0]}..{tail[-1]}); {first}..{tail[0] - 1} have"
         f" save_slot_mapping = −1",
-    ]):
-        svg.text(40, fy + 19 * index, line, size=11.5, mono=True)
+    ], 19, size=11.5, mono=True)
     svg.legend(40, fy + 98, [(BLOCK_LIGHT, "a row from the state (here the ring)"), (KV_LIGHT, "a row from this call's kv/score"),
                               (SAVE, "a ring row written by this call's save")], cols=3, col_width=300, size=11)
     return svg.render()
@@ -732,17 +732,10 @@ def _bf16_badge(svg: Svg, x: float, y: float, label: str = "bf16") -> None:
 
 def v41_pipeline() -> str:
     svg = Svg(1000, 930, "DeepSeek-V4.1 compressors: data flow and bf16 rounding points")
-    svg.text(500, 30, "DeepSeek-V4.1 (SPEC §14): from projections to cache bytes, ratios 1 and 2", size=18,
-             anchor="middle", weight="bold")
-    svg.text(500, 50, "every red badge is a bf16 rounding (nearest, ties to even); everything between badges is §2's binary32",
-             size=12, anchor="middle", fill=MUTED)
+    svg.heading("DeepSeek-V4.1 (SPEC §14): from projections to cache bytes, ratios 1 and 2", 18,
+                "every red badge is a bf16 rounding (nearest, ties to even); everything between badges is §2's binary32")
 
-    def box(x, y, w, h, title, lines, fill, size=11.5):
-        svg.rect(x, y, w, h, fill=fill, stroke=LINE, rx=6)
-        svg.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
-        for index, line in enumerate(lines):
-            svg.text(x + w / 2, y + 38 + 16 * index, line, size=size, anchor="middle", mono=True)
-
+    box = svg.box
     lx, lw = 40, 600  # the main column
     cx = lx + lw / 2
     box(lx, 66, lw, 62, "inputs (T tokens)",
@@ -806,10 +799,9 @@ def v41_pipeline() -> str:
     kx, kw = 680, 280
     svg.rect(kx, 462, kw, 176, fill="#FFFFFF", stroke=LINE, rx=6)
     svg.text(kx + kw / 2, 481, "index key (§14.6)", size=13, anchor="middle", weight="bold")
-    for index, line in enumerate(["k_pre = wk(latent), bf16[128]", "(a bf16 GEMM, outside)", "norm over 128 → κ",
-                                  "RoPE on 64..127 at cp", "z = κ[0:64] ‖ (o0, o1)", "no Hadamard rotation",
-                                  "→ indexer_fp8 or _mxfp4"]):
-        svg.text(kx + 14, 500 + 19 * index, line, size=11, mono=True)
+    svg.lines(kx + 14, 500, ["k_pre = wk(latent), bf16[128]", "(a bf16 GEMM, outside)", "norm over 128 → κ",
+                             "RoPE on 64..127 at cp", "z = κ[0:64] ‖ (o0, o1)", "no Hadamard rotation",
+                             "→ indexer_fp8 or _mxfp4"], 19, size=11, mono=True)
     svg.path(f"M{_n(lx + lw)},493 L{_n(kx - 2)},493", arrow=True, sw=1.2)
     _bf16_badge(svg, kx + kw - 58, 534, "κ = bf16")
     _bf16_badge(svg, kx + kw - 58, 572, "bf16 (o0, o1)")
@@ -854,10 +846,8 @@ def _record_bar(svg: Svg, y: float, title: str, data_bytes: int, groups: int, sc
 
 def v41_records(entries: int = 4) -> str:
     svg = Svg(1000, 640, "v41_mxfp8 and v41_nvfp4 records, and an interleaved page")
-    svg.text(500, 30, "DeepSeek-V4.1's records (SPEC §14.5): each token's scales follow its own data", size=17,
-             anchor="middle", weight="bold")
-    svg.text(500, 50, "entry o of page p starts at byte p·stride0 + o·E; stride0 ≥ B·E and a multiple of 16",
-             size=12, anchor="middle", fill=MUTED)
+    svg.heading("DeepSeek-V4.1's records (SPEC §14.5): each token's scales follow its own data", 17,
+                "entry o of page p starts at byte p·stride0 + o·E; stride0 ≥ B·E and a multiple of 16")
     _record_bar(svg, 96, "v41_mxfp8 (E = 528): data byte d = e4m3(z[d]·2^−k_g), then scale byte g = 127 + k_g (UE8M0)",
                 512, 16, 16, "16 blocks g of 32 channels: bytes 32g .. 32g + 31", "+{byte}: g{g}")
     _record_bar(svg, 256, "v41_nvfp4 (E = 288): byte j = code[2j] | code[2j+1] << 4, then scale byte g = the E4M3 code of σ_g",

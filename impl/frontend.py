@@ -23,11 +23,11 @@ from ..spec.validation import (
     StoreCall,
     check_compress,
     check_contract,
+    check_save_arrays,
     check_save_contract,
-    check_save_partial_states,
     check_step,
     check_step_contract,
-    check_store,
+    check_store_arrays,
 )
 
 _TORCH_DTYPE_NAMES = {
@@ -91,18 +91,8 @@ def validate_save_partial_states(kv_score, ape, positions, slot_mapping, state_c
     ``ape_at = "compress"``). Not cached: the implementations keep a plan per argument layout,
     so they validate a layout once.
     """
-    call = check_save_partial_states(
-        describe_torch("kv_score", kv_score),
-        _describe_optional("ape", ape),
-        describe_torch("positions", positions),
-        describe_torch("slot_mapping", slot_mapping),
-        describe_torch("state_cache", state_cache),
-        block_size,
-        head_dims=head_dims,
-        ape_at=ape_at,
-        ring_capacity=ring_capacity,
-        state_dtypes=state_dtypes,
-    )
+    call = check_save_arrays(describe_torch, kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                             head_dims=head_dims, ape_at=ape_at, ring_capacity=ring_capacity, state_dtypes=state_dtypes)
     if debug:
         check_save_contract(positions.cpu().numpy(), slot_mapping.cpu().numpy(), state_cache.shape[0], call.block_size)
     return call
@@ -114,21 +104,6 @@ class CompressStoreCall:
 
     pooling: CompressCall
     store: StoreCall
-
-
-def _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache, head_dim,
-                 hadamard) -> StoreCall:
-    return check_store(
-        describe_torch("rms_norm_weight", rms_norm_weight),
-        rms_norm_eps,
-        describe_torch("cos_sin_cache", cos_sin_cache),
-        describe_torch("k_cache", k_cache),
-        layout,
-        fp8_scale,
-        describe_torch("state_cache", state_cache),
-        head_dim=head_dim,
-        hadamard=hadamard,
-    )
 
 
 def validate_compress_norm_rope_store(
@@ -160,8 +135,8 @@ def validate_compress_norm_rope_store(
         ring_capacity=ring_capacity,
         state_dtypes=state_dtypes,
     )
-    store = _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache,
-                         pooling.config.head_dim, hadamard)
+    store = check_store_arrays(describe_torch, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale,
+                               state_cache, head_dim=pooling.config.head_dim, hadamard=hadamard)
     if debug:
         positions_h, slots_h, kv_slots_h = (t.cpu().numpy() for t in (positions, slot_mapping, kv_slot_mapping))
         check_contract(
@@ -204,8 +179,8 @@ def validate_compress_and_save(
                       describe_torch("query_start_loc", query_start_loc),
                       describe_torch("save_slot_mapping", save_slot_mapping), describe_torch("block_table", block_table),
                       pooling.config, pooling.num_tokens)
-    store = _check_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache,
-                         pooling.config.head_dim, hadamard)
+    store = check_store_arrays(describe_torch, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale,
+                               state_cache, head_dim=pooling.config.head_dim, hadamard=hadamard)
     if debug:
         host = {name: t.cpu().numpy() for name, t in (
             ("query_start_loc", query_start_loc), ("token_to_req", token_to_req), ("positions", positions),

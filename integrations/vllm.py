@@ -89,47 +89,39 @@ def _per_token(name: str, tensor: torch.Tensor, num_actual: int) -> torch.Tensor
     return tensor[:num_actual]
 
 
-def _save(backend, kv, score, ape, positions, state_cache, slot_mapping, block_size, state_width, compress_ratio) -> None:
-    _check_ratio(compress_ratio, state_width, state_cache)
-    num_actual = slot_mapping.shape[0]
-    backend.save_partial_states(_kv_score(kv[:num_actual], score[:num_actual], state_width), ape,
-                                _per_token("positions", positions, num_actual), slot_mapping, state_cache, block_size)
+def _save_entry_point(family: str, name: str, kernels: str):
+    """vLLM's ``save_partial_states``, keyword for keyword, on the kernel family ``family``
+    (``"triton"`` or ``"cutedsl"``): the public function ``name`` (``kernels`` names the family in
+    its docstring). One definition serves both families, whose entry points differ only there."""
+
+    def save_partial_states(
+        kv: torch.Tensor,  # fp32 or bf16 [T, SW]
+        score: torch.Tensor,  # fp32 or bf16 [T, SW], without ape
+        ape: torch.Tensor,  # fp32 [r, SW]
+        positions: torch.Tensor,  # int64 [>= T]
+        state_cache: torch.Tensor,  # fp32 [num_state_blocks, bs, 2*SW], written in place
+        slot_mapping: torch.Tensor,  # int64 [T], -1 = padding; T = num_actual
+        block_size: int,  # bs
+        state_width: int,  # SW = 1024 (C4) or 512 (C128)
+        compress_ratio: int,  # 4 or 128
+        pdl_kwargs: dict | None = None,  # ignored (see the module docstring)
+    ) -> None:
+        if family == "triton":
+            from ..impl import triton as backend
+        else:
+            from ..impl import cutedsl as backend
+        _check_ratio(compress_ratio, state_width, state_cache)
+        num_actual = slot_mapping.shape[0]
+        backend.save_partial_states(_kv_score(kv[:num_actual], score[:num_actual], state_width), ape,
+                                    _per_token("positions", positions, num_actual), slot_mapping, state_cache, block_size)
+
+    save_partial_states.__name__ = save_partial_states.__qualname__ = name
+    save_partial_states.__doc__ = f"vLLM's ``save_partial_states`` on the {kernels} kernel (SPEC §4)."
+    return save_partial_states
 
 
-def save_partial_states(
-    kv: torch.Tensor,  # fp32 or bf16 [T, SW]
-    score: torch.Tensor,  # fp32 or bf16 [T, SW], without ape
-    ape: torch.Tensor,  # fp32 [r, SW]
-    positions: torch.Tensor,  # int64 [>= T]
-    state_cache: torch.Tensor,  # fp32 [num_state_blocks, bs, 2*SW], written in place
-    slot_mapping: torch.Tensor,  # int64 [T], -1 = padding; T = num_actual
-    block_size: int,  # bs
-    state_width: int,  # SW = 1024 (C4) or 512 (C128)
-    compress_ratio: int,  # 4 or 128
-    pdl_kwargs: dict | None = None,  # ignored (see the module docstring)
-) -> None:
-    """vLLM's ``save_partial_states`` on the Triton kernel (SPEC §4)."""
-    from ..impl import triton as backend
-
-    _save(backend, kv, score, ape, positions, state_cache, slot_mapping, block_size, state_width, compress_ratio)
-
-
-def save_partial_states_cutedsl(
-    kv: torch.Tensor,  # fp32 or bf16 [T, SW]
-    score: torch.Tensor,  # fp32 or bf16 [T, SW], without ape
-    ape: torch.Tensor,  # fp32 [r, SW]
-    positions: torch.Tensor,  # int64 [>= T]
-    state_cache: torch.Tensor,  # fp32 [num_state_blocks, bs, 2*SW], written in place
-    slot_mapping: torch.Tensor,  # int64 [T], -1 = padding
-    block_size: int,
-    state_width: int,
-    compress_ratio: int,
-    pdl_kwargs: dict | None = None,  # ignored
-) -> None:
-    """vLLM's ``save_partial_states`` signature on the CuTe DSL kernel (SPEC §4)."""
-    from ..impl import cutedsl as backend
-
-    _save(backend, kv, score, ape, positions, state_cache, slot_mapping, block_size, state_width, compress_ratio)
+save_partial_states = _save_entry_point("triton", "save_partial_states", "Triton")
+save_partial_states_cutedsl = _save_entry_point("cutedsl", "save_partial_states_cutedsl", "CuTe DSL")
 
 
 def _store_layout(store_full_kv: bool, store_full_fp8: bool) -> str:

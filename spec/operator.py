@@ -16,7 +16,9 @@ from .indexer import quantize_fp8, quantize_mxfp4, quantized_values
 from .layouts import store_bf16, store_flashmla_fp8, store_fp8_per_tensor, store_indexer_fp8, store_indexer_mxfp4
 from .pooling import active_tokens, pool
 from .postprocess import norm_weight_f32, quantize_nope, rms_norm, rope_bf16_bits, rope_row
-from .validation import STATE_CACHE_DTYPES, StoreCall, check_compress, check_contract, check_store, describe_numpy
+from .validation import (
+    STATE_CACHE_DTYPES, StoreCall, check_compress, check_contract, check_store_arrays, describe_numpy, numpy_describer,
+)
 
 F32 = np.float32
 
@@ -49,17 +51,8 @@ def _pooling_ape(call, ape: np.ndarray | None) -> np.ndarray | None:
 def validated_store(rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache, head_dim,
                     hadamard) -> StoreCall:
     """SPEC §9's checks of the post-processing inputs and ``k_cache`` of NumPy arguments."""
-    return check_store(
-        describe_numpy("rms_norm_weight", rms_norm_weight),
-        rms_norm_eps,
-        describe_numpy("cos_sin_cache", cos_sin_cache),
-        describe_numpy("k_cache", k_cache, uint8_as="float8_e4m3fn" if layout == "fp8_per_tensor" else "uint8"),
-        layout,
-        fp8_scale,
-        describe_numpy("state_cache", state_cache),
-        head_dim=head_dim,
-        hadamard=hadamard,
-    )
+    return check_store_arrays(numpy_describer(layout), rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout,
+                              fp8_scale, state_cache, head_dim=head_dim, hadamard=hadamard)
 
 
 def compress(

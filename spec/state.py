@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .state_format import StateFormat
-from .validation import STATE_CACHE_DTYPES, check_save_contract, check_save_partial_states, describe_numpy
+from .validation import STATE_CACHE_DTYPES, check_save_arrays, check_save_contract, describe_numpy
 
 
 def save_partial_states(
@@ -26,17 +26,8 @@ def save_partial_states(
     with ``ape_at = "save"``, ``kv_score[t, SW + d]`` with ``"compress"``; a bf16 state stores each
     element rounded once to bf16. Nothing else is written; nothing at all if validation fails.
     """
-    call = check_save_partial_states(
-        describe_numpy("kv_score", kv_score),
-        None if ape is None else describe_numpy("ape", ape),
-        describe_numpy("positions", positions),
-        describe_numpy("slot_mapping", slot_mapping),
-        describe_numpy("state_cache", state_cache),
-        block_size,
-        ape_at=ape_at,
-        ring_capacity=ring_capacity,
-        state_dtypes=STATE_CACHE_DTYPES,
-    )
+    call = check_save_arrays(describe_numpy, kv_score, ape, positions, slot_mapping, state_cache, block_size,
+                             ape_at=ape_at, ring_capacity=ring_capacity, state_dtypes=STATE_CACHE_DTYPES)
     if debug:
         check_save_contract(positions, slot_mapping, state_cache.shape[0], call.block_size)
     width = call.config.state_width

@@ -23,7 +23,7 @@ from .v41_compress import StateArguments, active_tokens, as_binary32, latent_of,
 from .v41_index_key import index_key_entries, store_index_keys
 from .v41_records import store_rotated_entries
 from .v41_rope import rotate_bf16
-from .validation import ArrayInfo, check_contract, check_save_contract, check_step_contract
+from .validation import ArrayInfo, check_contract, check_save_contract, check_step_contract, numpy_describer
 from .v41_validation import (
     V41CompressCall, V41StateCall, check_v41_compress, check_v41_index_key, check_v41_state, check_v41_store,
     check_v41_store_contract, describe_numpy, describe_optional,
@@ -34,7 +34,7 @@ __all__ = ["v41_compress_norm", "v41_rope_quant_store", "v41_compress_norm_rope_
 
 def _k_cache_info(k_cache: np.ndarray, layout) -> ArrayInfo:
     """``k_cache`` described for validation: NumPy holds ``fp8_per_tensor``'s E4M3 as uint8."""
-    return describe_numpy("k_cache", k_cache, uint8_as="float8_e4m3fn" if layout == "fp8_per_tensor" else "uint8")
+    return numpy_describer(layout)("k_cache", k_cache)
 
 
 def _check_compress(kv, score, positions, state: StateArguments, rms_norm_weight, rms_norm_eps, kv_slot_mapping, latent,

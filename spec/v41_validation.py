@@ -17,7 +17,7 @@ from .entry_layout import V41_INDEX_KEY_LAYOUTS, V41_STORE_LAYOUTS
 from .state_format import StateFormat
 from .validation import (
     STATE_CACHE_DTYPES, ArrayInfo, _aligned, _contract, _cos_sin_cache, _dim, _dtype, _eps, _fail, _fp8_scale, _int_arg, _k_cache,
-    _norm_weight, _per_token, _rank, _ring_blocks, _ring_capacity, _same_device, _state_cache, _state_format,
+    _norm_weight, _per_token, _positions, _rank, _ring_blocks, _ring_capacity, _same_device, _state_cache, _state_format,
     _unit_last_stride, check_query_start_loc, describe_numpy,
 )
 
@@ -61,13 +61,6 @@ def _token_rows(info: ArrayInfo, dtypes: tuple[str, ...], width: int, num_tokens
     _unit_last_stride(info)
     if aligned:
         _rows_aligned(info)
-
-
-def _positions(positions: ArrayInfo) -> int:
-    _dtype(positions, "int64")
-    _rank(positions, 1, "[T]")
-    _unit_last_stride(positions)
-    return positions.shape[0]
 
 
 def _layout_of(layout, allowed: tuple[str, ...], operation: str) -> str:

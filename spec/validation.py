@@ -81,6 +81,14 @@ def describe_numpy(name: str, array, *, uint8_as: str = "uint8") -> ArrayInfo:
     )
 
 
+def numpy_describer(layout=None):
+    """:func:`describe_numpy` as ``describe(name, array)`` for a call that stores ``layout``: NumPy
+    holds an ``fp8_per_tensor`` cache's E4M3 values as uint8 bytes, so ``k_cache`` is described
+    as ``float8_e4m3fn`` there."""
+    k_cache_uint8_as = "float8_e4m3fn" if layout == "fp8_per_tensor" else "uint8"
+    return lambda name, array: describe_numpy(name, array, uint8_as=k_cache_uint8_as if name == "k_cache" else "uint8")
+
+
 # ---- elementary checks ------------------------------------------------------------------
 def _fail(name: str, expected: str, given) -> None:
     raise ValueError(f"{name}: expected {expected}, got {given}")
@@ -136,6 +144,14 @@ def _int_arg(name: str, value, minimum: int) -> int:
     if value < minimum:
         _fail(name, f"an integer >= {minimum}", value)
     return int(value)
+
+
+def _positions(positions: ArrayInfo) -> int:
+    """``positions``: int64 ``[T]``, unit last stride; returns ``T``."""
+    _dtype(positions, "int64")
+    _rank(positions, 1, "[T]")
+    _unit_last_stride(positions)
+    return positions.shape[0]
 
 
 def _per_token(info: ArrayInfo, dtype: str, num_tokens: int, reference: str) -> None:
@@ -219,12 +235,16 @@ def _state_format(state_cache: ArrayInfo, ape_at: str, ring_capacity: int | None
 # ---- per-operation checks --------------------------------------------------------------
 @dataclass(frozen=True)
 class SaveCall:
-    """What a validated ``save_partial_states`` call needs."""
+    """What a validated ``save_partial_states`` call needs; a validated pooling call
+    (:data:`CompressCall`) needs the same."""
 
     config: RatioConfig
     num_tokens: int
     block_size: int
     state_format: StateFormat = PAGED_FP32
+
+
+CompressCall = SaveCall  # what a validated pooling call needs
 
 
 def _config_from_row_width(info: ArrayInfo, head_dims) -> RatioConfig:
@@ -257,10 +277,7 @@ def check_save_partial_states(
         config = _config_from_width(ape, 1, ape.shape[0], 1, "SW", head_dims)
         _unit_last_stride(ape)
     block_size = _int_arg("block_size", block_size, 1)
-    _dtype(positions, "int64")
-    _rank(positions, 1, "[T]")
-    _unit_last_stride(positions)
-    num_tokens = positions.shape[0]
+    num_tokens = _positions(positions)
     _per_token(slot_mapping, "int64", num_tokens, positions.name)
     _dtype(kv_score, "float32")
     _rank(kv_score, 2, "[T, 2*SW]")
@@ -277,14 +294,16 @@ def check_save_partial_states(
                     state_format=_state_format(state_cache, ape_at, ring_capacity))
 
 
-@dataclass(frozen=True)
-class CompressCall:
-    """What a validated pooling call needs."""
-
-    config: RatioConfig
-    num_tokens: int
-    block_size: int
-    state_format: StateFormat = PAGED_FP32
+def check_save_arrays(describe, kv_score, ape, positions, slot_mapping, state_cache, block_size, *,
+                      head_dims: tuple[int, ...] = HEAD_DIMS, ape_at="save", ring_capacity=None,
+                      state_dtypes: tuple[str, ...] = ("float32",)) -> SaveCall:
+    """:func:`check_save_partial_states` of the call's arrays themselves, each described by
+    ``describe(name, array)`` (:func:`describe_numpy`, or a front end's for its tensors); ``ape``
+    may be None (with ``ape_at = "compress"``)."""
+    return check_save_partial_states(
+        describe("kv_score", kv_score), None if ape is None else describe("ape", ape), describe("positions", positions),
+        describe("slot_mapping", slot_mapping), describe("state_cache", state_cache), block_size, head_dims=head_dims,
+        ape_at=ape_at, ring_capacity=ring_capacity, state_dtypes=state_dtypes)
 
 
 def check_compress(
@@ -303,10 +322,7 @@ def check_compress(
     _rank(state_cache, 3, "[num_state_blocks, block_size, 2*SW]")
     config = _config_from_width(state_cache, 2, int(compress_ratio), 2, "2*SW", head_dims)
     block_size = _int_arg("block_size", block_size, 1)
-    _dtype(positions, "int64")
-    _rank(positions, 1, "[T]")
-    _unit_last_stride(positions)
-    num_tokens = positions.shape[0]
+    num_tokens = _positions(positions)
     _per_token(token_to_req_indices, "int32", num_tokens, positions.name)
     _per_token(slot_mapping, "int64", num_tokens, positions.name)
     _per_token(kv_slot_mapping, "int64", num_tokens, positions.name)
@@ -504,6 +520,16 @@ def check_store(
     _same_device(reference, rms_norm_weight, cos_sin_cache, k_cache)
     return StoreCall(layout=layout, entries_per_page=entries, page_stride=k_cache.strides[0], eps=eps, fp8_scale=scale,
                      head_dim=head_dim, hadamard=hadamard)
+
+
+def check_store_arrays(describe, rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, layout, fp8_scale, state_cache,
+                       *, head_dim: int = HEAD_DIM, hadamard=False) -> StoreCall:
+    """:func:`check_store` of the call's arrays themselves, each described by ``describe(name,
+    array)`` (:func:`numpy_describer`'s, or a front end's for its tensors); ``state_cache`` is the
+    reference of the device check."""
+    return check_store(describe("rms_norm_weight", rms_norm_weight), rms_norm_eps, describe("cos_sin_cache", cos_sin_cache),
+                       describe("k_cache", k_cache), layout, fp8_scale, describe("state_cache", state_cache),
+                       head_dim=head_dim, hadamard=hadamard)
 
 
 # ---- debug: values against buffers -------------------------------------------------------

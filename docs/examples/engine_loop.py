@@ -116,6 +116,60 @@ def load_backend(name: str):
     return backend, device
 
 
+def allocate_caches(config: EngineConfig, device, bf16_state: bool = False) -> tuple:
+    """The state cache and the compressed cache, zeroed, allocated once: NumPy mirrors for the spec
+    (a bf16 state as uint16 bit patterns), then their torch twins on ``device`` for the kernels."""
+    import torch
+
+    width = ratio_config(config.compress_ratio).state_row_width  # 2*SW: kv then score
+    state_np = np.zeros((config.state_blocks, config.block_size, width), dtype=np.uint16 if bf16_state else np.float32)
+    k_cache_np = np.zeros((config.pages, config.entries_per_page, ENTRY_BYTES), dtype=np.uint8)
+    state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 or bf16 [blocks, bs, 2*SW]
+    if bf16_state:
+        state_cache = state_cache.view(torch.bfloat16)
+    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
+    return (state_np, k_cache_np), (state_cache, k_cache)
+
+
+def scheduled_steps(requests: list[Request], config: EngineConfig, steps: int, rng: np.random.Generator):
+    """The loop's steps, at most ``steps`` and none once every request is done: ``(step, plan,
+    state_pool, page_pool)``, the block pools made once before the first."""
+    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
+    for step in range(steps):
+        plan = schedule(requests, config)
+        if not plan:
+            return
+        yield step, plan, state_pool, page_pool
+
+
+def layer_constants(config: EngineConfig, requests: list[Request], rng: np.random.Generator, device) -> tuple:
+    """The layer's fixed inputs, drawn once: ``(ape, rms_norm_weight, rms_norm_eps, cos_sin_cache)``
+    as NumPy arrays for the spec, then as torch tensors on ``device`` for the kernels."""
+    import torch
+
+    r = config.compress_ratio
+    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    ape = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
+    weight = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
+    cos_sin = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
+    kernel = (torch.from_numpy(ape).to(device), torch.from_numpy(weight.view(np.int16)).view(torch.bfloat16).to(device),
+              1e-6, torch.from_numpy(cos_sin).to(device))
+    return (ape, weight, 1e-6, cos_sin), kernel
+
+
+def check_caches(step: int, device, caches: tuple, mirrors: tuple) -> None:
+    """After a step's calls: the kernels' ``(state_cache, k_cache)`` against the spec's NumPy mirrors,
+    every byte (``AssertionError`` naming the cache and the first differing byte)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for name, mine, expected in zip(("state_cache", "k_cache"), caches, mirrors):
+        differ = np.flatnonzero(_cache_bytes(mine) != expected.view(np.uint8))
+        if differ.size:
+            raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+
+
 def run(config: EngineConfig, requests: list[Request], backend_name: str, steps: int, seed: int = 0, log=print) -> int:
     """Run the loop; returns the number of compressed entries written (all checked against the spec)."""
     import torch
@@ -124,27 +178,14 @@ def run(config: EngineConfig, requests: list[Request], backend_name: str, steps:
     rng = np.random.default_rng(seed)
     r = config.compress_ratio
     width = ratio_config(r).state_row_width  # 2*SW: kv then score
-    bs, B = config.block_size, config.entries_per_page
+    bs = config.block_size
 
     # 1. buffers, allocated once: NumPy mirrors for the spec, torch tensors for the kernels
-    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.float32)
-    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
-    state_cache = torch.from_numpy(state_np.copy()).to(device)  # fp32 [blocks, bs, 2*SW]
-    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
-    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
-    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
-    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
-    ape = torch.from_numpy(ape_np).to(device)
-    weight = torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device)
-    cos_sin = torch.from_numpy(cos_sin_np).to(device)
-    eps = 1e-6
+    (state_np, k_cache_np), (state_cache, k_cache) = allocate_caches(config, device)
+    (ape_np, weight_np, eps, cos_sin_np), (ape, weight, _, cos_sin) = layer_constants(config, requests, rng, device)
 
-    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
-    for step in range(steps):
-        plan = schedule(requests, config)
-        if not plan:
-            break
+    for step, plan, state_pool, page_pool in scheduled_steps(requests, config, steps, rng):
         # 2. this step's metadata
         meta = build_step(requests, plan, config, state_pool, page_pool)
         kv_score_np = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)  # the projection's output
@@ -164,13 +205,7 @@ def run(config: EngineConfig, requests: list[Request], backend_name: str, steps:
             state_np, meta["token_to_req_indices"], meta["positions"], meta["slot_mapping"], meta["block_table"], bs,
             weight_np, eps, cos_sin_np, k_cache_np, meta["kv_slot_mapping"], compress_ratio=r,
         )
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
-            got = mine.cpu().numpy().view(np.uint8)
-            differ = np.flatnonzero(got != expected.view(np.uint8))
-            if differ.size:
-                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        check_caches(step, device, (state_cache, k_cache), (state_np, k_cache_np))
         entries = int((meta["kv_slot_mapping"] >= 0).sum())
         written += entries
         tokens = sum(count for _, _, count in plan)
@@ -301,42 +336,20 @@ def run_state_format(config: EngineConfig, requests: list[Request], backend_name
 
     backend, device = load_backend(backend_name)
     rng = np.random.default_rng(seed)
-    r, bs, B = config.compress_ratio, config.block_size, config.entries_per_page
-    width = ratio_config(r).state_row_width  # 2*SW: kv then score
+    width = ratio_config(config.compress_ratio).state_row_width  # 2*SW: kv then score
     capacity = capacity_of(state, config)
 
-    # buffers: a bf16 state is uint16 bit patterns in the spec, torch.bfloat16 for the kernels
-    state_np = np.zeros((config.state_blocks, bs, width), dtype=np.uint16 if state.dtype == "bf16" else np.float32)
-    k_cache_np = np.zeros((config.pages, B, ENTRY_BYTES), dtype=np.uint8)
-    state_cache = torch.from_numpy(state_np.copy()).to(device)
-    if state.dtype == "bf16":
-        state_cache = state_cache.view(torch.bfloat16)  # bf16 [blocks, bs, 2*SW]
-    k_cache = torch.from_numpy(k_cache_np.copy()).to(device)  # uint8 [pages, B, 584]
-    ape_np = (rng.standard_normal((r, width // 2)) * 0.5).astype(np.float32)  # fp32 [r, SW]
-    weight_np = random_norm_weight(rng, bf16=True)  # bf16 as uint16 bit patterns [512]
-    cos_sin_np = rope_cos_sin_cache(max(q.total_len for q in requests) + r)  # fp32 [max_pos, 64]
-    spec_constants = (ape_np, weight_np, 1e-6, cos_sin_np)
-    kernel_constants = (torch.from_numpy(ape_np).to(device),
-                        torch.from_numpy(weight_np.view(np.int16)).view(torch.bfloat16).to(device), 1e-6,
-                        torch.from_numpy(cos_sin_np).to(device))
+    (state_np, k_cache_np), (state_cache, k_cache) = allocate_caches(config, device, bf16_state=state.dtype == "bf16")
+    spec_constants, kernel_constants = layer_constants(config, requests, rng, device)
 
-    state_pool, page_pool = BlockPool(config.state_blocks, rng), BlockPool(config.pages, rng)
     written = 0
-    for step in range(steps):
-        plan = schedule(requests, config)
-        if not plan:
-            break
+    for step, plan, state_pool, page_pool in scheduled_steps(requests, config, steps, rng):
         meta = ring_step_metadata(requests, plan, config, state, state_pool, page_pool)
         meta["kv_score"] = rng.standard_normal((config.padded_tokens, width)).astype(np.float32)
         tensors = {name: torch.from_numpy(array).to(device) for name, array in meta.items()}
         state_format_step(backend, tensors, (state_cache, k_cache), kernel_constants, state, config)
         state_format_step(spec, meta, (state_np, k_cache_np), spec_constants, state, config)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for name, mine, expected in (("state_cache", state_cache, state_np), ("k_cache", k_cache, k_cache_np)):
-            differ = np.flatnonzero(_cache_bytes(mine) != expected.view(np.uint8))
-            if differ.size:
-                raise AssertionError(f"step {step}: {name} differs from the spec in {differ.size} bytes (first: byte {differ[0]})")
+        check_caches(step, device, (state_cache, k_cache), (state_np, k_cache_np))
         entries = int((meta["kv_slot_mapping"] >= 0).sum())
         written += entries
         tokens = sum(count for _, _, count in plan)

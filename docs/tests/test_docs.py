@@ -316,20 +316,23 @@ def _step(save: dict, store: dict) -> dict:
                 compress_ratio=4)
 
 
+def _changed(array: np.ndarray, index, value) -> np.ndarray:
+    """A copy of ``array`` with ``array[index] = value`` (one broken entry of a valid call's array)."""
+    changed = array.copy()
+    changed[index] = value
+    return changed
+
+
 def _state_format_cases(b) -> list[tuple[str, dict]]:
     """One broken call per SPEC §13 check documented in errors.md."""
     bf16_state = np.lib.stride_tricks.as_strided(_aligned(2 * b.num_state_blocks * 4 * 2052 + 64, np.uint16),
                                                  (b.num_state_blocks, 4, 2048), (4 * 2052 * 2, 2052 * 2, 2))
     kv_rows = np.lib.stride_tricks.as_strided(_aligned(4 * 9 * 1026, F32), (8, 1024), (1026 * 4, 4))
     unaligned = _aligned(4 * (8 * 1024 + 4), F32)[1:1 + 8 * 1024].reshape(8, 1024)
-    positions_6 = b.positions.copy()
-    positions_6[5] = 6
-    req_1 = b.token_to_req_indices.copy()
-    req_1[3] = 1
-    kv_1 = b.kv_slot_mapping.copy()
-    kv_1[7] = 1
-    slot_none = b.slot_mapping.copy()
-    slot_none[7] = -1
+    positions_6 = _changed(b.positions, 5, 6)
+    req_1 = _changed(b.token_to_req_indices, 3, 1)
+    kv_1 = _changed(b.kv_slot_mapping, 7, 1)
+    slot_none = _changed(b.slot_mapping, 7, -1)
     return [
         ("store", dict(state_cache=bf16_state)),
         ("store", dict(ape_at="pool")),
@@ -356,20 +359,13 @@ def _error_messages() -> list[str]:
     """The messages of one broken call per documented check (argument checks, then debug checks)."""
     b, save, store = _valid()
     n = b.num_state_blocks
-    bt_99 = b.block_table.copy()
-    bt_99[0, 1] = 99
-    kv_6 = b.kv_slot_mapping.copy()
-    kv_6[7] = 6
-    kv_dup = b.kv_slot_mapping.copy()
-    kv_dup[7] = 4
-    req_1 = b.token_to_req_indices.copy()
-    req_1[3] = 1
-    slot_dup = b.slot_mapping.copy()
-    slot_dup[1] = slot_dup[0]
-    slot_far = b.slot_mapping.copy()
-    slot_far[1] = 1000
-    negative = b.positions.copy()
-    negative[0] = -2
+    bt_99 = _changed(b.block_table, (0, 1), 99)
+    kv_6 = _changed(b.kv_slot_mapping, 7, 6)
+    kv_dup = _changed(b.kv_slot_mapping, 7, 4)
+    req_1 = _changed(b.token_to_req_indices, 3, 1)
+    slot_dup = _changed(b.slot_mapping, 1, b.slot_mapping[0])
+    slot_far = _changed(b.slot_mapping, 1, 1000)
+    negative = _changed(b.positions, 0, -2)
     overlapping_bf16 = np.lib.stride_tricks.as_strided(_aligned(4096, np.uint16), (2, 2, 512), (0, 1024, 2))
     cases = [
         ("store", dict(positions=list(range(8)))),

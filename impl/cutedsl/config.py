@@ -58,6 +58,14 @@ def _default_state(name: str, value) -> None:
               "SPEC §13's formats)", value)
 
 
+def _ratio_and_block_size(ratio, block_size) -> None:
+    """``compress_ratio`` 4 or 128 and ``block_size`` (rows per state block) an integer >= 1."""
+    if ratio not in (4, 128):
+        _fail("compress_ratio", "4 or 128", ratio)
+    if not isinstance(block_size, int) or block_size < 1:
+        _fail("block_size", "an integer >= 1", block_size)
+
+
 def _pdl_tag(pdl: bool) -> str:
     return "_pdl" if pdl else ""
 
@@ -351,6 +359,19 @@ class FusedClusterConfig:
         return f"fused_cluster_{self.pool.tag}_{self.entry.tag}"
 
 
+def _pool_of_64_channel_ctas(pool: C128PoolConfig, expected: tuple[str, str, str]) -> None:
+    """The pool of a C128 single-launch kernel whose CTAs each take one 64-channel block of a token:
+    SPEC §3's state, ``tile`` 64, 8 warps, the rows staged in shared memory (``expected``: what the
+    kernel's messages say it expects of ``tile``, ``warps`` and ``kv_in_smem``)."""
+    _default_state("pool.state", pool.state)
+    if pool.tile != 64:
+        _fail("pool.tile", expected[0], pool.tile)
+    if pool.warps != 8:
+        _fail("pool.warps", expected[1], pool.warps)
+    if not pool.kv_in_smem:
+        _fail("pool.kv_in_smem", expected[2], pool.kv_in_smem)
+
+
 FUSED_HANDOFF_CTAS_PER_SM = 4  # the handoff kernel's occupancy (its .minnctapersm)
 
 
@@ -363,14 +384,9 @@ class FusedHandoffConfig(FusedClusterConfig):
     """
 
     def __post_init__(self):
-        _default_state("pool.state", self.pool.state)
-        if self.pool.tile != 64:
-            _fail("pool.tile", "64 (the handoff kernel finishes a 64-channel block per warp)", self.pool.tile)
-        if self.pool.warps != 8:
-            _fail("pool.warps", "8 (one warp per block of the entry when finishing)", self.pool.warps)
-        if not self.pool.kv_in_smem:
-            _fail("pool.kv_in_smem", "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)",
-                  self.pool.kv_in_smem)
+        _pool_of_64_channel_ctas(self.pool, ("64 (the handoff kernel finishes a 64-channel block per warp)",
+                                             "8 (one warp per block of the entry when finishing)",
+                                             "True (kv in registers does not fit the 64 registers of 4 CTAs per SM)"))
 
     @property
     def tag(self) -> str:
@@ -390,16 +406,10 @@ class FusedPipelinedConfig(FusedClusterConfig):
     SWEEP = {"ctas_per_sm": (2, 3)}
 
     def __post_init__(self):
-        _default_state("pool.state", self.pool.state)
+        _pool_of_64_channel_ctas(self.pool, ("64 (8 CTAs per token, one per quantization block)", "8",
+                                             "True (the pipelined kernel stages every row in shared memory)"))
         if self.ctas_per_sm not in (1, 2, 3):
             _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
-        if self.pool.tile != 64:
-            _fail("pool.tile", "64 (8 CTAs per token, one per quantization block)", self.pool.tile)
-        if self.pool.warps != 8:
-            _fail("pool.warps", "8", self.pool.warps)
-        if not self.pool.kv_in_smem:
-            _fail("pool.kv_in_smem", "True (the pipelined kernel stages every row in shared memory)",
-                  self.pool.kv_in_smem)
 
     @property
     def tag(self) -> str:
@@ -429,10 +439,7 @@ class SaveConfig:
     }
 
     def __post_init__(self):
-        if self.compress_ratio not in (4, 128):
-            _fail("compress_ratio", "4 or 128", self.compress_ratio)
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            _fail("block_size", "an integer >= 1", self.block_size)
+        _ratio_and_block_size(self.compress_ratio, self.block_size)
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
         if self.head_dim not in (HEAD_DIM, 128):
@@ -494,10 +501,7 @@ class IndexerConfig:
     }
 
     def __post_init__(self):
-        if self.ratio not in (4, 128):
-            _fail("compress_ratio", "4 or 128", self.ratio)
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            _fail("block_size", "an integer >= 1", self.block_size)
+        _ratio_and_block_size(self.ratio, self.block_size)
         if self.layout not in INDEXER_LAYOUTS:
             _fail("layout", "one of " + ", ".join(INDEXER_LAYOUTS), self.layout)
         _flag("hadamard", self.hadamard)

@@ -133,6 +133,17 @@ def _compress_plan(check, kv, score, positions, state: V41StateArguments, rms_no
     return V41Plan(config, function, scalars, _needs_restride(*per_token))
 
 
+def _store_plan(kernel: str, call, positions, kv_slot_mapping, scalars: tuple, **request) -> V41Plan | None:
+    """The plan of a validated ``v41_rope_quant_store`` or ``v41_index_key_store`` (``kernel``:
+    ``v41_store`` or ``v41_index_key``; None: no tokens): the spec's ``call`` gives the ratio, the
+    layout and ``B``, ``request`` the kernel's other options, ``scalars`` the launch's trailing ones."""
+    if call.num_tokens == 0:
+        return None
+    request = V41Request(ratio=call.config.ratio, layout=call.layout, entries_per_page=call.entries_per_page, **request)
+    config, _, function = _compile(kernel, request)
+    return V41Plan(config, function, scalars, _needs_restride(positions, kv_slot_mapping))
+
+
 def _launch_compress(plan: V41Plan, kv, score, positions, state: V41StateArguments, rms_norm_weight, kv_slot_mapping,
                      latent, store: tuple | None) -> None:
     """The compress kernel's launch on the call's tensors (``store``: ``(cos_sin_cache, k_cache)``)."""
@@ -222,12 +233,8 @@ def v41_rope_quant_store(
         call = validate_v41_rope_quant_store(latent, positions, kv_slot_mapping, cos_sin_cache, k_cache,
                                              compress_ratio=compress_ratio, layout=layout, fp8_scale=fp8_scale, debug=debug)
         buffers.require_cuda("latent", latent)
-        if call.num_tokens == 0:
-            return None
-        request = V41Request(ratio=call.config.ratio, layout=call.layout, entries_per_page=call.entries_per_page,
-                             store_align=_record_align(call.layout, k_cache), shapes=shapes, pdl=pdl)
-        config, _, function = _compile("v41_store", request)
-        return V41Plan(config, function, (_fp8_inv(call.fp8_scale),), _needs_restride(positions, kv_slot_mapping))
+        return _store_plan("v41_store", call, positions, kv_slot_mapping, (_fp8_inv(call.fp8_scale),),
+                           store_align=_record_align(call.layout, k_cache), shapes=shapes, pdl=pdl)
 
     plan = _PLANS.lookup(key, build)
     if plan is not None:
@@ -319,12 +326,8 @@ def v41_index_key_store(
                                             cos_sin_cache, k_cache, compress_ratio=compress_ratio, layout=layout,
                                             debug=debug)
         buffers.require_cuda("k_pre", k_pre)
-        if call.num_tokens == 0:
-            return None
-        request = V41Request(ratio=call.config.ratio, layout=call.layout, entries_per_page=call.entries_per_page,
-                             weight_dtype=_DTYPE_NAMES[rms_norm_weight.dtype], shapes=shapes, pdl=pdl)
-        config, _, function = _compile("v41_index_key", request)
-        return V41Plan(config, function, (float(call.eps),), _needs_restride(positions, kv_slot_mapping))
+        return _store_plan("v41_index_key", call, positions, kv_slot_mapping, (float(call.eps),),
+                           weight_dtype=_DTYPE_NAMES[rms_norm_weight.dtype], shapes=shapes, pdl=pdl)
 
     plan = _PLANS.lookup(key, build)
     if plan is not None:

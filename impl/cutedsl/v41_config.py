@@ -17,21 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...spec.entry_layout import ENTRY_LAYOUTS, INDEXER_LAYOUTS, V41_RECORD_LAYOUTS, V41_STORE_LAYOUTS, EntryLayout
-from .config import LAYOUTS, WEIGHT_DTYPES, EntryFormat, check_page
+from .config import LAYOUTS, WEIGHT_DTYPES, EntryFormat, _fail, _flag, _pdl_tag, check_page
 
 PROJECTION_DTYPES = ("float32", "bfloat16")  # kv, score (bf16 converted exactly)
 STATE_DTYPES = ("float32", "bfloat16")  # ratio 2's state (SPEC §13.1)
 V41_RATIOS = (1, 2)
 V41_LAYOUTS = {**ENTRY_LAYOUTS, **V41_RECORD_LAYOUTS}  # every layout a V4.1 kernel writes
-
-
-def _fail(name: str, expected: str, given) -> None:
-    raise ValueError(f"{name}: expected {expected}, got {given!r}")
-
-
-def _flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        _fail(name, "True or False", value)
 
 
 def _one_of(name: str, value, allowed: tuple) -> None:
@@ -41,10 +32,6 @@ def _one_of(name: str, value, allowed: tuple) -> None:
 
 def _short(dtype: str) -> str:
     return "bf16" if dtype == "bfloat16" else "f32"
-
-
-def _pdl_tag(pdl: bool) -> str:
-    return "_pdl" if pdl else ""
 
 
 @dataclass(frozen=True)
@@ -185,12 +172,8 @@ class V41IndexKeyConfig:
 
     @property
     def data_record_bytes(self) -> int:
+        """The data record's bytes (read by the shared finishing warp's helpers)."""
         return ENTRY_LAYOUTS[self.layout].data_bytes
-
-    @property
-    def entry_bytes(self) -> int:
-        """E: 132 (indexer_fp8) or 68 (indexer_mxfp4)."""
-        return ENTRY_LAYOUTS[self.layout].entry_bytes
 
     @property
     def tag(self) -> str:

@@ -8,6 +8,30 @@ from dsv4_compressor import spec
 from dsv4_compressor.spec import float64_ideal
 from dsv4_compressor.conformance.scenarios import StepInputs
 
+# SPEC §14.8's debug checks of a v41_compress_norm_rope_store call (spec/tests/test_v41_errors.py's
+# ``v41_call``; the Triton family's test makes the same call with torch tensors): ``(ratio, the change:
+# with_entry's (argument, index, value or value(call)), the end of the message)``, None where the
+# change breaks no check.
+V41_DEBUG_CASES = [
+    (1, ("kv_slot_mapping", 0, 10_000), "is outside k_cache"),
+    (2, ("kv_slot_mapping", 2, 10_000), "is outside k_cache"),
+    (1, ("positions", 1, 40), "rotates with cos_sin_cache row 40"),
+    (2, ("slot_mapping", 4, -1), None),  # not an error: the token is inactive
+    (2, ("save_slot_mapping", 1, 1_000_000), "is outside the state cache"),
+    (2, ("token_to_req", 1, 0), "lies in request 1's chunk"),
+    (2, ("positions", 2, 7), "positions are consecutive"),
+    (2, ("kv_slot_mapping", 2, lambda call: call["kv_slot_mapping"][0]), "is written by more than one"),  # positions 1 and 3
+    (2, ("kv_slot_mapping", 4, 0), "for a padding token"),
+]
+
+
+def with_entry(call: dict, name: str, index, value) -> dict:
+    """``call`` with a copy of its array ``name`` (NumPy or torch) whose entry ``index`` is ``value``
+    (``value(call)`` where callable)."""
+    array = call[name].copy() if isinstance(call[name], np.ndarray) else call[name].clone()
+    array[index] = value(call) if callable(value) else value
+    return {**call, name: array}
+
 
 def store(inputs: StepInputs, batch, state: np.ndarray, k_cache: np.ndarray, tokens=slice(None)) -> None:
     """``compress_norm_rope_store`` of ``batch``'s tokens ``tokens`` with the step's other inputs."""

@@ -79,36 +79,47 @@ def _k_bytes(inputs, batch=None, state=None):
     return k_owner
 
 
+def _writes_the_step_bytes(inputs, calls) -> None:
+    """``calls(state, k_cache)`` on fresh copies of the step's caches writes every byte the step's
+    two calls write (:func:`run_step`)."""
+    reference_state, _, reference_k, _ = run_step(inputs)
+    state_owner, state = inputs.state_cache.numpy_copy()
+    k_owner, k_cache = inputs.k_cache.numpy_copy()
+    calls(state, k_cache)
+    assert np.array_equal(state_owner, reference_state)
+    assert np.array_equal(k_owner, reference_k)
+
+
 @pytest.mark.parametrize("name", ["c4_mixed_padding", "c128_chunked_prefill", "inactive_tokens"])
 def test_reordering_the_tokens_changes_no_byte(name):
     inputs = scenarios([name])[0].build()
-    reference_state, _, reference_k, _ = run_step(inputs)
     b = inputs.batch
     order = np.random.default_rng(3).permutation(b.num_tokens)
     per_token = ("token_to_req_indices", "positions", "slot_mapping", "kv_slot_mapping")
     shuffled = B.Batch(**{**b.__dict__, **{n: getattr(b, n)[order] for n in per_token}})
-    state_owner, state = inputs.state_cache.numpy_copy()
-    spec.save_partial_states(inputs.kv_score[order], inputs.ape, shuffled.positions, shuffled.slot_mapping, state, b.block_size)
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
-    store(inputs, shuffled, state, k_cache)
-    assert np.array_equal(state_owner, reference_state)
-    assert np.array_equal(k_owner, reference_k)
+
+    def shuffled_calls(state, k_cache):
+        spec.save_partial_states(inputs.kv_score[order], inputs.ape, shuffled.positions, shuffled.slot_mapping, state,
+                                 b.block_size)
+        store(inputs, shuffled, state, k_cache)
+
+    _writes_the_step_bytes(inputs, shuffled_calls)
 
 
 @pytest.mark.parametrize("name", ["c4_mixed_padding", "c128_mixed_padding", "c4_chunked_prefill"])
 def test_splitting_a_batch_into_two_calls_changes_no_byte(name):
     inputs = scenarios([name])[0].build()
-    reference_state, _, reference_k, _ = run_step(inputs)
     b = inputs.batch
-    state_owner, state = inputs.state_cache.numpy_copy()
-    k_owner, k_cache = inputs.k_cache.numpy_copy()
     cut = b.num_tokens // 2
-    for part in (slice(0, cut), slice(cut, None)):
-        spec.save_partial_states(inputs.kv_score[part], inputs.ape, b.positions[part], b.slot_mapping[part], state, b.block_size)
-    for part in (slice(0, cut), slice(cut, None)):
-        store(inputs, b, state, k_cache, part)
-    assert np.array_equal(state_owner, reference_state)
-    assert np.array_equal(k_owner, reference_k)
+
+    def split_calls(state, k_cache):
+        for part in (slice(0, cut), slice(cut, None)):
+            spec.save_partial_states(inputs.kv_score[part], inputs.ape, b.positions[part], b.slot_mapping[part], state,
+                                     b.block_size)
+        for part in (slice(0, cut), slice(cut, None)):
+            store(inputs, b, state, k_cache, part)
+
+    _writes_the_step_bytes(inputs, split_calls)
 
 
 @pytest.mark.parametrize("name", ["c4_decode_boundary", "c128_decode_boundary", "c4_bs16_b2"])

@@ -10,6 +10,7 @@ from dsv4_compressor import spec
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.batch import Request
+from spec_test_helpers import V41_DEBUG_CASES, with_entry
 
 F32 = np.float32
 
@@ -206,25 +207,9 @@ def _debug_case(ratio: int, ring: bool = False):
     return call
 
 
-def _with(call: dict, name: str, index: int, value) -> dict:
-    array = call[name].copy()
-    array[index] = value(call) if callable(value) else value
-    return {**call, name: array}
-
-
-@pytest.mark.parametrize("ratio, change, message", [
-    (1, ("kv_slot_mapping", 0, 10_000), "is outside k_cache"),
-    (2, ("kv_slot_mapping", 2, 10_000), "is outside k_cache"),
-    (1, ("positions", 1, 40), "rotates with cos_sin_cache row 40"),
-    (2, ("slot_mapping", 4, -1), None),  # not an error: the token is inactive
-    (2, ("save_slot_mapping", 1, 1_000_000), "is outside the state cache"),
-    (2, ("token_to_req", 1, 0), "lies in request 1's chunk"),
-    (2, ("positions", 2, 7), "positions are consecutive"),
-    (2, ("kv_slot_mapping", 2, lambda call: call["kv_slot_mapping"][0]), "is written by more than one"),  # positions 1 and 3
-    (2, ("kv_slot_mapping", 4, 0), "for a padding token"),
-])
+@pytest.mark.parametrize("ratio, change, message", V41_DEBUG_CASES)
 def test_debug_checks_values_before_writing(ratio, change, message):
-    call = _with(_debug_case(ratio), *change)
+    call = with_entry(_debug_case(ratio), *change)
     if message is None:
         spec.v41_compress_norm_rope_store(**call, debug=True)
         return
@@ -236,9 +221,9 @@ def test_debug_checks_values_before_writing(ratio, change, message):
 
 
 def test_debug_checks_of_the_store_and_the_index_key():
-    call = {k: v for k, v in _with(_debug_case(1), "kv_slot_mapping", 3, 1).items() if k in STORE_ARGS}
+    call = {k: v for k, v in with_entry(_debug_case(1), "kv_slot_mapping", 3, 1).items() if k in STORE_ARGS}
     with pytest.raises(ValueError, match="^debug check: compressed-cache slot 1 is written by more than one token"):
         spec.v41_rope_quant_store(**call, debug=True)
     key = _index_key_call()
     with pytest.raises(ValueError, match="^debug check: kv_slot_mapping"):
-        spec.v41_index_key_store(**_with(key, "kv_slot_mapping", 4, 6), debug=True)  # 3 pages of 2 entries
+        spec.v41_index_key_store(**with_entry(key, "kv_slot_mapping", 4, 6), debug=True)  # 3 pages of 2 entries

@@ -1,6 +1,7 @@
 """The CPU tests of the public CuTe DSL wrappers: their arguments (a small spec batch on CPU
 tensors), a fixture that fails a test when anything reaches the compiler, and one that fails it
-when a bound call takes the validated path (CPU and GPU tests of the bound layers)."""
+when a bound call takes the validated path; the broken arguments of a bound layer's save (CPU and
+GPU tests of the bound layers)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,35 @@ def no_compile(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("compiled before rejecting the call")
     monkeypatch.setattr(compile_cache, "compile_kernel", refuse)
+
+
+def strided(t: torch.Tensor, step: int = 2) -> torch.Tensor:
+    """The same values, every ``step``-th element of a larger buffer on ``t``'s device (last stride ``step``)."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] * step, dtype=t.dtype, device=t.device)
+    wide[..., ::step] = t
+    return wide[..., ::step]
+
+
+def unsigned(t: torch.Tensor) -> torch.Tensor:
+    """The same bits as uint32 / uint64 (TVM-FFI alone takes them for int32 / int64)."""
+    return t.view(torch.uint32 if t.dtype == torch.int32 else torch.uint64)
+
+
+# A bound layer's save_partial_states with one argument broken: (change(kv_score, ape, positions,
+# slot_mapping) -> the call's arguments, the ValueError's start); each test adds its device's cases.
+BAD_SAVES = [
+    (lambda kv, ape, pos, slots: (kv, ape, unsigned(pos), slots), "positions: expected dtype int64"),
+    (lambda kv, ape, pos, slots: (kv, ape, pos, unsigned(slots)), "slot_mapping: expected dtype int64"),
+    (lambda kv, ape, pos, slots: (kv, ape, pos, slots[:-1]), "slot_mapping: expected length T"),
+    (lambda kv, ape, pos, slots: (kv[:-1], ape, pos, slots), "kv_score: expected shape\\[0\\] = T"),
+    (lambda kv, ape, pos, slots: (kv[:, :-4], ape, pos, slots), "kv_score: expected shape\\[1\\]"),
+    (lambda kv, ape, pos, slots: (kv.double(), ape, pos, slots), "kv_score: expected dtype float32"),
+    (lambda kv, ape, pos, slots: (kv.bfloat16(), ape, pos, slots), "kv_score: expected dtype float32"),
+    (lambda kv, ape, pos, slots: (kv, ape[:, :-4], pos, slots), "ape: expected shape\\[1\\]"),
+    (lambda kv, ape, pos, slots: (kv, ape[:4], pos, slots), "ape: expected shape\\[1\\]"),
+    (lambda kv, ape, pos, slots: (strided(kv), ape, pos, slots), "kv_score: expected last stride 1"),
+    (lambda kv, ape, pos, slots: (kv, ape, strided(pos), slots), "positions: expected last stride 1"),
+]
 
 
 @pytest.fixture

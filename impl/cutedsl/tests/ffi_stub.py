@@ -26,6 +26,7 @@ import inspect
 import torch
 
 from dsv4_compressor.impl.cutedsl.host import compile_cache
+from dsv4_compressor.impl.plan_cache import PlanCache
 
 _WIDTHLESS = {"uint": "int"}  # TVM-FFI accepts int and uint of the same width alike
 
@@ -169,6 +170,17 @@ def stub_kernels(monkeypatch, make) -> None:
     by ``make(kernel name, real compile function)``."""
     for name, compile_function in list(compile_cache.KERNELS.items()):
         monkeypatch.setitem(compile_cache.KERNELS, name, make(name, compile_function))
+
+
+def stubbed_calls(monkeypatch, module) -> tuple[list, list]:
+    """Every kernel a stub (:func:`stub_compiler`), the host's device facts CPU's (:func:`host_only`)
+    and ``module``'s plans (its ``_PLANS``) fresh; returns ``(launches, compiled)``: every accepted
+    kernel call as ``(kernel, config, arguments)``, every compile request as ``(kernel, config)``."""
+    launches, compiled = [], []
+    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, launches, compiled))
+    host_only(monkeypatch)
+    monkeypatch.setattr(module, "_PLANS", PlanCache())
+    return launches, compiled
 
 
 def host_only(monkeypatch) -> None:

@@ -24,14 +24,7 @@ from dsv4_compressor.impl.cutedsl.host.paths import PATHS  # noqa: E402
 
 from test_cutedsl_host import _indexer_arguments, _layer, indexer_recorded, recorded  # noqa: E402,F401
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
-from cutedsl_test_calls import unvalidated  # noqa: E402,F401
-
-
-def _strided(tensor: torch.Tensor, step: int = 3) -> torch.Tensor:
-    """The same values, every ``step``-th element of a larger buffer (last stride ``step``)."""
-    wide = torch.zeros(*tensor.shape[:-1], tensor.shape[-1] * step, dtype=tensor.dtype)
-    wide[..., ::step] = tensor
-    return wide[..., ::step]
+from cutedsl_test_calls import BAD_SAVES, strided, unsigned, unvalidated  # noqa: E402,F401
 
 
 def _workspaces(tokens: int) -> dict:
@@ -73,25 +66,21 @@ def test_a_prepared_call_launches_what_the_unbound_call_does_unvalidated(recorde
                                                 "fused_pipelined", "split_pool", "split_store"}
 
 
-def _uint(tensor):
-    return tensor.to(torch.uint32 if tensor.dtype == torch.int32 else torch.uint64)
-
-
 BAD = [  # (argument index among the per-token arguments, change, the ValueError's start)
-    (0, _uint, "token_to_req_indices: expected dtype int32"),
-    (1, _uint, "positions: expected dtype int64"),
-    (2, _uint, "slot_mapping: expected dtype int64"),
-    (4, _uint, "kv_slot_mapping: expected dtype int64"),
-    (3, _uint, "block_table: expected dtype int32"),
+    (0, unsigned, "token_to_req_indices: expected dtype int32"),
+    (1, unsigned, "positions: expected dtype int64"),
+    (2, unsigned, "slot_mapping: expected dtype int64"),
+    (4, unsigned, "kv_slot_mapping: expected dtype int64"),
+    (3, unsigned, "block_table: expected dtype int32"),
     (1, lambda t: t.int(), "positions: expected dtype int64"),
     (2, lambda t: t[:-1], "slot_mapping: expected length T"),
     (0, lambda t: t[:-1], "token_to_req_indices: expected length T"),
     (4, lambda t: t[None], "kv_slot_mapping: expected 1 dimensions"),
-    (1, _strided, "positions: expected last stride 1"),
-    (2, _strided, "slot_mapping: expected last stride 1"),
+    (1, strided, "positions: expected last stride 1"),
+    (2, strided, "slot_mapping: expected last stride 1"),
     (4, lambda t: t.to("meta"), "kv_slot_mapping: expected a tensor on cpu"),
     (3, lambda t: t[0], "block_table: expected 2 dimensions"),
-    (3, _strided, "block_table: expected last stride 1"),
+    (3, strided, "block_table: expected last stride 1"),
     (3, lambda t: t.to("meta"), "block_table: expected a tensor on cpu"),
     (2, lambda t: t.tolist(), "slot_mapping: expected a torch.Tensor, got list"),
 ]
@@ -158,7 +147,7 @@ def test_layouts_spec_allows_and_tvm_ffi_takes_run_unvalidated(recorded, unvalid
     launches, _ = recorded
     args, kwargs = _arguments("c128_decode_boundary")
     one = [args[1][:1], args[2][:1], args[3][:1], args[4][:, :1], args[10][:1]]
-    odd = [_strided(t) for t in one]
+    odd = [strided(t, 3) for t in one]
     assert odd[3].shape[1] == 1 and odd[3].stride(1) == 3 and odd[1].stride(0) == 3
     unbound_args = [args[0], *odd[:4], *args[5:10], odd[4]]
     api.compress_norm_rope_store(*unbound_args, **kwargs)
@@ -180,7 +169,7 @@ def test_no_tokens_take_the_validated_path(recorded):
     layer.compress_norm_rope_store(*empty)
     assert launches == [] and 0 not in layer._launches
     with pytest.raises(ValueError, match="positions: expected dtype int64"):
-        layer.compress_norm_rope_store(empty[0], _uint(empty[1]), *empty[2:])
+        layer.compress_norm_rope_store(empty[0], unsigned(empty[1]), *empty[2:])
 
 
 def test_debug_calls_validate_every_time(recorded, monkeypatch):
@@ -243,17 +232,7 @@ def test_a_bound_save_runs_unvalidated_once_prepared(recorded, unvalidated):
     assert launches[3][2][0] == kv_score.data_ptr() and launches[3][0] == "save"
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda kv, ape, pos, slots: (kv, ape, _uint(pos), slots), "positions: expected dtype int64"),
-    (lambda kv, ape, pos, slots: (kv, ape, pos, _uint(slots)), "slot_mapping: expected dtype int64"),
-    (lambda kv, ape, pos, slots: (kv, ape, pos, slots[:-1]), "slot_mapping: expected length T"),
-    (lambda kv, ape, pos, slots: (kv[:-1], ape, pos, slots), "kv_score: expected shape\\[0\\] = T"),
-    (lambda kv, ape, pos, slots: (kv[:, :-4], ape, pos, slots), "kv_score: expected shape\\[1\\]"),
-    (lambda kv, ape, pos, slots: (kv.double(), ape, pos, slots), "kv_score: expected dtype float32"),
-    (lambda kv, ape, pos, slots: (kv, ape[:, :-4], pos, slots), "ape: expected shape\\[1\\]"),
-    (lambda kv, ape, pos, slots: (kv, ape[:4], pos, slots), "ape: expected shape\\[1\\]"),
-    (lambda kv, ape, pos, slots: (_strided(kv), ape, pos, slots), "kv_score: expected last stride 1"),
-    (lambda kv, ape, pos, slots: (kv, ape, _strided(pos), slots), "positions: expected last stride 1"),
+@pytest.mark.parametrize("change, needle", BAD_SAVES + [
     (lambda kv, ape, pos, slots: (kv, ape, pos, slots.to("meta")), "slot_mapping: expected a tensor on cpu"),
 ])
 def test_a_bad_save_argument_is_named_and_nothing_launched(recorded, change, needle):
@@ -285,7 +264,7 @@ def test_a_bound_save_of_no_tokens_launches_nothing(recorded):
     layer.save_partial_states(kv_score[:0], ape, args[2][:0], args[3][:0])
     assert launches == []
     with pytest.raises(ValueError, match="positions: expected dtype int64"):
-        layer.save_partial_states(kv_score[:0], ape, _uint(args[2][:0]), args[3][:0])
+        layer.save_partial_states(kv_score[:0], ape, unsigned(args[2][:0]), args[3][:0])
 
 
 # ---- the indexer layouts ----------------------------------------------------------------------------
@@ -299,7 +278,7 @@ def test_an_indexer_layer_runs_unvalidated_and_rejects_uint(indexer_recorded, un
     per_token = [args[1], args[2], args[3], args[4], args[10]]
     layer.compress_norm_rope_store(*per_token)
     bad = list(per_token)
-    bad[4] = _uint(per_token[4])
+    bad[4] = unsigned(per_token[4])
     with pytest.raises(ValueError, match="kv_slot_mapping: expected dtype int64"):
         layer.compress_norm_rope_store(*bad)
     unvalidated()

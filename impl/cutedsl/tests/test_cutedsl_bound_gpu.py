@@ -27,7 +27,7 @@ from dsv4_compressor.conformance.buffers import Buffer  # noqa: E402
 from dsv4_compressor.conformance.runner import to_torch  # noqa: E402
 from dsv4_compressor.spec import batch as B  # noqa: E402
 
-from cutedsl_test_calls import unvalidated  # noqa: E402,F401
+from cutedsl_test_calls import BAD_SAVES, strided, unsigned, unvalidated  # noqa: E402,F401
 
 pytestmark = pytest.mark.gpu
 
@@ -246,34 +246,22 @@ def test_the_bound_path_calls_tvm_ffi_functions():
 
 
 # ---- refused calls: SPEC §9's ValueError, nothing written ------------------------------------------
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values with last stride 2."""
-    wide = torch.zeros(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
-    wide[..., ::2] = t
-    return wide[..., ::2]
-
-
-def _unsigned(t: torch.Tensor) -> torch.Tensor:
-    """The same bits as uint32 / uint64 (TVM-FFI alone takes them for int32 / int64)."""
-    return t.view(torch.uint32 if t.dtype == torch.int32 else torch.uint64)
-
-
 BAD = [  # (per-token argument, change, the ValueError's start)
-    ("token_to_req_indices", _unsigned, "token_to_req_indices: expected dtype int32"),
-    ("positions", _unsigned, "positions: expected dtype int64"),
-    ("slot_mapping", _unsigned, "slot_mapping: expected dtype int64"),
-    ("kv_slot_mapping", _unsigned, "kv_slot_mapping: expected dtype int64"),
-    ("block_table", _unsigned, "block_table: expected dtype int32"),
+    ("token_to_req_indices", unsigned, "token_to_req_indices: expected dtype int32"),
+    ("positions", unsigned, "positions: expected dtype int64"),
+    ("slot_mapping", unsigned, "slot_mapping: expected dtype int64"),
+    ("kv_slot_mapping", unsigned, "kv_slot_mapping: expected dtype int64"),
+    ("block_table", unsigned, "block_table: expected dtype int32"),
     ("positions", lambda t: t.int(), "positions: expected dtype int64"),
     ("token_to_req_indices", lambda t: t.long(), "token_to_req_indices: expected dtype int32"),
     ("slot_mapping", lambda t: t[:-1], "slot_mapping: expected length T"),
     ("token_to_req_indices", lambda t: t[1:], "token_to_req_indices: expected length T"),
     ("kv_slot_mapping", lambda t: t[None], "kv_slot_mapping: expected 1 dimensions"),
-    ("positions", _strided, "positions: expected last stride 1"),
-    ("kv_slot_mapping", _strided, "kv_slot_mapping: expected last stride 1"),
+    ("positions", strided, "positions: expected last stride 1"),
+    ("kv_slot_mapping", strided, "kv_slot_mapping: expected last stride 1"),
     ("slot_mapping", lambda t: t.cpu(), "slot_mapping: expected a tensor on cuda"),
     ("block_table", lambda t: t[0], "block_table: expected 2 dimensions"),
-    ("block_table", _strided, "block_table: expected last stride 1"),
+    ("block_table", strided, "block_table: expected last stride 1"),
     ("block_table", lambda t: t.cpu(), "block_table: expected a tensor on cuda"),
     ("positions", lambda t: t.tolist(), "positions: expected a torch.Tensor, got list"),
 ]
@@ -412,23 +400,10 @@ def test_a_bound_save_of_misaligned_inputs_takes_the_validated_path_and_writes_t
         _state_is("state_cache", args, expected)
 
 
-BAD_SAVES = [
-    (lambda kv, ape, pos, slots: (kv, ape, _unsigned(pos), slots), "positions: expected dtype int64"),
-    (lambda kv, ape, pos, slots: (kv, ape, pos, _unsigned(slots)), "slot_mapping: expected dtype int64"),
-    (lambda kv, ape, pos, slots: (kv, ape, pos, slots[:-1]), "slot_mapping: expected length T"),
-    (lambda kv, ape, pos, slots: (kv[:-1], ape, pos, slots), "kv_score: expected shape\\[0\\] = T"),
-    (lambda kv, ape, pos, slots: (kv[:, :-4], ape, pos, slots), "kv_score: expected shape\\[1\\]"),
-    (lambda kv, ape, pos, slots: (kv.double(), ape, pos, slots), "kv_score: expected dtype float32"),
-    (lambda kv, ape, pos, slots: (kv.bfloat16(), ape, pos, slots), "kv_score: expected dtype float32"),
-    (lambda kv, ape, pos, slots: (kv, ape[:, :-4], pos, slots), "ape: expected shape\\[1\\]"),
-    (lambda kv, ape, pos, slots: (_strided(kv), ape, pos, slots), "kv_score: expected last stride 1"),
-    (lambda kv, ape, pos, slots: (kv, ape, _strided(pos), slots), "positions: expected last stride 1"),
+@pytest.mark.parametrize("change, needle", BAD_SAVES + [
     (lambda kv, ape, pos, slots: (kv.cpu(), ape, pos, slots), "kv_score: expected a tensor on cuda"),
     (lambda kv, ape, pos, slots: (kv, ape, pos, slots.cpu()), "slot_mapping: expected a tensor on cuda"),
-]
-
-
-@pytest.mark.parametrize("change, needle", BAD_SAVES)
+])
 def test_a_bad_save_argument_is_named_and_nothing_written(change, needle):
     layer, args, kv, ape, expected = _save_step(128, 64)
     before = args.state_owner.clone()

@@ -19,9 +19,8 @@ pytest.importorskip("cutlass")
 
 from dsv4_compressor.impl.cutedsl import api  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import Policy  # noqa: E402
-from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
 
-from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
+from ffi_stub import stubbed_calls  # noqa: E402
 from test_cutedsl_launch_plans import _arguments  # noqa: E402
 
 @pytest.fixture
@@ -29,10 +28,7 @@ def recorded(monkeypatch):
     """``(launches, compiled)``: every launch as (kernel kind, config, tensor pointers and scalars),
     and every static configuration handed to a compile function. The kernels are
     ffi_stub.FfiStub objects (TVM-FFI's checks, then the record)."""
-    launches, compiled = [], []
-    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, launches, compiled))
-    host_only(monkeypatch)
-    monkeypatch.setattr(api, "_PLANS", PlanCache())
+    launches, compiled = stubbed_calls(monkeypatch, api)
     monkeypatch.setattr(api, "_BOUND_LAUNCHES", {})
     return launches, compiled
 

@@ -32,10 +32,9 @@ from dsv4_compressor.impl.cutedsl.config import (DEFAULT_STATE, C4Config, C128Po
 from dsv4_compressor.impl.cutedsl.host.paths import PATHS, choose  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import compile_variant, kernel_configs, streams_rows  # noqa: E402
-from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
 from dsv4_compressor.spec import batch as spec_batch  # noqa: E402
 from dsv4_compressor.spec.batch import Request  # noqa: E402
-from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
+from ffi_stub import stubbed_calls  # noqa: E402
 
 BF16_RING_APE = StateFormat("bfloat16", "compress", True)
 ENTRY = EntryFormat("flashmla_fp8", 64, "bfloat16", 16)
@@ -150,11 +149,7 @@ def test_a_formatted_c128_call_takes_a_path_that_takes_it(state):
 # ---- the calls, TVM-FFI stubbed ---------------------------------------------------------------------------
 @pytest.fixture
 def launches(monkeypatch):
-    log, compiled = [], []
-    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, log, compiled))
-    host_only(monkeypatch)
-    monkeypatch.setattr(api, "_PLANS", PlanCache())
-    return log
+    return stubbed_calls(monkeypatch, api)[0]
 
 
 def _call(ratio: int, *, bf16: bool, ape_at: str, ring: int | None, head: int = 512):

@@ -29,9 +29,8 @@ from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api  # noqa: E402
 from dsv4_compressor.impl.cutedsl.config import (C128PoolConfig, SaveConfig, StateFormat)  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import compile_variant, kernel_configs, streams_rows  # noqa: E402
-from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
 from dsv4_compressor.spec.batch import Request  # noqa: E402
-from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
+from ffi_stub import stubbed_calls  # noqa: E402
 
 STEP = StateFormat(rows_from_inputs=True)
 
@@ -88,11 +87,7 @@ def test_step_variants_pass_the_ptx_rules():
 # ---- the call, TVM-FFI stubbed ---------------------------------------------------------------------------
 @pytest.fixture
 def launches(monkeypatch):
-    log, compiled = [], []
-    stub_kernels(monkeypatch, lambda name, real: stub_compiler(real, name, log, compiled))
-    host_only(monkeypatch)
-    monkeypatch.setattr(api, "_PLANS", PlanCache())
-    return log
+    return stubbed_calls(monkeypatch, api)[0]
 
 
 REQUESTS = {4: [Request(11, 1), Request(0, 5), Request(9, 11)], 128: [Request(127, 1), Request(250, 10)]}

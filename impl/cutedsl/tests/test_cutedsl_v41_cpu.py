@@ -26,11 +26,10 @@ pytest.importorskip("cutlass")
 from dsv4_compressor.impl.cutedsl import v41  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.v41_paths import V41Shapes  # noqa: E402
 from dsv4_compressor.impl.cutedsl.v41_config import V41CompressConfig, V41RecordFormat  # noqa: E402
-from dsv4_compressor.impl.plan_cache import PlanCache  # noqa: E402
 from dsv4_compressor.impl.triton.tests import v41_scenarios as S  # noqa: E402
 from dsv4_compressor.spec import v41_batch as V  # noqa: E402
 from dsv4_compressor.spec.batch import Request  # noqa: E402
-from ffi_stub import host_only, stub_compiler, stub_kernels  # noqa: E402
+from ffi_stub import stubbed_calls  # noqa: E402
 
 MIXED = [Request(3, 1), Request(8, 1), Request(0, 5), Request(9, 3)]
 RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
@@ -40,11 +39,7 @@ RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
 def recorded(monkeypatch):
     """``(launches, compiled)``: every accepted kernel call as ``(kernel, config, arguments)`` and
     every compile request as ``(kernel, config)``."""
-    launches, compiled = [], []
-    stub_kernels(monkeypatch, lambda name, function: stub_compiler(function, name, launches, compiled))
-    host_only(monkeypatch)
-    monkeypatch.setattr(v41, "_PLANS", PlanCache())
-    return launches, compiled
+    return stubbed_calls(monkeypatch, v41)
 
 
 def _combined_arguments(case: S.V41Case, latent: bool = True) -> dict:

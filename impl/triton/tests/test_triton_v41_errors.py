@@ -13,6 +13,7 @@ from dsv4_compressor import spec
 from dsv4_compressor.impl import triton as T
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec.batch import Request
+from dsv4_compressor.spec.tests.spec_test_helpers import V41_DEBUG_CASES, with_entry
 
 from v41_scenarios import DEVICE, build_case, index_key_arguments, torch_arguments
 
@@ -222,26 +223,10 @@ def test_v41_index_key_store_errors(changes, argument):
 
 
 # ---- debug=True: values against the buffers, checked on the host before the launch -----------------------------------
-def _with(arguments: dict, name: str, index: int, value) -> dict:
-    tensor = arguments[name].clone()
-    tensor[index] = value(arguments) if callable(value) else value
-    return {**arguments, name: tensor}
-
-
-@pytest.mark.parametrize("ratio, change, message", [
-    (1, ("kv_slot_mapping", 0, 10_000), "is outside k_cache"),
-    (2, ("kv_slot_mapping", 2, 10_000), "is outside k_cache"),
-    (1, ("positions", 1, 40), "rotates with cos_sin_cache row 40"),
-    (2, ("slot_mapping", 4, -1), None),  # not an error: the token is inactive
-    (2, ("save_slot_mapping", 1, 1_000_000), "is outside the state cache"),
-    (2, ("token_to_req", 1, 0), "lies in request 1's chunk"),
-    (2, ("positions", 2, 7), "positions are consecutive"),
-    (2, ("kv_slot_mapping", 2, lambda a: a["kv_slot_mapping"][0]), "is written by more than one"),  # positions 1 and 3
-    (2, ("kv_slot_mapping", 4, 0), "for a padding token"),
-])
+@pytest.mark.parametrize("ratio, change, message", V41_DEBUG_CASES)
 def test_debug_checks_values_before_launching(ratio, change, message):
     arguments, owners = v41_call(ratio)
-    arguments = _with(arguments, *change)
+    arguments = with_entry(arguments, *change)
     if message is None:
         T.v41_compress_norm_rope_store(**arguments, debug=True)
         return
@@ -254,13 +239,13 @@ def test_debug_checks_values_before_launching(ratio, change, message):
 
 def test_debug_checks_of_the_store_and_the_index_key():
     arguments, _ = v41_call(1)
-    store = {k: v for k, v in _with(arguments, "kv_slot_mapping", 3, 1).items() if k in STORE_ARGS}
+    store = {k: v for k, v in with_entry(arguments, "kv_slot_mapping", 3, 1).items() if k in STORE_ARGS}
     with pytest.raises(ValueError, match="^debug check: compressed-cache slot 1 is written by more than one token"):
         T.v41_rope_quant_store(**store, debug=True)
     key, _ = _index_key_call()
     num_entries = key["k_cache"].shape[0] * key["k_cache"].shape[1]
     with pytest.raises(ValueError, match="^debug check: kv_slot_mapping"):
-        T.v41_index_key_store(**_with(key, "kv_slot_mapping", 4, num_entries), debug=True)
+        T.v41_index_key_store(**with_entry(key, "kv_slot_mapping", 4, num_entries), debug=True)
 
 
 def test_debug_mode_writes_the_same_bytes():

@@ -115,14 +115,16 @@ def run_spec_and_triton(scenario: Scenario, device: str, *, config=None, debug: 
 
 
 def first_difference(expected: np.ndarray, actual: np.ndarray) -> str:
+    """Where a kernel's allocation bytes first depart from the spec's (``"identical"`` where they do not)."""
     diff = np.flatnonzero(expected != actual)
     if diff.size == 0:
         return "identical"
     i = int(diff[0])
-    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, triton 0x{actual[i]:02x}"
+    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, kernel 0x{actual[i]:02x}"
 
 
 def assert_identical(results: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """``results``: ``{buffer name: (the spec's allocation bytes, a kernel's)}``, equal byte for byte."""
     for name, (expected, actual) in results.items():
         assert expected.shape == actual.shape, f"{name}: allocation sizes differ"
         assert np.array_equal(expected, actual), f"{name}: {first_difference(expected, actual)}"

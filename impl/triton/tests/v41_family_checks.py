@@ -1,10 +1,12 @@
 """DeepSeek-V4.1's checks both kernel families run (SPEC §14.7): each test takes the fixture
-``v41_family`` (``"triton"`` or ``"cutedsl"``, defined by the test module that imports it) and
-compares that family's bytes with the spec's over whole allocations.
+``v41_family`` (``"triton"`` or ``"cutedsl"``, defined by the test module that imports them all
+with ``import *``) and compares that family's bytes with the spec's over whole allocations.
 
-``test_triton_v41.py`` runs them under ``TRITON_INTERPRET=1`` on CPU and on a GPU;
-``impl/cutedsl/tests/test_cutedsl_v41_gpu.py`` runs them on a GPU. The checks a family needs
-alone (Triton's program order, CuTe DSL's thread mappings) stay in its own module.
+``test_triton_v41.py`` runs them under ``TRITON_INTERPRET=1`` on CPU and on a GPU (those marked
+``gpu`` on a GPU only); ``impl/cutedsl/tests/test_cutedsl_v41_gpu.py`` runs them on a GPU. The
+checks a family needs alone (Triton's program order, CuTe DSL's thread mappings and repeated
+launches) stay in its own module, on the steps built here (:func:`ratio2_case`,
+:func:`ring_chunk_case`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,76 @@ from dsv4_compressor.impl.triton.tests.v41_scenarios import (
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.batch import Request
+
+
+# ---- ratio 2's state: dtypes, addressing, inputs, the save after the compress ----------------------------------
+STATES = {"paged4": V.paged(4), "paged2": V.paged(2), "reference_ring": V.reference_ring(), "vllm_ring": V.vllm_ring(3)}
+INPUTS = ("fp32", "bf16", "kv_fp32_score_bf16")
+
+
+def ratio2_case(state: str, bf16_state: bool, inputs: str):
+    """The step of :func:`test_ratio2_state_options` in the state ``STATES[state]`` with ``INPUTS`` ``inputs``."""
+    bf16_inputs = inputs == "bf16"
+    return build_case([Request(3, 1), Request(7, 1), Request(0, 4), Request(9, 5)], ratio=2,
+                      seed=100 + 10 * list(STATES).index(state) + 3 * bf16_state + INPUTS.index(inputs),
+                      state=STATES[state], bf16_state=bf16_state, bf16_inputs=bf16_inputs,
+                      bf16_score=bf16_inputs or inputs == "kv_fp32_score_bf16", layout="v41_nvfp4",
+                      unslotted_fraction=0.15, bf16_weight=bf16_state)
+
+
+@pytest.mark.parametrize("inputs", INPUTS)
+@pytest.mark.parametrize("bf16_state", [False, True], ids=["fp32_state", "bf16_state"])
+@pytest.mark.parametrize("state", list(STATES))
+def test_ratio2_state_options(state, bf16_state, inputs, v41_family):
+    """Paged (bs 4, 2), the reference's ring and vLLM's, fp32 or bf16 states and inputs (``kv`` and
+    ``score`` may differ), chunks from an odd position longer than a ring of 2, tokens without a
+    state slot (saved all the same)."""
+    results = combined(ratio2_case(state, bf16_state, inputs), family=v41_family)
+    written(results)
+    assert_identical(results)
+
+
+def _chunk_overwrites_a_row_it_reads(case) -> bool:
+    """Whether a saved token's slot is the state slot the chunk's first token reads (SPEC §13.4: the
+    save must come after that read)."""
+    s, t = case.step, case.tables
+    for req in range(s.query_start_loc.size - 1):
+        first, end = int(s.query_start_loc[req]), int(s.query_start_loc[req + 1])
+        p0 = int(s.positions[first])
+        if end - first < 2 or p0 % 2 == 0 or s.kv_slot_mapping[first] < 0 or s.slot_mapping[first] < 0:
+            continue
+        index = (p0 - 1) % t.state.ring_capacity if t.state.ring_capacity else p0 - 1
+        read = int(t.block_table[req, index // t.state.block_size]) * t.state.block_size + index % t.state.block_size
+        if np.any(s.save_slot_mapping[first + 1:end] == read):
+            return True
+    return False
+
+
+RING_CHUNKS = [  # (state, requests) of the chunks longer than the ring
+    ("reference_ring", [Request(9, 2), Request(5, 7)]),  # C = 2: positions 10, 12 land on the slot of 8 and 4
+    ("vllm_ring", [Request(5, 9), Request(1, 20)]),  # C = 8: position 12 on the slot of 4; 24 (the tail's) on 0's
+]
+
+
+def ring_chunk_case(state: str, requests: list[Request], bf16_state: bool):
+    """A step whose chunk from an odd position ``P0`` reads row ``P0 - 1`` from the ring while its
+    tail saves a token at ``P0 - 1 + k*C`` onto that very slot (the save must wait for the read)."""
+    case = build_case(requests, ratio=2, seed=7, state=STATES[state], bf16_state=bf16_state, layout="bf16")
+    assert _chunk_overwrites_a_row_it_reads(case)
+    return case
+
+
+def test_chunk_rows_are_read_from_the_inputs_not_the_state(v41_family):
+    """Every state row a window could read but the one before each chunk holds NaN: a kernel that
+    read a chunk row from the state would write NaN-derived bytes (SPEC §13.4 step 1)."""
+    case = build_case([Request(3, 4), Request(10, 6), Request(1, 1)], ratio=2, seed=9, state=V.paged(2), layout="v41_nvfp4")
+    s, t = case.step, case.tables
+    keep = np.zeros(case.state_cache.shape[:2], bool)
+    for req in range(s.query_start_loc.size - 1):
+        p = int(s.positions[s.query_start_loc[req]]) - 1
+        keep[t.block_table[req, p // 2], p % 2] = True
+    case.state_cache[~keep] = np.float32(np.nan)
+    assert_identical(combined(case, family=v41_family))
 
 
 # ---- every record at both ratios, each operation alone ------------------------------------------------------
@@ -130,3 +202,47 @@ def test_a_step_without_active_tokens_writes_only_the_saves(v41_family):
     assert np.all(results["latent"][1] == B.CANARY_BYTE)
     assert np.all(results["k_cache"][1] == B.CANARY_BYTE)
     assert np.any(results["state_cache"][0] != spec_copy(case.state_cache)[0])
+
+
+# ---- GPU: engine-like sizes ------------------------------------------------------------------------------------
+def _engine_requests(rng: np.random.Generator) -> list[Request]:
+    decode = [Request(int(rng.integers(1, 4000)), 1) for _ in range(200)]
+    verify = V.verify_requests([int(c) for c in rng.integers(1, 4000, size=24)], 3)
+    prefill = [Request(0, 300), Request(int(rng.integers(1, 100)) * 2 + 1, 77)]
+    return decode + verify + prefill
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", RECORDS)
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_engine_sized_batches(ratio, layout, v41_family):
+    rng = np.random.default_rng(ratio * 10 + RECORDS.index(layout))
+    for state, bf16 in ((V.vllm_ring(3), True), (V.paged(8), False), (V.reference_ring(), True)):
+        case = build_case(_engine_requests(rng), ratio=ratio, seed=int(rng.integers(1000)), state=state,
+                          layout=layout, entries_per_page=64, page_pad_bytes=64, bf16_inputs=bf16, bf16_state=not bf16,
+                          bf16_weight=bf16, num_padding=5, drop_entry_fraction=0.05, unslotted_fraction=0.02)
+        assert_identical(combined(case, family=v41_family))
+        assert_identical(rope_quant_store(case, family=v41_family))
+        if ratio == 1:
+            break
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["indexer_fp8", "indexer_mxfp4"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_engine_sized_index_keys(ratio, layout, v41_family):
+    case = build_case(_engine_requests(np.random.default_rng(ratio)), ratio=ratio, seed=3, layout=None,
+                      entries_per_page=64)
+    assert_identical(index_key_store(index_key_arguments(case, layout, k_pre_row_pad=8), family=v41_family))
+
+
+@pytest.mark.gpu
+def test_verify_run_on_vllms_ring(v41_family):
+    verify = V.verify_requests(list(range(1, 130, 2)), 3)
+    after = V.after_verify(verify, [i % 4 for i in range(len(verify))])
+    plan = [[(0, c) for c in range(1, 130, 2)], [(r.context_len, r.num_tokens) for r in verify], [(c, 4) for c in after]]
+    run_steps(plan, V.vllm_ring(3), bf16_state=False, seed=21, family=v41_family)
+
+
+# What a family's test module collects with ``from v41_family_checks import *``: every check above.
+__all__ = [name for name in dict(globals()) if name.startswith("test_")]

@@ -18,6 +18,7 @@ import torch
 
 from dsv4_compressor import spec
 from dsv4_compressor.conformance.buffers import Buffer
+from dsv4_compressor.impl.triton.tests.triton_test_scenarios import assert_identical  # noqa: F401  (the V4 tests' comparison)
 from dsv4_compressor.spec import batch as B
 from dsv4_compressor.spec import v41_batch as V
 from dsv4_compressor.spec.batch import Request
@@ -172,20 +173,6 @@ def run_both(spec_function, family_function, arguments: dict, written: tuple[str
     torch_args, owners = torch_arguments(arguments)
     family_function(**torch_args)
     return {name: (spec_owners[name], owners[name].cpu().numpy()) for name in spec_owners}
-
-
-def first_difference(expected: np.ndarray, actual: np.ndarray) -> str:
-    diff = np.flatnonzero(expected != actual)
-    if diff.size == 0:
-        return "identical"
-    i = int(diff[0])
-    return f"{diff.size} differing bytes; first at byte {i}: spec 0x{expected[i]:02x}, kernel 0x{actual[i]:02x}"
-
-
-def assert_identical(results: dict) -> None:
-    for name, (expected, actual) in results.items():
-        assert expected.shape == actual.shape, f"{name}: allocation sizes differ"
-        assert np.array_equal(expected, actual), f"{name}: {first_difference(expected, actual)}"
 
 
 # ---- the four operations, spec against a kernel family ----------------------------------------------------
