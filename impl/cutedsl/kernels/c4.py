@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..config import C4Config
+from .entry import pooling_entry
 from ..stages.activity import token_activity
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
@@ -43,29 +44,13 @@ class C4PoolKernel:
         self.threads = C4Window.group_threads * self.tokens_per_cta
         self.window = C4Window(config)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 (or bf16: config.state) [num_blocks, bs, 2048]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mOut: cute.Tensor,  # fp32 [S >= T, 512], rows 16-byte aligned
-        stream: cuda.CUstream,
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
-        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
-        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
-        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
-        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
-    ):
-        num_tokens = mPos.shape[0]
+    __call__ = pooling_entry  # the host entry (:mod:`.entry`), launched by launch()
+
+    def launch(self, arguments: tuple, num_tokens, stream):
+        """``ceil(T / tokens_per_cta)`` CTAs of ``threads`` threads (the entry's arguments in
+        :meth:`kernel`'s order)."""
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity, mKv, mScore,
-                    mQsl).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-        )
+        self.kernel(*arguments).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
