@@ -26,12 +26,11 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from ..config import C4Config
 from .entry import pooling_entry
-from ..stages.activity import token_activity
+from ..stages.activity import group_token
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c4 import RATIO, C4Window
 from ..stages.postprocess import GroupFinish
-from ..stages.step_rows import chunk_of
 
 
 class C4PoolKernel:
@@ -57,18 +56,13 @@ class C4PoolKernel:
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
                ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        t = tidx % C4Window.group_threads
-        tok = cta * self.tokens_per_cta + tidx // C4Window.group_threads
-        if tok < mPos.shape[0]:
-            position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            req = mTokenReq[tok]
-            if active:
-                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
-                store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
+        t, tok = group_token(C4Window.group_threads, self.tokens_per_cta)
+
+        def store(x, position, kv_slot):
+            store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
+
+        self.window.pool_token((mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot),
+                               (mApe, ring_capacity, mKv, mScore, mQsl), tok, t, store)
 
 
 class C4FusedKernel:
@@ -119,12 +113,10 @@ class C4FusedKernel:
                mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
-        if tok < mPos.shape[0]:
-            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            req = mTokenReq[tok]
-            if active:
-                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
-                self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                      position, kv_slot, eps, fp8_inv)
+
+        def finish(x, position, kv_slot):
+            self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache, position, kv_slot,
+                                  eps, fp8_inv)
+
+        self.window.pool_token((mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot),
+                               (mApe, ring_capacity, mKv, mScore, mQsl), tok, t, finish)

@@ -38,9 +38,10 @@ from cutlass import Float32, Int32, Int64
 from ..config import HEAD_DIM, C4Config
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from .memory import load_into, row_address
+from .activity import token_activity
 from .postprocess import rope_row
 from .state_format import add_ape, load_state_into, ring_position
-from .step_rows import StepRows
+from .step_rows import StepRows, chunk_of
 
 RATIO = 4
 WINDOW = 8
@@ -70,6 +71,28 @@ class C4Window:
         self.rows_per_lookup = config.rows_per_lookup
         self.state = config.state
         self.step_rows = StepRows(config.state, config.block_size, STATE_WIDTH)
+
+    @cute.jit
+    def pool_token(
+        self,
+        tables: tuple,  # (mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot): the kernel's launch arguments
+        formats: tuple,  # (mApe, ring_capacity, mKv, mScore, mQsl): SPEC §13's, see pool_window and chunk_of
+        tok: Int32,  # this thread's token (any index: past T it does nothing)
+        t: Int32,  # thread index in the token group, 0..127
+        finish,  # Python callable (x, position, kv_slot): what the kernel does with an active token's x
+    ):
+        """Token ``tok`` of ``T`` (SPEC §5): if active, pool its window into ``x`` (fp32 ``(4,)``:
+        channels ``4t..4t+3``) and ``finish`` it; an inactive token (or one past ``T``) does nothing."""
+        mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot = tables
+        mApe, ring_capacity, mKv, mScore, mQsl = formats
+        if tok < mPos.shape[0]:
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+            req = mTokenReq[tok]
+            if active:
+                x = cute.make_rmem_tensor((self.vec,), Float32)
+                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.state)
+                self.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
+                finish(x, position, kv_slot)
 
     @cute.jit
     def pool_window(
