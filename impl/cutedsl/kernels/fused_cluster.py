@@ -62,7 +62,6 @@ from ..stages.activity import token_activity
 from ..stages.cluster_smem import TileSumExchange
 from ..config import FusedClusterConfig
 from .entry import fused_entry
-from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
 
@@ -73,8 +72,6 @@ class FusedClusterKernel:
 
     def __init__(self, config: FusedClusterConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.cluster = self.pooling.num_tiles  # CTAs per token
@@ -87,14 +84,14 @@ class FusedClusterKernel:
         rms_norm_eps as binary32, ``fp8_inv`` ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
         self.kernel(*tables, eps, fp8_inv).launch(
             grid=(self.cluster * num_tokens, 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.cluster, 1, 1),
-            stream=stream, use_pdl=self.pdl,
+            stream=stream, use_pdl=self.pooling.pool.pdl,
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)  # tile == rank in the cluster (CTAs C*t .. C*t + C-1)
         smem = SmemAllocator()

@@ -31,7 +31,6 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from ..stages.activity import token_activity
 from ..config import FUSED_HANDOFF_CTAS_PER_SM, FusedHandoffConfig
 from .entry import fused_entry
-from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.handoff_stage import ScratchHandoff
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
@@ -46,8 +45,6 @@ class FusedHandoffKernel:
 
     def __init__(self, config: FusedHandoffConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per token (8)
@@ -62,14 +59,15 @@ class FusedHandoffKernel:
         rms_norm_eps as binary32; ``fp8_inv``: ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
         self.kernel(*tables, mX, mCounters, eps, fp8_inv).launch(
-            grid=(self.tiles * num_tokens, 1, 1), block=(self.pooling.threads, 1, 1), stream=stream, use_pdl=self.pdl,
-            min_blocks_per_mp=FUSED_HANDOFF_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+            grid=(self.tiles * num_tokens, 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
+            use_pdl=self.pooling.pool.pdl, min_blocks_per_mp=FUSED_HANDOFF_CTAS_PER_SM,
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)  # CTAs 8t .. 8t+7: the tiles of token t
         smem = SmemAllocator()

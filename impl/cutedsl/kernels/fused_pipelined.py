@@ -47,7 +47,6 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from ..stages.cluster_smem import TileSumExchange
 from ..config import FusedPipelinedConfig
 from .entry import fused_entry
-from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.pipelined_walk import RunWalk
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
@@ -61,8 +60,6 @@ class FusedPipelinedKernel:
 
     def __init__(self, config: FusedPipelinedConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.walk = RunWalk(self.pooling)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
@@ -88,14 +85,14 @@ class FusedPipelinedKernel:
         ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
         self.kernel(*tables, eps, fp8_inv, clusters).launch(
             grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.tiles, 1, 1),
-            stream=stream, use_pdl=self.pdl, min_blocks_per_mp=self.config.ctas_per_sm,
+            stream=stream, use_pdl=self.pooling.pool.pdl, min_blocks_per_mp=self.config.ctas_per_sm,
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else before the rows)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, cluster = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster
         tidx, _, _ = cute.arch.thread_idx()
@@ -111,7 +108,7 @@ class FusedPipelinedKernel:
         walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster, lane)
         self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
-                              self.pdl and self.pool.early_metadata)
+                              self.pooling.pool.pdl and self.pooling.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)

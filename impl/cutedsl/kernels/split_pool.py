@@ -21,7 +21,6 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from ..config import C128PoolConfig
 from .entry import pooling_entry
 from ..stages.activity import token_activity
-from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.step_rows import chunk_of
@@ -35,7 +34,6 @@ class SplitPoolKernel:
 
     def __init__(self, pool: C128PoolConfig):
         self.pool = pool
-        self.pdl = pool.pdl
         self.pooling = C128TilePooling(pool)
 
     __call__ = pooling_entry  # the host entry (:mod:`.entry`), launched by launch()
@@ -44,13 +42,13 @@ class SplitPoolKernel:
         """``(512 / tile) * T`` CTAs of ``32 * warps`` threads (the entry's arguments in :meth:`kernel`'s
         order)."""
         self.kernel(*arguments).launch(grid=(self.pooling.num_tiles * num_tokens, 1, 1),
-                                       block=(self.pooling.threads, 1, 1), stream=stream, use_pdl=self.pdl)
+                                       block=(self.pooling.threads, 1, 1), stream=stream, use_pdl=self.pooling.pool.pdl)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
                ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(SmemAllocator())

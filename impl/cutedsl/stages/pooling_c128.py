@@ -92,6 +92,12 @@ class C128TilePooling:
         self.state = pool.state
         self.step_rows = StepRows(pool.state, pool.block_size, STATE_WIDTH)
 
+    def wait_at_start(self) -> None:
+        """A C128 kernel's first statement: PDL's wait for the grids it depends on
+        (:mod:`.dependent_launch`), unless ``early_metadata`` puts it after the metadata and
+        block-table reads (in :meth:`pool_tile`, or the pipelined walk's first rows)."""
+        wait_for_prerequisite_grids(self.pool.pdl and not self.pool.early_metadata)
+
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, tile]`` fp32 for max, tree(u), tree(e); with
         ``kv_in_smem`` also each thread's kv rows, ``[rows, threads, 4]`` (consecutive threads
