@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -25,12 +25,12 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..config import C4Config
-from ..stages.activity import token_activity
+from .entry import pooling_entry
+from ..stages.activity import group_token
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c4 import RATIO, C4Window
 from ..stages.postprocess import GroupFinish
-from ..stages.step_rows import chunk_of
 
 
 class C4PoolKernel:
@@ -43,47 +43,26 @@ class C4PoolKernel:
         self.threads = C4Window.group_threads * self.tokens_per_cta
         self.window = C4Window(config)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 (or bf16: config.state) [num_blocks, bs, 2048]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mOut: cute.Tensor,  # fp32 [S >= T, 512], rows 16-byte aligned
-        stream: cuda.CUstream,
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 1024] (ape_at="compress"), else None
-        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
-        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
-        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 1024], else None
-        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
-    ):
-        num_tokens = mPos.shape[0]
+    __call__ = pooling_entry  # the host entry (:mod:`.entry`), launched by launch()
+
+    def launch(self, arguments: tuple, num_tokens, stream):
+        """``ceil(T / tokens_per_cta)`` CTAs of ``threads`` threads (the entry's arguments in
+        :meth:`kernel`'s order)."""
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity, mKv, mScore,
-                    mQsl).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-        )
+        self.kernel(*arguments).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
                ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        t = tidx % C4Window.group_threads
-        tok = cta * self.tokens_per_cta + tidx // C4Window.group_threads
-        if tok < mPos.shape[0]:
-            position, _, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            req = mTokenReq[tok]
-            if active:
-                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
-                store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
+        t, tok = group_token(C4Window.group_threads, self.tokens_per_cta)
+
+        def store(x, position, kv_slot):
+            store_fragment(x, element_address(mOut, tok, t * C4Window.vec), 16)
+
+        self.window.pool_token((mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot),
+                               (mApe, ring_capacity, mKv, mScore, mQsl), tok, t, store)
 
 
 class C4FusedKernel:
@@ -134,12 +113,10 @@ class C4FusedKernel:
                mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
-        if tok < mPos.shape[0]:
-            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            req = mTokenReq[tok]
-            if active:
-                x = cute.make_rmem_tensor((C4Window.vec,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-                self.window.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
-                self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                      position, kv_slot, eps, fp8_inv)
+
+        def finish(x, position, kv_slot):
+            self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache, position, kv_slot,
+                                  eps, fp8_inv)
+
+        self.window.pool_token((mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot),
+                               (mApe, ring_capacity, mKv, mScore, mQsl), tok, t, finish)

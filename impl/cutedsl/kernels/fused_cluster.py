@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 from ..stages.activity import token_activity
 from ..stages.cluster_smem import TileSumExchange
 from ..config import FusedClusterConfig
-from ..stages.dependent_launch import wait_for_prerequisite_grids
+from .entry import fused_entry
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
 
@@ -72,39 +72,26 @@ class FusedClusterKernel:
 
     def __init__(self, config: FusedClusterConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.cluster = self.pooling.num_tiles  # CTAs per token
         self.exchange = TileSumExchange(self.cluster, self.finishing.sends_partner_x)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
-        stream: cuda.CUstream,
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv).launch(
-            grid=(self.cluster * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.cluster, 1, 1),
-            stream=stream, use_pdl=self.pdl,
+    __call__ = fused_entry  # the host entry (:mod:`.entry`): the nine tensors, then launch()'s arguments
+
+    def launch(self, tables: tuple, num_tokens, eps: Float32, fp8_inv: Float32, stream: cuda.CUstream):
+        """``C * T`` CTAs in clusters of ``C``, ``32 * warps`` threads each, on ``stream``; ``eps`` is
+        rms_norm_eps as binary32, ``fp8_inv`` ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
+        self.kernel(*tables, eps, fp8_inv).launch(
+            grid=(self.cluster * num_tokens, 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.cluster, 1, 1),
+            stream=stream, use_pdl=self.pooling.pool.pdl,
         )
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)  # tile == rank in the cluster (CTAs C*t .. C*t + C-1)
         smem = SmemAllocator()

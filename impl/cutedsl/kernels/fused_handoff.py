@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from ..stages.activity import token_activity
 from ..config import FUSED_HANDOFF_CTAS_PER_SM, FusedHandoffConfig
-from ..stages.dependent_launch import wait_for_prerequisite_grids
+from .entry import fused_entry
 from ..stages.handoff_stage import ScratchHandoff
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
@@ -45,42 +45,29 @@ class FusedHandoffKernel:
 
     def __init__(self, config: FusedHandoffConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
         self.tiles = self.pooling.num_tiles  # CTAs per token (8)
         self.handoff = ScratchHandoff(self.finishing, self.tiles, self.pooling.tile)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mX: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
-        mCounters: cute.Tensor,  # int32 [C >= T], all zero on entry (and on exit)
-        eps: Float32,  # rms_norm_eps as binary32
-        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
-        stream: cuda.CUstream,
-    ):
+    __call__ = fused_entry  # the host entry (:mod:`.entry`): the nine tensors, then launch()'s arguments
+
+    def launch(self, tables: tuple, num_tokens, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32,
+               fp8_inv: Float32, stream: cuda.CUstream):
+        """``8 * T`` CTAs of 256 threads on ``stream``. ``mX``: the fp32 ``[S >= T, 512]`` scratch, rows
+        16-byte aligned; ``mCounters``: int32 ``[C >= T]``, all zero on entry (and on exit); ``eps``:
+        rms_norm_eps as binary32; ``fp8_inv``: ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
         # .minnctapersm 4 caps registers at 64, so that 4 CTAs (32 warps) share an SM
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, mX, mCounters, eps,
-                    fp8_inv).launch(grid=(self.tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1),
-                                    stream=stream, use_pdl=self.pdl, min_blocks_per_mp=FUSED_HANDOFF_CTAS_PER_SM,
-                                    preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+        self.kernel(*tables, mX, mCounters, eps, fp8_inv).launch(
+            grid=(self.tiles * num_tokens, 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
+            use_pdl=self.pooling.pool.pdl, min_blocks_per_mp=FUSED_HANDOFF_CTAS_PER_SM,
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, mX: cute.Tensor, mCounters: cute.Tensor, eps: Float32, fp8_inv: Float32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)  # CTAs 8t .. 8t+7: the tiles of token t
         smem = SmemAllocator()
@@ -97,7 +84,7 @@ class FusedHandoffKernel:
         self,
         mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
         mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        tables: tuple,  # (mX, mCounters, mWeight, mCosSin, mCache): see __call__
+        tables: tuple,  # (mX, mCounters, mWeight, mCosSin, mCache): see launch
         eps: Float32,
         fp8_inv: Float32,
         tok: Int32,  # an active token

@@ -36,9 +36,8 @@ walks its share late). Timings: ``bench/RESULTS.md``.
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -47,7 +46,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from ..stages.cluster_smem import TileSumExchange
 from ..config import FusedPipelinedConfig
-from ..stages.dependent_launch import wait_for_prerequisite_grids
+from .entry import fused_entry
 from ..stages.pipelined_walk import RunWalk
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
@@ -61,8 +60,6 @@ class FusedPipelinedKernel:
 
     def __init__(self, config: FusedPipelinedConfig):
         self.config = config
-        self.pool = config.pool
-        self.pdl = config.pool.pdl
         self.pooling = C128TilePooling(config.pool)
         self.walk = RunWalk(self.pooling)
         self.finishing = TileFinish(config.entry, RATIO, config.pool.tile)
@@ -79,34 +76,23 @@ class FusedPipelinedKernel:
         stages = 2 * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
         return partials + stages + 2 * self.tiles * 4 + 1024
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
-        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        eps: Float32,  # rms_norm_eps as binary32
-        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
-        clusters: Int32,  # G, 1 <= G <= T
-        stream: cuda.CUstream,
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
-                    clusters).launch(grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1),
-                                     cluster=(self.tiles, 1, 1), stream=stream, use_pdl=self.pdl,
-                                     min_blocks_per_mp=self.config.ctas_per_sm,
-                                     preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
+    __call__ = fused_entry  # the host entry (:mod:`.entry`): the nine tensors, then launch()'s arguments
+
+    def launch(self, tables: tuple, num_tokens, eps: Float32, fp8_inv: Float32, clusters: Int32,
+               stream: cuda.CUstream):
+        """``8 * G`` CTAs (``clusters``: ``G``, ``1 <= G <= T``) in clusters of 8, 256 threads each, on
+        ``stream``, whatever ``T``; ``eps`` is rms_norm_eps as binary32, ``fp8_inv``
+        ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
+        self.kernel(*tables, eps, fp8_inv, clusters).launch(
+            grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.tiles, 1, 1),
+            stream=stream, use_pdl=self.pooling.pool.pdl, min_blocks_per_mp=self.config.ctas_per_sm,
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
                mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else before the rows)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, cluster = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster
         tidx, _, _ = cute.arch.thread_idx()
@@ -122,7 +108,7 @@ class FusedPipelinedKernel:
         walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster, lane)
         self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
-                              self.pdl and self.pool.early_metadata)
+                              self.pooling.pool.pdl and self.pooling.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)

@@ -62,7 +62,7 @@ from ..stages.exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
 from ..config import INDEXER_HEAD_DIM, IndexerConfig
 from ..stages.indexer_entry import VEC, WarpFinish
 from ..stages.memory import element_address, load_into, row_address, window_row_addresses
-from ..stages.pooling_c4 import WINDOW, pooled, window_weights
+from ..stages.pooling_c4 import WINDOW, empty_window, pool_into, pooled, window_weights
 from ..stages.pooling_c128 import copy_row_async, load_smem, store_smem
 from ..stages.state_format import add_ape, load_state_into, ring_position
 from ..stages.step_rows import StepRows, chunk_of
@@ -111,23 +111,11 @@ class IndexerC4Kernel:
     def pool_default_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
                             lane: Int32, sKv: cute.Tensor, warp: Int32, x: cute.Tensor):
         """SPEC §3's state (fp32, paged, ``ape`` in the scores): kv staged by ``cp.async``."""
-        bs, run = self.config.block_size, self.config.rows_per_lookup
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        for i in cutlass.range_constexpr(8):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        run = self.config.rows_per_lookup
+        kv, sc = empty_window()
         window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
         row_stride_bytes = Int64(mState.stride[1]) * 4
-        # every block-table read first (one round trip, not one per half): the first half's
-        # positions are clamped to 0 at p = 3, whose rows 0..3 (positions -4..-1) are then not loaded
-        runs = []  # (first window row, position, row address) per lookup
-        for half in cutlass.range_constexpr(2):
-            for r in cutlass.range_constexpr(4 // run):
-                first_row = half * 4 + r * run
-                pos = window_start + first_row
-                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-                runs.append((first_row, pos, row_address(mState, mBlockTable, req, looked_up, bs)))
+        runs = self.window_runs(mState, mBlockTable, req, window_start)
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then the kv copies
             for first_row, pos, start in runs:
                 score_offset = self.config.state_width * 4 if kind == 0 else 0
@@ -148,17 +136,30 @@ class IndexerC4Kernel:
         for c in cutlass.range_constexpr(VEC):
             x[c] = pooled(kv, e[c], c)
 
+    def window_runs(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, window_start: Int64,
+                    ring_capacity=None) -> list:
+        """Every block-table read of the window first (one round trip, not one per half):
+        ``(first window row, position, row address)`` per lookup run of ``gcd(bs, 4)`` rows (a ring's
+        at ``q mod C``). The first half's positions are clamped to 0 at ``p = 3``, whose rows 0..3
+        (positions -4..-1) are then not loaded."""
+        bs, run = self.config.block_size, self.config.rows_per_lookup
+        runs = []
+        for half in range(2):
+            for r in range(4 // run):
+                first_row = half * 4 + r * run
+                pos = window_start + first_row
+                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
+                ring_row = ring_position(looked_up, self.config.state, ring_capacity)
+                runs.append((first_row, pos, row_address(mState, mBlockTable, req, ring_row, bs)))
+        return runs
+
     @cute.jit
     def pool_step_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
                          lane: Int32, x: cute.Tensor, mApe: cute.Tensor, ring_capacity, chunk):
         """SPEC §13.4 step 1: each valid row (``q >= 0``) from the chunk or the state
         (:class:`..stages.step_rows.StepRows`; ``mState`` fp32 or bf16 ``[num_blocks, bs, 512]``,
         ``ape`` fp32 ``[4, 256]``), then SPEC §5's pooling."""
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        for i in cutlass.range_constexpr(8):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        kv, sc = empty_window()
         window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
         for i in cutlass.range_constexpr(8):
             pos = window_start + i
@@ -166,8 +167,7 @@ class IndexerC4Kernel:
                 channel = lane * VEC + (i // 4) * INDEXER_HEAD_DIM
                 self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe,
                                         ring_capacity, chunk)
-        for c in cutlass.range_constexpr(VEC):
-            x[c] = pooled(kv, window_weights(sc, c), c)
+        pool_into(x, kv, sc)
 
     @cute.jit
     def pool_formatted_window(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req: Int32, position: Int64,
@@ -176,23 +176,12 @@ class IndexerC4Kernel:
         read first, then the scores (``ape`` added at the compress when asked), then the kv rows,
         all into registers."""
         state = self.config.state
-        bs, run = self.config.block_size, self.config.rows_per_lookup
+        run = self.config.rows_per_lookup
         width = state.element_bytes
-        kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(8)]
-        for i in cutlass.range_constexpr(8):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        kv, sc = empty_window()
         window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
         row_stride_bytes = Int64(mState.stride[1]) * width
-        runs = []  # (first window row, position, row address) per lookup
-        for half in cutlass.range_constexpr(2):
-            for r in cutlass.range_constexpr(4 // run):
-                first_row = half * 4 + r * run
-                pos = window_start + first_row
-                looked_up = Int64(cutlass.select_(pos >= Int64(0), pos, Int64(0))) if half == 0 else pos
-                runs.append((first_row, pos, row_address(mState, mBlockTable, req,
-                                                         ring_position(looked_up, state, ring_capacity), bs)))
+        runs = self.window_runs(mState, mBlockTable, req, window_start, ring_capacity)
         for kind in cutlass.range_constexpr(2):  # scores first (the max can start earlier), then kv
             for first_row, pos, start in runs:
                 channel = lane * VEC + (first_row // 4) * INDEXER_HEAD_DIM
@@ -205,8 +194,7 @@ class IndexerC4Kernel:
                             add_ape(sc[row], mApe, row % 4, channel, state)
                         else:
                             load_state_into(kv[row], start + row_stride_bytes * i + byte, state)
-        for c in cutlass.range_constexpr(VEC):
-            x[c] = pooled(kv, window_weights(sc, c), c)
+        pool_into(x, kv, sc)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,

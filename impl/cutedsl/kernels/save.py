@@ -25,6 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int64
 
 from ..config import SaveConfig
+from ..stages.activity import group_token
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
 from ..stages.memory import element_address, load_fragment, store_fragment
@@ -71,10 +72,7 @@ class SavePartialStatesKernel:
     def kernel(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mState: cute.Tensor, mScore: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        t = tidx % self.group_threads
-        tok = cta * self.tokens_per_cta + tidx // self.group_threads
+        t, tok = group_token(self.group_threads, self.tokens_per_cta)
         if tok < mPos.shape[0]:
             slot = mSlot[tok]
             if slot >= Int64(0):

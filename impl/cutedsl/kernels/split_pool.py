@@ -10,9 +10,8 @@ differ only in how many rows one block-table lookup serves. The split path's sto
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -20,8 +19,8 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..config import C128PoolConfig
+from .entry import pooling_entry
 from ..stages.activity import token_activity
-from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.step_rows import chunk_of
@@ -35,37 +34,21 @@ class SplitPoolKernel:
 
     def __init__(self, pool: C128PoolConfig):
         self.pool = pool
-        self.pdl = pool.pdl
         self.pooling = C128TilePooling(pool)
 
-    @cute.jit
-    def __call__(
-        self,
-        mState: cute.Tensor,  # fp32 or bf16 (pool.state) [num_blocks, bs, 1024]
-        mTokenReq: cute.Tensor,  # int32 [T]
-        mPos: cute.Tensor,  # int64 [T]
-        mSlot: cute.Tensor,  # int64 [T]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        mKvSlot: cute.Tensor,  # int64 [T]
-        mOut: cute.Tensor,  # fp32 [S >= T, 512] scratch, rows 16-byte aligned
-        stream: cuda.CUstream,
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
-        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
-        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 512], else None
-        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 512], else None
-        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
-    ):
-        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot, mOut, mApe, ring_capacity, mKv, mScore,
-                    mQsl).launch(
-            grid=(self.pooling.num_tiles * mPos.shape[0], 1, 1), block=(self.pooling.threads, 1, 1), stream=stream,
-            use_pdl=self.pdl
-        )
+    __call__ = pooling_entry  # the host entry (:mod:`.entry`), launched by launch()
+
+    def launch(self, arguments: tuple, num_tokens, stream):
+        """``(512 / tile) * T`` CTAs of ``32 * warps`` threads (the entry's arguments in :meth:`kernel`'s
+        order)."""
+        self.kernel(*arguments).launch(grid=(self.pooling.num_tiles * num_tokens, 1, 1),
+                                       block=(self.pooling.threads, 1, 1), stream=stream, use_pdl=self.pooling.pool.pdl)
 
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mKvSlot: cute.Tensor, mOut: cute.Tensor, mApe: cute.Tensor,
                ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
-        wait_for_prerequisite_grids(self.pdl and not self.pool.early_metadata)  # first (else in pool_tile)
+        self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, tok = self.pooling.tile_and_token(cta)
         sMax, sNum, sDen, sKv = self.pooling.allocate_smem(SmemAllocator())

@@ -21,9 +21,17 @@ def token_activity(mPos: cute.Tensor, mSlot: cute.Tensor, mKvSlot: cute.Tensor, 
     return position, kv_slot, active
 
 
+def group_token(group_threads: int, tokens_per_cta: int):
+    """``(t, tok)`` of this thread when a CTA holds ``tokens_per_cta`` consecutive tokens, a group of
+    ``group_threads`` threads each: its index in its token group and the group's token."""
+    tidx, _, _ = cute.arch.thread_idx()
+    cta, _, _ = cute.arch.block_idx()
+    return tidx % group_threads, cta * tokens_per_cta + tidx // group_threads
+
+
 def lowest_set_bit(mask):
     """Index of the lowest set bit of a non-zero 32-bit mask: ``popc((m & -m) - 1)``."""
     return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))
 
 
-__all__ = ["lowest_set_bit", "token_activity"]
+__all__ = ["group_token", "lowest_set_bit", "token_activity"]

@@ -8,6 +8,8 @@ cluster barrier that follows publishes the stores.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
@@ -38,6 +40,7 @@ def store_to_peer_smem(value, smem_ptr, peer_rank, *, loc=None, ip=None) -> None
     )
 
 
+@dataclass(frozen=True)
 class TileSumExchange:
     """One token's exchange between the ``tiles`` CTAs of a cluster (one CTA per channel tile):
     lane ``r < tiles`` of warp 0 stores its CTA's tile sum of squares into slot ``tile`` of
@@ -47,9 +50,8 @@ class TileSumExchange:
     Every CTA of the cluster must call :meth:`exchange` (the barrier), after its own
     ``cluster_wait`` for the kernel-start arrive."""
 
-    def __init__(self, tiles: int, sends_partner_x: bool):
-        self.tiles = tiles
-        self.sends_partner_x = sends_partner_x
+    tiles: int  # CTAs of the cluster, one channel tile each
+    sends_partner_x: bool  # 32-channel tiles: x[0] also goes to the partner tile
 
     @cute.jit
     def exchange(

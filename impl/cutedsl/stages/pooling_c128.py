@@ -92,6 +92,12 @@ class C128TilePooling:
         self.state = pool.state
         self.step_rows = StepRows(pool.state, pool.block_size, STATE_WIDTH)
 
+    def wait_at_start(self) -> None:
+        """A C128 kernel's first statement: PDL's wait for the grids it depends on
+        (:mod:`.dependent_launch`), unless ``early_metadata`` puts it after the metadata and
+        block-table reads (in :meth:`pool_tile`, or the pipelined walk's first rows)."""
+        wait_for_prerequisite_grids(self.pool.pdl and not self.pool.early_metadata)
+
     def allocate_smem(self, smem):
         """Per-warp partials ``[warps, tile]`` fp32 for max, tree(u), tree(e); with
         ``kv_in_smem`` also each thread's kv rows, ``[rows, threads, 4]`` (consecutive threads
@@ -122,126 +128,72 @@ class C128TilePooling:
         ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring), else None
         chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
-        """SPEC §5 for one channel tile of the token's window: the state's rows
-        (:meth:`pool_state_tile`), or with ``rows_from_inputs`` the chunk's and the state's
-        (:meth:`pool_step_tile`)."""
+        """SPEC §5 for one channel tile of the token's window: the state's rows, or with
+        ``rows_from_inputs`` (SPEC §13.4 step 1) the chunk's or the state's row by row
+        (:class:`.step_rows.StepRows`: ``ape`` row ``first_row + i``, kv and score together into
+        registers), then :meth:`reduce_rows`."""
         if cutlass.const_expr(self.state.rows_from_inputs):
-            self.pool_step_tile(mState, mBlockTable, req, position, tile, (sMax, sNum, sDen), x, mApe, ring_capacity,
-                                chunk)
-        else:
-            self.pool_state_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x, mApe,
-                                 ring_capacity)
-
-    @cute.jit
-    def pool_state_tile(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 128 == 127)
-        tile: Int32,  # channel tile index
-        sMax: cute.Tensor,  # fp32 smem [warps, tile]
-        sNum: cute.Tensor,  # fp32 smem [warps, tile]
-        sDen: cute.Tensor,  # fp32 smem [warps, tile]
-        sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
-        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
-        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring), else None
-    ):
-        rows, kv_byte, score_byte = self.row_addresses(mState, mBlockTable, req, position, tile, ring_capacity)
-        if cutlass.const_expr(self.pool.early_metadata):  # metadata and block table read: now the state
-            wait_for_prerequisite_grids(True)
-        # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
-        # loads are still in flight (only u = kv * e waits for them)
-        sc = self.row_fragments()
-        if cutlass.const_expr(self.state.is_default):
-            for i in cutlass.range_constexpr(self.rows_per_lane):
-                load_into(sc[i], rows[i] + score_byte, 16)
-        else:
+            if cutlass.const_expr(self.pool.early_metadata):
+                wait_for_prerequisite_grids(True)
             lane = cute.arch.lane_idx()
-            _, first_row = self.lane_window(position, lane)
+            window_start, first_row = self.lane_window(position, lane)
             channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+            sc = self.row_fragments()
+            kv = self.row_fragments()
             for i in cutlass.range_constexpr(self.rows_per_lane):
-                load_state_into(sc[i], rows[i] + score_byte, self.state)
-                add_ape(sc[i], mApe, first_row + i, channel, self.state)
-        kv = self.row_fragments()
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
+                                        first_row + i, mApe, ring_capacity, chunk)
 
-        def issue_kv():
-            if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
-                tidx, _, _ = cute.arch.thread_idx()
-                for i in cutlass.range_constexpr(self.rows_per_lane):
-                    copy_row_async(rows[i] + kv_byte, sKv[i, tidx, None])
-                cute.arch.cp_async_commit_group()
-            else:
-                for i in cutlass.range_constexpr(self.rows_per_lane):
-                    load_state_into(kv[i], rows[i] + kv_byte, self.state)
+            def kv_rows():
+                return kv
 
-        def kv_rows():
-            if cutlass.const_expr(self.kv_in_smem):
-                cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
-                tidx, _, _ = cute.arch.thread_idx()
-                read_staged_rows(sKv, tidx, kv)
-            return kv
-
-        if cutlass.const_expr(self.pool.kv_after_max):
-            self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x, after_max=issue_kv)
-        else:
-            issue_kv()
             self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
+        else:
+            # this lane's R window rows: their byte addresses, and its kv and score channels' offsets in a row
+            lane = cute.arch.lane_idx()
+            window_start, first_row = self.lane_window(position, lane)
+            kv_byte, score_byte = self.channel_bytes(tile, lane)
+            row_stride_bytes = Int64(mState.stride[1]) * self.state.element_bytes
+            rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes,
+                                        self.rows_per_lane, self.rows_per_lookup, self.block_size,
+                                        ring_capacity if self.state.ring else None)
+            if cutlass.const_expr(self.pool.early_metadata):  # metadata and block table read: now the state
+                wait_for_prerequisite_grids(True)
+            # scores are loaded first so that pass 1 and the exps of pass 2 can run while the kv
+            # loads are still in flight (only u = kv * e waits for them)
+            sc = self.row_fragments()
+            if cutlass.const_expr(self.state.is_default):
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    load_into(sc[i], rows[i] + score_byte, 16)
+            else:
+                channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    load_state_into(sc[i], rows[i] + score_byte, self.state)
+                    add_ape(sc[i], mApe, first_row + i, channel, self.state)
+            kv = self.row_fragments()
 
-    @cute.jit
-    def pool_step_tile(
-        self,
-        mState: cute.Tensor,  # fp32 or bf16 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 128 == 127)
-        tile: Int32,  # channel tile index
-        partials: tuple,  # (sMax, sNum, sDen): fp32 smem [warps, tile] each
-        x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0
-        mApe: cute.Tensor,  # fp32 [128, 512]
-        ring_capacity,  # Int32 C (read only in a ring)
-        chunk,  # step_rows.chunk_of(...)
-    ):
-        """SPEC §13.4 step 1 for this lane's ``R`` rows (:class:`.step_rows.StepRows`: the chunk's or
-        the state's, ``ape`` row ``first_row + i``), then the same reduction as :meth:`pool_tile`."""
-        if cutlass.const_expr(self.pool.early_metadata):
-            wait_for_prerequisite_grids(True)
-        lane = cute.arch.lane_idx()
-        window_start, first_row = self.lane_window(position, lane)
-        channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
-        sc = self.row_fragments()
-        kv = self.row_fragments()
-        for i in cutlass.range_constexpr(self.rows_per_lane):
-            self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
-                                    first_row + i, mApe, ring_capacity, chunk)
-        sMax, sNum, sDen = partials
+            def issue_kv():
+                if cutlass.const_expr(self.kv_in_smem):  # cp.async: kv waits in shared memory, not registers
+                    tidx, _, _ = cute.arch.thread_idx()
+                    for i in cutlass.range_constexpr(self.rows_per_lane):
+                        copy_row_async(rows[i] + kv_byte, sKv[i, tidx, None])
+                    cute.arch.cp_async_commit_group()
+                else:
+                    for i in cutlass.range_constexpr(self.rows_per_lane):
+                        load_state_into(kv[i], rows[i] + kv_byte, self.state)
 
-        def kv_rows():
-            return kv
+            def staged_kv_rows():
+                if cutlass.const_expr(self.kv_in_smem):
+                    cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
+                    tidx, _, _ = cute.arch.thread_idx()
+                    read_staged_rows(sKv, tidx, kv)
+                return kv
 
-        self.reduce_rows(sc, kv_rows, sMax, sNum, sDen, x)
-
-    @cute.jit
-    def row_addresses(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position
-        tile: Int32,  # channel tile index
-        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring state format), else None
-    ):
-        """This lane's ``R`` window rows: byte addresses of the rows (a Python list) and the
-        byte offsets of its 4 kv and 4 score channels within a row."""
-        lane = cute.arch.lane_idx()
-        window_start, first_row = self.lane_window(position, lane)
-        kv_byte, score_byte = self.channel_bytes(tile, lane)
-        row_stride_bytes = Int64(mState.stride[1]) * self.state.element_bytes
-        rows = window_row_addresses(mState, mBlockTable, req, window_start + first_row, row_stride_bytes,
-                                    self.rows_per_lane, self.rows_per_lookup, self.block_size,
-                                    ring_capacity if self.state.ring else None)
-        return rows, kv_byte, score_byte
+            if cutlass.const_expr(self.pool.kv_after_max):
+                self.reduce_rows(sc, staged_kv_rows, sMax, sNum, sDen, x, after_max=issue_kv)
+            else:
+                issue_kv()
+                self.reduce_rows(sc, staged_kv_rows, sMax, sNum, sDen, x)
 
     @cute.jit
     def lane_runs(

@@ -37,10 +37,11 @@ from cutlass import Float32, Int32, Int64
 
 from ..config import HEAD_DIM, C4Config
 from .exact_math import fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import load_into, row_address
+from .memory import row_address
+from .activity import token_activity
 from .postprocess import rope_row
-from .state_format import add_ape, load_state_into, ring_position
-from .step_rows import StepRows
+from .state_format import VEC, add_ape, load_state_into, ring_position
+from .step_rows import StepRows, chunk_of
 
 RATIO = 4
 WINDOW = 8
@@ -58,6 +59,24 @@ def pooled(kv: list, e: list, c: int):
     return fdiv(tree_sum([fmul(kv[i][c], e[i]) for i in range(WINDOW)]), tree_sum(e))
 
 
+def empty_window() -> tuple:
+    """``(kv, sc)``: the 8 window rows' fp32 ``(4,)`` register fragments, kv ``+0`` and scores
+    ``-inf``, as an invalid row stays: it contributes ``u = +0`` and ``e = exp2s(-inf) = +0`` to the
+    trees and never wins the max."""
+    kv = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(WINDOW)]
+    sc = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(WINDOW)]
+    for i in range(WINDOW):
+        kv[i].fill(0.0)
+        sc[i].fill(-Float32.inf)
+    return kv, sc
+
+
+def pool_into(x: cute.Tensor, kv: list, sc: list) -> None:
+    """``x`` (fp32 ``(4,)``) <- SPEC §5's pooling of the 8 register rows, channel by channel."""
+    for c in range(VEC):
+        x[c] = pooled(kv, window_weights(sc, c), c)
+
+
 class C4Window:
     """The pooling stage of the C4 kernels: one token's window -> 4 channels of ``x`` per
     thread of a 128-thread token group."""
@@ -72,6 +91,28 @@ class C4Window:
         self.step_rows = StepRows(config.state, config.block_size, STATE_WIDTH)
 
     @cute.jit
+    def pool_token(
+        self,
+        tables: tuple,  # (mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot): the kernel's launch arguments
+        formats: tuple,  # (mApe, ring_capacity, mKv, mScore, mQsl): SPEC §13's, see pool_window and chunk_of
+        tok: Int32,  # this thread's token (any index: past T it does nothing)
+        t: Int32,  # thread index in the token group, 0..127
+        finish,  # Python callable (x, position, kv_slot): what the kernel does with an active token's x
+    ):
+        """Token ``tok`` of ``T`` (SPEC §5): if active, pool its window into ``x`` (fp32 ``(4,)``:
+        channels ``4t..4t+3``) and ``finish`` it; an inactive token (or one past ``T``) does nothing."""
+        mState, mTokenReq, mPos, mSlot, mBlockTable, mKvSlot = tables
+        mApe, ring_capacity, mKv, mScore, mQsl = formats
+        if tok < mPos.shape[0]:
+            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+            req = mTokenReq[tok]
+            if active:
+                x = cute.make_rmem_tensor((self.vec,), Float32)
+                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.state)
+                self.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
+                finish(x, position, kv_slot)
+
+    @cute.jit
     def pool_window(
         self,
         mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
@@ -84,40 +125,22 @@ class C4Window:
         ring_capacity: Int32 = None,  # C, in a ring (else None)
         chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
-        bs, run = self.block_size, self.rows_per_lookup
-        kv = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
-        sc = [cute.make_rmem_tensor((self.vec,), Float32) for _ in range(WINDOW)]
-        for i in cutlass.range_constexpr(WINDOW):
-            kv[i].fill(0.0)  # +0: invalid rows contribute u = +0 ...
-            sc[i].fill(-Float32.inf)  # ... and e = exp2s(-inf) = +0, and never win the max
+        kv, sc = empty_window()
         window_start = rope_row(position, RATIO) - RATIO  # the previous group's first position, p - 7
-        if cutlass.const_expr(self.state.is_default):
-            row_stride_bytes = Int64(mState.stride[1]) * 4
-            for half in cutlass.range_constexpr(2):
-                kv_byte = (half * HEAD_DIM + t * self.vec) * 4
-                score_byte = kv_byte + STATE_WIDTH * 4
-                for r in cutlass.range_constexpr(RATIO // run):
-                    first_row = half * RATIO + r * run
-                    pos = window_start + first_row
-                    if pos >= Int64(0):  # false only for rows 0..3 at p = 3
-                        start = row_address(mState, mBlockTable, req, pos, bs)
-                        for i in cutlass.range_constexpr(run):  # scores first: the max can start earlier
-                            load_into(sc[first_row + i], start + row_stride_bytes * i + score_byte, 16)
-                        for i in cutlass.range_constexpr(run):
-                            load_into(kv[first_row + i], start + row_stride_bytes * i + kv_byte, 16)
-        elif cutlass.const_expr(self.state.rows_from_inputs):
+        if cutlass.const_expr(self.state.rows_from_inputs):
             self.load_step_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity, chunk)
         else:
-            self.load_formatted_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity)
-        for c in cutlass.range_constexpr(self.vec):
-            x[c] = pooled(kv, window_weights(sc, c), c)
+            self.load_state_rows(mState, mBlockTable, req, window_start, t, kv, sc, mApe, ring_capacity)
+        pool_into(x, kv, sc)
 
     @cute.jit
-    def load_formatted_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req, window_start, t, kv: list,
-                            sc: list, mApe: cute.Tensor, ring_capacity):
-        """The valid window rows of a SPEC §13 state into ``kv``/``sc`` (fp32 ``(4,)`` fragments, the
-        invalid rows left as filled): ``mState`` fp32 or bf16 ``[num_blocks, bs, 2048]``, a row at
-        ``q mod C`` in a ring, ``ape[q mod 4]`` added to each score with ``ape_at="compress"``."""
+    def load_state_rows(self, mState: cute.Tensor, mBlockTable: cute.Tensor, req, window_start, t, kv: list,
+                        sc: list, mApe: cute.Tensor, ring_capacity):
+        """The valid window rows of the state into ``kv``/``sc`` (fp32 ``(4,)`` fragments, the invalid
+        rows left as filled), a run of ``gcd(bs, 4)`` rows a block-table read, scores first (the max can
+        start earlier): ``mState`` fp32 (SPEC §3) or, in a SPEC §13 format, bf16
+        ``[num_blocks, bs, 2048]``, a row at ``q mod C`` in a ring, ``ape[q mod 4]`` added to each score
+        with ``ape_at="compress"``."""
         bs, run = self.block_size, self.rows_per_lookup
         width = self.state.element_bytes
         row_stride_bytes = Int64(mState.stride[1]) * width

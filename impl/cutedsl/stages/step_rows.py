@@ -100,34 +100,18 @@ class StepRows:
         ring_capacity,  # Int32 C (read only in a ring)
         chunk,  # chunk_of(...)
     ):
-        """Row ``q`` of the window at 4 channels: the chunk's when ``q >= P0``, else the state's
-        (``ape`` added to its score with ``ape_at="compress"``)."""
+        """Row ``q`` of the window at 4 channels: the chunk's when ``q >= P0`` (:func:`chunk_window_row`),
+        else the state's as pooling reads it (SPEC §13.1-§13.3): one block-table read, a ring's row at
+        ``q mod C``, ``ape`` added to its score with ``ape_at="compress"``."""
         if Int64(position) >= chunk[3]:
             chunk_window_row(kv, sc, chunk, mApe, position, channel, ape_row, self.state)
         else:
-            self.state_window_row(kv, sc, mState, mBlockTable, req, position, channel, ape_row, mApe, ring_capacity)
-
-    def state_window_row(
-        self,
-        kv: cute.Tensor,  # fp32 (4,) out
-        sc: cute.Tensor,  # fp32 (4,) out
-        mState: cute.Tensor,  # fp32 or bf16 [num_blocks, bs, 2*SW]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req,  # block_table row of the token
-        position,  # Int64 q < P0
-        channel,  # the first of the 4 channels (within SW)
-        ape_row,  # q mod r
-        mApe: cute.Tensor,  # fp32 [r, SW] (read with ape_at="compress")
-        ring_capacity,  # Int32 C (read only in a ring)
-    ) -> None:
-        """``kv``, ``sc`` (fp32 ``(4,)``) <- the state's row at ``position`` (one block-table read; a
-        ring's row at ``q mod C``), as pooling reads it (SPEC §13.1-§13.3)."""
-        width = self.state.element_bytes
-        start = row_address(mState, mBlockTable, req, ring_position(Int64(position), self.state, ring_capacity),
-                            self.block_size)
-        load_state_into(sc, start + (self.state_width + channel) * width, self.state)
-        add_ape(sc, mApe, ape_row, channel, self.state)
-        load_state_into(kv, start + channel * width, self.state)
+            width = self.state.element_bytes
+            start = row_address(mState, mBlockTable, req, ring_position(Int64(position), self.state, ring_capacity),
+                                self.block_size)
+            load_state_into(sc, start + (self.state_width + channel) * width, self.state)
+            add_ape(sc, mApe, ape_row, channel, self.state)
+            load_state_into(kv, start + channel * width, self.state)
 
 
 __all__ = ["StepRows", "chunk_of", "chunk_window_row"]

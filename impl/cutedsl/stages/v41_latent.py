@@ -11,6 +11,8 @@ partials through shared memory, as :class:`.postprocess.GroupFinish` builds it f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
@@ -44,13 +46,13 @@ def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
     return load_values(mKv, token, t * VEC)
 
 
+@dataclass(frozen=True)
 class Ratio2Window:
     """Ratio 2's two window rows (SPEC §13.4 step 1) for a state of ``block_size`` rows a block,
     paged or a ring (``ring``), both fixed per compile."""
 
-    def __init__(self, block_size: int, ring: bool):
-        self.block_size = block_size
-        self.ring = ring
+    block_size: int
+    ring: bool
 
     @cute.jit
     def pooled(

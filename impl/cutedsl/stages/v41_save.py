@@ -23,6 +23,8 @@ Both sides evaluate the same predicate, so every saved row is stored exactly onc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
@@ -51,12 +53,12 @@ def butterfly_max_int(value):
     return value
 
 
+@dataclass(frozen=True)
 class Ratio2Save:
     """The ordered saves of a state of ``block_size`` rows a block, paged or a ring (``ring``)."""
 
-    def __init__(self, block_size: int, ring: bool):
-        self.block_size = block_size
-        self.ring = ring
+    block_size: int
+    ring: bool
 
     @cute.jit
     def defers_to_first(
