@@ -257,7 +257,7 @@ for s in "$@"; do
     tests-gpu-cutedsl)
       step tests-gpu-cutedsl "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/cutedsl/tests conformance/tests integrations/tests ;;
     soak-5)
-      step soak-5 420 $PY -m dsv4_compressor soak --minutes 5.2 --json "$LOGS/soak-5.json" ;;
+      step soak-5 "${SOAK_LIMIT:-420}" $PY -m dsv4_compressor soak --minutes "${SOAK_MINUTES:-5.2}" --json "$LOGS/soak-5.json" ;;
     host-time-eager)
       step host-time-eager 120 $PY -m dsv4_compressor.bench.host_time --ratio 128 4 --sizes 1 64 1024 --calls 1000 ;;
     pytest-bench)
