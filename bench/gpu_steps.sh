@@ -259,7 +259,7 @@ for s in "$@"; do
     soak-5)
       step soak-5 "${SOAK_LIMIT:-420}" $PY -m dsv4_compressor soak --minutes "${SOAK_MINUTES:-5.2}" --json "$LOGS/soak-5.json" ;;
     host-time-eager)
-      step host-time-eager 120 $PY -m dsv4_compressor.bench.host_time --ratio 128 4 --sizes 1 64 1024 --calls 1000 ;;
+      step host-time-eager 70 $PY -m dsv4_compressor.bench.host_time --ratio 128 4 --sizes 1 64 1024 --calls 1000 ;;
     pytest-bench)
       step pytest-bench 200 $PY -m pytest -p no:cacheprovider -q bench --benchmark-json "$LOGS/pytest-bench.json" ;;
     *)
