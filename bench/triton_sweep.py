@@ -29,53 +29,45 @@ import torch
 
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
 from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
+from ..impl.triton.pooling import THREADS_PER_WARP
 from ..spec import batch as spec_batch
+from ..spec.constants import ratio_config
 from ..spec.entry_layout import INDEXER_LAYOUTS
 from .cases import (Case, c4_decode_sweep, c128_decode_sweep, indexer_c128_decode_sweep, indexer_decode_sweep,
                     save_sweep)
 from .sweep import TRIALS, Row, run_case
 from .timing import BenchImpl, InputSet, copy_bandwidth_gbs, prepare, time_eager
 
-C128_CONFIGS = [
-    FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
-    FusedConfig(block_c=64, num_warps=8, unroll_tiles=False, tile_stages=2),
-    FusedConfig(block_c=32, num_warps=8, unroll_tiles=False),
-    FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
-    FusedConfig(block_c=32, num_warps=4, unroll_tiles=False, tile_stages=2),
-    FusedConfig(block_c=64, num_warps=8),
-]
-C4_CONFIGS = [
-    FusedConfig(block_c=512, num_warps=4),
-    FusedConfig(block_c=512, num_warps=2),
-    FusedConfig(block_c=512, num_warps=8),
-    FusedConfig(block_c=256, num_warps=2),
-    FusedConfig(block_c=256, num_warps=4),
-    FusedConfig(block_c=256, num_warps=1),
-    FusedConfig(block_c=128, num_warps=1),
-]
+
+def fused_grid(ratio: int, block_cs: tuple, warps: tuple, per_thread: tuple[int, int], **fixed) -> list[FusedConfig]:
+    """Every ``block_c`` x ``num_warps`` pair of the grid (in the order given) with the ``fixed``
+    knobs, pruned to the pairs whose ``[W, block_c]`` fp32 kv tile (W: the ratio's window) leaves
+    ``per_thread[0]..per_thread[1]`` values in each thread: fewer wastes the threads, more spills
+    (a step holds as many again for the score)."""
+    window = ratio_config(ratio).window
+    lo, hi = per_thread
+    return [FusedConfig(block_c=block_c, num_warps=num_warps, **fixed) for block_c in block_cs for num_warps in warps
+            if lo <= window * block_c // (THREADS_PER_WARP * num_warps) <= hi]
+
+
+# C4 ([8, block_c] tiles): 16 to 64 values a thread; C128 ([128, block_c]): 16 to 32, as a runtime loop
+# (one stage, or two software-pipelined), and the unrolled default shape
+C4_CONFIGS = fused_grid(4, (512, 256, 128), (1, 2, 4, 8), (16, 64))
+C128_CONFIGS = (fused_grid(128, (64, 32), (4, 8), (16, 32), unroll_tiles=False)
+                + fused_grid(128, (64, 32), (4, 8), (16, 32), unroll_tiles=False, tile_stages=2)
+                + [FusedConfig(block_c=64, num_warps=8)])
 KV_TOKENS = {128: (256, 1024, 4096), 4: (1024, 4096, 16384, 65536)}
 
 # The indexer's head (SPEC §12, head 128): block_c <= 128, tile_stages 1. A one-token program is
 # small, so registers can bound the programs per SM (and the state bytes in flight): the
 # max_registers rows cap them at the counts that let 25 or 32 two-warp programs share an SM.
-INDEXER_C4_CONFIGS = [
-    FusedConfig(block_c=128, num_warps=2),
-    FusedConfig(block_c=128, num_warps=1),
-    FusedConfig(block_c=128, num_warps=4),
-    FusedConfig(block_c=64, num_warps=1),
-    FusedConfig(block_c=64, num_warps=2),
+INDEXER_C4_CONFIGS = fused_grid(4, (128, 64), (1, 2, 4), (8, 32)) + [
     FusedConfig(block_c=64, num_warps=2, unroll_tiles=False),
     FusedConfig(block_c=128, num_warps=2, max_registers=40),
     FusedConfig(block_c=128, num_warps=2, max_registers=32),
     FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32),
 ]
-INDEXER_C128_CONFIGS = [
-    FusedConfig(block_c=32, num_warps=4, unroll_tiles=False),
-    FusedConfig(block_c=32, num_warps=8, unroll_tiles=False),
-    FusedConfig(block_c=64, num_warps=8, unroll_tiles=False),
-    FusedConfig(block_c=16, num_warps=4, unroll_tiles=False),
-    FusedConfig(block_c=32, num_warps=2, unroll_tiles=False),
-]
+INDEXER_C128_CONFIGS = fused_grid(128, (32, 64, 16), (4, 8, 2), (16, 64), unroll_tiles=False)
 INDEXER_TOKENS = {4: (1024, 4096, 16384), 128: (256, 1024, 4096)}
 
 SAVE_CONFIGS = (SaveConfig(), SaveConfig(block=256, num_warps=2), SaveConfig(block=512, num_warps=8),

@@ -145,6 +145,14 @@ class Svg:
         self.text(x + w / 2, y + 19, title, size=13, anchor="middle", weight="bold")
         self.lines(x + w / 2, y + 38, lines, 16, size=size, anchor="middle", mono=True)
 
+    def column(self, x, w, boxes, sw=1.4):
+        """A column of :meth:`box` es, ``boxes`` given as ``(y, h, title, lines, fill)`` from the top,
+        and an arrow (``sw`` wide) down the middle from each box to the next."""
+        for y, h, title, lines, fill in boxes:
+            self.box(x, y, w, h, title, lines, fill)
+        for (y, h, *_), (next_y, *_) in zip(boxes, boxes[1:]):
+            self.line(x + w / 2, y + h, x + w / 2, next_y - 2, arrow=True, sw=sw)
+
     def legend(self, x, y, items, cols=1, col_width=220, size=11):
         """Swatches with labels; ``items`` are ``(fill, label)`` with fill ``'hatch'`` for hatched."""
         for index, (fill, label) in enumerate(items):
@@ -186,24 +194,26 @@ def pipeline() -> str:
     box = svg.box
     cx, w = 490, 620
     x = cx - w / 2
-    box(x, 66, w, 62, "inputs of this step (T tokens)",
-        ["kv_score[T, 2·SW] fp32 = kv ‖ score,   ape[r, SW] fp32", "positions, slot_mapping (state slot, −1 = padding)"], "#FFFFFF")
-    box(x, 150, w, 62, "save_partial_states (§4)",
-        ["slot ≥ 0:  S = state_cache[slot // bs, slot % bs]", "S[0:SW] = kv (copied);  S[SW:2SW] = add(score, ape[p mod r])"], SAVE)
-    box(x, 234, w, 62, "activity rule (§5)   — inactive tokens write nothing",
-        ["slot_mapping[t] ≥ 0  and  (p + 1) mod r = 0  and  kv_slot_mapping[t] ≥ 0",
-         "an active (boundary) token produces entry p // r"], COMPRESS)
-    box(x, 318, w, 62, "window gather through block_table (§5)",
-        ["row i = 0..W−1: pos = p − W + 1 + i (valid iff pos ≥ 0)",
-         "S_i = state_cache[block_table[q, pos // bs], pos % bs], half h = i // r"], COMPRESS)
-    box(x, 402, w, 62, "per-channel softmax pooling (§5)   → x fp32[512]",
-        ["M = max s_i;  e_i = exp2s(mul(sub(s_i, M), L));  u_i = mul(kv_i, e_i)",
-         "x = div(tree(u_0..u_W−1), tree(e_0..e_W−1))   (invalid rows: +0)"], COMPRESS)
-    box(x, 486, w, 62, "RMSNorm (§6)   → y fp32[512]",
-        ["rr = div(1, sqrt(add(mul(tree(x·x), 2^−9), eps)))",
-         "y = mul(mul(x, rr), w)"], COMPRESS)
-    for y0 in (128, 212, 296, 380, 464):
-        svg.line(cx, y0, cx, y0 + 20, arrow=True, sw=1.4)
+    svg.column(x, w, [
+        (66, 62, "inputs of this step (T tokens)",
+         ["kv_score[T, 2·SW] fp32 = kv ‖ score,   ape[r, SW] fp32", "positions, slot_mapping (state slot, −1 = padding)"],
+         "#FFFFFF"),
+        (150, 62, "save_partial_states (§4)",
+         ["slot ≥ 0:  S = state_cache[slot // bs, slot % bs]", "S[0:SW] = kv (copied);  S[SW:2SW] = add(score, ape[p mod r])"],
+         SAVE),
+        (234, 62, "activity rule (§5)   — inactive tokens write nothing",
+         ["slot_mapping[t] ≥ 0  and  (p + 1) mod r = 0  and  kv_slot_mapping[t] ≥ 0",
+          "an active (boundary) token produces entry p // r"], COMPRESS),
+        (318, 62, "window gather through block_table (§5)",
+         ["row i = 0..W−1: pos = p − W + 1 + i (valid iff pos ≥ 0)",
+          "S_i = state_cache[block_table[q, pos // bs], pos % bs], half h = i // r"], COMPRESS),
+        (402, 62, "per-channel softmax pooling (§5)   → x fp32[512]",
+         ["M = max s_i;  e_i = exp2s(mul(sub(s_i, M), L));  u_i = mul(kv_i, e_i)",
+          "x = div(tree(u_0..u_W−1), tree(e_0..e_W−1))   (invalid rows: +0)"], COMPRESS),
+        (486, 62, "RMSNorm (§6)   → y fp32[512]",
+         ["rr = div(1, sqrt(add(mul(tree(x·x), 2^−9), eps)))",
+          "y = mul(mul(x, rr), w)"], COMPRESS),
+    ])
     # the two branches
     lx, rx, bw = 60, 510, 410
     svg.path(f"M{_n(cx)},548 L{_n(cx)},560 L{_n(lx + bw / 2)},560 L{_n(lx + bw / 2)},572", arrow=True, sw=1.4)
@@ -738,29 +748,29 @@ def v41_pipeline() -> str:
     box = svg.box
     lx, lw = 40, 600  # the main column
     cx = lx + lw / 2
-    box(lx, 66, lw, 62, "inputs (T tokens)",
-        ["kv[T, 512], score[T, 512] (ratio 2): fp32, or bf16 read exactly",
-         "ratio 2: state rows kv ‖ raw score (fp32 or bf16; paged or a ring)"], "#FFFFFF")
-    box(lx, 150, lw, 78, "window (ratio 2: positions p − 1, p; ratio 1: x = kv[t])",
-        ["row q ≥ P0 (in the chunk): R(kv[u]), R(score[u]), u = qsl[req] + q − P0",
-         "row q < P0: the state row (paged, or the ring slot q mod C)",
-         "R = bf16 with a bf16 state, else the identity"], COMPRESS)
-    box(lx, 250, lw, 78, "softmax, then sum (ratio 2)   → x fp32[512]",
-        ["M = max(s0, s1);  e_i = exp2s(mul(sub(s_i, M), L))",
-         "den = add(e0, e1);  w_i = div(e_i, den)",
-         "x = add(mul(kv0, w0), mul(kv1, w1))   (weights first, then the sum)"], COMPRESS)
-    box(lx, 364, lw, 62, "RMSNorm of x' = bf16(x)   → y fp32[512]",
-        ["rr = div(1, sqrt(add(mul(tree(x'·x'), 2^−9), eps)))",
-         "y = mul(mul(x', rr), w)"], COMPRESS)
-    box(lx, 462, lw, 62, "latent ℓ = bf16(y)   → latent[t, 0:512] (bf16)",
-        ["an interface: v41_rope_quant_store reads it, and the indexer's",
-         "wk projection makes k_pre = wk(latent) from it"], LATENT)
-    box(lx, 560, lw, 78, "RoPE at cp = (p // r)·r   → rotated entry z (512 × bf16)",
-        ["z[d] = latent[d] for d < 448: copied bit for bit (−0 stays −0)",
-         "a = latent[448+2j], b = latent[449+2j]: o0 = a·co − b·si",
-         "o1 = a·si + b·co;  z[448+2j] = bf16(o0), z[449+2j] = bf16(o1)"], COMPRESS)
-    for y0, y1 in ((128, 150), (228, 250), (328, 364), (426, 462), (524, 560)):
-        svg.line(cx, y0, cx, y1 - 2, arrow=True, sw=1.4)
+    svg.column(lx, lw, [
+        (66, 62, "inputs (T tokens)",
+         ["kv[T, 512], score[T, 512] (ratio 2): fp32, or bf16 read exactly",
+          "ratio 2: state rows kv ‖ raw score (fp32 or bf16; paged or a ring)"], "#FFFFFF"),
+        (150, 78, "window (ratio 2: positions p − 1, p; ratio 1: x = kv[t])",
+         ["row q ≥ P0 (in the chunk): R(kv[u]), R(score[u]), u = qsl[req] + q − P0",
+          "row q < P0: the state row (paged, or the ring slot q mod C)",
+          "R = bf16 with a bf16 state, else the identity"], COMPRESS),
+        (250, 78, "softmax, then sum (ratio 2)   → x fp32[512]",
+         ["M = max(s0, s1);  e_i = exp2s(mul(sub(s_i, M), L))",
+          "den = add(e0, e1);  w_i = div(e_i, den)",
+          "x = add(mul(kv0, w0), mul(kv1, w1))   (weights first, then the sum)"], COMPRESS),
+        (364, 62, "RMSNorm of x' = bf16(x)   → y fp32[512]",
+         ["rr = div(1, sqrt(add(mul(tree(x'·x'), 2^−9), eps)))",
+          "y = mul(mul(x', rr), w)"], COMPRESS),
+        (462, 62, "latent ℓ = bf16(y)   → latent[t, 0:512] (bf16)",
+         ["an interface: v41_rope_quant_store reads it, and the indexer's",
+          "wk projection makes k_pre = wk(latent) from it"], LATENT),
+        (560, 78, "RoPE at cp = (p // r)·r   → rotated entry z (512 × bf16)",
+         ["z[d] = latent[d] for d < 448: copied bit for bit (−0 stays −0)",
+          "a = latent[448+2j], b = latent[449+2j]: o0 = a·co − b·si",
+          "o1 = a·si + b·co;  z[448+2j] = bf16(o0), z[449+2j] = bf16(o1)"], COMPRESS),
+    ])
     _bf16_badge(svg, cx + 120, 346, "x' = bf16(x)")
     _bf16_badge(svg, cx + 120, 444, "ℓ = bf16(y)")
     _bf16_badge(svg, lx + lw - 26, 625, "bf16")

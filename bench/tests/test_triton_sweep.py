@@ -29,6 +29,17 @@ def test_kv_configs_are_distinct_and_hold_the_default(ratio, configs):
     assert DEFAULT_FUSED[ratio] in configs
 
 
+def test_fused_grid_keeps_the_pairs_within_the_per_thread_bounds():
+    from dsv4_compressor.impl.triton.config import FusedConfig
+
+    # a C4 [8, block_c] fp32 tile over 32 * num_warps threads: block_c 256 leaves 64, 32, 16, 8 values a thread
+    # at 1, 2, 4, 8 warps, block_c 128 half as many
+    grid = ts.fused_grid(4, (256, 128), (1, 2, 4, 8), (16, 32), unroll_tiles=False)
+    assert [ts.config_name(c) for c in grid] == ["bc256_w2_loop1", "bc256_w4_loop1", "bc128_w1_loop1", "bc128_w2_loop1"]
+    # a C128 [128, 64] tile: 64 values a thread at 4 warps, 32 at 8
+    assert ts.fused_grid(128, (64,), (4, 8), (16, 32)) == [FusedConfig(block_c=64, num_warps=8)]
+
+
 def test_config_names_show_every_knob():
     from dsv4_compressor.impl.triton.config import FusedConfig
 
