@@ -28,11 +28,11 @@ How that maps onto SPEC §13 (docs/engine.md has the whole table):
   passes ``ring_capacity=`` (an addition to vLLM's keywords).
 - ``is_circular=False`` -> ``compress_norm_rope_store`` as in :mod:`.vllm`.
 
-The CuTe DSL family's own step call ``compress_and_save`` has not run on a GPU yet, so
-:func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the Triton kernels'
-``compress_and_save``: the same bytes, one fused compress launch (plus a save launch with
-nothing to save). Everything is validated before anything is launched; ``ValueError`` names the
-argument.
+:func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the CuTe DSL family's
+``compress_and_save`` on steps of up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens (decode and
+verify steps) and the Triton family's above (steps that carry a prefill chunk, where the CuTe DSL
+step call is slower): the same bytes either way. Everything is validated before anything is
+launched; ``ValueError`` names the argument.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 C128 = 128
+RING_CUTEDSL_MAX_TOKENS = 512  # CuTe DSL's step call led up to here on an H100, Triton's on 4608 and 16384 tokens
 
 
 def c128_ring_capacity(num_speculative_tokens: int) -> int:
@@ -129,8 +130,9 @@ def _compress(
     is_circular: bool,
     ring_capacity: int | None,
 ) -> None:
-    """Validate, then run one compressor call: the ring step (Triton's ``compress_and_save``) or
-    the paged compress of ``backend_name``."""
+    """Validate, then run one compressor call: the ring step (``compress_and_save``: CuTe DSL's for
+    ``backend_name="cutedsl"`` up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens, else Triton's) or the
+    paged compress of ``backend_name``."""
     t, s = tensors, scalars
     num_actual, state_width, ratio = s["num_actual"], s["state_width"], s["compress_ratio"]
     _check_ratio(ratio, state_width, t["state_cache"], s["overlap"])
@@ -150,7 +152,10 @@ def _compress(
             s["rms_norm_eps"], t["cos_sin_cache"], t["kv_cache"], kv_slots, compress_ratio=ratio, layout=layout,
             fp8_scale=fp8_scale)
         return
-    from ..impl import triton as ring_backend  # the CuTe DSL kernels do not read a ring yet
+    if backend_name == "cutedsl" and num_actual <= RING_CUTEDSL_MAX_TOKENS:
+        from ..impl import cutedsl as ring_backend
+    else:
+        from ..impl import triton as ring_backend
 
     kv = _projection("kv", t["kv"], num_actual, state_width)
     score = _projection("score", t["score"], num_actual, state_width)
@@ -254,7 +259,7 @@ def compress_norm_rope_store_cutedsl(
 ) -> None:
     """vLLM's newer CuTe DSL compressor call (``kv=``, ``score=``, ``ape=``, ``query_start_loc=``,
     ``is_circular=``): a paged call on the CuTe DSL kernels; a ring (``is_circular=True``) on
-    the Triton kernels' ``compress_and_save`` (SPEC §13.4; the CuTe DSL family's own has not run on
-    a GPU yet)."""
+    ``compress_and_save`` (SPEC §13.4): CuTe DSL's up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens,
+    Triton's above."""
     layout = _store_layout(store_full_kv, store_full_fp8)
     _compress_call("cutedsl", locals(), layout, _host_scale(fp8_scale, layout))

@@ -246,14 +246,43 @@ def test_c4_ring_windows_across_the_rings_end(block_size, ring_capacity):
     assert written == sum(len([p for p in range(end) if (p + 1) % 4 == 0]) for end in (18, 25))
 
 
-def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout():
-    """``is_circular=True`` on the CuTe DSL entry point takes the Triton step call (the CuTe DSL
-    family's own has not run on a GPU yet), with ``store_full_kv`` as the bf16 layout."""
+@pytest.mark.parametrize("family", ["triton", pytest.param("cutedsl", marks=pytest.mark.gpu)])
+def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout(family, monkeypatch):
+    """``is_circular=True`` on the CuTe DSL entry point takes a family's step call (CuTe DSL's on
+    steps of up to ``RING_CUTEDSL_MAX_TOKENS`` tokens, else Triton's; here each by moving the
+    threshold), with ``store_full_kv`` as the bf16 layout."""
+    if family == "triton":
+        monkeypatch.setattr(vllm_ring, "RING_CUTEDSL_MAX_TOKENS", 0)
     capacity = vllm_ring.c128_ring_capacity(1)
     engine = _engine(128, capacity, capacity, num_reqs=2, layout="bf16", seed=4)
     plans = [[(127, 1), (100, 160)]]
     written = _run(engine, plans, vllm_ring.compress_norm_rope_store_cutedsl, store_full_kv=True, store_full_fp8=False)
     assert written == 1 + 2
+
+
+@pytest.mark.parametrize("tokens, family", [(3, "cutedsl"), (vllm_ring.RING_CUTEDSL_MAX_TOKENS, "cutedsl"),
+                                            (vllm_ring.RING_CUTEDSL_MAX_TOKENS + 1, "triton")])
+def test_a_cutedsl_ring_call_takes_cutedsls_step_call_up_to_the_threshold(monkeypatch, tokens, family):
+    """The CuTe DSL entry point's ring step goes to ``cutedsl.compress_and_save`` for decode-sized
+    steps and to ``triton.compress_and_save`` above, with the same arguments; the Triton entry
+    point always takes Triton's."""
+    import dsv4_compressor.impl.triton as triton_impl
+
+    seen = []
+    monkeypatch.setattr(triton_impl, "compress_and_save", lambda *a, **k: seen.append(("triton", a, k)))
+    try:
+        import dsv4_compressor.impl.cutedsl as cutedsl_impl
+    except ImportError:
+        pytest.skip("the CuTe DSL family needs nvidia-cutlass-dsl")
+    monkeypatch.setattr(cutedsl_impl, "compress_and_save", lambda *a, **k: seen.append(("cutedsl", a, k)))
+    capacity = vllm_ring.c128_ring_capacity(1)
+    engine = _engine(128, capacity, capacity, num_reqs=1, layout="flashmla_fp8", seed=5)
+    step = _step(engine, [(0, tokens - 2)], num_padding=2)  # num_actual = tokens, padding included
+    _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_cutedsl)
+    _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_triton)
+    (first, args, keywords), (second, args2, keywords2) = seen
+    assert (first, second) == (family, "triton") and keywords == keywords2 and len(args) == len(args2) == 16
+    assert keywords["ring_capacity"] == capacity and keywords["ape_at"] == "save"
 
 
 # ---- a paged call through the newer keywords ------------------------------------------------------
