@@ -28,7 +28,8 @@ from ..spec.constants import HEAD_DIM, ratio_config
 from ..spec.entry_layout import PAGED_LAYOUTS
 from .cases import C4_SWEEP, C128_SWEEP
 from .step_floor import FloorPlan, FloorShape, floor_launcher, record_offsets, window_runs
-from .step_runner import StepLabel, StepPrepared
+from .step_runner import StepPrepared
+from .sweep import RowLabel
 
 BLOCK_SIZE = {128: 8, 4: 4}  # rows per state block (production)
 RING_CAPACITY = {128: 128, 4: 8}  # rows of a request's ring: one window (vLLM's C128 ring without drafts; SGLang's)
@@ -226,7 +227,7 @@ def prepare_state(case: StateCase, device, num_sets: int | None = None, seed: in
         batches.append(case.batch(rng))
         groups.append(_batch_sets(case, batches[-1], copies, rng, device)[0])
     sets = [group[k] for k in range(copies) for group in groups][:count]
-    label = StepLabel(case.name, case.operation, case.token_num, batches[0].num_active, case.variant)
+    label = RowLabel(case.name, case.operation, case.token_num, batches[0].num_active, case.variant)
     refusal = "" if case.operation != "step" else next((r for r in map(case.pair_refusal, batches) if r), "")
     return StepPrepared(label, sets, nbytes), refusal
 

@@ -182,10 +182,83 @@ class Row:
         return asdict(self)
 
 
-def _iterations(call, prepared: Prepared) -> int:
+@dataclass(frozen=True)
+class RowLabel:
+    """What a row is about (all but the implementation and the mode)."""
+
+    case: str  # the table, e.g. "c128_decode" or "c128_prefill_step"
+    operation: str  # "compress", "save", "step" or "index_key"
+    token_num: int
+    active: int
+    variant: str = ""  # the step benchmarks' format, e.g. "ring bf16" or "fp32 kv/score"
+
+    def row(self, name: str, mode: str, bytes_moved: int, timing=None, copy_gbs: float | None = None,
+            error: str = "") -> Row:
+        """The row of implementation ``name`` in ``mode``: its :class:`.timing.Timing` (bandwidth
+        against ``copy_gbs``), or none and ``error``."""
+        if timing is None:
+            return Row(self.case, self.operation, self.token_num, self.active, name, mode, None, None, None, None,
+                       bytes_moved, None, None, error, self.variant)
+        gbs = bytes_moved / (timing.median_us * 1e-6) / 1e9
+        return Row(self.case, self.operation, self.token_num, self.active, name, mode, timing.median_us, timing.low_us,
+                   timing.high_us, timing.host_us, bytes_moved, gbs, 100.0 * gbs / copy_gbs, "", self.variant)
+
+
+def describe_error(error: Exception) -> str:
+    """An error's first line, as a row reports it."""
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
+def _iterations(call, sets: list) -> int:
     """Calls per trial so one trial lasts about TARGET_TRIAL_MS (from one timed call)."""
-    per_call, _ = time_eager(call, prepared.sets, len(prepared.sets))
-    return max(len(prepared.sets), min(2000, int(TARGET_TRIAL_MS * 1e3 / max(per_call, 1.0))))
+    per_call, _ = time_eager(call, sets, len(sets))
+    return max(len(sets), min(2000, int(TARGET_TRIAL_MS * 1e3 / max(per_call, 1.0))))
+
+
+def time_calls(calls: dict, sets: list, modes: list[str], trials: int, describe=describe_error) -> dict:
+    """Time every call (name -> a function of one input set, or a str: why it cannot run) in every
+    mode over ``sets``, trials interleaved across the calls: name -> {mode: Timing}, or the error
+    (the str given, or ``describe`` of what the call raised while warming up or being captured)."""
+    iterations, graphs, results = {}, {}, {}
+    for name, call in calls.items():
+        if isinstance(call, str):
+            results[name] = call
+            continue
+        try:
+            for s in sets:  # compile and warm up
+                call(s)
+            torch.cuda.synchronize()
+            iterations[name] = _iterations(call, sets)
+            if "graph" in modes:
+                count = max(len(sets), min(iterations[name], 200))
+                graphs[name] = (capture_graph(call, sets, count), count)
+        except Exception as error:  # report and go on with the other calls
+            results[name] = describe(error)
+            iterations.pop(name, None)
+            torch.cuda.synchronize()
+    samples = {(n, m): [] for n in iterations for m in modes}
+    hosts = {n: [] for n in iterations}
+    for _ in range(trials):
+        for name, iters in iterations.items():
+            if "eager" in modes:
+                device_us, host_us = time_eager(calls[name], sets, iters)
+                samples[(name, "eager")].append(device_us)
+                hosts[name].append(host_us)
+            if "graph" in modes:
+                graph, count = graphs[name]
+                samples[(name, "graph")].append(time_graph(graph, count, max(1, iters // count)))
+    for name in iterations:
+        results[name] = {m: summarize(samples[(name, m)], hosts[name] if m == "eager" else None) for m in modes}
+    del graphs
+    torch.cuda.empty_cache()
+    return results
+
+
+def timed_rows(label: RowLabel, results: dict, names, modes: list[str], bytes_moved: int, copy_gbs: float) -> list[Row]:
+    """The rows of :func:`time_calls`' ``results`` for each of ``names`` in turn, every mode of a call together."""
+    return [label.row(name, mode, bytes_moved, error=results[name]) if isinstance(results[name], str)
+            else label.row(name, mode, bytes_moved, results[name][mode], copy_gbs)
+            for name in names for mode in modes]
 
 
 def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: float, trials: int = TRIALS,
@@ -193,47 +266,16 @@ def run_case(case: Case, impls: list[BenchImpl], modes: list[str], copy_gbs: flo
     """Time ``case`` for every implementation and mode, trials interleaved across implementations;
     ``num_sets`` input sets (default: as many as keep the reads out of L2, :func:`.timing.rotation_sets`)."""
     prepared = prepare(case, num_sets)
-    callers, iterations, graphs, errors = {}, {}, {}, {}
+    calls = {}
     for impl in impls:
         try:
-            call = impl.caller(prepared)
-            for s in prepared.sets:  # compile and warm up
-                call(s)
-            torch.cuda.synchronize()
-            callers[impl.name] = call
-            iterations[impl.name] = _iterations(call, prepared)
-            if "graph" in modes:
-                calls = max(len(prepared.sets), min(iterations[impl.name], 200))
-                graphs[impl.name] = (capture_graph(call, prepared.sets, calls), calls)
-        except Exception as error:  # report and go on with the other implementations
-            errors[impl.name] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-            torch.cuda.synchronize()
-    samples = {(i.name, m): [] for i in impls for m in modes}
-    hosts = {i.name: [] for i in impls}
-    for _ in range(trials):
-        for impl in impls:
-            if impl.name in errors:
-                continue
-            if "eager" in modes:
-                device_us, host_us = time_eager(callers[impl.name], prepared.sets, iterations[impl.name])
-                samples[(impl.name, "eager")].append(device_us)
-                hosts[impl.name].append(host_us)
-            if "graph" in modes:
-                graph, calls = graphs[impl.name]
-                replays = max(1, iterations[impl.name] // calls)
-                samples[(impl.name, "graph")].append(time_graph(graph, calls, replays))
-    rows = []
-    for impl in impls:
-        for mode in modes:
-            if impl.name in errors:
-                rows.append(Row(case.name, case.operation, case.token_num, prepared.num_active, impl.name, mode,
-                                None, None, None, None, prepared.bytes_moved, None, None, errors[impl.name]))
-                continue
-            t = summarize(samples[(impl.name, mode)], hosts[impl.name] if mode == "eager" else None)
-            gbs = prepared.bytes_moved / (t.median_us * 1e-6) / 1e9
-            rows.append(Row(case.name, case.operation, case.token_num, prepared.num_active, impl.name, mode,
-                            t.median_us, t.low_us, t.high_us, t.host_us, prepared.bytes_moved, gbs, 100.0 * gbs / copy_gbs))
-    del graphs, prepared
+            calls[impl.name] = impl.caller(prepared)
+        except Exception as error:  # no such operation: report and go on with the other implementations
+            calls[impl.name] = describe_error(error)
+    results = time_calls(calls, prepared.sets, modes, trials)
+    label = RowLabel(case.name, case.operation, case.token_num, prepared.num_active)
+    rows = timed_rows(label, results, [i.name for i in impls], modes, prepared.bytes_moved, copy_gbs)
+    del prepared
     torch.cuda.empty_cache()
     return rows
 

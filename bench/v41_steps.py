@@ -35,7 +35,8 @@ from ..spec.pooling import is_boundary
 from ..spec.v41_batch import V41Step, vllm_ring
 from .cases import C4_SWEEP
 from .step_floor import FloorPlan, FloorShape, floor_launcher, record_offsets, window_runs
-from .step_runner import StepLabel, StepPrepared, checked_first
+from .step_runner import StepPrepared, checked_first
+from .sweep import RowLabel
 
 V41_SWEEP = C4_SWEEP  # 1, 2, 4, ..., 16384 tokens
 RING = vllm_ring(0)  # one block of C = 8 rows per request (bs = C)
@@ -216,7 +217,7 @@ def prepare_v41(case: V41Case, device, num_sets: int | None = None, seed: int = 
     groups = [first + (_batch_sets(case, copies - 1, np.random.default_rng(seed), device)[0] if copies > 1 else [])]
     groups += [_batch_sets(case, copies, rng, device)[0] for _ in range(independent - 1)]
     sets = [group[k] for k in range(copies) for group in groups][:count]
-    return StepPrepared(StepLabel(case.name, case.operation, case.token_num, active, case.variant), sets, nbytes)
+    return StepPrepared(RowLabel(case.name, case.operation, case.token_num, active, case.variant), sets, nbytes)
 
 
 # ---- implementations and calls --------------------------------------------------------------------------
