@@ -253,6 +253,74 @@ def test_a_module_attribute_with_check_data_makes_its_first_call_checked(monkeyp
         V.load_v41_impl("vllm")
 
 
+
+def test_the_timed_calls_are_warmed_up_interleaved_per_trial_and_their_errors_reported(monkeypatch):
+    """:func:`run_calls` (the shared :func:`.sweep.time_calls`, its timers stood in for): every call
+    warmed up on every set, then each trial times every runnable call in turn, eager then graph; a
+    string or a call that raises gets its error in both modes ("unsupported: ..." for a refusal) and
+    is not timed; the medians and the bandwidth follow from the samples."""
+    from dsv4_compressor.bench import sweep
+    from dsv4_compressor.bench.step_runner import StepPrepared, run_calls
+    from dsv4_compressor.bench.sweep import RowLabel
+
+    log, made = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    durations = {"fast": [2.0, 4.0, 3.0], "slow": [8.0, 6.0, 10.0]}
+
+    def time_eager(call, sets, iters):  # the first pass (the iteration count's) 1 µs, then durations in turn
+        name = call.__name__
+        passes = sum(1 for e in log if e[:2] == ("eager", name))
+        log.append(("eager", name, iters))
+        return (durations[name][passes - 1] if passes else 1.0), 0.5
+
+    monkeypatch.setattr(sweep, "time_eager", time_eager)
+
+    def capture_graph(call, sets, count):
+        made.append(call.__name__)
+        return call.__name__
+
+    monkeypatch.setattr(sweep, "capture_graph", capture_graph)
+    monkeypatch.setattr(sweep, "time_graph", lambda graph, count, replays: log.append(("graph", graph, replays)) or 1.0)
+
+    def call(name):
+        def timed(s):
+            log.append(("call", name, s))
+        timed.__name__ = name
+        return timed
+
+    def refusal(s):
+        raise NotImplementedError("bf16 kv")
+
+    def broken(s):
+        raise RuntimeError("out of memory\nmore")
+
+    calls = {"fast": call("fast"), "ring": "unsupported: a chunk longer than its ring", "refused": refusal,
+             "broken": broken, "slow": call("slow")}
+    label = RowLabel("c128_mixed", "step", 4608, 35, "ring fp32")
+    rows = run_calls(StepPrepared(label, ["a", "b"], 4000), calls, ["eager", "graph"], copy_gbs=2.0, trials=3)
+    assert [(r.implementation, r.mode) for r in rows] == [(n, m) for n in calls for m in ("eager", "graph")]
+    errors = {r.implementation: r.error for r in rows}
+    assert errors == {"fast": "", "ring": calls["ring"], "refused": "unsupported: NotImplementedError: bf16 kv",
+                      "broken": "RuntimeError: out of memory", "slow": ""}
+    assert made == ["fast", "slow"]
+    warm_up = [e for e in log if e[0] == "call"]
+    assert warm_up[:2] == [("call", "fast", "a"), ("call", "fast", "b")]
+    trials = [e[:2] for e in log if e[0] != "call"][2:]  # after each call's one timed pass
+    assert trials == [("eager", "fast"), ("graph", "fast"), ("eager", "slow"), ("graph", "slow")] * 3
+    iterations = 2000  # a 1 µs pass: the most calls a trial makes
+    assert {e[2] for e in log if e[0] == "eager"} == {2, iterations}
+    assert {e[2] for e in log if e[0] == "graph"} == {iterations // 200}
+    by = {(r.implementation, r.mode): r for r in rows}
+    assert (by["fast", "eager"].median_us, by["fast", "eager"].low_us, by["fast", "eager"].high_us) == (3.0, 2.0, 4.0)
+    assert (by["slow", "eager"].median_us, by["slow", "eager"].host_us) == (8.0, 0.5)
+    assert by["slow", "graph"].median_us == 1.0 and by["slow", "graph"].host_us is None
+    assert by["fast", "eager"].gbs == pytest.approx(4000 / 3e-6 / 1e9)
+    assert by["fast", "eager"].pct_copy == pytest.approx(100 * 4000 / 3e-6 / 1e9 / 2.0)
+    assert all(r.variant == "ring fp32" and r.active == 35 for r in rows)
+    assert all(r.median_us is None for r in rows if r.error)
+
+
 # ---- tables, memory, command line ------------------------------------------------------------------------------
 def test_step_tables_state_speedups_and_floor_ratios_from_the_rows():
     from dsv4_compressor.bench.report import step_tables
