@@ -214,19 +214,17 @@ def prepare_state(case: StateCase, device, num_sets: int | None = None, seed: in
     """The input sets of ``case`` (by default as many as keep its reads out of L2, up to four
     independent batches, the others copies on further state blocks) and why the two calls cannot
     run it ("" if they can)."""
-    from .timing import INDEPENDENT_SETS, rotation_sets
+    from .timing import interleave, rotation_layout
 
     rng = np.random.default_rng(seed)
     batches = [case.batch(rng)]
     first_sets, nbytes = _batch_sets(case, batches[0], 1, rng, device)
-    count = rotation_sets(nbytes) if num_sets is None else num_sets
-    independent = min(count, INDEPENDENT_SETS)
-    copies = -(-count // independent)
+    count, independent, copies = rotation_layout(nbytes, num_sets)
     groups = [first_sets + _batch_sets(case, batches[0], copies - 1, rng, device)[0] if copies > 1 else first_sets]
     for _ in range(independent - 1):
         batches.append(case.batch(rng))
         groups.append(_batch_sets(case, batches[-1], copies, rng, device)[0])
-    sets = [group[k] for k in range(copies) for group in groups][:count]
+    sets = interleave(groups, count)
     label = RowLabel(case.name, case.operation, case.token_num, batches[0].num_active, case.variant)
     refusal = "" if case.operation != "step" else next((r for r in map(case.pair_refusal, batches) if r), "")
     return StepPrepared(label, sets, nbytes), refusal

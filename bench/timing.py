@@ -75,6 +75,20 @@ def rotation_sets(bytes_per_call: int, target: int = ROTATION_BYTES) -> int:
     return max(2, min(MAX_SETS, -(-target // max(bytes_per_call, 1))))
 
 
+def rotation_layout(bytes_per_set: int, num_sets: int | None = None) -> tuple[int, int, int]:
+    """(sets, independent sets, copies of each, itself included): ``num_sets`` sets, by default
+    :func:`rotation_sets` of ``bytes_per_set``; up to :data:`INDEPENDENT_SETS` of them independent."""
+    count = rotation_sets(bytes_per_set) if num_sets is None else num_sets
+    independent = min(count, INDEPENDENT_SETS)
+    return count, independent, -(-count // independent)
+
+
+def interleave(groups: list[list], count: int) -> list:
+    """The first ``count`` sets taken round-robin across ``groups`` (each an independent set and its
+    copies), so consecutive calls read other batches."""
+    return [group[k] for k in range(len(groups[0])) for group in groups][:count]
+
+
 def prepare(case: Case, num_sets: int | None = None, seed: int = 0) -> Prepared:
     """Build the input sets of ``case`` on the GPU: ``num_sets`` of them, by default
     :func:`rotation_sets` of the case's bytes. Up to :data:`INDEPENDENT_SETS` are independent
@@ -84,18 +98,15 @@ def prepare(case: Case, num_sets: int | None = None, seed: int = 0) -> Prepared:
         raise ValueError(f"prepare: expected num_sets >= 1 or None, got {num_sets}")
     rng = np.random.default_rng(seed)
     first = case.batch(rng)
-    count = rotation_sets(case.bytes_moved(first)) if num_sets is None else num_sets
-    independent = min(count, INDEPENDENT_SETS)
-    copies = -(-count // independent)  # sets per independent batch, itself included
+    count, independent, copies = rotation_layout(case.bytes_moved(first), num_sets)
     sets = []
     bytes_moved = num_active = 0
     for i in range(independent):
         batch = first if i == 0 else case.batch(rng)
         bytes_moved, num_active = case.bytes_moved(batch), batch.num_active
         sets.append(_input_sets(case, batch, rng, copies))
-    interleaved = [group[k] for k in range(copies) for group in sets][:count]  # consecutive calls: other batches
     torch.cuda.synchronize()
-    return Prepared(case, interleaved, bytes_moved, num_active)
+    return Prepared(case, interleave(sets, count), bytes_moved, num_active)
 
 
 def _input_sets(case: Case, batch: B.Batch, rng: np.random.Generator, copies: int) -> list[InputSet]:

@@ -207,17 +207,15 @@ def _batch_sets(case: V41Case, copies: int, rng: np.random.Generator, device) ->
 def prepare_v41(case: V41Case, device, num_sets: int | None = None, seed: int = 0) -> StepPrepared:
     """The input sets of ``case``: by default as many as keep its reads out of L2 (up to four
     independent steps, the others copies on further state blocks with their own inputs)."""
-    from .timing import INDEPENDENT_SETS, rotation_sets
+    from .timing import interleave, rotation_layout
 
     rng = np.random.default_rng(seed)
     first, nbytes, active = _batch_sets(case, 1, rng, device)
-    count = rotation_sets(nbytes) if num_sets is None else num_sets
-    independent = min(count, INDEPENDENT_SETS)
-    copies = -(-count // independent)
+    count, independent, copies = rotation_layout(nbytes, num_sets)
     groups = [first + (_batch_sets(case, copies - 1, np.random.default_rng(seed), device)[0] if copies > 1 else [])]
     groups += [_batch_sets(case, copies, rng, device)[0] for _ in range(independent - 1)]
-    sets = [group[k] for k in range(copies) for group in groups][:count]
-    return StepPrepared(RowLabel(case.name, case.operation, case.token_num, active, case.variant), sets, nbytes)
+    return StepPrepared(RowLabel(case.name, case.operation, case.token_num, active, case.variant),
+                        interleave(groups, count), nbytes)
 
 
 # ---- implementations and calls --------------------------------------------------------------------------

@@ -24,6 +24,17 @@ def test_the_smallest_case_still_passes_twice_the_l2():
     assert timing.rotation_sets(nbytes) * nbytes >= 100e6  # the H200's L2: 50 MB
 
 
+@pytest.mark.parametrize("num_sets", [1, 2, 3, 4, 5, 7, 9, 16])
+def test_the_sets_are_independent_batches_then_their_copies_in_turn(num_sets):
+    count, independent, copies = timing.rotation_layout(1 << 20, num_sets)
+    assert (count, independent) == (num_sets, min(num_sets, timing.INDEPENDENT_SETS))
+    assert (copies - 1) * independent < count <= copies * independent
+    groups = [[(batch, copy) for copy in range(copies)] for batch in range(independent)]
+    sets = timing.interleave(groups, count)
+    assert sets == [(k % independent, k // independent) for k in range(count)]
+    assert timing.rotation_layout(1 << 20)[0] == timing.rotation_sets(1 << 20)
+
+
 def _touched_blocks(s, case) -> set:
     """State blocks (of the set's own state tensor, by data pointer) that its active tokens read
     (SPEC §5's activity rule and window rows, from the spec)."""
