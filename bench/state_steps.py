@@ -162,17 +162,6 @@ def _floor_plan(case: StateCase, batch: B.Batch, state_strides: tuple[int, int],
     return FloorPlan(shape, saves.astype(np.int64), entries, runs)
 
 
-def _k_cache(layout: str, num_pages: int, entries: int, device):
-    """(k_cache uint8 [pages, B, E] with the engines' page stride, its storage as uint8 [bytes])."""
-    import torch
-
-    entry = PAGED_LAYOUTS[layout].entry_bytes
-    granule = 576 if layout == "flashmla_fp8" else 16
-    page_stride = -(-entries * entry // granule) * granule
-    flat = torch.zeros(num_pages * page_stride, dtype=torch.uint8, device=device)
-    return torch.as_strided(flat, (num_pages, entries, entry), (page_stride, entry, 1)), flat
-
-
 def _shifted(slots: np.ndarray, by: int) -> np.ndarray:
     return np.where(slots >= 0, slots + by, -1)
 
@@ -182,6 +171,8 @@ def _batch_sets(case: StateCase, batch: B.Batch, copies: int, rng: np.random.Gen
     and the compressed cache shared), and the bytes the step must move."""
     import torch
 
+    from .timing import record_cache
+
     config = case.config
     width = config.state_row_width
     dtype = torch.bfloat16 if case.state_dtype == "bf16" else torch.float32
@@ -190,7 +181,8 @@ def _batch_sets(case: StateCase, batch: B.Batch, copies: int, rng: np.random.Gen
     tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     weight = tensor(B.random_norm_weight(rng, bf16=False))
     cos_sin = tensor(B.rope_cos_sin_cache(int(batch.positions.max()) + 1))
-    k_cache, cache_bytes = _k_cache(case.layout, max(batch.num_pages, 1), batch.entries_per_page, device)
+    k_cache, cache_bytes = record_cache(case.layout, max(batch.num_pages, 1), batch.entries_per_page, device,
+                                        zeroed=True)
     ape = torch.randn((case.ratio, config.state_width), device=device) * 0.5
     plan = _floor_plan(case, batch, (state.stride(0), state.stride(1)), k_cache.stride(0))
     shared = dict(positions=tensor(batch.positions), token_to_req=tensor(batch.token_to_req_indices),

@@ -28,7 +28,7 @@ import torch
 
 from ..spec import batch as B
 from ..spec.constants import HEAD_DIM
-from ..spec.entry_layout import PAGED_LAYOUTS
+from ..spec.entry_layout import PAGED_LAYOUTS, RECORD_LAYOUTS
 from .cases import Case
 
 
@@ -53,13 +53,21 @@ def _device_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).cuda()
 
 
+def record_cache(layout: str, num_pages: int, entries: int, device="cuda", *,
+                 zeroed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_cache uint8 ``[pages, B, E]`` of a layout of E-byte records, its storage uint8
+    ``[pages * page stride]``), the page stride as :func:`spec.batch.canary_k_cache` rounds it;
+    zero-filled if ``zeroed``, else uninitialised."""
+    entry = RECORD_LAYOUTS[layout].entry_bytes
+    granule = 576 if layout == "flashmla_fp8" else 16  # the engines' round_up(B*584, 576); B*E to 16
+    page_stride = -(-entries * entry // granule) * granule
+    flat = (torch.zeros if zeroed else torch.empty)(num_pages * page_stride, dtype=torch.uint8, device=device)
+    return torch.as_strided(flat, (num_pages, entries, entry), (page_stride, entry, 1)), flat
+
+
 def _k_cache(layout: str, num_pages: int, entries: int, device: str = "cuda") -> torch.Tensor:
-    if layout in PAGED_LAYOUTS:  # uint8 [pages, B, E], the page stride as spec.batch.canary_k_cache rounds it
-        entry = PAGED_LAYOUTS[layout].entry_bytes
-        granule = 576 if layout == "flashmla_fp8" else 16  # the engines' round_up(B*584, 576); B*E to 16
-        page_stride = -(-entries * entry // granule) * granule
-        flat = torch.empty((num_pages, page_stride), dtype=torch.uint8, device=device)
-        return torch.as_strided(flat, (num_pages, entries, entry), (page_stride, entry, 1))
+    if layout in PAGED_LAYOUTS:  # uint8 [pages, B, E]
+        return record_cache(layout, num_pages, entries, device)[0]
     dtype = torch.bfloat16 if layout == "bf16" else torch.float8_e4m3fn
     return torch.empty((num_pages, entries, HEAD_DIM), dtype=dtype, device=device)
 

@@ -134,17 +134,6 @@ def index_key_sweeps(ratios=(1, 2), sizes=V41_SWEEP, layouts=INDEXER_LAYOUTS) ->
 
 
 # ---- input sets ----------------------------------------------------------------------------------------
-def _k_cache(layout: str, num_pages: int, device):
-    """(k_cache uint8 [pages, B, E], page stride B*E rounded up to 16 (576 for flashmla_fp8), its storage)."""
-    import torch
-
-    entry = RECORD_LAYOUTS[layout].entry_bytes
-    granule = 576 if layout == "flashmla_fp8" else 16
-    page_stride = -(-ENTRIES_PER_PAGE * entry // granule) * granule
-    flat = torch.zeros(num_pages * page_stride, dtype=torch.uint8, device=device)
-    return torch.as_strided(flat, (num_pages, ENTRIES_PER_PAGE, entry), (page_stride, entry, 1)), flat
-
-
 def _floor_plan(case: V41Case, step: V41Step, block_table: np.ndarray, state_strides, page_stride: int) -> FloorPlan:
     active = case.active(step)
     entry_bytes = RECORD_LAYOUTS[case.layout].entry_bytes
@@ -169,13 +158,15 @@ def _batch_sets(case: V41Case, copies: int, rng: np.random.Generator, device) ->
     cos/sin and the cache shared), the bytes it must move and its active token count."""
     import torch
 
+    from .timing import record_cache
+
     step, block_table, num_pages = case.step(rng)
     tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     dtype = torch.bfloat16 if case.input_dtype == "bf16" else torch.float32
     blocks, bs = block_table.shape[0], RING.block_size
     state = torch.randn((copies * blocks, bs, V41_STATE_ROW_WIDTH), device=device) if case.ratio == 2 else None
     strides = (state.stride(0), state.stride(1)) if state is not None else (0, 0)
-    k_cache, cache_bytes = _k_cache(case.layout, num_pages, device)
+    k_cache, cache_bytes = record_cache(case.layout, num_pages, ENTRIES_PER_PAGE, device, zeroed=True)
     plan = _floor_plan(case, step, block_table, strides, k_cache.stride(0))
     head = INDEXER_HEAD_DIM if case.operation == "index_key" else HEAD_DIM
     shared = dict(positions=tensor(step.positions), token_to_req=tensor(step.token_to_req),
