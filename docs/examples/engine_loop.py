@@ -81,7 +81,8 @@ def schedule(requests: list[Request], config: EngineConfig) -> list[tuple[int, i
     return plan
 
 
-def build_step(requests, plan, config: EngineConfig, state_pool: BlockPool, page_pool: BlockPool) -> dict[str, np.ndarray]:
+def build_step(requests, plan, config: EngineConfig, state_pool: BlockPool, page_pool: BlockPool,
+               ring_capacity: int | None = None) -> dict[str, np.ndarray]:
     """The step's metadata as NumPy arrays (vLLM's names and dtypes), blocks allocated on demand
     and the step padded to ``config.padded_tokens`` tokens of slot -1.
 
@@ -89,11 +90,15 @@ def build_step(requests, plan, config: EngineConfig, state_pool: BlockPool, page
     ``state_blocks[p // bs] * bs + p % bs``; a token that closes a window (``(p + 1) % r == 0``)
     gets the slot of entry ``p // r`` on the request's pages as its ``kv_slot_mapping``, every
     other token -1 (``dsv4_compressor.conformance.engine.step_metadata`` applies these rules).
+    With ``ring_capacity`` ``C`` (SPEC §13.3) the state row is ``p mod C`` instead, and the block
+    table is at least ``C / bs`` blocks wide.
     """
-    geometry = Geometry(config.compress_ratio, config.block_size, config.entries_per_page)
+    geometry = Geometry(config.compress_ratio, config.block_size, config.entries_per_page, ring_capacity)
     if sum(count for _, _, count in plan) > config.padded_tokens:
         raise RuntimeError("more tokens than padded_tokens: raise --padded-tokens")
-    batch = step_metadata(plan, requests, geometry, state_pool, page_pool, padded_tokens=config.padded_tokens)
+    columns = None if ring_capacity is None else (len(requests), ring_capacity // config.block_size)
+    batch = step_metadata(plan, requests, geometry, state_pool, page_pool, padded_tokens=config.padded_tokens,
+                          table_shape=columns)
     for index, first, count in plan:
         requests[index].computed = first + count
     return {name: getattr(batch, name) for name in
@@ -270,21 +275,12 @@ def ring_step_metadata(requests, plan, config: EngineConfig, state: StateOptions
     (a block-table row's chunk; tokens are packed in row order, then padding) and
     ``save_slot_mapping`` (a ring: the last ``C`` tokens of each chunk; paged: every token)."""
     capacity = capacity_of(state, config)
-    geometry = Geometry(config.compress_ratio, config.block_size, config.entries_per_page, capacity)
-    if sum(count for _, _, count in plan) > config.padded_tokens:
-        raise RuntimeError("more tokens than padded_tokens: raise --padded-tokens")
-    columns = None if capacity is None else (len(requests), capacity // config.block_size)
-    batch = step_metadata(plan, requests, geometry, state_pool, page_pool, padded_tokens=config.padded_tokens,
-                          table_shape=columns)
-    for index, first, count in plan:
-        requests[index].computed = first + count
+    meta = build_step(requests, plan, config, state_pool, page_pool, ring_capacity=capacity)
     counts = np.zeros(len(requests), dtype=np.int64)
     for index, _, count in plan:
         counts[index] = count
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    saves = batch.slot_mapping if capacity is None else tail_saves(batch.slot_mapping, starts, capacity)
-    meta = {name: getattr(batch, name) for name in
-            ("positions", "token_to_req_indices", "slot_mapping", "block_table", "kv_slot_mapping")}
+    saves = meta["slot_mapping"] if capacity is None else tail_saves(meta["slot_mapping"], starts, capacity)
     return {**meta, "query_start_loc": starts, "save_slot_mapping": saves}
 
 

@@ -25,11 +25,12 @@ the latent rows the step wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
 from dsv4_compressor import spec
-from dsv4_compressor.conformance.engine import BlockPool
+from dsv4_compressor.conformance.engine import BlockPool, entry_slot
 from dsv4_compressor.spec.batch import canary_k_cache, random_norm_weight, rope_cos_sin_cache, tail_saves
 from dsv4_compressor.spec.v41_batch import bf16_patterns, vllm_ring
 
@@ -100,10 +101,9 @@ def v41_schedule(requests: list[V41Request], config: V41EngineConfig, step: int,
 
 
 def _page_slot(request: V41Request, ratio: int, entry: int, config: V41EngineConfig, pool: BlockPool) -> int:
-    pages = request.pages.setdefault(ratio, [])
-    while len(pages) <= entry // config.entries_per_page:
-        pages.append(pool.take())
-    return pages[entry // config.entries_per_page] * config.entries_per_page + entry % config.entries_per_page
+    """The slot of the ratio-``ratio`` layer's entry ``entry`` (its page taken when first reached)."""
+    layer_pages = SimpleNamespace(pages=request.pages.setdefault(ratio, []))  # the request's list, grown in place
+    return entry_slot(layer_pages, entry, config.entries_per_page, pool)
 
 
 def v41_build_step(requests: list[V41Request], plan, config: V41EngineConfig, ring_pool: BlockPool,

@@ -5,7 +5,6 @@ raises on the first differing byte; these tests run it (Triton under its interpr
 GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done,
 in today's paged fp32 state and in SPEC §13's formats (a ring with tail saves, a bf16 state,
 ``ape`` added at the compress).
-GPU; CuTe DSL on a GPU) and check that it wrote entries and stopped with every request done.
 ``--model v4.1`` (``docs/examples/engine_loop_v41.py``) runs vLLM's V4.1 entry points the same way.
 """
 

@@ -282,6 +282,10 @@ def test_a_cutedsl_ring_call_takes_cutedsls_step_call_up_to_the_threshold(monkey
     _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_triton)
     (first, args, keywords), (second, args2, keywords2) = seen
     assert (first, second) == (family, "triton") and keywords == keywords2 and len(args) == len(args2) == 16
+    for index, (a, b) in enumerate(zip(args, args2)):  # the same arguments, tensor for tensor
+        same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+        assert same, f"positional argument {index} differs between the two calls"
+    assert args[0].shape[0] == tokens and bool((args[7] == -1).all())  # kv of num_actual rows; no saves
     assert keywords["ring_capacity"] == capacity and keywords["ape_at"] == "save"
 
 
