@@ -299,8 +299,9 @@ def compress_and_save(
     key = plan = None
     if not debug:
         try:
-            key = ("step", *(tensor_key(x) for x in tensors), *options,
-                   *(type(x) for x in options))
+            key = ("step", *compress_key((state_cache, token_to_req, positions, slot_mapping, block_table,
+                                          rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping), None, options, ape),
+                   *tensor_key(kv), *tensor_key(score), *tensor_key(query_start_loc), *tensor_key(save_slot_mapping))
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
