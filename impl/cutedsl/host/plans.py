@@ -74,10 +74,12 @@ class LaunchPlan:
             return NO_FORMAT_ARGUMENTS
         return (ape if self.takes_ape else None, self.ring_capacity, None, None, None)
 
-    def run(self, tensors: tuple, workspace, ape=None) -> None:
+    def run(self, tensors: tuple, workspace, ape=None, formats: tuple | None = None) -> None:
         """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order; ``ape``: fp32
         ``[r, SW]`` with ``ape_at="compress"``): unit strides restored where needed, the scratch
-        taken from the workspace whose layout the plan's key holds, then the path's launches."""
+        taken from the workspace whose layout the plan's key holds, then the path's launches.
+        ``formats``: the SPEC §13 launch arguments where the caller gives them all (the step call's,
+        :class:`.step_plans.StepPlan`), else :meth:`formats`."""
         path = self.path
         if path is None:
             return
@@ -87,7 +89,8 @@ class LaunchPlan:
             metadata = buffers.unit_strides(*metadata)
         device = state_cache.device
         scratch = buffers.planned_scratch(workspace, self.num_tokens, device) if path.scratch else None
-        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch, self.formats(ape))
+        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch,
+                    self.formats(ape) if formats is None else formats)
 
     def launch_bound(self, held: tuple, metadata: tuple, workspace) -> None:
         """A bound layer's eager call: the launches on ``held`` (the layer's state cache, norm

@@ -62,14 +62,9 @@ class StepPlan:
         compress = self.compress
         if compress is None:
             return
-        metadata = (t.token_to_req, t.positions, t.slot_mapping, t.block_table, t.kv_slot_mapping)
-        if compress.restride:
-            metadata = buffers.unit_strides(*metadata)
-        device = t.state_cache.device
-        scratch = buffers.planned_scratch(None, compress.num_tokens, device) if compress.path.scratch else None
-        inputs = (t.ape, compress.ring_capacity, t.kv, t.score, t.query_start_loc)
-        compress.path.launch(compress, (t.state_cache, t.rms_norm_weight, t.cos_sin_cache, t.k_cache, device),
-                             metadata, scratch, inputs)
+        compress.run((t.state_cache, t.token_to_req, t.positions, t.slot_mapping, t.block_table, t.rms_norm_weight,
+                      t.cos_sin_cache, t.k_cache, t.kv_slot_mapping), None,
+                     formats=(t.ape, compress.ring_capacity, t.kv, t.score, t.query_start_loc))
         positions, saved = t.positions, t.save_slot_mapping
         if self.restride:
             positions, saved = buffers.unit_stride_1d(positions), buffers.unit_stride_1d(saved)
