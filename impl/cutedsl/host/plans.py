@@ -102,6 +102,17 @@ class LaunchPlan:
         self.path.launch(self, held, metadata, scratch, self.formats(None))
 
 
+def launch_scalars(path: KernelPath, store, grid: tuple = ()) -> tuple:
+    """The launches' trailing scalars of a validated store (the front end's ``StoreCall``): eps,
+    ``div(1, fp8_scale)`` in binary32 (1.0 without a scale) where the path's kernels take it, then
+    the persistent grid."""
+    eps = float(store.eps)
+    if not path.takes_fp8_inv:
+        return (eps, *grid)
+    fp8_inv = float(np.float32(1.0) / store.fp8_scale) if store.fp8_scale is not None else 1.0
+    return (eps, fp8_inv, *grid)
+
+
 def _check_choices(options: CompressOptions) -> None:
     if not isinstance(options.pdl, bool):
         raise ValueError(f"pdl: expected True or False, got {options.pdl!r}")
@@ -138,9 +149,7 @@ def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOp
     configs = path.configs(request)
     compiled, ffi = compile_cache.compile_path(path, configs)
     grid = (occupancy.persistent_grid(compiled[0], configs[0], request, facts),) if path.persistent else ()
-    eps = float(call.store.eps)
-    fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.fp8_scale is not None else 1.0
-    scalars = (eps, fp8_inv, *grid) if path.takes_fp8_inv else (eps, *grid)
+    scalars = launch_scalars(path, call.store, grid)
     restride = any(m.stride(-1) != 1 for m in t.metadata)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", request.ratio, num_tokens,
               request.block_size, options.layout, path.name, f" grid {grid}" if grid else "")

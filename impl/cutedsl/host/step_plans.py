@@ -18,7 +18,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from ....spec.constants import HEAD_DIMS
@@ -26,7 +25,7 @@ from ...frontend import validate_compress_and_save
 from . import buffers
 from .arguments import CompressOptions
 from .paths import PathRequest, choose, save_config, state_format
-from .plans import STATE_DTYPES, LaunchPlan, _check_choices, kernels
+from .plans import STATE_DTYPES, LaunchPlan, _check_choices, kernels, launch_scalars
 
 
 class StepTensors(NamedTuple):
@@ -95,9 +94,7 @@ def build_step_plan(t: StepTensors, options: CompressOptions, debug: bool) -> St
     compile_cache = kernels()
     configs = path.configs(request)
     compiled, ffi = compile_cache.compile_path(path, configs)
-    eps = float(store.eps)
-    fp8_inv = float(np.float32(1.0) / store.fp8_scale) if store.fp8_scale is not None else 1.0
-    scalars = (eps, fp8_inv) if path.takes_fp8_inv else (eps,)
+    scalars = launch_scalars(path, store)
     restride = any(m.stride(-1) != 1 for m in (t.token_to_req, t.positions, t.slot_mapping, t.block_table,
                                                t.kv_slot_mapping))
     ring_capacity = pooling.state_format.ring_capacity or 0  # any value for a paged state
