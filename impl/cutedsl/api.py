@@ -102,14 +102,13 @@ def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size
 
 def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
                fixed=None, formats=("save", None)) -> plans.SavePlan:
-    """The cached plan of a save (``fixed``: a bound layer's interned key prefix; ``formats``:
-    SPEC §13's ``(ape_at, ring_capacity)``)."""
+    """The cached plan of a save (``fixed``: a bound layer's interned key prefix, which holds its
+    formats; ``formats``: SPEC §13's ``(ape_at, ring_capacity)``)."""
     key = plan = None
     if not debug:
         try:
-            saved_ape = ape if formats[0] == "save" or ape is not None else kv_score  # None: any tensor layout
-            key = (*save_key(save_fixed(state_cache, block_size, pdl, policy) if fixed is None else fixed, kv_score,
-                             saved_ape, positions, slot_mapping), ape is None, *formats, *map(type, formats))
+            key = save_key(save_fixed(state_cache, block_size, pdl, policy, *formats) if fixed is None else fixed,
+                           kv_score, ape, positions, slot_mapping)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
@@ -184,8 +183,7 @@ def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=N
     if not debug:
         try:
             if key is None:
-                key = (*compress_key(tensors, workspace, options),  # and SPEC §13's: their types, ape's layout
-                       type(options[10]), type(options[11]), None if ape is None else tensor_key(ape))
+                key = compress_key(tensors, workspace, options, ape)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
@@ -301,8 +299,9 @@ def compress_and_save(
     key = plan = None
     if not debug:
         try:
-            key = ("step", *(tensor_key(x) for x in tensors), *options,
-                   *(type(x) for x in options))
+            key = ("step", *compress_key((state_cache, token_to_req, positions, slot_mapping, block_table,
+                                          rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping), None, options, ape),
+                   *tensor_key(kv), *tensor_key(score), *tensor_key(query_start_loc), *tensor_key(save_slot_mapping))
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
             key = plan = None
@@ -407,7 +406,7 @@ class BoundLayer:
         plans.build_compress_plan(CompressTensors._make(self._tensors(empty[0], empty[1], empty[1], empty[2], empty[1])),
                                   None, self.options, False, _empty_ape(state_cache, compress_ratio, ape_at))
         fixed = fixed_key(state_cache, rms_norm_weight, cos_sin_cache, k_cache, self.options)
-        self._layout = _LAYER_LAYOUTS.setdefault((*fixed, type(ape_at), type(ring_capacity)), len(_LAYER_LAYOUTS))
+        self._layout = _LAYER_LAYOUTS.setdefault(fixed, len(_LAYER_LAYOUTS))  # plans' key prefix
         self._launches = _BOUND_LAUNCHES.setdefault(self._layout, PlanCache())  # T -> plan.launch_bound
         self._takes_ape = ape_at == "compress"  # the compress's ape is a per-call argument: the keyed path
         self._held = None  # (state cache, norm weight, cos/sin, k_cache) as TVM-FFI tensors, then the device

@@ -67,8 +67,9 @@ def tensor_key(tensor) -> tuple:
 
 def _scalar_types(options: tuple) -> tuple:
     """The Python types of the scalars a value comparison cannot tell apart (8 and 8.0, True and 1):
-    block size, eps, ratio, fp8 scale, hadamard, pdl."""
-    return (type(options[0]), type(options[1]), type(options[2]), type(options[4]), type(options[5]), type(options[7]))
+    block size, eps, ratio, fp8 scale, hadamard, pdl, SPEC §13's ``ape_at`` and ``ring_capacity``."""
+    return (type(options[0]), type(options[1]), type(options[2]), type(options[4]), type(options[5]), type(options[7]),
+            type(options[10]), type(options[11]))
 
 
 def fixed_key(state_cache, rms_norm_weight, cos_sin_cache, k_cache, options: tuple) -> tuple:
@@ -87,9 +88,10 @@ def token_part(token_to_req_indices, positions, slot_mapping, block_table, kv_sl
             None if workspace is None else tensor_key(workspace))
 
 
-def compress_key(tensors: tuple, workspace, options: tuple) -> tuple:
+def compress_key(tensors: tuple, workspace, options: tuple, ape=None) -> tuple:
     """An unbound call's plan key: :func:`fixed_key` and :func:`token_part`, flat, written out in
-    one expression (it is the whole host cost of a repeated call before its launch).
+    one expression (it is the whole host cost of a repeated call before its launch), then the
+    layout of SPEC §13.2's ``ape`` (None where the call passes none).
     ``tensors`` and ``options`` are in :class:`CompressTensors` and :class:`CompressOptions` order."""
     s, r, p, m, b, w, c, k, v = tensors
     return (s.dtype, s.shape, s.stride(), s.device, s.data_ptr() & 15,
@@ -97,19 +99,23 @@ def compress_key(tensors: tuple, workspace, options: tuple) -> tuple:
             c.dtype, c.shape, c.stride(), c.device, c.data_ptr() & 15,
             k.dtype, k.shape, k.stride(), k.device, k.data_ptr() & 15, *options,
             type(options[0]), type(options[1]), type(options[2]), type(options[4]), type(options[5]), type(options[7]),
+            type(options[10]), type(options[11]),
             r.dtype, r.shape, r.stride(), r.device, p.dtype, p.shape, p.stride(), p.device,
             m.dtype, m.shape, m.stride(), m.device, b.dtype, b.shape, b.stride(), b.device,
-            v.dtype, v.shape, v.stride(), v.device, None if workspace is None else tensor_key(workspace))
+            v.dtype, v.shape, v.stride(), v.device, None if workspace is None else tensor_key(workspace),
+            None if ape is None else tensor_key(ape))
 
 
 def save_key(fixed, kv_score, ape, positions, slot_mapping) -> tuple:
     """A save plan's key: ``fixed`` (the state cache's layout and the save's options, or a bound
-    layer's interned integer) and the save's own arrays."""
-    return ("save", fixed, *tensor_key(kv_score), *tensor_key(ape), positions.dtype, positions.shape,
-            positions.stride(), positions.device, slot_mapping.dtype, slot_mapping.shape, slot_mapping.stride(),
-            slot_mapping.device)
+    layer's interned integer) and the save's own arrays (``ape`` None: a save that reads none,
+    SPEC §13.2's ``ape_at="compress"``; with ``"save"`` validation refuses it, so no plan is kept)."""
+    return ("save", fixed, *tensor_key(kv_score), None if ape is None else tensor_key(ape), positions.dtype,
+            positions.shape, positions.stride(), positions.device, slot_mapping.dtype, slot_mapping.shape,
+            slot_mapping.stride(), slot_mapping.device)
 
 
-def save_fixed(state_cache, block_size, pdl, policy) -> tuple:
-    """The fixed part of a save plan's key."""
-    return (*tensor_key(state_cache), block_size, type(block_size), pdl, type(pdl), policy)
+def save_fixed(state_cache, block_size, pdl, policy, ape_at, ring_capacity) -> tuple:
+    """The fixed part of a save plan's key (SPEC §13's ``ape_at`` and ``ring_capacity`` included)."""
+    return (*tensor_key(state_cache), block_size, type(block_size), pdl, type(pdl), policy, ape_at, type(ape_at),
+            ring_capacity, type(ring_capacity))

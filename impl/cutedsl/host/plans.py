@@ -74,10 +74,12 @@ class LaunchPlan:
             return NO_FORMAT_ARGUMENTS
         return (ape if self.takes_ape else None, self.ring_capacity, None, None, None)
 
-    def run(self, tensors: tuple, workspace, ape=None) -> None:
+    def run(self, tensors: tuple, workspace, ape=None, formats: tuple | None = None) -> None:
         """A validated call (``tensors`` in :class:`.arguments.CompressTensors`' order; ``ape``: fp32
         ``[r, SW]`` with ``ape_at="compress"``): unit strides restored where needed, the scratch
-        taken from the workspace whose layout the plan's key holds, then the path's launches."""
+        taken from the workspace whose layout the plan's key holds, then the path's launches.
+        ``formats``: the SPEC §13 launch arguments where the caller gives them all (the step call's,
+        :class:`.step_plans.StepPlan`), else :meth:`formats`."""
         path = self.path
         if path is None:
             return
@@ -87,7 +89,8 @@ class LaunchPlan:
             metadata = buffers.unit_strides(*metadata)
         device = state_cache.device
         scratch = buffers.planned_scratch(workspace, self.num_tokens, device) if path.scratch else None
-        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch, self.formats(ape))
+        path.launch(self, (state_cache, weight, cos_sin, k_cache, device), metadata, scratch,
+                    self.formats(ape) if formats is None else formats)
 
     def launch_bound(self, held: tuple, metadata: tuple, workspace) -> None:
         """A bound layer's eager call: the launches on ``held`` (the layer's state cache, norm
@@ -97,6 +100,17 @@ class LaunchPlan:
         its formats' launch arguments hold no tensor (:meth:`formats`)."""
         scratch = buffers.bound_scratch(workspace, self.num_tokens, held[4]) if self.path.scratch else None
         self.path.launch(self, held, metadata, scratch, self.formats(None))
+
+
+def launch_scalars(path: KernelPath, store, grid: tuple = ()) -> tuple:
+    """The launches' trailing scalars of a validated store (the front end's ``StoreCall``): eps,
+    ``div(1, fp8_scale)`` in binary32 (1.0 without a scale) where the path's kernels take it, then
+    the persistent grid."""
+    eps = float(store.eps)
+    if not path.takes_fp8_inv:
+        return (eps, *grid)
+    fp8_inv = float(np.float32(1.0) / store.fp8_scale) if store.fp8_scale is not None else 1.0
+    return (eps, fp8_inv, *grid)
 
 
 def _check_choices(options: CompressOptions) -> None:
@@ -135,9 +149,7 @@ def build_compress_plan(tensors: CompressTensors, workspace, options: CompressOp
     configs = path.configs(request)
     compiled, ffi = compile_cache.compile_path(path, configs)
     grid = (occupancy.persistent_grid(compiled[0], configs[0], request, facts),) if path.persistent else ()
-    eps = float(call.store.eps)
-    fp8_inv = float(np.float32(1.0) / call.store.fp8_scale) if call.store.fp8_scale is not None else 1.0
-    scalars = (eps, fp8_inv, *grid) if path.takes_fp8_inv else (eps, *grid)
+    scalars = launch_scalars(path, call.store, grid)
     restride = any(m.stride(-1) != 1 for m in t.metadata)
     log.debug("cutedsl: compress_norm_rope_store C%d T=%d bs=%d %s -> %s%s", request.ratio, num_tokens,
               request.block_size, options.layout, path.name, f" grid {grid}" if grid else "")

@@ -18,7 +18,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from ....spec.constants import HEAD_DIMS
@@ -26,7 +25,7 @@ from ...frontend import validate_compress_and_save
 from . import buffers
 from .arguments import CompressOptions
 from .paths import PathRequest, choose, save_config, state_format
-from .plans import STATE_DTYPES, LaunchPlan, _check_choices, kernels
+from .plans import STATE_DTYPES, LaunchPlan, _check_choices, kernels, launch_scalars
 
 
 class StepTensors(NamedTuple):
@@ -62,14 +61,9 @@ class StepPlan:
         compress = self.compress
         if compress is None:
             return
-        metadata = (t.token_to_req, t.positions, t.slot_mapping, t.block_table, t.kv_slot_mapping)
-        if compress.restride:
-            metadata = buffers.unit_strides(*metadata)
-        device = t.state_cache.device
-        scratch = buffers.planned_scratch(None, compress.num_tokens, device) if compress.path.scratch else None
-        inputs = (t.ape, compress.ring_capacity, t.kv, t.score, t.query_start_loc)
-        compress.path.launch(compress, (t.state_cache, t.rms_norm_weight, t.cos_sin_cache, t.k_cache, device),
-                             metadata, scratch, inputs)
+        compress.run((t.state_cache, t.token_to_req, t.positions, t.slot_mapping, t.block_table, t.rms_norm_weight,
+                      t.cos_sin_cache, t.k_cache, t.kv_slot_mapping), None,
+                     formats=(t.ape, compress.ring_capacity, t.kv, t.score, t.query_start_loc))
         positions, saved = t.positions, t.save_slot_mapping
         if self.restride:
             positions, saved = buffers.unit_stride_1d(positions), buffers.unit_stride_1d(saved)
@@ -100,9 +94,7 @@ def build_step_plan(t: StepTensors, options: CompressOptions, debug: bool) -> St
     compile_cache = kernels()
     configs = path.configs(request)
     compiled, ffi = compile_cache.compile_path(path, configs)
-    eps = float(store.eps)
-    fp8_inv = float(np.float32(1.0) / store.fp8_scale) if store.fp8_scale is not None else 1.0
-    scalars = (eps, fp8_inv) if path.takes_fp8_inv else (eps,)
+    scalars = launch_scalars(path, store)
     restride = any(m.stride(-1) != 1 for m in (t.token_to_req, t.positions, t.slot_mapping, t.block_table,
                                                t.kv_slot_mapping))
     ring_capacity = pooling.state_format.ring_capacity or 0  # any value for a paged state
