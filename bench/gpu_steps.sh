@@ -31,6 +31,9 @@ export PYTHONPATH="$link_dir${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 status=0
 parallel=0
+# pytest-xdist's test distribution: worksteal (xdist >= 3.2) balances one large test file across
+# workers, which loadfile leaves to one worker
+DIST="${DIST:-$($PY -c 'import xdist; print("worksteal" if tuple(map(int, xdist.__version__.split(".")[:2])) >= (3, 2) else "loadfile")' 2>/dev/null || echo loadfile)}"
 running=()
 
 run_step() {  # run_step NAME SECONDS COMMAND...: run with a time limit into NAME.log, exit status into NAME.rc
@@ -253,9 +256,9 @@ for s in "$@"; do
     bench-v41-index-key)
       step bench-v41-index-key "${V41_LIMIT:-200}" $PY -m dsv4_compressor.bench.steps v41 --cases index-key --ratio 2 --mode graph --sizes 1 16 256 4096 16384 --impl cutedsl --impl triton --impl vllm_v41_adapter:VllmV41 --trials 2 --tag index-key --out "$LOGS" ;;
     tests-gpu-triton)
-      step tests-gpu-triton "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/triton/tests docs/tests bench/tests ;;
+      step tests-gpu-triton "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist "$DIST" -m gpu --durations=15 impl/triton/tests docs/tests bench/tests ;;
     tests-gpu-cutedsl)
-      step tests-gpu-cutedsl "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist loadfile -m gpu --durations=15 impl/cutedsl/tests conformance/tests integrations/tests ;;
+      step tests-gpu-cutedsl "${TESTS_LIMIT:-420}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-8}" --dist "$DIST" -m gpu --durations=15 impl/cutedsl/tests conformance/tests integrations/tests ;;
     soak-5)  # the limit leaves two minutes for the soak's set-up (about 40 s on a busy machine) and its report
       minutes="${SOAK_MINUTES:-5.2}"
       step soak-5 "${SOAK_LIMIT:-$(awk -v m="$minutes" 'BEGIN { print int(m * 60) + 120 }')}" $PY -m dsv4_compressor soak --minutes "$minutes" --json "$LOGS/soak-5.json" ;;

@@ -20,6 +20,16 @@ class PlanCache(dict):
             self[key] = plan
         return plan
 
+    def find(self, make_key, *arguments) -> tuple:
+        """``(key, plan)`` for ``make_key(*arguments)``: ``plan`` None on a miss; both None when an
+        argument is not a tensor or not hashable (AttributeError, TypeError), so that the call is
+        validated the long way, which rejects it by name."""
+        try:
+            key = make_key(*arguments)
+            return key, self.get(key)
+        except (AttributeError, TypeError):
+            return None, None
+
     def lookup(self, key, build):
         """The plan of ``key``, built by ``build()`` on a miss and always for ``key = None`` (calls that
         validate the long way: debug calls, calls with an argument the key leaves out); an unhashable

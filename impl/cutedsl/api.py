@@ -46,8 +46,8 @@ from ..frontend import describe_torch
 from ..plan_cache import PlanCache
 from .config import StateFormat, store_alignments
 from .host import buffers, occupancy, plans, step_plans
-from .host.arguments import (CompressOptions, CompressTensors, compress_key, fixed_key, save_fixed, save_key,
-                             tensor_key, token_part)
+from .host.arguments import (CompressOptions, CompressTensors, bound_key, compress_key, fixed_key, save_key, step_key,
+                             unbound_save_key)
 from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
 from .host.paths import PathRequest, check_c128_path, choose, save_config
 from .host.policy import DEFAULT_POLICY, Policy
@@ -88,8 +88,8 @@ def save_partial_states(
     if _compiling():
         return _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
                             ape_at, ring_capacity)
-    _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
-               formats=(ape_at, ring_capacity)).run(kv_score, ape, positions, slot_mapping, state_cache)
+    _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy, ape_at,
+               ring_capacity).run(kv_score, ape, positions, slot_mapping, state_cache)
 
 
 def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy, ape_at,
@@ -100,21 +100,20 @@ def _traced_save(kv_score, ape, positions, slot_mapping, state_cache, block_size
                                                     debug, pdl, ape_at, ring_capacity)
 
 
-def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
-               fixed=None, formats=("save", None)) -> plans.SavePlan:
-    """The cached plan of a save (``fixed``: a bound layer's interned key prefix, which holds its
-    formats; ``formats``: SPEC §13's ``(ape_at, ring_capacity)``)."""
-    key = plan = None
-    if not debug:
-        try:
-            key = save_key(save_fixed(state_cache, block_size, pdl, policy, *formats) if fixed is None else fixed,
-                           kv_score, ape, positions, slot_mapping)
-            plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
-            key = plan = None
+def _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy, ape_at,
+               ring_capacity, fixed=None) -> plans.SavePlan:
+    """The cached plan of a save (SPEC §13's ``ape_at`` and ``ring_capacity``; ``fixed``: a bound
+    layer's interned key prefix, which holds them)."""
+    if debug:
+        key = plan = None
+    elif fixed is None:
+        key, plan = _PLANS.find(unbound_save_key, kv_score, ape, positions, slot_mapping, state_cache, block_size, pdl,
+                                policy, ape_at, ring_capacity)
+    else:
+        key, plan = _PLANS.find(save_key, fixed, kv_score, ape, positions, slot_mapping)
     if plan is None:
         plan = _PLANS.put(key, plans.build_save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size,
-                                                     debug, policy, pdl, *formats))
+                                                     debug, policy, pdl, ape_at, ring_capacity))
     return plan
 
 
@@ -174,21 +173,19 @@ def _traced_compress(operation: str, arguments: tuple, policy) -> None:
     custom_ops.op("cutedsl", operation)(*arguments)
 
 
-def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, key=None, ape=None) -> plans.LaunchPlan:
+def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, ape=None, layer=None) -> plans.LaunchPlan:
     """The cached plan of a ``compress_norm_rope_store`` call (validated, dispatched and
     compiled on the first call with this layout); ``tensors`` and ``options`` in the order of
     :class:`.host.arguments.CompressTensors` and :class:`.host.arguments.CompressOptions`;
-    ``key``: a bound layer's, else the call's own; ``ape``: SPEC §13.2's, or None."""
-    plan = None
-    if not debug:
-        try:
-            if key is None:
-                key = compress_key(tensors, workspace, options, ape)
-            plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
-            key = plan = None
+    ``ape``: SPEC §13.2's, or None; ``layer``: a bound layer's interned key part, else None."""
+    if debug:
+        key = plan = None
+    elif layer is None:
+        key, plan = _PLANS.find(compress_key, tensors, workspace, options, ape)
+    else:
+        key, plan = _PLANS.find(bound_key, layer, options[9], tensors, workspace, ape)  # 9: early_metadata
     if plan is None:
-        plan = _PLANS.put(None if debug else key, plans.build_compress_plan(
+        plan = _PLANS.put(key, plans.build_compress_plan(
             CompressTensors._make(tensors), workspace, CompressOptions._make(options), debug, ape))
     return plan
 
@@ -242,8 +239,8 @@ def save_and_compress_norm_rope_store(
     options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, policy, True,
                ape_at, ring_capacity)
     plan = _compress_plan(tensors, workspace, options, debug, ape=ape)
-    save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy,
-                      formats=(ape_at, ring_capacity))
+    save = _save_plan(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug, pdl, policy, ape_at,
+                      ring_capacity)
     save.run(kv_score, ape, positions, slot_mapping, state_cache)
     plan.run(tensors, workspace, ape)
 
@@ -298,13 +295,9 @@ def compress_and_save(
                ring_capacity)  # in CompressOptions' order
     key = plan = None
     if not debug:
-        try:
-            key = ("step", *compress_key((state_cache, token_to_req, positions, slot_mapping, block_table,
-                                          rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping), None, options, ape),
-                   *tensor_key(kv), *tensor_key(score), *tensor_key(query_start_loc), *tensor_key(save_slot_mapping))
-            plan = _PLANS.get(key)
-        except (AttributeError, TypeError):  # not a tensor, or unhashable: validate (and reject) it the long way
-            key = plan = None
+        key, plan = _PLANS.find(step_key, (state_cache, token_to_req, positions, slot_mapping, block_table,
+                                           rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping), options, ape, kv,
+                                score, query_start_loc, save_slot_mapping)
     if plan is None:
         plan = _PLANS.put(key, step_plans.build_step_plan(tensors, CompressOptions._make(options), debug))
     plan.run(tensors)
@@ -430,16 +423,11 @@ class BoundLayer:
     def _compress_plan(self, tensors: tuple, workspace, debug: bool, early_metadata: bool,
                        ape=None) -> plans.LaunchPlan:
         options = self.options._replace(early_metadata=True) if early_metadata else self.options
-        try:
-            key = (self._layout, early_metadata, *token_part(*tensors[1:5], tensors[8], workspace),
-                   None if ape is None else tensor_key(ape))
-        except AttributeError:  # not a tensor: validate (and reject) it the long way
-            key = None
-        return _compress_plan(tensors, workspace, options, debug, key, ape=ape)
+        return _compress_plan(tensors, workspace, options, debug, ape, self._layout)
 
     def _save_plan(self, kv_score, ape, positions, slot_mapping, debug: bool) -> plans.SavePlan:
         return _save_plan(kv_score, ape, positions, slot_mapping, self.state_cache, self.block_size, debug, self.pdl,
-                          self.policy, fixed=self._layout, formats=(self.ape_at, self.ring_capacity))
+                          self.policy, self.ape_at, self.ring_capacity, self._layout)
 
     def compress_norm_rope_store(self, token_to_req_indices, positions, slot_mapping, block_table, kv_slot_mapping, *,
                                  ape=None, workspace=None, debug: bool = False) -> None:

@@ -11,7 +11,8 @@ policy, ``early_metadata``, the workspace's layout). Its key has two parts:
 
 An unbound call keys its plan by both parts in one flat tuple (:func:`compress_key`); a
 bound layer interns its fixed part once as a small integer and keys by that integer and
-the per-token part. Saves key the same way (:func:`save_key`). The keys are plain tuples of
+the per-token part (:func:`bound_key`). Saves key the same way (:func:`unbound_save_key`,
+:func:`save_key`), the combined step call by :func:`step_key`. The keys are plain tuples of
 tensor metadata: building one is the whole host cost of a repeated call before its launch,
 so a call passes its tensors and options as plain tuples in the records' order, and the
 records (:class:`CompressTensors`, :class:`CompressOptions`) are made when a plan is built.
@@ -88,6 +89,14 @@ def token_part(token_to_req_indices, positions, slot_mapping, block_table, kv_sl
             None if workspace is None else tensor_key(workspace))
 
 
+def bound_key(layer: int, early_metadata: bool, tensors: tuple, workspace, ape=None) -> tuple:
+    """A bound layer's plan key: its interned fixed part (``layer``), ``early_metadata``,
+    :func:`token_part` and the layout of SPEC §13.2's ``ape``; ``tensors`` in
+    :class:`CompressTensors` order."""
+    return (layer, early_metadata, *token_part(*tensors[1:5], tensors[8], workspace),
+            None if ape is None else tensor_key(ape))
+
+
 def compress_key(tensors: tuple, workspace, options: tuple, ape=None) -> tuple:
     """An unbound call's plan key: :func:`fixed_key` and :func:`token_part`, flat, written out in
     one expression (it is the whole host cost of a repeated call before its launch), then the
@@ -106,6 +115,13 @@ def compress_key(tensors: tuple, workspace, options: tuple, ape=None) -> tuple:
             None if ape is None else tensor_key(ape))
 
 
+def step_key(tensors: tuple, options: tuple, ape, kv, score, query_start_loc, save_slot_mapping) -> tuple:
+    """The combined step call's plan key: :func:`compress_key` of its compress arguments (``tensors``
+    in :class:`CompressTensors` order, no workspace) and the layouts of its own arrays."""
+    return ("step", *compress_key(tensors, None, options, ape), *tensor_key(kv), *tensor_key(score),
+            *tensor_key(query_start_loc), *tensor_key(save_slot_mapping))
+
+
 def save_key(fixed, kv_score, ape, positions, slot_mapping) -> tuple:
     """A save plan's key: ``fixed`` (the state cache's layout and the save's options, or a bound
     layer's interned integer) and the save's own arrays (``ape`` None: a save that reads none,
@@ -115,7 +131,13 @@ def save_key(fixed, kv_score, ape, positions, slot_mapping) -> tuple:
             slot_mapping.stride(), slot_mapping.device)
 
 
-def save_fixed(state_cache, block_size, pdl, policy, ape_at, ring_capacity) -> tuple:
-    """The fixed part of a save plan's key (SPEC §13's ``ape_at`` and ``ring_capacity`` included)."""
-    return (*tensor_key(state_cache), block_size, type(block_size), pdl, type(pdl), policy, ape_at, type(ape_at),
-            ring_capacity, type(ring_capacity))
+def unbound_save_key(kv_score, ape, positions, slot_mapping, state_cache, block_size, pdl, policy, ape_at,
+                     ring_capacity) -> tuple:
+    """An unbound save plan's key: the state cache's layout, the save's options (SPEC §13's
+    ``ape_at`` and ``ring_capacity`` included) and its own arrays, written out flat because every
+    eager save builds it (AttributeError for a non-tensor)."""
+    s = state_cache
+    return ("save", s.dtype, s.shape, s.stride(), s.device, s.data_ptr() & 15, block_size, type(block_size), pdl,
+            type(pdl), policy, ape_at, type(ape_at), ring_capacity, type(ring_capacity), *tensor_key(kv_score),
+            None if ape is None else tensor_key(ape), positions.dtype, positions.shape, positions.stride(),
+            positions.device, slot_mapping.dtype, slot_mapping.shape, slot_mapping.stride(), slot_mapping.device)
