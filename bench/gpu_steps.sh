@@ -11,7 +11,8 @@
 #
 # conformance:IMPL:SHARD splits the catalogue so that its parts run side by side: IMPL is one
 # implementation or several joined by '+' (they share the spec's results), SHARD one of core,
-# state, verify, medium, large-c4, large-c128, large-rest, errors, v41, graph-small, graph-big.
+# state, verify, medium, large-c4, large-c128, large-rest, errors, v41, graph-small, graph-big, or
+# graph-big in three parts that run side by side (graph-medium, graph-large-c4, graph-large-rest).
 #
 # The steps bench-v41-* also time vLLM's V4.1 kernels through the third-party adapter module
 # vllm_v41_adapter (class VllmV41), when its folder is on the caller's PYTHONPATH and $VLLM_REF names its
@@ -81,6 +82,9 @@ shard_args() {  # shard_args SHARD: the conformance arguments of one part of the
     v41) echo "--model v4.1 --size all --no-errors" ;;
     graph-small) echo "--graph --size small" ;;
     graph-big) echo "--graph --scenarios medium_* large_*" ;;
+    graph-medium) echo "--graph --scenarios medium_*" ;;
+    graph-large-c4) echo "--graph --scenarios large_c4_*" ;;
+    graph-large-rest) echo "--graph --scenarios large_c128_* large_state_*" ;;
     *) return 1 ;;
   esac
 }

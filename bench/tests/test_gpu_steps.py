@@ -126,18 +126,26 @@ def _shards() -> dict[str, list[str]]:
     return {name: shlex.split(args) for name, args in re.findall(r'^\s*([\w-]+)\) echo "([^"]*)" ;;', body, re.M)}
 
 
+def _matching(words: list[str], items) -> list[str]:
+    """The names of ``items`` that a shard's ``--scenarios`` patterns select (each pattern some)."""
+    import fnmatch
+
+    patterns = words[words.index("--scenarios") + 1:]
+    patterns = patterns[:next((i for i, w in enumerate(patterns) if w.startswith("-")), len(patterns))]
+    assert all(fnmatch.filter([item.name for item in items], p) for p in patterns), patterns
+    return [item.name for item in items if any(fnmatch.fnmatch(item.name, p) for p in patterns)]
+
+
 def test_conformance_shards_cover_the_catalogue_once():
     """The V4 shards of ``conformance:IMPL:SHARD`` split the scenario catalogue and the sequences with no
     scenario left out and none run twice, and every shard's arguments parse."""
-    import fnmatch
-
     from dsv4_compressor.conformance import cli
     from dsv4_compressor.conformance.scenarios import CATALOGUE
     from dsv4_compressor.conformance.sequences import SEQUENCES
 
     shards = _shards()
     assert {"core", "state", "verify", "medium", "large-c4", "large-c128", "large-rest", "errors", "v41",
-            "graph-small", "graph-big"} == set(shards)
+            "graph-small", "graph-big", "graph-medium", "graph-large-c4", "graph-large-rest"} == set(shards)
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     for words in shards.values():
@@ -146,11 +154,10 @@ def test_conformance_shards_cover_the_catalogue_once():
     for name, words in shards.items():
         if "--scenarios" not in words or "--graph" in words:
             continue
-        patterns = words[words.index("--scenarios") + 1:]
-        patterns = patterns[:next((i for i, w in enumerate(patterns) if w.startswith("-")), len(patterns))]
-        assert all(fnmatch.filter([s.name for s in CATALOGUE + SEQUENCES], p) for p in patterns), (name, patterns)
-        for item in CATALOGUE + SEQUENCES:
-            if any(fnmatch.fnmatch(item.name, p) for p in patterns):
-                seen.setdefault(item.name, []).append(name)
+        for item in _matching(words, CATALOGUE + SEQUENCES):
+            seen.setdefault(item, []).append(name)
     assert {n: s for n, s in seen.items() if len(s) > 1} == {}
     assert sorted(set(s.name for s in CATALOGUE + SEQUENCES) - set(seen)) == []
+    graph_parts = [name for name in shards if name.startswith("graph-") and name not in ("graph-small", "graph-big")]
+    in_parts = sorted(n for part in graph_parts for n in _matching(shards[part], CATALOGUE + SEQUENCES))
+    assert in_parts == sorted(_matching(shards["graph-big"], CATALOGUE + SEQUENCES))  # graph-big, once
