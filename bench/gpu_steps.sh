@@ -203,6 +203,8 @@ for s in "$@"; do
       step bench-indexer-host 300 $PY -m dsv4_compressor bench --head 128 --mode eager --sizes 1 64 1024 --impl triton --impl triton-op --impl cutedsl --impl cutedsl-bound --impl cutedsl-op --trials 3 --tag indexer-host --out "$LOGS" ;;
     tests-host)
       step tests-host 300 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_pipelined_gpu.py impl/cutedsl/tests/test_cutedsl_bound_gpu.py -s ;;
+    bench-vllm)  # the C128 and C4 sweeps and serving steps beside vLLM's own kernels (vllm_adapter on PYTHONPATH)
+      step bench-vllm 420 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --extra --impl cutedsl --impl cutedsl-split_block8 --impl triton --impl vllm_adapter:cutedsl --baseline vllm_adapter:cutedsl --trials 2 --tag vllm --out "$LOGS" ;;
     bench-c128-c4)
       step bench-c128-c4 240 $PY -m dsv4_compressor bench --ratio 128 --ratio 4 --mode graph --sizes 1 8 32 64 128 256 1024 2048 8192 16374 --extra --impl cutedsl --impl cutedsl-split_block8 --trials 3 --tag c128-c4 --out "$LOGS" ;;
     tests-timing)
