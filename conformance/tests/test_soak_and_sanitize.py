@@ -63,11 +63,12 @@ def test_the_soak_command():
 
 def test_the_sanitizers_cover_every_kernel_path():
     from dsv4_compressor.impl.cutedsl.host.paths import C128_PATHS
-    from dsv4_compressor.impl.cutedsl.variants import VARIANTS
     from dsv4_compressor.conformance.scenarios import scenarios
     from dsv4_compressor.conformance.sequences import sequences
 
-    variants = [VARIANTS[name.partition(":")[2]] for name in sanitize.IMPLEMENTATIONS if name.startswith(sanitize.VARIANTS)]
+    # loaded as the workload loads them (by module:attribute)
+    variants = [load_implementation(name).target for name in sanitize.IMPLEMENTATIONS
+                if name.startswith(sanitize.VARIANTS)]
     assert {v.c128_path for v in variants} >= set(C128_PATHS) - {"auto"}
     assert {v.pdl for v in variants} == {True, False} and any(v.policy.early_metadata for v in variants)
     assert {"cutedsl", "triton"} <= set(sanitize.IMPLEMENTATIONS)

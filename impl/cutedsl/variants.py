@@ -94,3 +94,11 @@ VARIANTS = {v.name: v for v in (*FORCED_PATHS.values(), cluster8, cluster16, nop
 indexer_c4_w1 = Variant("indexer_c4_w1", policy=_policy(indexer_c4_warps=1))
 indexer_nopdl = Variant("indexer_nopdl", pdl=False)
 INDEXER_VARIANTS = {v.name: v for v in (indexer_c4_w1, indexer_nopdl)}
+
+
+def __getattr__(name: str) -> Variant:
+    """Every variant by its name, the generated ones too: ``--impl ...variants:split_block8_early``."""
+    variant = VARIANTS.get(name) or INDEXER_VARIANTS.get(name)
+    if variant is None:
+        raise AttributeError(f"module {__name__!r} has no variant {name!r}")
+    return variant
