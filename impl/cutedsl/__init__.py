@@ -48,7 +48,9 @@ The package has three floors, each importing only the ones below it:
   :mod:`.kernels.fused_handoff`, :mod:`.kernels.fused_pipelined`, :mod:`.kernels.indexer`,
   :mod:`.kernels.save`; composed from
 - ``stages/``, the device stages, named as the spec's: :mod:`.stages.pooling_c4`,
-  :mod:`.stages.pooling_c128` (window pooling), :mod:`.stages.postprocess` (RMSNorm, RoPE,
+  :mod:`.stages.pooling_c128` (window pooling, of a :mod:`.stages.token_window`: where a token's
+  rows are and what SPEC §13's formats add), :mod:`.stages.state_format` and
+  :mod:`.stages.step_rows` (SPEC §13's rows), :mod:`.stages.postprocess` (RMSNorm, RoPE,
   quantization, the stores), :mod:`.stages.indexer_entry` (SPEC §12's finishing warp),
   :mod:`.stages.cluster_smem`, :mod:`.stages.handoff_stage`, :mod:`.stages.pipelined_walk`
   (how the fused C128 kernels share a token's tiles), :mod:`.stages.activity`,

@@ -64,6 +64,7 @@ from ..config import FusedClusterConfig
 from .entry import fused_entry
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
+from ..stages.token_window import TokenWindow
 
 
 class FusedClusterKernel:
@@ -109,7 +110,7 @@ class FusedClusterKernel:
                                                                          tile, lane)
             x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
             x.fill(0.0)
-            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+            self.pooling.pool_tile(TokenWindow(mState, mBlockTable, req, position), tile, (sMax, sNum, sDen), sKv, x)
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             cute.arch.cluster_wait()  # every CTA of the cluster runs
             self.exchange.exchange(tile_sum, x, sTileSums, sPartnerX, tile, lane, warp)

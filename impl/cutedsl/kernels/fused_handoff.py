@@ -34,6 +34,7 @@ from .entry import fused_entry
 from ..stages.handoff_stage import ScratchHandoff
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
+from ..stages.token_window import TokenWindow
 
 
 SMEM_CARVEOUT_PERCENT = 100  # room for 4 x ~41 KiB (and no device query at compile time)
@@ -99,7 +100,7 @@ class FusedHandoffKernel:
         sMax, sNum, sDen, sKv, sSums, sArrivals = smem
         x = cute.make_rmem_tensor((self.finishing.lane_channels,), Float32)
         x.fill(0.0)
-        self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x)
+        self.pooling.pool_tile(TokenWindow(mState, mBlockTable, req, position), tile, (sMax, sNum, sDen), sKv, x)
         self.handoff.hand_off(tables, x, tok, position, kv_slot, tile, sSums, sArrivals, eps, fp8_inv)
 
 

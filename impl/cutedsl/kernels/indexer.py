@@ -66,6 +66,13 @@ from ..stages.pooling_c4 import WINDOW, empty_window, pool_into, pooled, window_
 from ..stages.pooling_c128 import copy_row_async, load_smem, store_smem
 from ..stages.state_format import add_ape, load_state_into, ring_position
 from ..stages.step_rows import StepRows, chunk_of
+from ..stages.token_window import TokenWindow
+
+
+def shared_stages(config: IndexerConfig) -> tuple[WarpFinish, StepRows]:
+    """The stages both indexer kernels compose: the warp's finishing (SPEC §6-§7, §12) and SPEC
+    §13.4's row source (``rows_from_inputs``)."""
+    return WarpFinish(config), StepRows(config.state, config.block_size, config.state_width)
 
 
 class IndexerC4Kernel:
@@ -73,8 +80,7 @@ class IndexerC4Kernel:
 
     def __init__(self, config: IndexerConfig):
         self.config = config
-        self.finishing = WarpFinish(config)
-        self.step_rows = StepRows(config.state, config.block_size, config.state_width)  # rows_from_inputs
+        self.finishing, self.step_rows = shared_stages(config)
 
     def num_ctas(self, num_tokens):
         return (num_tokens + self.config.warps - 1) // self.config.warps
@@ -88,18 +94,13 @@ class IndexerC4Kernel:
     @cute.jit
     def pool_window(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 512]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 4 == 3)
+        window: TokenWindow,  # state [num_blocks, bs, 512]; ape fp32 [4, 256] with ape_at="compress"
         lane: Int32,  # 0..31
         sKv: cute.Tensor,  # fp32 smem [warps, 8, 128]: the staged kv rows
         warp: Int32,  # 0..warps-1
         x: cute.Tensor,  # fp32 (4,) out: channels 4*lane..4*lane+3
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [4, 256] (ape_at="compress"), else None
-        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
-        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
+        mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
         if cutlass.const_expr(self.config.state.rows_from_inputs):
             self.pool_step_window(mState, mBlockTable, req, position, lane, x, mApe, ring_capacity, chunk)
         elif cutlass.const_expr(not self.config.state.is_default):
@@ -214,7 +215,8 @@ class IndexerC4Kernel:
                 w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
                 chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-                self.pool_window(mState, mBlockTable, req, position, lane, sKv, warp, x, mApe, ring_capacity, chunk)
+                window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
+                self.pool_window(window, lane, sKv, warp, x)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 
 
@@ -223,39 +225,32 @@ class IndexerC128Kernel:
 
     def __init__(self, config: IndexerConfig):
         self.config = config
-        self.finishing = WarpFinish(config)
-        self.step_rows = StepRows(config.state, config.block_size, config.state_width)  # rows_from_inputs
+        self.finishing, self.step_rows = shared_stages(config)
 
     def num_ctas(self, num_tokens):
         return num_tokens
 
     def allocate_smem(self, smem):
-        """Per-warp partials ``[warps, 128]`` fp32 (the row maxima, tree(u), tree(e)) and the
-        window sums ``[2, 128]`` (tree(u), tree(e))."""
+        """``(partials, sums)``: the per-warp partials, three ``[warps, 128]`` fp32 (the row maxima,
+        tree(u), tree(e)), and the window sums ``[2, 128]`` (tree(u), tree(e))."""
         layout = cute.make_layout((self.config.warps, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1))
         partials = [smem.allocate_tensor(Float32, layout, byte_alignment=16) for _ in range(3)]
         sums = smem.allocate_tensor(Float32, cute.make_layout((2, INDEXER_HEAD_DIM), stride=(INDEXER_HEAD_DIM, 1)),
                                     byte_alignment=16)
-        return (*partials, sums)
+        return tuple(partials), sums
 
     @cute.jit
     def pool_rows(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 256]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 128 == 127)
+        window: TokenWindow,  # state [num_blocks, bs, 256]; ape fp32 [128, 128] with ape_at="compress"
         lane: Int32,  # 0..31
         warp: Int32,  # 0..warps-1
-        sMax: cute.Tensor,  # fp32 smem [warps, 128]
-        sNum: cute.Tensor,  # fp32 smem [warps, 128]
-        sDen: cute.Tensor,  # fp32 smem [warps, 128]
+        partials: tuple,  # (sMax, sNum, sDen): fp32 smem [warps, 128] each, the warps' max, tree(u), tree(e)
         sSum: cute.Tensor,  # fp32 smem [2, 128]
         x: cute.Tensor,  # fp32 (4,) out, valid in warp 0: channels 4*lane..4*lane+3
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 128] (ape_at="compress"), else None
-        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
-        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
+        mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
+        sMax, sNum, sDen = partials
         R, run, bs = self.config.rows_per_warp, self.config.rows_per_lookup, self.config.block_size
         state = self.config.state
         width = state.element_bytes
@@ -328,15 +323,15 @@ class IndexerC128Kernel:
         tok, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sMax, sNum, sDen, sSum = self.allocate_smem(SmemAllocator())
+        partials, sSum = self.allocate_smem(SmemAllocator())
         position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, 128)
         req = mTokenReq[tok]
         if active:
             w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
             chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
-            self.pool_rows(mState, mBlockTable, req, position, lane, warp, sMax, sNum, sDen, sSum, x, mApe,
-                           ring_capacity, chunk)
+            window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
+            self.pool_rows(window, lane, warp, partials, sSum, x)
             if warp == 0:
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
 

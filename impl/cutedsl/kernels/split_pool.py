@@ -24,6 +24,7 @@ from ..stages.activity import token_activity
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.step_rows import chunk_of
+from ..stages.token_window import TokenWindow
 
 
 class SplitPoolKernel:
@@ -57,8 +58,8 @@ class SplitPoolKernel:
         if active:
             x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
             chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.pool.state)
-            self.pooling.pool_tile(mState, mBlockTable, req, position, tile, sMax, sNum, sDen, sKv, x, mApe,
-                                   ring_capacity, chunk)
+            window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
+            self.pooling.pool_tile(window, tile, (sMax, sNum, sDen), sKv, x)
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
                 channel = tile * self.pooling.tile + cute.arch.lane_idx() * self.pooling.final_channels

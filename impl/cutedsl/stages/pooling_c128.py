@@ -65,6 +65,7 @@ from .memory import gmem_tensor, load_into, window_row_addresses, window_run_sta
 from .postprocess import rope_row
 from .state_format import add_ape, load_state_into
 from .step_rows import StepRows
+from .token_window import TokenWindow
 
 RATIO = 128
 STATE_WIDTH = HEAD_DIM  # SW: kv[0:512] then score[0:512]
@@ -114,24 +115,18 @@ class C128TilePooling:
     @cute.jit
     def pool_tile(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 128 == 127)
+        window: TokenWindow,  # state [num_blocks, bs, 1024]; ape fp32 [128, 512] with ape_at="compress"
         tile: Int32,  # channel tile index
-        sMax: cute.Tensor,  # fp32 smem [warps, tile]
-        sNum: cute.Tensor,  # fp32 smem [warps, tile]
-        sDen: cute.Tensor,  # fp32 smem [warps, tile]
+        partials: tuple,  # (sMax, sNum, sDen): fp32 smem [warps, tile] each, the warps' max, tree(u), tree(e)
         sKv: cute.Tensor,  # fp32 smem [rows_per_lane, threads, 4] (kv_in_smem) or None
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
-        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress"), else None
-        ring_capacity: Int32 = None,  # SPEC §13.3: C (a ring), else None
-        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
         """SPEC §5 for one channel tile of the token's window: the state's rows, or with
         ``rows_from_inputs`` (SPEC §13.4 step 1) the chunk's or the state's row by row
         (:class:`.step_rows.StepRows`: ``ape`` row ``first_row + i``, kv and score together into
         registers), then :meth:`reduce_rows`."""
+        mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
+        sMax, sNum, sDen = partials
         if cutlass.const_expr(self.state.rows_from_inputs):
             if cutlass.const_expr(self.pool.early_metadata):
                 wait_for_prerequisite_grids(True)

@@ -42,6 +42,7 @@ from .activity import token_activity
 from .postprocess import rope_row
 from .state_format import VEC, add_ape, load_state_into, ring_position
 from .step_rows import StepRows, chunk_of
+from .token_window import TokenWindow
 
 RATIO = 4
 WINDOW = 8
@@ -109,22 +110,17 @@ class C4Window:
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
                 chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.state)
-                self.pool_window(mState, mBlockTable, req, position, t, x, mApe, ring_capacity, chunk)
+                self.pool_window(TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk), t, x)
                 finish(x, position, kv_slot)
 
     @cute.jit
     def pool_window(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 2048]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position (p % 4 == 3)
+        window: TokenWindow,  # state [num_blocks, bs, 2048]; ape fp32 [4, 1024] with ape_at="compress"
         t: Int32,  # thread index in the token group, 0..127
         x: cute.Tensor,  # fp32 (4,) out: channels 4t..4t+3
-        mApe: cute.Tensor = None,  # fp32 [4, 1024] with ape_at="compress", else None
-        ring_capacity: Int32 = None,  # C, in a ring (else None)
-        chunk=None,  # SPEC §13.4: step_rows.chunk_of(...) with rows_from_inputs, else None
     ):
+        mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
         kv, sc = empty_window()
         window_start = rope_row(position, RATIO) - RATIO  # the previous group's first position, p - 7
         if cutlass.const_expr(self.state.rows_from_inputs):

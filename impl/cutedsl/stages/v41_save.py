@@ -29,7 +29,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .exact_math import tree_max
 from .memory import load_scalar
 from .v41_rows import save_row, state_slot
 
