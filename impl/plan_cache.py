@@ -30,6 +30,14 @@ class PlanCache(dict):
         except (AttributeError, TypeError):
             return None, None
 
+    def find_key(self, key) -> tuple:
+        """``(key, plan)`` for a key already built (None: a call that validates the long way), as
+        :meth:`find` gives them; both None for an unhashable argument."""
+        try:
+            return key, None if key is None else self.get(key)
+        except TypeError:
+            return None, None
+
     def lookup(self, key, build):
         """The plan of ``key``, built by ``build()`` on a miss and always for ``key = None`` (calls that
         validate the long way: debug calls, calls with an argument the key leaves out); an unhashable

@@ -73,10 +73,7 @@ def save_partial_states(
     key = None if debug else ("save", layout_key(kv_score), layout_key(ape), layout_key(positions),
                               layout_key(slot_mapping), layout_key(state_cache), block_size, type(block_size), ape_at,
                               type(ape_at), ring_capacity, type(ring_capacity), config)
-    try:
-        plan = None if key is None else _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
+    key, plan = _PLANS.find_key(key)  # (None, None): unhashable, validated (and rejected) the long way
     if plan is None:
         plan = _PLANS.put(key, _save_plan((kv_score, ape, positions, slot_mapping, state_cache), block_size, ape_at,
                                           ring_capacity, debug, config))
@@ -198,10 +195,7 @@ def compress_norm_rope_store(
         layout_key(kv_slot_mapping), block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, config,
         type(block_size), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(hadamard),
         layout_key(ape), ape_at, type(ape_at), ring_capacity, type(ring_capacity))
-    try:
-        plan = None if key is None else _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
+    key, plan = _PLANS.find_key(key)  # (None, None): unhashable, validated (and rejected) the long way
     if plan is None:
         tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight, cos_sin_cache,
                    k_cache, kv_slot_mapping, ape)
@@ -340,10 +334,7 @@ def compress_and_save(
         layout_key(kv_slot_mapping), bs, rms_norm_eps, compress_ratio, layout, fp8_scale, ape_at, ring_capacity, hadamard,
         config, save_config, type(bs), type(rms_norm_eps), type(compress_ratio), type(fp8_scale), type(ape_at),
         type(ring_capacity), type(hadamard))
-    try:
-        plan = None if key is None else _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validate (and reject) it the long way
-        key = plan = None
+    key, plan = _PLANS.find_key(key)  # (None, None): unhashable, validated (and rejected) the long way
     if plan is None:
         tensors = (kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping, block_table,
                    state_cache, rms_norm_weight, cos_sin_cache, k_cache, kv_slot_mapping)
