@@ -41,9 +41,9 @@ SCHEMAS = {
                            "Tensor(a!) state_cache, int block_size, bool debug=False) -> ()",
     "compress_norm_rope_store": f"({_COMPRESS_ARGS}{_HADAMARD}) -> ()",
 }
-# SPEC §13.4's step call (an implementation registered with ``step_call``), which writes both caches.
-# (With ``state_formats``, :func:`register` also makes the saves' ``ape`` optional, unused with
-# ape_at="compress", and appends _STATE_OPTIONS to the saves and _COMPRESS_STATE_OPTIONS to the compress.)
+# SPEC §13.4's step call, which writes both caches. (:func:`register` also makes the saves' ``ape``
+# optional, unused with ape_at="compress", and appends _STATE_OPTIONS to the saves and
+# _COMPRESS_STATE_OPTIONS to the compress.)
 STATE_FORMAT_SCHEMAS = {
     "compress_and_save": (
         "(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor token_to_req, Tensor query_start_loc, "
@@ -65,40 +65,61 @@ CUTEDSL_SCHEMAS = {
 }
 
 
-def _kernels(module, cutedsl: bool, state_formats: bool, step_call: bool) -> dict:
+# The schema's trailing defaults, for the arguments the dispatcher leaves out: the compress's after
+# compress_ratio (layout, fp8_scale, debug[, workspace, c128_path, pdl], hadamard, ape, ape_at,
+# ring_capacity), the save's after block_size (debug[, pdl], ape_at, ring_capacity).
+_COMPRESS_DEFAULTS = {True: ("flashmla_fp8", None, False, None, "auto", True, False, None, "save", None),
+                      False: ("flashmla_fp8", None, False, False, None, "save", None)}
+_SAVE_DEFAULTS = {True: (False, True, "save", None), False: (False, "save", None)}
+
+
+def _compress_kernel(function, cutedsl: bool):
+    """The compress op's kernel: the schema's arguments passed on by name, one keyword each (no
+    kwargs dict: the op is a per-call path)."""
+    defaults = _COMPRESS_DEFAULTS[cutedsl]
+    if cutedsl:
+        def kernel(*args):
+            a = args + defaults[len(args) - 12:]
+            function(*a[:11], compress_ratio=a[11], layout=a[12], fp8_scale=a[13], debug=a[14], workspace=a[15],
+                     c128_path=a[16], pdl=a[17], hadamard=a[18], ape=a[19], ape_at=a[20], ring_capacity=a[21])
+    else:
+        def kernel(*args):
+            a = args + defaults[len(args) - 12:]
+            function(*a[:11], compress_ratio=a[11], layout=a[12], fp8_scale=a[13], debug=a[14], hadamard=a[15],
+                     ape=a[16], ape_at=a[17], ring_capacity=a[18])
+    return kernel
+
+
+def _save_kernel(function, cutedsl: bool):
+    """The save op's kernel, as :func:`_compress_kernel`."""
+    defaults = _SAVE_DEFAULTS[cutedsl]
+    if cutedsl:
+        def kernel(*args):
+            a = args + defaults[len(args) - 6:]
+            function(*a[:6], debug=a[6], pdl=a[7], ape_at=a[8], ring_capacity=a[9])
+    else:
+        def kernel(*args):
+            a = args + defaults[len(args) - 6:]
+            function(*a[:6], debug=a[6], ape_at=a[7], ring_capacity=a[8])
+    return kernel
+
+
+def _kernels(module, cutedsl: bool) -> dict:
     """The real implementation of each op: the module's operation with the schema's arguments."""
-    compress_extras = (("workspace", "c128_path", "pdl") if cutedsl else ()) + ("hadamard",)
-    save_extras = (("pdl",) if cutedsl else ()) + (("ape_at", "ring_capacity") if state_formats else ())  # SPEC §13
-    if state_formats:
-        compress_extras += ("ape", "ape_at", "ring_capacity")
 
-    def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=False, *extras):
-        options = dict(zip(save_extras, extras))
-        module.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
-                                   **options)
+    def compress_and_save(*args):
+        names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
+        module.compress_and_save(*args[:16], compress_ratio=args[16], **dict(zip(names, args[17:])))
 
-    def compress_norm_rope_store(state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size,
-                                 rms_norm_weight, rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping,
-                                 compress_ratio, layout="flashmla_fp8", fp8_scale=None, debug=False, *extras):
-        module.compress_norm_rope_store(
-            state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
-            rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio=compress_ratio, layout=layout,
-            fp8_scale=fp8_scale, debug=debug, **dict(zip(compress_extras, extras)))
-
-    kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store}
-    if step_call:
-
-        def compress_and_save(*args):
-            names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
-            module.compress_and_save(*args[:16], compress_ratio=args[16], **dict(zip(names, args[17:])))
-
-        kernels.update(compress_and_save=compress_and_save)
+    kernels = {"save_partial_states": _save_kernel(module.save_partial_states, cutedsl),
+               "compress_norm_rope_store": _compress_kernel(module.compress_norm_rope_store, cutedsl),
+               "compress_and_save": compress_and_save}
     if not cutedsl:
         return kernels
 
     def save_and_compress_norm_rope_store(kv_score, ape, *args):
-        # layout .. hadamard as in the schema, then SPEC §13's options where the implementation takes them
-        defaults = ("flashmla_fp8", None, False, None, "auto", True, False) + (("save", None) if state_formats else ())
+        # layout .. hadamard as in the schema, then SPEC §13's ape_at and ring_capacity
+        defaults = ("flashmla_fp8", None, False, None, "auto", True, False, "save", None)
         (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
          rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace,
          c128_path, pdl, hadamard, *formats) = tuple(args) + defaults[len(args) - 12:]
@@ -177,36 +198,31 @@ def _described(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def register(prefix: str, module, *, cutedsl: bool, state_formats: bool = False, step_call: bool | None = None) -> dict:
-    """Define ``{prefix}_save_partial_states`` and ``{prefix}_compress_norm_rope_store`` and, for the
-    CuTe DSL implementation (``cutedsl``: ``workspace``, ``c128_path`` and ``pdl`` arguments, the
-    save's ``pdl`` last),
+def register(prefix: str, module, *, cutedsl: bool) -> dict:
+    """Define ``{prefix}_save_partial_states``, ``{prefix}_compress_norm_rope_store``,
+    ``{prefix}_compress_and_save`` (SPEC §13.4) and, for the CuTe DSL implementation (``cutedsl``:
+    ``workspace``, ``c128_path`` and ``pdl`` arguments, the save's ``pdl`` last),
     ``{prefix}_save_and_compress_norm_rope_store`` and ``{prefix}_compress``, each calling
     ``module``'s operation of that name. The compress ops take ``layout`` (the indexer layouts
-    too) and ``hadamard`` (SPEC §12). With ``state_formats`` (SPEC §13) the saves' ``ape`` is
-    optional and every op that reads or writes the state takes ``ape_at`` and ``ring_capacity``
-    (the compress also ``ape``) after its other arguments; with ``step_call`` (default:
-    ``state_formats``) ``{prefix}_compress_and_save`` (§13.4) is defined. A state's dtype needs no
-    argument. Returns ``{operation: op}``.
+    too) and ``hadamard`` (SPEC §12). SPEC §13: the saves' ``ape`` is optional and every op that
+    reads or writes the state takes ``ape_at`` and ``ring_capacity`` (the compress also ``ape``)
+    after its other arguments; a state's dtype needs no argument. Returns ``{operation: op}``.
 
     Registers once per process: a second import of the package under another name (a test
     runner importing the repository root as a package) finds the ops already defined.
     """
-    step_call = state_formats if step_call is None else step_call
     namespace = getattr(torch.ops, NAMESPACE)
     schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
-    if state_formats:
-        schemas["save_partial_states"] = schemas["save_partial_states"].replace(
+    schemas["save_partial_states"] = schemas["save_partial_states"].replace(
+        "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
+    schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
+        ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
+    if cutedsl:
+        schemas["save_and_compress_norm_rope_store"] = schemas["save_and_compress_norm_rope_store"].replace(
             "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
-        schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
-            ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
-        if cutedsl:
-            schemas["save_and_compress_norm_rope_store"] = schemas["save_and_compress_norm_rope_store"].replace(
-                "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
-    if step_call:
-        schemas["compress_and_save"] = STATE_FORMAT_SCHEMAS["compress_and_save"]
+    schemas["compress_and_save"] = STATE_FORMAT_SCHEMAS["compress_and_save"]
     if not hasattr(namespace, f"{prefix}_save_partial_states"):
-        for operation, kernel in _kernels(module, cutedsl, state_formats, step_call).items():
+        for operation, kernel in _kernels(module, cutedsl).items():
             name = f"{prefix}_{operation}"
             _LIBRARY.define(name + schemas[operation])
             _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")

@@ -14,4 +14,4 @@ from __future__ import annotations
 from .. import custom_ops
 from . import api
 
-OPS = custom_ops.register("cutedsl", api, cutedsl=True, state_formats=True, step_call=True)
+OPS = custom_ops.register("cutedsl", api, cutedsl=True)

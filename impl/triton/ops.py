@@ -11,4 +11,4 @@ from __future__ import annotations
 from .. import custom_ops
 from . import api
 
-OPS = custom_ops.register("triton", api, cutedsl=False, state_formats=True)
+OPS = custom_ops.register("triton", api, cutedsl=False)
