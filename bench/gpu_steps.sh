@@ -17,6 +17,8 @@
 # The steps bench-v41-* also time vLLM's V4.1 kernels through the third-party adapter module
 # vllm_v41_adapter (class VllmV41), when its folder is on the caller's PYTHONPATH and $VLLM_REF names its
 # rebuilt vLLM files; without it their vLLM rows are skipped with a line and the others run.
+# The step bench-vllm times vLLM's V4 kernels through the third-party adapter module
+# vllm_adapter (attribute cutedsl) the same way; it needs that module (and $VLLM_REF) to run at all.
 #
 # The package is used in place (a link named dsv4_compressor on PYTHONPATH), so nothing is
 # installed; torch, Triton and CuTe DSL come from the active Python environment ($PYTHON,

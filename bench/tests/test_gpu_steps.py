@@ -18,6 +18,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "gpu_steps.sh"
 STEPS_TOOL = "dsv4_compressor.bench.steps"  # the step benchmarks: their own --impl names (test_bench_steps_listed)
 
 
+# the adapters around another project's kernels that steps may time beside ours: on the caller's
+# PYTHONPATH, never in this repository; the script's header says so, naming each
+THIRD_PARTY_ADAPTERS = {"vllm_adapter": "vllm_adapter (attribute cutedsl)",
+                        "vllm_v41_adapter": "vllm_v41_adapter (class VllmV41)"}
+
+
 def _step_commands(tool: str | None = None) -> list[list[str]]:
     """The words of every ``step NAME LIMIT COMMAND...`` line: those that run ``-m tool``, or (None)
     all but the step benchmarks'."""
@@ -67,7 +73,9 @@ def test_variants_and_implementations_exist():
     assert {"triton", "cutedsl", "cutedsl-split_block8", "cutedsl-bound", "cutedsl-indexer_c4_w1"} <= impls
     for impl in impls:
         module, _, attribute = impl.rpartition(":")
-        if module:
+        if module in THIRD_PARTY_ADAPTERS:
+            assert THIRD_PARTY_ADAPTERS[module] in SCRIPT.read_text(), impl  # the script's header names it
+        elif module:
             assert module == "dsv4_compressor.impl.cutedsl.variants" and attribute in VARIANTS, impl
         else:
             assert impl in REGISTRY or lab_setting(impl) is not None, impl
