@@ -65,54 +65,25 @@ CUTEDSL_SCHEMAS = {
 }
 
 
-# The schema's trailing defaults, for the arguments the dispatcher leaves out: the compress's after
-# compress_ratio (layout, fp8_scale, debug[, workspace, c128_path, pdl], hadamard, ape, ape_at,
-# ring_capacity), the save's after block_size (debug[, pdl], ape_at, ring_capacity).
-_COMPRESS_DEFAULTS = {True: ("flashmla_fp8", None, False, None, "auto", True, False, None, "save", None),
-                      False: ("flashmla_fp8", None, False, False, None, "save", None)}
-_SAVE_DEFAULTS = {True: (False, True, "save", None), False: (False, "save", None)}
-
-
-def _compress_kernel(function, cutedsl: bool):
-    """The compress op's kernel: the schema's arguments passed on by name, one keyword each (no
-    kwargs dict: the op is a per-call path)."""
-    defaults = _COMPRESS_DEFAULTS[cutedsl]
-    if cutedsl:
-        def kernel(*args):
-            a = args + defaults[len(args) - 12:]
-            function(*a[:11], compress_ratio=a[11], layout=a[12], fp8_scale=a[13], debug=a[14], workspace=a[15],
-                     c128_path=a[16], pdl=a[17], hadamard=a[18], ape=a[19], ape_at=a[20], ring_capacity=a[21])
-    else:
-        def kernel(*args):
-            a = args + defaults[len(args) - 12:]
-            function(*a[:11], compress_ratio=a[11], layout=a[12], fp8_scale=a[13], debug=a[14], hadamard=a[15],
-                     ape=a[16], ape_at=a[17], ring_capacity=a[18])
-    return kernel
-
-
-def _save_kernel(function, cutedsl: bool):
-    """The save op's kernel, as :func:`_compress_kernel`."""
-    defaults = _SAVE_DEFAULTS[cutedsl]
-    if cutedsl:
-        def kernel(*args):
-            a = args + defaults[len(args) - 6:]
-            function(*a[:6], debug=a[6], pdl=a[7], ape_at=a[8], ring_capacity=a[9])
-    else:
-        def kernel(*args):
-            a = args + defaults[len(args) - 6:]
-            function(*a[:6], debug=a[6], ape_at=a[7], ring_capacity=a[8])
-    return kernel
-
-
 def _kernels(module, cutedsl: bool) -> dict:
-    """The real implementation of each op: the module's operation with the schema's arguments."""
+    """The real implementation of each op: the module's operation with the schema's arguments (the
+    dispatcher may leave out trailing defaults: the module's own defaults then apply)."""
+    save_extras = (("pdl",) if cutedsl else ()) + ("ape_at", "ring_capacity")  # SPEC §13
+    compress_names = ("layout", "fp8_scale", "debug", *(("workspace", "c128_path", "pdl") if cutedsl else ()),
+                      "hadamard", "ape", "ape_at", "ring_capacity")  # after compress_ratio
+
+    def save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=False, *extras):
+        module.save_partial_states(kv_score, ape, positions, slot_mapping, state_cache, block_size, debug=debug,
+                                   **dict(zip(save_extras, extras)))
+
+    def compress_norm_rope_store(*args):
+        module.compress_norm_rope_store(*args[:11], compress_ratio=args[11], **dict(zip(compress_names, args[12:])))
 
     def compress_and_save(*args):
         names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
         module.compress_and_save(*args[:16], compress_ratio=args[16], **dict(zip(names, args[17:])))
 
-    kernels = {"save_partial_states": _save_kernel(module.save_partial_states, cutedsl),
-               "compress_norm_rope_store": _compress_kernel(module.compress_norm_rope_store, cutedsl),
+    kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store,
                "compress_and_save": compress_and_save}
     if not cutedsl:
         return kernels
