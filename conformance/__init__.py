@@ -19,6 +19,7 @@ it writes what SPEC.md says.
 - :mod:`.state_calls`      SPEC §13's keywords of the two calls and the step call's arguments
 - :mod:`.bounds`           the tolerant verdict's float64 evaluation and error bounds
 - :mod:`.errors`           SPEC §9 error cases, run in a worker process that survives crashes
+- :mod:`.error_checks`     what every error case checks with: its verdict, array operations, the named argument
 - :mod:`.torch_reference`  an independent torch implementation, with deliberate mutations
 - :mod:`.torch_calls`      the torch references' call descriptions and their SPEC §9 checks
 - :mod:`.fast_math`        SPEC.md with fast-math arithmetic: what the tolerant verdict must pass

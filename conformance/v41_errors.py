@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..spec.batch import Request
-from .errors import ErrorVerdict, NumpyArrays, TorchArrays, names_argument
+from .error_checks import ErrorVerdict, NumpyArrays, TorchArrays, names_argument
 from .implementations import LoadedImplementation
 from .v41_calls import v41_call
 from .v41_scenarios import V41Recipe, build_v41

@@ -23,9 +23,8 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-
 from . import v41_ptx
+from .ptx_variant import Variant
 
 #: The PTX target of the default check. Triton's NVIDIA backend always appends "a" for capability
 #: >= 90 (``sm_arch_from_capability``, in 3.6 and 3.9 alike), so Triton PTX for capability 9.0 says
@@ -57,20 +56,6 @@ def knows_target(target: str) -> bool:
     listing = subprocess.run([get_ptxas(capability(target)).path, "--help"], capture_output=True, text=True,
                              check=False).stdout
     return re.search(rf"\b{re.escape(target)}\b", listing) is not None
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One static configuration of a kernel."""
-
-    name: str
-    kernel: str  # "fused" (both head widths), "save", or one of v41_ptx.V41_KERNELS
-    constexprs: dict
-    signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
-    num_warps: int
-    require_vector_loads: bool
-    divisible_ints: tuple = ()  # integer arguments assumed multiples of 16 (Triton's JIT specializes such values)
-    max_registers: int | None = None  # the launch's maxnreg (FusedConfig.max_registers)
 
 
 #: Triton types of the fused kernel's pointer arguments to k_cache, by layout; None: the argument

@@ -10,6 +10,7 @@ arguments are constexprs) and its constexprs from the kernel's static configurat
 
 from __future__ import annotations
 
+from .ptx_variant import Variant
 from .v41_kernels import CompressStatic, IndexKeyStatic, StoreStatic
 
 V41_RECORDS = ("flashmla_fp8", "bf16", "fp8_per_tensor", "v41_mxfp8", "v41_nvfp4")
@@ -74,8 +75,8 @@ def compress_statics() -> list[CompressStatic]:
 
 
 def _variant(static, kernel: str, types: dict, nones: dict):
-    """A :class:`.ptx.Variant` from a static configuration (its launch options split off its constexprs)."""
-    from .ptx import Variant
+    """A :class:`.ptx_variant.Variant` from a static configuration (its launch options split off its
+    constexprs)."""
 
     constants = static.constants()
     num_warps = constants.pop("num_warps")
@@ -84,7 +85,7 @@ def _variant(static, kernel: str, types: dict, nones: dict):
 
 
 def variants() -> list:
-    """The :class:`.ptx.Variant` of every V4.1 configuration above."""
+    """The :class:`.ptx_variant.Variant` of every V4.1 configuration above."""
     out = [_variant(static, "v41_compress", *compress_signature(static)) for static in compress_statics()]
     for ratio in (1, 2):
         for layout in V41_RECORDS:
