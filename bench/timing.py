@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..conformance.implementations import takes_keywords
 from ..spec import batch as B
 from ..spec.constants import HEAD_DIM
 from ..spec.entry_layout import PAGED_LAYOUTS, RECORD_LAYOUTS
@@ -174,9 +174,7 @@ class BenchImpl:
             return lambda s: self.save(*s.args)
         if self.compress is None:
             raise NotImplementedError(f"{self.name} has no compress_norm_rope_store")
-        parameters = inspect.signature(self.compress).parameters
-        takes_workspace = "workspace" in parameters or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        takes_workspace = takes_keywords(self.compress, "workspace")
         def call(s: InputSet) -> None:
             kwargs = dict(s.kwargs)
             if takes_workspace:

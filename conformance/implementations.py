@@ -143,13 +143,17 @@ class LoadedImplementation:
         return None
 
 
-def _takes_hadamard(target) -> bool:
+def takes_keywords(function, *names: str) -> bool:
+    """Whether ``function`` takes every keyword of ``names``: each a parameter, or a ``**kwargs``
+    that passes them on; False when its signature cannot be read."""
     import inspect
 
     try:
-        return "hadamard" in inspect.signature(target.compress_norm_rope_store).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
+    return (all(name in parameters for name in names)
+            or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()))
 
 
 def _resolve(reference: str) -> Any:
@@ -219,7 +223,8 @@ def load_implementation(name: str) -> LoadedImplementation:
         devices = tuple(getattr(target, "SUPPORTED_DEVICES", ("cuda",)))
         family = builtin_family(name, target)
         declared = replace(BUILTIN_CAPABILITIES.get(family, Capabilities()), devices=devices)
-        if family and _takes_hadamard(importlib.import_module(f"{_PACKAGE}.impl.{family}")):  # with SPEC §12
+        if family and takes_keywords(importlib.import_module(f"{_PACKAGE}.impl.{family}").compress_norm_rope_store,
+                                     "hadamard"):  # with SPEC §12
             declared = replace(declared, head_widths=(512, 128))
         if declared.v41 is not None and not v41:  # a family's object without the V4.1 operations (a variant)
             declared = replace(declared, v41=None)

@@ -8,11 +8,11 @@ takes them (NumPy or torch), :class:`StaticArgs` the arguments a captured graph 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from . import state_calls
+from .implementations import takes_keywords
 
 FORMS = ("two calls", "combined")  # the ways of making a step's calls
 
@@ -71,10 +71,9 @@ def forms_of(target, inputs=None) -> tuple[str, ...]:
     combined call only where it takes the step's SPEC §13 options)."""
     if not has_combined(target):
         return FORMS[:1]
-    if inputs is not None and state_calls.save_keywords(inputs):
-        parameters = inspect.signature(target.save_and_compress_norm_rope_store).parameters
-        if not all(name in parameters for name in state_calls.save_keywords(inputs)):
-            return FORMS[:1]
+    if inputs is not None and not takes_keywords(target.save_and_compress_norm_rope_store,
+                                                 *state_calls.save_keywords(inputs)):
+        return FORMS[:1]
     return FORMS
 
 

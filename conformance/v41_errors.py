@@ -12,7 +12,6 @@ reported unsupported for it; the case of an ``ape`` argument runs where the oper
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from ..spec.batch import Request
 from .error_checks import ErrorVerdict, NumpyArrays, TorchArrays, names_argument
-from .implementations import LoadedImplementation
+from .implementations import LoadedImplementation, takes_keywords
 from .v41_calls import v41_call
 from .v41_scenarios import V41Recipe, build_v41
 
@@ -171,11 +170,7 @@ def v41_case_unsupported(impl: LoadedImplementation, case: V41ErrorCase) -> str 
     if case.operation not in v41.operations or case.ratio not in v41.ratios:
         return f"declared: no v41_{case.operation} at ratio {case.ratio}"
     if "ape" in case.name:
-        try:
-            parameters = inspect.signature(getattr(impl.target, f"v41_{case.operation}")).parameters
-        except (TypeError, ValueError):
-            parameters = {}
-        if "ape" not in parameters and not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        if not takes_keywords(getattr(impl.target, f"v41_{case.operation}"), "ape"):
             return "the operation takes no ape argument (SPEC §14.7 names none)"
     return None
 

@@ -239,3 +239,24 @@ def test_bf16_state_values_read_back_exactly():
     assert state.dtype == np.uint16 and np.array_equal(bf16_bits(bf16_to_f32(state)), state)
     assert torch.equal(torch.from_numpy(state.view(np.int16)).view(torch.bfloat16).float(),
                        torch.from_numpy(bf16_to_f32(state)))
+
+
+def test_the_combined_call_form_needs_the_steps_keywords_or_a_kwargs_forward():
+    """``step_call.forms_of``: a combined call that names SPEC §13's keywords, or passes ``**kwargs``
+    on (as a variant does), is offered for a §13 step; one that takes neither is not."""
+    from types import SimpleNamespace
+
+    from dsv4_compressor.conformance import step_call
+    from dsv4_compressor.conformance.implementations import takes_keywords
+
+    def named(*args, ape_at="save", ring_capacity=None): ...
+    def forwarding(*args, **kwargs): ...
+    def plain(*args): ...
+
+    inputs = SimpleNamespace(ape_at="compress", ring_capacity=8)  # a step with SPEC §13's options
+    noop = SimpleNamespace(save_partial_states=plain, compress_norm_rope_store=plain)
+    for combined, offered in ((named, True), (forwarding, True), (plain, False)):
+        target = SimpleNamespace(**vars(noop), save_and_compress_norm_rope_store=combined)
+        assert ("combined" in step_call.forms_of(target, inputs)) is offered, combined.__name__
+        assert "combined" in step_call.forms_of(target)  # no options asked for
+    assert not takes_keywords(len, "ape") and takes_keywords(len)
