@@ -153,14 +153,15 @@ def _floor_plan(case: V41Case, step: V41Step, block_table: np.ndarray, state_str
     return FloorPlan(shape, step.save_slot_mapping, entries, runs)
 
 
-def _batch_sets(case: V41Case, copies: int, rng: np.random.Generator, device) -> tuple[list, int, int]:
-    """``copies`` input sets of one step (each its own inputs, latent and state block; weights,
-    cos/sin and the cache shared), the bytes it must move and its active token count."""
+def _batch_sets(case: V41Case, drawn: tuple, copies: int, device) -> tuple[list, int, int]:
+    """``copies`` input sets of one step (``drawn``: :meth:`V41Case.step`'s; each set its own
+    inputs, latent and state block; weights, cos/sin and the cache shared), the bytes it must move
+    and its active token count."""
     import torch
 
     from .timing import record_cache
 
-    step, block_table, num_pages = case.step(rng)
+    step, block_table, num_pages = drawn
     tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     dtype = torch.bfloat16 if case.input_dtype == "bf16" else torch.float32
     blocks, bs = block_table.shape[0], RING.block_size
@@ -201,10 +202,11 @@ def prepare_v41(case: V41Case, device, num_sets: int | None = None, seed: int = 
     from .timing import interleave, rotation_layout
 
     rng = np.random.default_rng(seed)
-    first, nbytes, active = _batch_sets(case, 1, rng, device)
+    drawn = case.step(rng)
+    first, nbytes, active = _batch_sets(case, drawn, 1, device)
     count, independent, copies = rotation_layout(nbytes, num_sets)
-    groups = [first + (_batch_sets(case, copies - 1, np.random.default_rng(seed), device)[0] if copies > 1 else [])]
-    groups += [_batch_sets(case, copies, rng, device)[0] for _ in range(independent - 1)]
+    groups = [first + (_batch_sets(case, drawn, copies - 1, device)[0] if copies > 1 else [])]
+    groups += [_batch_sets(case, case.step(rng), copies, device)[0] for _ in range(independent - 1)]
     return StepPrepared(RowLabel(case.name, case.operation, case.token_num, active, case.variant),
                         interleave(groups, count), nbytes)
 

@@ -207,6 +207,22 @@ def test_the_v41_calls_write_the_specs_bytes(case):
             assert np.array_equal(_numpy(s["state"]), state_np), name
 
 
+def test_the_v41_copies_repeat_their_step_on_other_state_rows_with_their_own_inputs():
+    """``prepare_v41`` beyond its independent steps: set ``k`` and set ``k + INDEPENDENT_SETS`` run
+    the same step (positions, requests, query starts, entries) on other state rows (another state
+    tensor, or further blocks of the same one), with kv/score of their own."""
+    from dsv4_compressor.bench.timing import INDEPENDENT_SETS
+
+    case = V.V41Case("v41_r2_mixed", 2, "mixed", 24, "fp32", decode_tokens=8)
+    sets = V.prepare_v41(case, _device(), num_sets=INDEPENDENT_SETS + 2).sets
+    for first, copy in ((sets[0], sets[INDEPENDENT_SETS]), (sets[1], sets[INDEPENDENT_SETS + 1])):
+        for name in ("positions", "token_to_req", "query_start_loc", "kv_slot_mapping"):
+            assert np.array_equal(_numpy(first[name]), _numpy(copy[name])), name
+        rows = lambda s: (s["state"].data_ptr(), _numpy(s["block_table"]).tobytes())  # noqa: E731
+        assert rows(first) != rows(copy)
+        assert not np.array_equal(_numpy(copy["kv"]), _numpy(first["kv"]))
+
+
 def test_the_v41_index_key_call_writes_the_specs_bytes():
     from dsv4_compressor.spec import v41_operator
 

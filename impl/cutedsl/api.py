@@ -183,7 +183,7 @@ def _compress_plan(tensors: tuple, workspace, options: tuple, debug: bool, ape=N
     elif layer is None:
         key, plan = _PLANS.find(compress_key, tensors, workspace, options, ape)
     else:
-        key, plan = _PLANS.find(bound_key, layer, options[9], tensors, workspace, ape)  # 9: early_metadata
+        key, plan = _PLANS.find(bound_key, layer, options.early_metadata, tensors, workspace, ape)
     if plan is None:
         plan = _PLANS.put(key, plans.build_compress_plan(
             CompressTensors._make(tensors), workspace, CompressOptions._make(options), debug, ape))
