@@ -102,6 +102,11 @@ for s in "$@"; do
       if ! args="$(shard_args "$shard")"; then echo "unknown shard $shard in $s"; status=1; continue; fi
       impl_args=(); IFS=+ read -ra names <<< "$impls"; for n in "${names[@]}"; do impl_args+=(--impl "$n"); done
       set -f; step "conformance-$impls-$shard" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance "${impl_args[@]}" $args --json "$LOGS/conformance-$impls-$shard.json"; set +f ;;
+    conformance-runs:*)  # the split kernels and the step call's save on runs of tokens from T = 2 (named variants)
+      shard="${s#conformance-runs:}"
+      if ! args="$(shard_args "$shard")"; then echo "unknown shard $shard in $s"; status=1; continue; fi
+      variants=dsv4_compressor.impl.cutedsl.variants
+      set -f; step "$s" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance --impl $variants:split_generic_runs --impl $variants:split_block8_runs $args --json "$LOGS/conformance-runs-$shard.json"; set +f ;;
     env)
       step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; $PY -c 'import cutlass; print(\"cutlass\", cutlass.__version__)'; git log -1 --format=%H 2>/dev/null || true" ;;
     conformance-triton)
@@ -239,6 +244,15 @@ for s in "$@"; do
       step tests-v41 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_v41.py impl/cutedsl/tests/test_cutedsl_v41_gpu.py integrations/tests/test_vllm_v41_adapter.py ;;
     tests-states)
       step tests-states 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_state_formats.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_step_gpu.py integrations/tests/test_vllm_ring_adapter.py ;;
+    tests-step-cutedsl)
+      step tests-step-cutedsl 400 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_step_gpu.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py impl/cutedsl/tests/test_cutedsl_save_gpu.py ;;
+    bench-state-runs)  # the step call and the two calls with the split kernels' runs (default), none, and other thresholds
+      step bench-state-runs 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --impl cutedsl-split_generic+split_runs=64 --impl cutedsl-split_generic --trials 2 --tag c128-runs --out "$LOGS" ;;
+    bench-state-dense-runs)
+      step bench-state-dense-runs 300 $PY -m dsv4_compressor.bench.steps state --cases dense --ratio 128 --mode graph --sizes 64 1024 4096 16374 --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --trials 2 --tag dense-runs --out "$LOGS" ;;
+    soak-small)  # the small engine: light steps, so that a few minutes make about 10^5 layer steps
+      minutes="${SOAK_MINUTES:-5.5}"
+      step soak-small "$(awk -v m="$minutes" 'BEGIN { print int(m * 60) + 120 }')" $PY -m dsv4_compressor soak --size small --minutes "$minutes" --json "$LOGS/soak-small.json" ;;
     soak)
       step soak 540 $PY -m dsv4_compressor soak --minutes 6 --json "$LOGS/soak.json" ;;
     tests-bench-steps)

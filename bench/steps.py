@@ -95,6 +95,20 @@ def v41_cases(args) -> list:
     return cases
 
 
+def _tuner_setting(name: str):
+    """The :class:`..impl.cutedsl.variants.Variant` of ``cutedsl-<setting>`` (``bench/cutedsl_tune.py``'s
+    generated space, e.g. ``cutedsl-split_generic+split_runs=64``), or ValueError naming it."""
+    from .cutedsl_tune import settings
+
+    setting = name.removeprefix("cutedsl-")
+    for ratio in (128, 4):
+        variant = settings(ratio).get(setting)
+        if variant is not None:
+            return variant
+    raise ValueError(f"--impl: expected triton, cutedsl, cutedsl-<setting of bench/cutedsl_tune.py> or "
+                     f"module:attribute, got {name!r}")
+
+
 def _state_runner(args):
     """(cases, prepare(case, device, sets) -> (prepared, calls), baseline)."""
     import importlib
@@ -107,6 +121,9 @@ def _state_runner(args):
         module_name, _, attribute = name.partition(":")
         if name in ("triton", "cutedsl"):  # the project's kernel families
             module_name = f"dsv4_compressor.impl.{name}"
+        elif name.startswith("cutedsl-"):  # a setting of the tuner's space: a forced path and a policy
+            modules.append((name, _tuner_setting(name)))
+            continue
         module = importlib.import_module(module_name)
         modules.append((name, getattr(module, attribute) if attribute else module))
 

@@ -33,6 +33,7 @@ IMPLEMENTATIONS = (
     "cutedsl",  # the dispatcher: C4, the indexer, the saves, C128 cluster (16 and 8 CTAs), handoff and pipelined by T
     VARIANTS + "fused_cluster", VARIANTS + "fused_handoff", VARIANTS + "fused_pipelined",  # each C128 path forced
     VARIANTS + "split_block8", VARIANTS + "split_generic",
+    VARIANTS + "split_generic_runs",  # the split kernels and the step call's save on runs of tokens (a ballot)
     VARIANTS + "early_metadata", VARIANTS + "split_block8_early",  # metadata read before griddepcontrol.wait
     VARIANTS + "nopdl", VARIANTS + "fused_handoff_nopdl", VARIANTS + "split_block8_nopdl",  # PDL off (C4, indexer, saves too)
     "triton",

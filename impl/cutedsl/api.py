@@ -49,7 +49,7 @@ from .host import buffers, occupancy, plans, step_plans
 from .host.arguments import (CompressOptions, CompressTensors, bound_key, compress_key, fixed_key, save_key, step_key,
                              unbound_save_key)
 from .host.buffers import SUPPORTED_DEVICES  # noqa: F401  (the package's face re-exports it)
-from .host.paths import PathRequest, check_c128_path, choose, save_config
+from .host.paths import PathRequest, check_c128_path, choose, save_config, step_save_config
 from .host.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger("dsv4_compressor")
@@ -566,8 +566,8 @@ def _want_step(wanted: dict, counts, compress_ratio: int, block_size: int, polic
                               hadamard, policy, pdl, False, step)
         for kernel, config in zip(path.kernels, path.configs(request)):
             wanted.setdefault((path, kernel, config), request)
-    save = save_config(compress_ratio, block_size, True, policy, pdl, head_dim, step.stored)
-    wanted.setdefault((None, "save", dataclasses.replace(save, split_inputs=True)), None)
+        save = step_save_config(compress_ratio, block_size, True, policy, pdl, head_dim, step.stored, num_tokens)
+        wanted.setdefault((None, "save", save), None)
 
 
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,

@@ -58,6 +58,12 @@ def _default_state(name: str, value) -> None:
               "SPEC §13's formats)", value)
 
 
+def _one_token_per_cta(name: str, pool) -> None:
+    if pool.token_run != 1:
+        _fail(f"{name}.token_run", "1 (runs of tokens are the split compress kernel's; a fused kernel's grid "
+              "places its own tokens)", pool.token_run)
+
+
 def _ratio_and_block_size(ratio, block_size) -> None:
     """``compress_ratio`` 4 or 128 and ``block_size`` (rows per state block) an integer >= 1."""
     if ratio not in (4, 128):
@@ -68,6 +74,19 @@ def _ratio_and_block_size(ratio, block_size) -> None:
 
 def _pdl_tag(pdl: bool) -> str:
     return "_pdl" if pdl else ""
+
+
+TOKEN_RUNS = (1, 2, 4, 8, 16, 32)  # a run's tokens are read by one warp's lanes and ballotted
+
+
+def _run_tag(token_run: int) -> str:
+    return f"_run{token_run}" if token_run > 1 else ""
+
+
+def _token_run(token_run: int, tokens_per_cta: int) -> None:
+    _power_of_two("token_run", token_run, TOKEN_RUNS)
+    if token_run > 1 and tokens_per_cta != 1:
+        _fail("tokens_per_cta", f"1 with token_run={token_run} (a CTA's one token group walks the run)", tokens_per_cta)
 
 
 def _power_of_two(name: str, value: int, allowed=None) -> None:
@@ -257,6 +276,8 @@ class C128PoolConfig:
     #                              the previous kernel must not write them (see :mod:`.stages.dependent_launch`)
     state: StateFormat = DEFAULT_STATE  # SPEC §13: the split compress kernel only (a non-default one
     #                                     takes ``ape`` and ``ring_capacity``); a bf16 state keeps kv in registers
+    token_run: int = 1  # the split compress kernel only: consecutive tokens per CTA and tile (a power of two
+    #                     <= 32), the active ones found by a ballot and pooled one after the other
 
     SWEEP = {  # lookup runs of every length, each mapping with a run it allows
         ("block_size", "rows_per_lookup"): ((8, 8), (16, 8), (4, 4), (5, 1), (2, 2), (8, 1)),
@@ -264,6 +285,7 @@ class C128PoolConfig:
         "kv_in_smem": (False, True),
         "kv_after_max": (False, True),
         ("pdl", "early_metadata"): ((False, False), (True, False), (True, True)),
+        "token_run": (1, 32),
     }
 
     def __post_init__(self):
@@ -285,6 +307,7 @@ class C128PoolConfig:
         if self.state.dtype == "bfloat16" and self.kv_in_smem:
             _fail("kv_in_smem", "False with a bf16 state (its rows are 8 bytes a lane: no 16-byte cp.async)",
                   self.kv_in_smem)
+        _power_of_two("token_run", self.token_run, TOKEN_RUNS)
         if self.state.rows_from_inputs and (self.kv_in_smem or self.kv_after_max):
             _fail("kv_in_smem/kv_after_max", "False with rows_from_inputs (each row is read from the chunk or the "
                   "state, kv and score together, into registers)", (self.kv_in_smem, self.kv_after_max))
@@ -312,7 +335,7 @@ class C128PoolConfig:
         late = "_kvlate" if self.kv_after_max else ""
         early = "_early" if self.early_metadata else ""
         return (f"c128pool_{kind}_bs{self.block_size}_w{self.warps}_t{self.tile}{staged}{late}{_pdl_tag(self.pdl)}"
-                f"{early}{self.state.tag}")
+                f"{early}{self.state.tag}{_run_tag(self.token_run)}")
 
 
 @dataclass(frozen=True)
@@ -322,16 +345,18 @@ class SplitStoreConfig:
     entry: EntryFormat
     tokens_per_cta: int = 1  # 1, 2, 4 (128 threads per token)
     pdl: bool = False  # programmatic dependent launch (see :mod:`.stages.dependent_launch`)
+    token_run: int = 1  # consecutive tokens per CTA (one token group), the active ones found by a ballot
 
-    SWEEP = {"tokens_per_cta": (1, 2, 4), "pdl": (False, True)}
+    SWEEP = {"tokens_per_cta": (1, 2, 4), "pdl": (False, True), "token_run": (1, 32)}
 
     def __post_init__(self):
         _power_of_two("tokens_per_cta", self.tokens_per_cta, (1, 2, 4, 8))
         _flag("pdl", self.pdl)
+        _token_run(self.token_run, self.tokens_per_cta)
 
     @property
     def tag(self) -> str:
-        return f"split_store_{self.entry.tag}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+        return f"split_store_{self.entry.tag}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}{_run_tag(self.token_run)}"
 
 
 @dataclass(frozen=True)
@@ -349,6 +374,7 @@ class FusedClusterConfig:
         if self.pool.tile not in (32, 64):
             _fail("pool.tile", "64 (8 CTAs per token) or 32 (16 CTAs per token)", self.pool.tile)
         _default_state("pool.state", self.pool.state)
+        _one_token_per_cta("pool", self.pool)
 
     @property
     def cluster_size(self) -> int:
@@ -364,6 +390,7 @@ def _pool_of_64_channel_ctas(pool: C128PoolConfig, expected: tuple[str, str, str
     SPEC §3's state, ``tile`` 64, 8 warps, the rows staged in shared memory (``expected``: what the
     kernel's messages say it expects of ``tile``, ``warps`` and ``kv_in_smem``)."""
     _default_state("pool.state", pool.state)
+    _one_token_per_cta("pool", pool)
     if pool.tile != 64:
         _fail("pool.tile", expected[0], pool.tile)
     if pool.warps != 8:
@@ -428,6 +455,7 @@ class SaveConfig:
     head_dim: int = HEAD_DIM  # 512, or 128 for the indexer compressor (SPEC §12)
     state: StateFormat = DEFAULT_STATE  # SPEC §13.1/§13.2: dtype and ape_at (a ring saves as it is paged)
     split_inputs: bool = False  # SPEC §13.4: kv [T, SW] and score [T, SW] as two tensors (score after the stream)
+    token_run: int = 1  # consecutive tokens per CTA (one token group), the saved ones found by a ballot
 
     SWEEP = {
         ("compress_ratio", "block_size"): ((4, 4), (128, 8), (4, 3), (4, 16)),
@@ -436,6 +464,7 @@ class SaveConfig:
         "pdl": (False, True),
         "head_dim": (HEAD_DIM, INDEXER_HEAD_DIM),
         "split_inputs": (False, True),
+        "token_run": (1, 32),
     }
 
     def __post_init__(self):
@@ -452,6 +481,7 @@ class SaveConfig:
             _fail("state.rows_from_inputs", "False (a save writes rows; only pooling reads them from the inputs)",
                   self.state.rows_from_inputs)
         _flag("split_inputs", self.split_inputs)
+        _token_run(self.token_run, self.tokens_per_cta)
 
     @property
     def state_width(self) -> int:
@@ -469,7 +499,7 @@ class SaveConfig:
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
         split = "_split" if self.split_inputs else ""
         return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}{split}_tpc{self.tokens_per_cta}"
-                f"{_pdl_tag(self.pdl)}{self.state.tag}")
+                f"{_pdl_tag(self.pdl)}{self.state.tag}{_run_tag(self.token_run)}")
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class Variant:
     def save_partial_states(self, *args, **kwargs) -> None:
         api.save_partial_states(*args, **{"policy": self.policy, "pdl": self.pdl, **kwargs})
 
+    def compress_and_save(self, *args, **kwargs) -> None:
+        api.compress_and_save(*args, **{"policy": self.policy, "pdl": self.pdl, **kwargs})
+
 
 def _policy(**overrides) -> Policy:
     return DEFAULT_POLICY.with_overrides(**overrides)
@@ -81,6 +84,10 @@ cluster8 = Variant("cluster8", "fused_cluster", _cluster(64))  # 8-CTA clusters,
 cluster16 = Variant("cluster16", "fused_cluster", _cluster(32))  # 16-CTA clusters, 32-channel tiles
 nopdl = Variant("nopdl", "auto", pdl=False)  # auto dispatch (also C4 and save) without programmatic dependent launch
 early_metadata = Variant("early_metadata", "auto", _policy(early_metadata=True))
+# the split kernels (and the step call's save) on runs of tokens found by a ballot from T = 2 on,
+# not only on the large steps the default policy gives them
+split_generic_runs = Variant("split_generic_runs", "split_generic", _policy(split_runs=1))
+split_block8_runs = Variant("split_block8_runs", "split_block8", _policy(split_runs=1))
 
 # each forced path without PDL, and with its metadata read before the wait: the launch contracts
 # every path must keep (the sanitizers and the graph tests run them all)
@@ -88,7 +95,8 @@ NOPDL_PATHS = {f"{name}_nopdl": Variant(f"{name}_nopdl", name, pdl=False) for na
 EARLY_PATHS = {f"{name}_early": Variant(f"{name}_early", name, _policy(early_metadata=True)) for name in FORCED_PATHS}
 
 VARIANTS = {v.name: v for v in (*FORCED_PATHS.values(), cluster8, cluster16, nopdl, early_metadata,
-                                 *NOPDL_PATHS.values(), *EARLY_PATHS.values())}
+                                 split_generic_runs, split_block8_runs, *NOPDL_PATHS.values(),
+                                 *EARLY_PATHS.values())}
 
 # the indexer compressor (SPEC §12): one token per CTA (the default runs four), and no PDL
 indexer_c4_w1 = Variant("indexer_c4_w1", policy=_policy(indexer_c4_warps=1))

@@ -26,7 +26,10 @@ device's resident clusters.
   step from a dense one, so ``auto`` takes the kernel that is fast on both.
 
 The split paths (``split_block8``, ``split_generic``: compress kernel + store kernel) run
-only when asked for by name. C4 runs ``c4``; the indexer layouts (SPEC §12) run ``indexer``.
+only when asked for by name, or for SPEC §13's formats (below). On a large step each of their
+CTAs takes a run of up to 32 consecutive tokens and finds the active ones by a ballot
+(:func:`token_run`), so a step where few tokens close a window launches a CTA per run, not a
+CTA per token and channel tile. C4 runs ``c4``; the indexer layouts (SPEC §12) run ``indexer``.
 
 SPEC §13's state formats (a bf16 state, ``ape_at="compress"``, a ring) are compile-time options
 (:class:`..config.StateFormat`) of the paths whose record says ``formats``: ``c4``, ``indexer``
@@ -36,6 +39,7 @@ and the two split paths. A C128 call with a format other than the default takes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -155,9 +159,20 @@ def _cluster_pool(request: PathRequest) -> C128PoolConfig:
     return _pool_config(request, mapping, block8=False)
 
 
+def token_run(num_tokens: int, policy: Policy) -> int:
+    """Tokens per CTA of the split kernels and the step call's save: the largest power of two up to
+    32 that leaves ``T`` at least ``policy.split_runs`` runs (1 below twice that): a step where few
+    tokens close a window then launches a CTA per run, not one per token."""
+    run = 1
+    while run < 32 and num_tokens // (2 * run) >= policy.split_runs:
+        run *= 2
+    return run
+
+
 def _split_pool(request: PathRequest, block8: bool) -> C128PoolConfig:
     shape = request.policy.shapes.split
-    return _pool_config(request, (shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max), block8)
+    pool = _pool_config(request, (shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max), block8)
+    return dataclasses.replace(pool, token_run=token_run(request.num_tokens, request.policy))
 
 
 def _c4_configs(request: PathRequest) -> tuple:
@@ -190,7 +205,9 @@ def _fused_pipelined_configs(request: PathRequest) -> tuple:
 
 def _split_configs(block8: bool) -> Callable[[PathRequest], tuple]:
     def configs(request: PathRequest) -> tuple:
-        store = SplitStoreConfig(request.entry, request.policy.shapes.store_tokens_per_cta, request.pdl)
+        per_cta = request.policy.shapes.store_tokens_per_cta
+        run = token_run(request.num_tokens, request.policy) if per_cta == 1 else 1
+        store = SplitStoreConfig(request.entry, per_cta, request.pdl, run)
         return (_split_pool(request, block8), store)
 
     return configs
@@ -203,6 +220,15 @@ def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, polic
     state = StateFormat(state.dtype, state.ape_at)  # the save writes at slot_mapping: ring or not
     return SaveConfig(compress_ratio, block_size, vector_inputs, policy.shapes.save_tokens_per_cta, pdl, head_dim,
                       state)
+
+
+def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
+                     head_dim: int, state: StateFormat, num_tokens: int) -> SaveConfig:
+    """``compress_and_save``'s save (SPEC §13.4): ``kv`` and ``score`` as two tensors, on runs of tokens
+    on large steps (a ring's tail save writes few of their rows)."""
+    save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state)
+    run = token_run(num_tokens, policy) if save.tokens_per_cta == 1 else 1
+    return dataclasses.replace(save, split_inputs=True, token_run=run)
 
 
 # the pooling-only kernels that write x (``compress``): C4's kernel without an entry, or the split

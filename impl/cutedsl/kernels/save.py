@@ -22,10 +22,10 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int64
+from cutlass import Float32, Int32, Int64
 
 from ..config import SaveConfig
-from ..stages.activity import group_token
+from ..stages.activity import ballot_run, group_token, take_lowest
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
 from ..stages.memory import element_address, load_fragment, store_fragment
@@ -33,7 +33,9 @@ from ..stages.state_format import store_state
 
 
 class SavePartialStatesKernel:
-    """Grid ``ceil(T / tokens_per_cta)``, ``group_threads * tokens_per_cta`` threads."""
+    """Grid ``ceil(T / tokens_per_cta)``, ``group_threads * tokens_per_cta`` threads; with ``token_run``
+    above 1, ``ceil(T / token_run)`` CTAs of one group, each saving the rows of its run of ``token_run``
+    consecutive tokens that have a slot (one ballot finds them), one after the other."""
 
     vec = 4
 
@@ -44,6 +46,7 @@ class SavePartialStatesKernel:
         self.block_size = config.block_size
         self.state_width = config.state_width
         self.tokens_per_cta = config.tokens_per_cta
+        self.token_run = config.token_run
         self.group_threads = config.group_threads
         self.threads = self.group_threads * self.tokens_per_cta
         self.chunks_per_thread = self.state_width // (self.vec * self.group_threads)  # 2 (C4), else 1
@@ -63,7 +66,8 @@ class SavePartialStatesKernel:
         mScore: cute.Tensor = None,  # split_inputs: fp32 [T, SW] (then mKvScore is kv, fp32 [T, SW]), else None
     ):
         num_tokens = mPos.shape[0]
-        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        per_cta = self.tokens_per_cta * self.token_run
+        grid = (num_tokens + per_cta - 1) // per_cta
         self.kernel(mKvScore, mApe, mPos, mSlot, mState, mScore).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
@@ -73,28 +77,50 @@ class SavePartialStatesKernel:
                mState: cute.Tensor, mScore: cute.Tensor):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         t, tok = group_token(self.group_threads, self.tokens_per_cta)
-        if tok < mPos.shape[0]:
-            slot = mSlot[tok]
-            if slot >= Int64(0):
-                block = slot // self.block_size
-                dst = element_address(mState, block, slot - block * self.block_size, 0)
-                src = element_address(mKvScore, tok, 0)
-                if cutlass.const_expr(self.state.is_default):
-                    ape = element_address(mApe, mPos[tok] % self.ratio, 0)
-                    for k in cutlass.range_constexpr(self.chunks_per_thread):
-                        kv_byte = (t + k * self.group_threads) * (self.vec * 4)
-                        score_byte = kv_byte + self.state_width * 4
-                        kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
-                        store_fragment(kv, dst + kv_byte, 16)
-                        score = load_fragment(Float32, self.score_address(src, mScore, tok, kv_byte, score_byte),
-                                              self.vec, self.input_align)
-                        bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
-                        out = cute.make_rmem_tensor((self.vec,), Float32)
-                        for i in cutlass.range_constexpr(self.vec):
-                            out[i] = fadd(score[i], bias[i])
-                        store_fragment(out, dst + score_byte, 16)
-                else:
-                    self.save_formatted(mScore, mApe, mPos, mState, tok, src, dst, t)
+        if cutlass.const_expr(self.token_run == 1):
+            if tok < mPos.shape[0]:
+                slot = mSlot[tok]
+                if slot >= Int64(0):
+                    self.save_token(mKvScore, mApe, mPos, mState, mScore, tok, slot, t)
+        else:
+            first = tok * self.token_run  # one group per CTA: tok is the CTA index
+            mask, lane_pos, lane_slot, lane_req = ballot_run(mSlot, None, first, self.token_run, self.ratio)
+            while mask != Int32(0):
+                saved, _, slot, _, mask = take_lowest(mask, first, lane_pos, lane_slot, lane_req)
+                self.save_token(mKvScore, mApe, mPos, mState, mScore, saved, slot, t)
+
+    @cute.jit
+    def save_token(
+        self,
+        mKvScore: cute.Tensor,  # fp32 [T, 2*SW] (or kv, fp32 [T, SW], with split_inputs)
+        mApe: cute.Tensor,  # fp32 [r, SW], or None
+        mPos: cute.Tensor,  # int64 [T]
+        mState: cute.Tensor,  # fp32 or bf16 [num_blocks, bs, 2*SW], written in place
+        mScore: cute.Tensor,  # fp32 [T, SW] with split_inputs, else None
+        tok,  # a token with a slot
+        slot: Int64,  # its slot_mapping entry, >= 0
+        t,  # thread index in the token group
+    ):
+        """SPEC §4 (§13.1/§13.2's formats) for token ``tok``: its state row at ``slot``."""
+        block = slot // self.block_size
+        dst = element_address(mState, block, slot - block * self.block_size, 0)
+        src = element_address(mKvScore, tok, 0)
+        if cutlass.const_expr(self.state.is_default):
+            ape = element_address(mApe, mPos[tok] % self.ratio, 0)
+            for k in cutlass.range_constexpr(self.chunks_per_thread):
+                kv_byte = (t + k * self.group_threads) * (self.vec * 4)
+                score_byte = kv_byte + self.state_width * 4
+                kv = load_fragment(Float32, src + kv_byte, self.vec, self.input_align)
+                store_fragment(kv, dst + kv_byte, 16)
+                score = load_fragment(Float32, self.score_address(src, mScore, tok, kv_byte, score_byte),
+                                      self.vec, self.input_align)
+                bias = load_fragment(Float32, ape + kv_byte, self.vec, self.input_align)
+                out = cute.make_rmem_tensor((self.vec,), Float32)
+                for i in cutlass.range_constexpr(self.vec):
+                    out[i] = fadd(score[i], bias[i])
+                store_fragment(out, dst + score_byte, 16)
+        else:
+            self.save_formatted(mScore, mApe, mPos, mState, tok, src, dst, t)
 
     def score_address(self, src, mScore: cute.Tensor, tok, kv_byte, score_byte):
         """The byte address of a token's 4 score inputs: in its ``kv_score`` row (``src`` + the score

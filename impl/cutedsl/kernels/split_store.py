@@ -10,15 +10,16 @@ Tokens that are not active (SPEC §5) write nothing; their scratch rows are neve
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
+import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, Int64
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from ..stages.activity import token_activity
+from ..stages.activity import ballot_run, take_lowest, token_activity
 from ..config import SplitStoreConfig
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, load_fragment
@@ -28,12 +29,15 @@ RATIO = 128
 
 
 class SplitStoreKernel:
-    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
+    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads; with ``token_run`` above 1,
+    ``ceil(T / token_run)`` CTAs of one group, each finishing the active tokens of its run of
+    ``token_run`` consecutive tokens (one ballot finds them) one after the other."""
 
     def __init__(self, config: SplitStoreConfig):
         self.config = config
         self.pdl = config.pdl
         self.tokens_per_cta = config.tokens_per_cta
+        self.token_run = config.token_run
         self.finishing = GroupFinish(config.entry, RATIO, config.tokens_per_cta)
         self.threads = GroupFinish.group_threads * self.tokens_per_cta
 
@@ -52,7 +56,8 @@ class SplitStoreKernel:
         stream: cuda.CUstream,
     ):
         num_tokens = mPos.shape[0]
-        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        per_cta = self.tokens_per_cta * self.token_run
+        grid = (num_tokens + per_cta - 1) // per_cta
         self.kernel(mX, mPos, mSlot, mKvSlot, mWeight, mCosSin, mCache, eps, fp8_inv).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
@@ -62,9 +67,35 @@ class SplitStoreKernel:
                mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor, eps: Float32, fp8_inv: Float32):
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         group, t, tok, sPartial = self.finishing.token_group(SmemAllocator())
-        if tok < mPos.shape[0]:
-            position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
-            if active:
-                x = load_fragment(Float32, element_address(mX, tok, t * GroupFinish.vec), GroupFinish.vec, 16)
-                self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache,
-                                      position, kv_slot, eps, fp8_inv)
+        outputs = (mWeight, mCosSin, mCache)
+        if cutlass.const_expr(self.token_run == 1):
+            if tok < mPos.shape[0]:
+                position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, tok, RATIO)
+                if active:
+                    self.finish_token(mX, tok, position, kv_slot, t, sPartial, group, outputs, eps, fp8_inv)
+        else:
+            first = tok * self.token_run  # one group per CTA: tok is the CTA index
+            mask, lane_pos, lane_kv_slot, lane_req = ballot_run(mKvSlot, (mPos, mSlot), first, self.token_run, RATIO)
+            while mask != Int32(0):
+                active_tok, position, kv_slot, _, mask = take_lowest(mask, first, lane_pos, lane_kv_slot, lane_req)
+                self.finish_token(mX, active_tok, position, kv_slot, t, sPartial, group, outputs, eps, fp8_inv)
+
+    @cute.jit
+    def finish_token(
+        self,
+        mX: cute.Tensor,  # fp32 [S >= T, 512]: x of active tokens
+        tok,  # an active token
+        position: Int64,
+        kv_slot: Int64,  # >= 0
+        t: Int32,  # thread index in the token group
+        sPartial: cute.Tensor,  # fp32 smem [tokens_per_cta, 4]: each group's per-warp sums of squares
+        group: Int32,  # this thread's token group (its named barrier is group + 1)
+        outputs: tuple,  # (mWeight fp32 or bf16 [512], mCosSin fp32 [max_pos, 64], mCache: the layout's k_cache)
+        eps: Float32,
+        fp8_inv: Float32,
+    ):
+        """SPEC §6-§7 for token ``tok`` from its ``x`` row: every thread of the group calls it."""
+        mWeight, mCosSin, mCache = outputs
+        x = load_fragment(Float32, element_address(mX, tok, t * GroupFinish.vec), GroupFinish.vec, 16)
+        self.finishing.finish(x, t, sPartial[group, None], group + 1, mWeight, mCosSin, mCache, position, kv_slot, eps,
+                              fp8_inv)

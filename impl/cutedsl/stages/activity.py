@@ -3,12 +3,16 @@
 A token is active iff its state is saved, its position ends a window of ``ratio`` and it
 has a cache slot. Kernels read a token's metadata with :func:`token_activity`; the pipelined
 C128 kernel lets lane ``j`` read token ``j`` of a batch, ballots the active ones and walks
-the set bits in order (:func:`lowest_set_bit`).
+the set bits in order (:func:`lowest_set_bit`). A kernel whose CTA takes a *run* of up to 32
+consecutive tokens (``token_run``) does the same with :func:`ballot_run` and
+:func:`take_lowest`: a step where few tokens close a window then costs a CTA per run, not
+a CTA per token.
 """
 
 from __future__ import annotations
 
 import cutlass.cute as cute
+import cutlass
 from cutlass import Int32, Int64
 
 
@@ -34,4 +38,43 @@ def lowest_set_bit(mask):
     return cute.arch.popc((mask & (Int32(0) - mask)) - Int32(1))
 
 
-__all__ = ["group_token", "lowest_set_bit", "token_activity"]
+@cute.jit
+def ballot_run(
+    mFlag: cute.Tensor,  # int64 [T]: kv_slot_mapping (token_activity) or the save's slot_mapping
+    metadata,  # (mPos int64 [T], mSlot int64 [T]) with ``ratio``: SPEC §5's activity; None: mFlag >= 0
+    first,  # Int32: the run's first token
+    run: int,  # tokens in a run (<= 32), fixed per compile
+    ratio: int,
+    mTokenReq: cute.Tensor = None,  # int32 [T]: also read lane j's block-table row, or None
+):
+    """Lane ``j < run`` reads token ``first + j``'s metadata (every lane a valid index: token 0 past
+    the run or ``T``); returns ``(mask, position, flag, req)``: bit ``j`` of the ballot set iff that
+    token exists and is active, the lane's own values kept for :func:`take_lowest`. Every warp
+    of a CTA that calls it gets the same mask."""
+    lane = cute.arch.lane_idx()
+    token = first + lane
+    valid = (lane < run) & (token < mFlag.shape[0])
+    token = Int32(cutlass.select_(valid, token, Int32(0)))
+    position = Int64(0)
+    req = Int32(0)
+    if cutlass.const_expr(metadata is None):
+        flag = mFlag[token]
+        active = flag >= Int64(0)
+    else:
+        mPos, mSlot = metadata
+        position, flag, active = token_activity(mPos, mSlot, mFlag, token, ratio)
+    if cutlass.const_expr(mTokenReq is not None):
+        req = mTokenReq[token]  # issued with the others, before the ballot waits for them
+    return cute.arch.vote_ballot_sync(valid & active), position, flag, req
+
+
+@cute.jit
+def take_lowest(mask, first, position, flag, req):
+    """The lowest active token of a :func:`ballot_run` mask (non-zero): ``(token, position, flag,
+    req, mask without it)``, the values shuffled from the lane that read them."""
+    j = lowest_set_bit(mask)
+    return (first + j, cute.arch.shuffle_sync(position, j), cute.arch.shuffle_sync(flag, j),
+            cute.arch.shuffle_sync(req, j), mask & (mask - Int32(1)))
+
+
+__all__ = ["ballot_run", "group_token", "lowest_set_bit", "take_lowest", "token_activity"]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -144,6 +145,15 @@ def test_each_compile_names_its_target_in_one_process(monkeypatch):
     (lambda: config.C128PoolConfig(8, 8, warps=6), "warps"),
     (lambda: config.C128PoolConfig(8, 8, tile=128), "tile"),
     (lambda: config.SaveConfig(8, 4, True), "compress_ratio"),
+    (lambda: config.C128PoolConfig(8, 8, token_run=3), "token_run"),
+    (lambda: config.C128PoolConfig(8, 8, token_run=64), "token_run"),
+    (lambda: config.SplitStoreConfig(config.EntryFormat("bf16", 4, "float32", 8), 2, token_run=32), "tokens_per_cta"),
+    (lambda: config.SaveConfig(128, 8, True, 4, token_run=32), "tokens_per_cta"),
+    (lambda: config.FusedClusterConfig(config.C128PoolConfig(8, 8, token_run=32),
+                                       config.EntryFormat("bf16", 4, "float32", 8)), "pool.token_run"),
+    (lambda: config.FusedPipelinedConfig(config.C128PoolConfig(8, 8, kv_in_smem=True, token_run=2),
+                                         config.EntryFormat("bf16", 4, "float32", 8)), "pool.token_run"),
+    (lambda: Policy(split_runs=0), "split_runs"),
     (lambda: config.FusedHandoffConfig(config.C128PoolConfig(8, 8), config.EntryFormat("bf16", 4, "float32", 8)),
      "pool.kv_in_smem"),
     (lambda: config.FusedHandoffConfig(config.C128PoolConfig(8, 4, tile=32, kv_in_smem=True),
@@ -194,6 +204,23 @@ def test_cluster_tile_follows_the_token_count():
     assert not _pool("split_block8", 8, 128).kv_after_max
     pinned = DEFAULT_POLICY.with_overrides(cluster=PoolShape(8, 64, True, True))
     assert paths.cluster_tile(1, pinned) == 64
+
+
+def test_split_kernels_take_runs_of_tokens_on_large_steps():
+    """A run per CTA once T gives at least ``split_runs`` runs of it, doubling up to 32 tokens; the fused
+    paths and small steps keep a token per CTA; the store kernel follows the compress kernel."""
+    assert [paths.token_run(t, DEFAULT_POLICY) for t in (1, 64, 511, 512, 1024, 4608, 8192, 16384, 10**6)] == \
+        [1, 1, 1, 2, 4, 16, 32, 32, 32]
+    assert [paths.token_run(t, Policy(split_runs=1)) for t in (1, 2, 3, 4, 63, 64)] == [1, 2, 2, 4, 32, 32]
+    assert paths.token_run(16384, Policy(split_runs=1 << 30)) == 1
+    assert _pool("split_generic", 5, 16384).token_run == 32 and _pool("split_block8", 8, 4608).token_run == 16
+    assert _pool("split_block8", 8, 64).token_run == 1
+    assert _pool("fused_pipelined", 8, 16384).token_run == 1 and _pool("fused_cluster", 8, 16).token_run == 1
+    request = PathRequest(128, 8, 16384, "flashmla_fp8", 64, "bfloat16", 16, False, DEFAULT_POLICY, True)
+    pool, store = PATHS["split_block8"].configs(request)
+    assert store.token_run == pool.token_run == 32
+    grouped = DEFAULT_POLICY.with_overrides(store_tokens_per_cta=2)
+    assert PATHS["split_block8"].configs(dataclasses.replace(request, policy=grouped))[1].token_run == 1
 
 
 def test_pdl_and_early_metadata_are_explicit_choices():

@@ -71,6 +71,11 @@ def test_c128_split_with_caller_workspace():
     *[(dict(c128_early_metadata=True), C128_CASES[i][0], path) for i, path in  # metadata before the PDL wait
       ((0, "fused_cluster"), (1, "fused_handoff"), (3, "split_block8"), (4, "split_generic"), (5, "auto"))],
     (dict(c128_handoff_kv_after_max=False), C128_CASES[5][0], "fused_handoff"),
+    # the split kernels on runs of tokens found by a ballot (from T = 2 with split_runs=1)
+    *[(dict(split_runs=1), C128_CASES[i][0], path) for i, path in ((0, "split_block8"), (2, "split_generic"),
+                                                                  (3, "split_block8"), (4, "split_generic"))],
+    (dict(split_runs=1, pdl=False), C128_CASES[4][0], "split_generic"),
+    (dict(split_runs=1, c128_early_metadata=True), C128_CASES[3][0], "split_block8"),
 ], ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else case_id(v))
 def test_tuning_knobs_keep_the_bytes(overrides, case, path):
     run_step(case, **_choices(overrides), **({} if path is None else {"c128_path": path}))

@@ -42,6 +42,17 @@ def test_compress_and_save_writes_the_spec_bytes(ratio, head, layout, hadamard, 
     scenarios.assert_identical(run_step(step))
 
 
+@pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())
+def test_token_runs_write_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
+    """Every format with the split kernels and the save on runs of tokens found by a ballot
+    (``split_runs=1``: runs of up to 32 tokens from ``T = 2``), not only on large steps."""
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
+
+    step = _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, _requests(ratio, ring), 4)
+    scenarios.assert_identical(scenarios.run_step(step, DEVICE, family="cutedsl",
+                                                  policy=DEFAULT_POLICY.with_overrides(split_runs=1)))
+
+
 def test_the_step_reads_its_chunk_from_the_inputs_not_the_state():
     """Nothing saved: the windows inside the chunks still pool the chunk's rows, and the state is
     untouched."""
