@@ -20,7 +20,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Boolean, Float32, Int32, Int64
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -28,11 +28,11 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..stages.dependent_launch import wait_for_prerequisite_grids
-from ..stages.memory import load_scalar
-from ..stages.postprocess import load_cos_sin, load_weight, rope_row
+from ..stages.memory import element_address, load_if, load_scalar
+from ..stages.postprocess import load_weight, rope_row
 from ..stages.v41_latent import GROUP_THREADS, Ratio2Window, latent_of, pooled_ratio1, store_latent
 from ..stages.v41_records import ROPE_FIRST_THREAD, RecordStore, rotate_latent
-from ..stages.v41_rows import VEC, save_row
+from ..stages.v41_rows import VEC, input_row, listed_slot, store_row
 from ..stages.v41_save import Ratio2Save
 from ..v41_config import V41CompressConfig
 
@@ -79,33 +79,102 @@ class V41CompressKernel:
                     mCosSin, mCache, eps, fp8_inv, ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl)
 
+    def rope_inputs(
+        self,
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64], or None (no record)
+        position: Int64,
+        t: Int32,
+        wanted,  # Boolean: the token is active (its row cp exists)
+    ):
+        """``(cos, sin)`` (fp32 ``(2,)`` each) of thread ``t``'s RoPE pairs at row ``cp`` (threads
+        below 112 read pair 0 and ignore it), read where ``wanted`` with the pooling's inputs,
+        not after the latent's store; ``None`` without a record."""
+        if cutlass.const_expr(self.records is None):
+            return None, None
+        first_pair = Int32(cutlass.select_(t >= ROPE_FIRST_THREAD, (t - ROPE_FIRST_THREAD) * (VEC // 2), 0))
+        row = rope_row(position, self.config.ratio)
+        half = mCosSin.shape[1] // 2
+        cos = cute.make_rmem_tensor((VEC // 2,), Float32)
+        sin = cute.make_rmem_tensor((VEC // 2,), Float32)
+        for k in range(VEC // 2):
+            cos[k] = load_if(Float32, element_address(mCosSin, row, first_pair + k), 1, wanted)[0]
+            sin[k] = load_if(Float32, element_address(mCosSin, row, first_pair + k + half), 1, wanted)[0]
+        return cos, sin
+
     @cute.jit
     def finish(
         self,
         x: cute.Tensor,  # fp32 (4,): thread t's channels of the pooled vector
+        w: cute.Tensor,  # fp32 (4,): their norm weights
+        cos: cute.Tensor,  # fp32 (2,): thread t's RoPE cosines (:meth:`rope_inputs`)
+        sin: cute.Tensor,  # fp32 (2,): and sines
         token: Int64,
-        position: Int64,
         kv_slot: Int64,  # >= 0
         t: Int32,
         sPartial: cute.Tensor,  # fp32 smem (4,): the group's per-warp sums of squares
         barrier_id: Int32,
-        mWeight: cute.Tensor,  # fp32 or bf16 [512]
         mLatent: cute.Tensor,  # bf16 [T, 512], or None
-        mCosSin: cute.Tensor,  # fp32 [max_pos, 64], or None
         mCache: cute.Tensor,  # k_cache, or None
         eps: Float32,
         fp8_inv: Float32,
     ):
         """An active token's stages after the pooling: the latent, written when given, then RoPE
-        and the record when the launch has a cache. Every thread of the group calls it."""
-        w = load_weight(mWeight, t * VEC, VEC)
+        and the record when the launch has a cache. No loads: every input came with the pooling's.
+        Every thread of the group calls it."""
         latent = latent_of(x, w, t, sPartial, barrier_id, eps)
         if cutlass.const_expr(self.config.latent):
             store_latent(mLatent, token, t, latent)
         if cutlass.const_expr(self.records is not None):
-            first_pair = Int32(cutlass.select_(t >= ROPE_FIRST_THREAD, (t - ROPE_FIRST_THREAD) * (VEC // 2), 0))
-            cos, sin = load_cos_sin(mCosSin, rope_row(position, self.config.ratio), first_pair, VEC // 2)
             self.records.store(rotate_latent(latent, t, cos, sin), t, mCache, kv_slot, fp8_inv)
+
+    @cute.jit
+    def ratio2(
+        self,
+        rows: tuple,  # (mKv, mScore): fp32 or bf16 [T, 512] each (the raw scores), and mState: fp32 or bf16
+        #               [num_state_blocks, bs, 1024], written
+        metadata: tuple,  # (mKvSlot int64 [T], mSlot int64 [T], mSave int64 [T], mQsl int32 [num_reqs + 1],
+        #                   mBlockTable int32 [num_reqs, max_blocks])
+        outputs: tuple,  # (mWeight fp32 or bf16 [512], mLatent bf16 [T, 512] or None, mCosSin fp32
+        #                  [max_pos, 64] or None, mCache k_cache or None, eps, fp8_inv)
+        facts: tuple,  # the token's (token, position, kv_slot, save_slot, request, active): request a valid row
+        group: tuple,  # (t, sPartial fp32 smem (4,), sFound int32 smem (4,), barrier_id): the token's group
+        ring_capacity: Int32,
+    ):
+        """A ratio-2 token that pools or saves, in two rounds of loads after the per-token round:
+        what the request and the position name (the chunk's bounds, row ``p - 1``'s lookup, the
+        token's own row, the norm and RoPE inputs), then row ``p - 1`` with the saves' loads; then
+        the compress and the ordered saves (:mod:`..stages.v41_save`). A round's guarded loads are
+        predicated (:func:`..stages.memory.load_if`), so no branch splits a round."""
+        mKv, mScore, mState = rows
+        mKvSlot, mSlot, mSave, mQsl, mBlockTable = metadata
+        mWeight, mLatent, mCosSin, mCache, eps, fp8_inv = outputs
+        token, position, kv_slot, save_slot, request, active = facts
+        t, sPartial, sFound, barrier_id = group
+        block, offset, listed = self.window.row_before(mBlockTable, request, position, active, ring_capacity)
+        first = Int64(load_scalar(mQsl, request))
+        end = Int64(load_scalar(mQsl, request + 1))
+        kv, score = input_row(mKv, mScore, token, t)
+        w = load_weight(mWeight, t * VEC, VEC)
+        cos, sin = self.rope_inputs(mCosSin, position, t, active)
+        chunk_start = position - (token - first)  # P0: a chunk's positions are consecutive (SPEC §13.4)
+
+        raw = self.window.load_earlier_row(mKv, mScore, mState, token, first, block, offset, listed, active, t)
+        defer_inputs = self.saves.load_defer_inputs(mKvSlot, mSlot, mBlockTable, token, request, first, chunk_start,
+                                                    ring_capacity, save_slot >= Int64(0))
+        read_slot = listed_slot(block, offset, listed, self.config.block_size)  # row p - 1's (= P0 - 1's for first)
+        deferred = active & (token == first) & (first + 1 < end)  # a later token of the chunk may defer to it
+        found = Int32(-1)
+        if deferred:
+            found = self.saves.scan_deferred(mSave, first, end, read_slot, t)
+
+        if active:
+            x = self.window.pooled(raw, kv, score, token > first, mState.element_type)
+            self.finish(x, w, cos, sin, token, kv_slot, t, sPartial, barrier_id, mLatent, mCache, eps, fp8_inv)
+        if save_slot >= Int64(0):
+            if self.saves.defers_to_first(defer_inputs, save_slot, chunk_start) == Int32(0):
+                store_row(mState, kv, score, save_slot, self.config.block_size, t)
+        if deferred:
+            self.saves.save_deferred(mKv, mScore, mState, found, read_slot, t, sFound, barrier_id)
 
     @cute.kernel
     def kernel(self, mKv: cute.Tensor, mScore: cute.Tensor, mPos: cute.Tensor, mKvSlot: cute.Tensor,
@@ -125,33 +194,28 @@ class V41CompressKernel:
         barrier_id = group + 1
         if tok < mPos.shape[0]:
             token = Int64(tok)
+            # the per-token round: every index is tok < T
+            position = mPos[tok]
+            kv_slot = mKvSlot[tok]
             if cutlass.const_expr(self.config.ratio == 1):
-                kv_slot = mKvSlot[tok]
                 if kv_slot >= Int64(0):  # every position is a boundary
+                    cos, sin = self.rope_inputs(mCosSin, position, t, True)
                     x = pooled_ratio1(mKv, token, t)
-                    self.finish(x, token, mPos[tok], kv_slot, t, sPartial[group, None], barrier_id, mWeight, mLatent,
-                                mCosSin, mCache, eps, fp8_inv)
+                    w = load_weight(mWeight, t * VEC, VEC)
+                    self.finish(x, w, cos, sin, token, kv_slot, t, sPartial[group, None], barrier_id, mLatent, mCache,
+                                eps, fp8_inv)
             else:
-                position = mPos[tok]
-                kv_slot = mKvSlot[tok]
                 save_slot = mSave[tok]
-                active = (kv_slot >= Int64(0)) & (mSlot[tok] >= Int64(0)) & ((position + 1) % 2 == Int64(0))
-                if active | (save_slot >= Int64(0)):  # token_to_req is read only for tokens that pool or save
-                    request = Int64(mTokenReq[tok])
-                    first = Int64(load_scalar(mQsl, request))
-                    chunk_start = load_scalar(mPos, first)
-                    if active:
-                        x = self.window.pooled(mKv, mScore, mState, mBlockTable, token, position, request, first,
-                                               chunk_start, ring_capacity, t)
-                        self.finish(x, token, position, kv_slot, t, sPartial[group, None], barrier_id, mWeight,
-                                    mLatent, mCosSin, mCache, eps, fp8_inv)
-                    if save_slot >= Int64(0):
-                        if self.saves.defers_to_first(mKvSlot, mSlot, mBlockTable, token, save_slot, request, first,
-                                                      chunk_start, ring_capacity) == Int32(0):
-                            save_row(mKv, mScore, mState, token, save_slot, self.config.block_size, t)
-                    if active & (token == first):
-                        self.saves.save_deferred(mKv, mScore, mSave, mQsl, mState, mBlockTable, request, first,
-                                                 chunk_start, ring_capacity, t, sFound[group, None], barrier_id)
+                slot = mSlot[tok]
+                request = Int64(mTokenReq[tok])
+                active = (kv_slot >= Int64(0)) & (slot >= Int64(0)) & ((position + 1) % 2 == Int64(0))
+                # a token of a chunk (padding has every slot -1), whose token_to_req is a request row;
+                # testing that row here keeps its load in this round (ptxas sinks a load to its first use)
+                if (active | (save_slot >= Int64(0))) & (request >= Int64(0)) & (request < Int64(mQsl.shape[0] - 1)):
+                    self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
+                                (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
+                                (token, position, kv_slot, save_slot, request, active),
+                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity)
 
 
 __all__ = ["V41CompressKernel"]

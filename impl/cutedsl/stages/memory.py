@@ -12,7 +12,7 @@ size-1 dimensions, where SPEC lets strides be anything).
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Float32, Int64
+from cutlass import Float32, Int16, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -117,3 +117,39 @@ def load_pair_from_l2(byte_address, *, loc=None, ip=None) -> cute.Tensor:
     out[0] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [0], loc=loc, ip=ip))
     out[1] = Float32(llvm.extractvalue(Float32.mlir_type, pair, [1], loc=loc, ip=ip))
     return out
+
+
+_WORDS = {16: (Int16, "h"), 32: (Int32, "r"), 64: (Int64, "l")}  # element width -> integer type, constraint
+
+
+@dsl_user_op
+def load_if(dtype, byte_address, count: int, predicate, *, loc=None, ip=None) -> cute.Tensor:
+    """A register fragment of ``count`` (1, 2 or 4) contiguous ``dtype`` elements (16, 32 or 64
+    bits) at ``byte_address``, aligned to their total size, read only where ``predicate``
+    (Boolean; the elements are undefined elsewhere): one predicated ``ld.global``, no branch. A
+    branch around a load splits its round, and ptxas then waits for the round's earlier loads
+    before the branch (a use of a loaded value inside it, or one hoisted above it)."""
+    word, letter = _WORDS[dtype.width]
+    vector = f".v{count}" if count > 1 else ""
+    targets = ", ".join(f"${i}" for i in range(count))
+    targets = f"{{{targets}}}" if count > 1 else targets
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, ${count + 1}, 0; "
+            f"@p ld.global{vector}.b{dtype.width} {targets}, [${count}]; }}")
+    result_type = word.mlir_type if count == 1 else llvm.StructType.get_literal([word.mlir_type] * count)
+    flag = Int32(predicate)  # 0 or 1
+    loaded = llvm.inline_asm(
+        result_type,
+        [Int64(byte_address).ir_value(loc=loc, ip=ip), flag.ir_value(loc=loc, ip=ip)],
+        text,
+        ",".join([f"={letter}"] * count + ["l", "r"]),
+        has_side_effects=True,  # kept in program order by LLVM (not sunk into a branch); ptxas schedules it
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    frag = cute.make_rmem_tensor((count,), dtype)
+    for i in range(count):
+        bits = loaded if count == 1 else llvm.extractvalue(word.mlir_type, loaded, [i], loc=loc, ip=ip)
+        if dtype.is_float:
+            bits = llvm.bitcast(dtype.mlir_type, bits, loc=loc, ip=ip)
+        frag[i] = dtype(bits)
+    return frag

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Boolean, Float32, Int32, Int64
 
 from .exact_math import bf16_round_fragment, butterfly_sum, fadd, fdiv, fmax, fmul, softmax_weight, to_bf16_fragment, tree_sum
+from .indexer_entry import select_fragment
 from .memory import element_address, store_fragment
 from .postprocess import normalize, rms_scale, sum_of_squares
-from .v41_rows import VEC, chunk_row, load_values, state_row, state_slot
+from .v41_rows import VEC, as_stored, input_raw_if, load_values, lookup_state_row, state_raw_if, to_binary32
 
 GROUP_THREADS = 128  # threads per token: 4 channels each
 GROUP_WARPS = GROUP_THREADS // 32
@@ -48,43 +49,68 @@ def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
 @dataclass(frozen=True)
 class Ratio2Window:
     """Ratio 2's two window rows (SPEC §13.4 step 1) for a state of ``block_size`` rows a block,
-    paged or a ring (``ring``), both fixed per compile."""
+    paged or a ring (``ring``), both fixed per compile. The kernel reads them in two rounds of
+    loads: row ``p - 1``'s state lookup next to ``query_start_loc`` (:meth:`row_before`), then
+    the row itself, unconverted (:meth:`load_earlier_row`); :meth:`pooled` converts and combines.
+    Their loads are predicated, not branched around (:func:`.memory.load_if`)."""
 
     block_size: int
     ring: bool
 
-    @cute.jit
-    def pooled(
+    def row_before(
+        self,
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        request: Int64,  # the token's block-table row (valid: a token of a chunk)
+        position: Int64,  # p
+        active: Boolean,  # the token pools (else no lookup)
+        ring_capacity: Int32,  # C (read only in a ring)
+    ):
+        """``(block, offset, listed)`` of row ``p - 1`` in the state (:func:`.v41_rows.lookup_state_row`),
+        read before the caller knows whether the chunk holds that row: it depends on the request
+        and the position only."""
+        return lookup_state_row(mBlockTable, request, position - 1, self.block_size, self.ring, ring_capacity, active)
+
+    def load_earlier_row(
         self,
         mKv: cute.Tensor,  # fp32 or bf16 [T, 512]
         mScore: cute.Tensor,  # fp32 or bf16 [T, 512]: the raw scores
         mState: cute.Tensor,  # fp32 or bf16 [num_state_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        token: Int64,  # the active token (odd position)
-        position: Int64,  # p
-        request: Int64,  # its block-table row
+        token: Int64,  # the token (odd position p where active)
         first: Int64,  # the chunk's first token
-        chunk_start: Int64,  # P0, the first token's position
-        ring_capacity: Int32,  # C (read only in a ring)
+        block: Int64,  # row p - 1's state block (:meth:`row_before`)
+        offset: Int64,  # its row in the block
+        listed: Boolean,  # the table lists row p - 1 (:meth:`row_before`; always for a first token's row)
+        active: Boolean,  # the token pools (else nothing is read)
         t: Int32,  # thread index in the token's group
+    ) -> tuple:
+        """Row ``p - 1`` unconverted, as two pairs of which one is read: ``(kv, score)`` of the
+        chunk (``(4,)`` in the inputs' dtypes) where it holds the row, then ``(kv, score)`` of the
+        state (its dtype) where not. Pooling takes token ``first + (p - 1 - P0)``'s row when
+        ``p - 1 >= P0``; a chunk's positions are consecutive (SPEC §13.4's contract), so that token
+        is ``token - 1`` and the chunk holds the row iff ``token > first``: no load of ``P0``
+        stands between ``query_start_loc`` and the row."""
+        in_chunk = token > first
+        chunk_kv, chunk_score = input_raw_if(mKv, mScore, token - 1, t, active & in_chunk)
+        state_kv, state_score = state_raw_if(mState, block, offset, t, active & (token <= first) & listed)
+        return chunk_kv, chunk_score, state_kv, state_score
+
+    def pooled(
+        self,
+        raw: tuple,  # load_earlier_row(): row p - 1
+        kv: cute.Tensor,  # fp32 (4,): the token's own kv, as input_row reads it
+        score: cute.Tensor,  # fp32 (4,): the token's own raw scores, as input_row reads them
+        in_chunk: Boolean,  # token > first: row p - 1 is the chunk's
+        state_dtype,  # the state's element type
     ) -> cute.Tensor:
-        """Ratio 2's ``x`` (fp32 ``(4,)``) of an active token: row ``p`` is the token's own; row
-        ``p - 1`` is token ``first + (p - 1 - P0)``'s when the chunk holds it, else the state's
-        (paged or the ring), as pooling reads it."""
-        state_dtype = mState.element_type
-        kv1, score1 = chunk_row(mKv, mScore, state_dtype, token, t)
-        kv0 = cute.make_rmem_tensor((VEC,), Float32)
-        score0 = cute.make_rmem_tensor((VEC,), Float32)
-        if position - 1 >= chunk_start:
-            chunk_kv, chunk_score = chunk_row(mKv, mScore, state_dtype, first + (position - 1 - chunk_start), t)
-            kv0.store(chunk_kv.load())
-            score0.store(chunk_score.load())
-        else:
-            _, block, offset = state_slot(mBlockTable, request, position - 1, self.block_size, self.ring,
-                                          ring_capacity)
-            state_kv, state_score = state_row(mState, block, offset, t)
-            kv0.store(state_kv.load())
-            score0.store(state_score.load())
+        """Ratio 2's ``x`` (fp32 ``(4,)``) of an active token: a row from the chunk as the save
+        would store it and pooling read it back (``R``), row ``p - 1`` from the state as stored."""
+        chunk_kv, chunk_score, state_kv, state_score = raw
+        kv0 = select_fragment(in_chunk, as_stored(to_binary32(chunk_kv), chunk_kv.element_type, state_dtype),
+                              to_binary32(state_kv), VEC)
+        score0 = select_fragment(in_chunk, as_stored(to_binary32(chunk_score), chunk_score.element_type, state_dtype),
+                                 to_binary32(state_score), VEC)
+        kv1 = as_stored(kv, chunk_kv.element_type, state_dtype)
+        score1 = as_stored(score, chunk_score.element_type, state_dtype)
         return softmax_then_sum(kv0, score0, kv1, score1)
 
 

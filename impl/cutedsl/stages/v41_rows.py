@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int64
+from cutlass import BFloat16, Float32, Int32, Int64
 
 from ..config import HEAD_DIM
 from .exact_math import bf16_round_fragment, to_bf16_fragment
-from .memory import element_address, load_fragment, load_scalar, store_fragment
+from .memory import element_address, load_fragment, load_if, store_fragment
 
 VEC = 4  # channels per thread
+
+
+def to_binary32(raw: cute.Tensor) -> cute.Tensor:
+    """fp32 ``(4,)``: a fragment of fp32 (itself) or bf16 elements (converted exactly)."""
+    if cutlass.const_expr(raw.element_type is Float32):
+        return raw
+    values = cute.make_rmem_tensor((VEC,), Float32)
+    values.store(raw.load().to(Float32))
+    return values
 
 
 def load_values(mRows: cute.Tensor, row, first_channel, align_rows: bool = True) -> cute.Tensor:
@@ -31,12 +40,7 @@ def load_values(mRows: cute.Tensor, row, first_channel, align_rows: bool = True)
     dtype = mRows.element_type
     width = dtype.width // 8
     align = VEC * width if align_rows else width
-    raw = load_fragment(dtype, element_address(mRows, row, first_channel), VEC, align)
-    if cutlass.const_expr(dtype is Float32):
-        return raw
-    values = cute.make_rmem_tensor((VEC,), Float32)
-    values.store(raw.load().to(Float32))
-    return values
+    return to_binary32(load_fragment(dtype, element_address(mRows, row, first_channel), VEC, align))
 
 
 def store_values(mRows: cute.Tensor, address, values: cute.Tensor) -> None:
@@ -70,48 +74,65 @@ def chunk_row(mKv: cute.Tensor, mScore: cute.Tensor, state_dtype, token, t):
     return as_stored(kv, mKv.element_type, state_dtype), as_stored(score, mScore.element_type, state_dtype)
 
 
-def state_slot(mBlockTable: cute.Tensor, request, position, block_size: int, ring: bool, ring_capacity):
-    """``(slot, block, offset)`` (Int64) of the state row of ``position`` of block-table row
-    ``request``: paged ``block_table[request, q // bs]``, ``q mod bs``; in a ring (SPEC §13.3)
-    the same with ``q mod C`` in place of ``q``. ``slot = block * bs + offset`` names the row as
-    ``slot_mapping`` does. ``mBlockTable``: int32 ``[num_reqs, max_blocks]``."""
+def input_raw_if(mKv: cute.Tensor, mScore: cute.Tensor, token, t, predicate):
+    """``(kv, score)``: thread ``t``'s channels of token ``token``'s row, unconverted (``(4,)`` in
+    ``mKv``'s and ``mScore``'s dtypes; :func:`to_binary32` converts), read where ``predicate``
+    (:func:`.memory.load_if`). ``mKv``, ``mScore``: fp32 or bf16 ``[T, 512]``, rows 16-byte aligned."""
+    kv = load_if(mKv.element_type, element_address(mKv, token, t * VEC), VEC, predicate)
+    score = load_if(mScore.element_type, element_address(mScore, token, t * VEC), VEC, predicate)
+    return kv, score
+
+
+def state_raw_if(mState: cute.Tensor, block, offset, t, predicate):
+    """``(kv, score)``: thread ``t``'s channels of state row ``[block, offset]``, unconverted
+    (``(4,)`` in the state's dtype), read where ``predicate``. ``mState``: fp32 or bf16
+    ``[num_state_blocks, bs, 1024]``: kv, then the raw score."""
+    dtype = mState.element_type
+    address = element_address(mState, block, offset, t * VEC)
+    kv = load_if(dtype, address, VEC, predicate)
+    score = load_if(dtype, address + HEAD_DIM * (dtype.width // 8), VEC, predicate)
+    return kv, score
+
+
+def lookup_state_row(mBlockTable: cute.Tensor, request, position, block_size: int, ring: bool, ring_capacity, wanted):
+    """``(block, offset, listed)`` of the state row of ``position`` of block-table row ``request``:
+    paged ``block_table[request, q // bs]``, ``q mod bs``; in a ring (SPEC §13.3) the same with
+    ``q mod C`` in place of ``q``. The entry is read only where ``listed``: ``wanted`` (Boolean),
+    ``q >= 0`` and its column inside the table's row, so a lookup issued before the caller knows
+    whether it reads the row stays in bounds (``block`` is undefined elsewhere).
+    ``mBlockTable``: int32 ``[num_reqs, max_blocks]``; ``request`` a valid row."""
     index = Int64(position)
     if cutlass.const_expr(ring):
         index = index % Int64(ring_capacity)
     column = index // block_size
-    block = Int64(load_scalar(mBlockTable, request, column))
-    offset = index - column * block_size
-    return block * block_size + offset, block, offset
+    listed = wanted & (index >= Int64(0)) & (column < Int64(mBlockTable.shape[1]))
+    block = Int64(load_if(Int32, element_address(mBlockTable, request, column), 1, listed)[0])
+    return block, index - column * block_size, listed
 
 
-def state_row(mState: cute.Tensor, block, offset, t):
-    """``(kv, score)``: thread ``t``'s channels of state row ``[block, offset]`` as binary32 (a bf16
-    state read exactly). ``mState``: fp32 or bf16 ``[num_state_blocks, bs, 1024]``: kv, then the
-    raw score."""
-    address = element_address(mState, block, offset, t * VEC)
-    dtype = mState.element_type
-    width = dtype.width // 8
-    kv = load_fragment(dtype, address, VEC, VEC * width)
-    score = load_fragment(dtype, address + HEAD_DIM * width, VEC, VEC * width)
-    if cutlass.const_expr(dtype is Float32):
-        return kv, score
-    kv32 = cute.make_rmem_tensor((VEC,), Float32)
-    kv32.store(kv.load().to(Float32))
-    score32 = cute.make_rmem_tensor((VEC,), Float32)
-    score32.store(score.load().to(Float32))
-    return kv32, score32
+def listed_slot(block, offset, listed, block_size: int):
+    """The slot ``block * bs + offset`` (Int64) of a :func:`lookup_state_row`, as ``slot_mapping``
+    names the row; -1 (no slot) where the table was not read."""
+    return Int64(cutlass.select_(listed, Int64(block) * block_size + Int64(offset), Int64(-1)))
 
 
-def save_row(mKv: cute.Tensor, mScore: cute.Tensor, mState: cute.Tensor, token, slot, block_size: int, t) -> None:
-    """SPEC §14.3's save of token ``token`` at state slot ``slot``: thread ``t``'s channels of
-    ``R(kv[token])`` then ``R(score[token])`` (the raw score), each rounded once to bf16 for a
-    bf16 state."""
-    kv, score = input_row(mKv, mScore, token, t)
+def store_row(mState: cute.Tensor, kv: cute.Tensor, score: cute.Tensor, slot, block_size: int, t) -> None:
+    """SPEC §14.3's save of one token's row already in registers (``kv``, ``score``: fp32 ``(4,)``,
+    thread ``t``'s channels of the inputs as :func:`input_row` reads them) at state slot ``slot``:
+    ``R(kv)`` then ``R(score)`` (the raw score), each rounded once to bf16 for a bf16 state.
+    ``mState``: fp32 or bf16 ``[num_state_blocks, bs, 1024]``, written."""
     block = slot // block_size
     address = element_address(mState, block, slot - block * block_size, t * VEC)
     store_values(mState, address, kv)
     store_values(mState, address + HEAD_DIM * (mState.element_type.width // 8), score)
 
 
-__all__ = ["VEC", "as_stored", "chunk_row", "input_row", "load_values", "save_row", "state_row", "state_slot",
-           "store_values"]
+def save_row(mKv: cute.Tensor, mScore: cute.Tensor, mState: cute.Tensor, token, slot, block_size: int, t) -> None:
+    """SPEC §14.3's save of token ``token`` at state slot ``slot`` (:func:`store_row` of its
+    inputs). ``mKv``, ``mScore``: fp32 or bf16 ``[T, 512]``."""
+    kv, score = input_row(mKv, mScore, token, t)
+    store_row(mState, kv, score, slot, block_size, t)
+
+
+__all__ = ["VEC", "as_stored", "chunk_row", "input_raw_if", "input_row", "listed_slot", "load_values",
+           "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]
