@@ -244,8 +244,8 @@ for s in "$@"; do
       step tests-v41 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_v41.py impl/cutedsl/tests/test_cutedsl_v41_gpu.py integrations/tests/test_vllm_v41_adapter.py ;;
     tests-states)
       step tests-states 500 $PY -m pytest -p no:cacheprovider -q -m gpu impl/triton/tests/test_triton_state_formats.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_step_gpu.py integrations/tests/test_vllm_ring_adapter.py ;;
-    tests-step-cutedsl)
-      step tests-step-cutedsl 400 $PY -m pytest -p no:cacheprovider -q -m gpu impl/cutedsl/tests/test_cutedsl_step_gpu.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py impl/cutedsl/tests/test_cutedsl_save_gpu.py ;;
+    tests-cutedsl-split-v41)  # the split paths, the saves, SPEC §13's formats and step call, and V4.1, CuTe DSL
+      step tests-cutedsl-split-v41 "${TESTS_LIMIT:-400}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-4}" --dist "$DIST" -m gpu impl/cutedsl/tests/test_cutedsl_step_gpu.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py impl/cutedsl/tests/test_cutedsl_save_gpu.py impl/cutedsl/tests/test_cutedsl_v41_gpu.py ;;
     bench-state-runs)  # the step call and the two calls with the split kernels' runs (default), none, and other thresholds
       step bench-state-runs 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --impl cutedsl-split_generic+split_runs=64 --impl cutedsl-split_generic --trials 2 --tag c128-runs --out "$LOGS" ;;
     bench-state-dense-runs)
