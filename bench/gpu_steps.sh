@@ -247,7 +247,7 @@ for s in "$@"; do
     tests-cutedsl-split-v41)  # the split paths, the saves, SPEC §13's formats and step call, and V4.1, CuTe DSL
       step tests-cutedsl-split-v41 "${TESTS_LIMIT:-400}" $PY -m pytest -p no:cacheprovider -q -n "${WORKERS:-4}" --dist "$DIST" -m gpu impl/cutedsl/tests/test_cutedsl_step_gpu.py impl/cutedsl/tests/test_cutedsl_state_formats_gpu.py impl/cutedsl/tests/test_cutedsl_paths_gpu.py impl/cutedsl/tests/test_cutedsl_save_gpu.py impl/cutedsl/tests/test_cutedsl_v41_gpu.py ;;
     bench-state-runs)  # the step call and the two calls with the split kernels' runs (default), none, and other thresholds
-      step bench-state-runs 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --impl cutedsl-split_generic+split_runs=64 --impl cutedsl-split_generic --trials 2 --tag c128-runs --out "$LOGS" ;;
+      step bench-state-runs 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --impl cutedsl-split_generic --trials 2 --tag c128-runs --out "$LOGS" ;;
     bench-state-dense-runs)
       step bench-state-dense-runs 300 $PY -m dsv4_compressor.bench.steps state --cases dense --ratio 128 --mode graph --sizes 64 1024 4096 16374 --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --trials 2 --tag dense-runs --out "$LOGS" ;;
     soak-small)  # the small engine: light steps, so that a few minutes make about 10^5 layer steps
