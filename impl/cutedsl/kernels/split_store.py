@@ -79,6 +79,8 @@ class SplitStoreKernel:
             while mask != Int32(0):
                 active_tok, position, kv_slot, _, mask = take_lowest(mask, first, lane_pos, lane_kv_slot, lane_req)
                 self.finish_token(mX, active_tok, position, kv_slot, t, sPartial, group, outputs, eps, fp8_inv)
+                # every warp has read this token's partial sums before any writes the next token's
+                cute.arch.barrier(barrier_id=group + 1, number_of_threads=GroupFinish.group_threads)
 
     @cute.jit
     def finish_token(

@@ -223,6 +223,18 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     assert PATHS["split_block8"].configs(dataclasses.replace(request, policy=grouped))[1].token_run == 1
 
 
+def test_a_run_of_tokens_waits_for_every_warp_between_its_tokens():
+    """The store kernel's groups share their partial sums of squares through shared memory: on a run
+    of tokens, a second barrier keeps a fast warp from writing the next token's partial before the
+    others have read this token's (one barrier per token; two in the run's loop)."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant
+
+    entry = config.EntryFormat("flashmla_fp8", 64, "bfloat16", 16)
+    one = compile_variant("split_store", config.SplitStoreConfig(entry, 1, True)).__ptx__
+    run = compile_variant("split_store", config.SplitStoreConfig(entry, 1, True, 32)).__ptx__
+    assert one.count("bar.sync") == 1 and run.count("bar.sync") == 2
+
+
 def test_pdl_and_early_metadata_are_explicit_choices():
     assert _pool("split_block8", 8).pdl and not _pool("split_block8", 8).early_metadata
     assert not _pool("split_block8", 8, pdl=False).pdl
