@@ -102,11 +102,11 @@ for s in "$@"; do
       if ! args="$(shard_args "$shard")"; then echo "unknown shard $shard in $s"; status=1; continue; fi
       impl_args=(); IFS=+ read -ra names <<< "$impls"; for n in "${names[@]}"; do impl_args+=(--impl "$n"); done
       set -f; step "conformance-$impls-$shard" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance "${impl_args[@]}" $args --json "$LOGS/conformance-$impls-$shard.json"; set +f ;;
-    conformance-runs:*)  # the split kernels and the step call's save on runs of tokens from T = 2 (named variants)
+    conformance-runs:*)  # the split kernels and the step call's save on runs of tokens from T = 2 (every block size)
       shard="${s#conformance-runs:}"
       if ! args="$(shard_args "$shard")"; then echo "unknown shard $shard in $s"; status=1; continue; fi
       variants=dsv4_compressor.impl.cutedsl.variants
-      set -f; step "$s" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance --impl $variants:split_generic_runs --impl $variants:split_block8_runs $args --json "$LOGS/conformance-runs-$shard.json"; set +f ;;
+      set -f; step "$s" "${SHARD_LIMIT:-420}" $PY -m dsv4_compressor conformance --impl $variants:split_generic_runs $args --json "$LOGS/conformance-runs-$shard.json"; set +f ;;
     env)
       step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; $PY -c 'import cutlass; print(\"cutlass\", cutlass.__version__)'; git log -1 --format=%H 2>/dev/null || true" ;;
     conformance-triton)

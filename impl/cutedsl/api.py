@@ -566,7 +566,7 @@ def _want_step(wanted: dict, counts, compress_ratio: int, block_size: int, polic
                               hadamard, policy, pdl, False, step)
         for kernel, config in zip(path.kernels, path.configs(request)):
             wanted.setdefault((path, kernel, config), request)
-        save = step_save_config(compress_ratio, block_size, True, policy, pdl, head_dim, step.stored, num_tokens)
+        save = step_save_config(compress_ratio, block_size, True, policy, pdl, head_dim, step, num_tokens)
         wanted.setdefault((None, "save", save), None)
 
 

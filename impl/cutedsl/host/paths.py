@@ -224,10 +224,11 @@ def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, polic
 
 def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
                      head_dim: int, state: StateFormat, num_tokens: int) -> SaveConfig:
-    """``compress_and_save``'s save (SPEC §13.4): ``kv`` and ``score`` as two tensors, on runs of tokens
-    on large steps (a ring's tail save writes few of their rows)."""
-    save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state)
-    run = token_run(num_tokens, policy) if save.tokens_per_cta == 1 else 1
+    """``compress_and_save``'s save (SPEC §13.4; ``state``: the step's format): ``kv`` and ``score`` as
+    two tensors. A ring's save writes each request's tail, few rows of a large step: there it takes
+    runs of tokens; a paged state's step saves every token, which runs would only serialize."""
+    save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
+    run = token_run(num_tokens, policy) if state.ring and save.tokens_per_cta == 1 else 1
     return dataclasses.replace(save, split_inputs=True, token_run=run)
 
 

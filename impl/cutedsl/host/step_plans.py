@@ -101,7 +101,7 @@ def build_step_plan(t: StepTensors, options: CompressOptions, debug: bool) -> St
     compress = LaunchPlan(path, compiled, ffi, scalars, num_tokens, restride, ring_capacity, True)
     reads_ape = state.ape_at == "save"
     vector_inputs = not reads_ape or (t.ape.data_ptr() % 16 == 0 and t.ape.stride(0) % 4 == 0)
-    save = step_save_config(ratio, pooling.block_size, vector_inputs, options.policy, options.pdl, head_dim,
-                            state.stored, num_tokens)
+    save = step_save_config(ratio, pooling.block_size, vector_inputs, options.policy, options.pdl, head_dim, state,
+                            num_tokens)
     save_restride = t.positions.stride(0) != 1 or t.save_slot_mapping.stride(0) != 1
     return StepPlan(compress, compile_cache.compile_kernel("save", save), reads_ape, save_restride)

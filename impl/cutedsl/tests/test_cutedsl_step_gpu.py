@@ -44,7 +44,7 @@ def test_compress_and_save_writes_the_spec_bytes(ratio, head, layout, hadamard, 
 
 @pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())
 def test_token_runs_write_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
-    """Every format with the split kernels and the save on runs of tokens found by a ballot
+    """Every format with the split kernels (and a ring's save) on runs of tokens found by a ballot
     (``split_runs=1``: runs of up to 32 tokens from ``T = 2``), not only on large steps."""
     from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
