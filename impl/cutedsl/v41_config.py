@@ -89,9 +89,12 @@ class V41CompressConfig:
     ring: bool = False  # ratio 2: a ring of ring_capacity rows per request (SPEC §13.3), else paged
     tokens_per_cta: int = 1  # 1, 2 or 4
     pdl: bool = False  # programmatic dependent launch (see .stages.dependent_launch)
+    ctas_per_sm: int | None = None  # .minnctapersm: CTAs an SM must hold at once (caps registers), or None
 
     def __post_init__(self):
         _one_of("compress_ratio", self.ratio, V41_RATIOS)
+        if self.ctas_per_sm is not None and self.ctas_per_sm not in range(1, 17):
+            _fail("ctas_per_sm", "None or an integer from 1 to 16", self.ctas_per_sm)
         _one_of("kv dtype", self.kv_dtype, PROJECTION_DTYPES)
         _one_of("rms_norm_weight dtype", self.weight_dtype, WEIGHT_DTYPES)
         for name in ("latent", "ring", "pdl"):
@@ -122,7 +125,8 @@ class V41CompressConfig:
                        f"_bs{self.block_size}")
         store = self.record.tag if self.record is not None else "nostore"
         return (f"v41_compress_r{self.ratio}_{inputs}_w{_short(self.weight_dtype)}"
-                f"_{'latent' if self.latent else 'nolatent'}_{store}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}")
+                f"_{'latent' if self.latent else 'nolatent'}_{store}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
+                f"{'' if self.ctas_per_sm is None else f'_occ{self.ctas_per_sm}'}")
 
 
 @dataclass(frozen=True)

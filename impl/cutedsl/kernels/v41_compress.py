@@ -37,6 +37,7 @@ from ..stages.v41_save import Ratio2Save
 from ..v41_config import V41CompressConfig
 
 PARTIALS = 4  # per token group: one fp32 sum of squares (and one int32 scan result) per warp
+SMEM_CARVEOUT_PERCENT = 0  # with ctas_per_sm: a few bytes of shared memory a CTA, the rest L1 (no device query)
 
 
 class V41CompressKernel:
@@ -77,7 +78,9 @@ class V41CompressKernel:
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent,
                     mCosSin, mCache, eps, fp8_inv, ring_capacity).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl)
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl,
+            **({} if self.config.ctas_per_sm is None else {"min_blocks_per_mp": self.config.ctas_per_sm,
+                                                            "preferred_smem_carveout": SMEM_CARVEOUT_PERCENT}))
 
     def rope_inputs(
         self,

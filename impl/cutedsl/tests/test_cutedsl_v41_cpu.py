@@ -103,7 +103,7 @@ def test_ratio2_state_options_choose_the_kernel(recorded, state, bf16_state, inp
     assert config == V41CompressConfig(
         2, "bfloat16" if inputs == "bf16" else "float32", "float32", True, V41RecordFormat("v41_nvfp4", 4),
         "float32" if inputs == "fp32" else "bfloat16", "bfloat16" if bf16_state else "float32",
-        layout_state.block_size, layout_state.ring_capacity is not None, 1, True)
+        layout_state.block_size, layout_state.ring_capacity is not None, 1, True, 10)  # 10 CTAs an SM: 48 registers
     assert passed[-1] == (layout_state.ring_capacity or 0)
 
 
