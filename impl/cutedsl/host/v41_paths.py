@@ -28,9 +28,7 @@ class V41Shapes:
     """The V4.1 kernels' thread mappings (compile-time; the bytes do not depend on them)."""
 
     compress_tokens_per_cta: int = 1  # 128 threads per token: 1, 2 or 4 tokens per CTA
-    compress_ctas_per_sm: int | None = None  # the compress kernel's .minnctapersm (caps its registers); None: the
-    #   default (ratio 2: 10 token groups an SM, at most 48 registers, so that a prefill chunk's loads stay in
-    #   flight; ratio 1: no bound), 0: no bound
+    compress_ctas_per_sm: int | None = None  # the compress kernel's .minnctapersm (caps its registers), or None
     store_tokens_per_cta: int = 1  # the same for v41_rope_quant_store
     index_key_warps: int = 4  # a warp per token: 1, 2, 4 or 8 tokens per CTA
 
@@ -82,21 +80,10 @@ def record_store_align(layout: str, data_ptr: int, shape: tuple, strides: tuple,
 
 
 # ---- static configurations -----------------------------------------------------------------------
-RATIO2_GROUPS_PER_SM = 10  # the ratio-2 compress kernel's token groups an SM must hold (48 registers a thread)
-
-
-def _compress_ctas_per_sm(request: V41Request) -> int | None:
-    """The compress kernel's launch bound: the shapes' own, else ratio 2's default."""
-    chosen, per_cta = request.shapes.compress_ctas_per_sm, request.shapes.compress_tokens_per_cta
-    if chosen is None:
-        return max(1, RATIO2_GROUPS_PER_SM // per_cta) if request.ratio == 2 else None
-    return chosen or None
-
-
 def _compress_config(request: V41Request) -> V41CompressConfig:
     return V41CompressConfig(request.ratio, request.kv_dtype, request.weight_dtype, request.latent, request.record,
                              request.score_dtype, request.state_dtype, request.block_size, request.ring,
-                             request.shapes.compress_tokens_per_cta, request.pdl, _compress_ctas_per_sm(request))
+                             request.shapes.compress_tokens_per_cta, request.pdl, request.shapes.compress_ctas_per_sm)
 
 
 def _store_config(request: V41Request) -> V41StoreConfig:

@@ -103,7 +103,7 @@ def test_ratio2_state_options_choose_the_kernel(recorded, state, bf16_state, inp
     assert config == V41CompressConfig(
         2, "bfloat16" if inputs == "bf16" else "float32", "float32", True, V41RecordFormat("v41_nvfp4", 4),
         "float32" if inputs == "fp32" else "bfloat16", "bfloat16" if bf16_state else "float32",
-        layout_state.block_size, layout_state.ring_capacity is not None, 1, True, 10)  # 10 CTAs an SM: 48 registers
+        layout_state.block_size, layout_state.ring_capacity is not None, 1, True)
     assert passed[-1] == (layout_state.ring_capacity or 0)
 
 
@@ -362,3 +362,19 @@ def test_every_declared_option_is_one_launch(recorded):
                 calls += 1
     rings = {config.ring for kernel, config, _ in launches if kernel == "v41_compress" and config.ratio == 2}
     assert len(launches) == calls and rings == {False, True}
+
+
+def test_the_compress_launch_bound_reaches_the_ptx():
+    """``V41Shapes(compress_ctas_per_sm=n)``: the compress kernel's ``.minnctapersm n`` (ptxas then caps
+    its registers so that n CTAs fit an SM); without it, no bound. Out-of-range counts are refused."""
+    from dsv4_compressor.impl.cutedsl.ptx import compile_variant
+
+    base = V41CompressConfig(2, "float32", "float32", True, V41RecordFormat("v41_nvfp4", 64), "float32", "float32", 8,
+                             False, 1, True)
+    bounded = V41CompressConfig(**{**base.__dict__, "ctas_per_sm": 10})
+    assert ".minnctapersm 10" in compile_variant("v41_compress", bounded).__ptx__
+    assert ".minnctapersm" not in compile_variant("v41_compress", base).__ptx__
+    assert bounded.tag == base.tag + "_occ10"
+    for wrong in (0, 17, 2.5):
+        with pytest.raises(ValueError, match="ctas_per_sm"):
+            V41CompressConfig(**{**base.__dict__, "ctas_per_sm": wrong})
