@@ -83,6 +83,18 @@ def settings(ratio: int, sizes=None) -> dict:
     return table
 
 
+def named_setting(name: str):
+    """``(ratio, Variant)`` of ``cutedsl-<setting>`` (a setting of :func:`settings`, C128's first), or None."""
+    if not name.startswith("cutedsl-"):
+        return None
+    setting = name.removeprefix("cutedsl-")
+    for ratio in (128, 4):
+        variant = settings(ratio).get(setting)
+        if variant is not None:
+            return ratio, variant
+    return None
+
+
 def time_case(case, settings: dict, trials: int = 5) -> tuple[dict[str, float], int]:
     """Median µs per call (graph replay) of every setting on one case, and the case's bytes."""
     import torch

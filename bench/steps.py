@@ -98,13 +98,11 @@ def v41_cases(args) -> list:
 def _tuner_setting(name: str):
     """The :class:`..impl.cutedsl.variants.Variant` of ``cutedsl-<setting>`` (``bench/cutedsl_tune.py``'s
     generated space, e.g. ``cutedsl-split_generic+split_runs=64``), or ValueError naming it."""
-    from .cutedsl_tune import settings
+    from .cutedsl_tune import named_setting
 
-    setting = name.removeprefix("cutedsl-")
-    for ratio in (128, 4):
-        variant = settings(ratio).get(setting)
-        if variant is not None:
-            return variant
+    found = named_setting(name)
+    if found is not None:
+        return found[1]
     raise ValueError(f"--impl: expected triton, cutedsl, cutedsl-<setting of bench/cutedsl_tune.py> or "
                      f"module:attribute, got {name!r}")
 

@@ -132,16 +132,13 @@ REGISTRY = {
 
 def lab_setting(name: str):
     """``cutedsl-<setting>`` of the tuner's generated space (:func:`.cutedsl_tune.settings`), or None."""
-    from .cutedsl_tune import settings
+    from .cutedsl_tune import named_setting
 
-    if not name.startswith("cutedsl-"):
+    found = named_setting(name)
+    if found is None:
         return None
-    setting = name.removeprefix("cutedsl-")
-    for ratio in (128, 4):
-        variant = settings(ratio).get(setting)
-        if variant is not None:
-            return _cutedsl_variant(variant, c128_compress_only=ratio == 128 and variant.c128_compress_only)
-    return None
+    ratio, variant = found
+    return _cutedsl_variant(variant, c128_compress_only=ratio == 128 and variant.c128_compress_only)
 
 
 def load_bench_impl(name: str) -> BenchImpl:

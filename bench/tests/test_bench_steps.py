@@ -405,3 +405,15 @@ def test_a_dry_run_calls_every_implementation(capsys):
     out = capsys.readouterr().out
     assert "case v41_r1_index_key indexer_fp8: 2 tokens, 2 active" in out
     assert "v41_r1_index_key indexer_fp8 n=3 active=3 triton: ok" in out and "floor: ok" in out
+
+
+def test_the_state_runner_takes_the_tuners_settings_by_name():
+    """``--impl cutedsl-<setting>``: the tuner's variant (its forced path and policy); a name the tuner
+    does not generate is refused, naming it."""
+    pytest.importorskip("cutlass")
+    from dsv4_compressor.bench.steps import _tuner_setting
+
+    variant = _tuner_setting("cutedsl-split_generic+split_runs=64")
+    assert variant.c128_path == "split_generic" and variant.policy.split_runs == 64
+    with pytest.raises(ValueError, match="cutedsl-split_generic\\+no_such_field=1"):
+        _tuner_setting("cutedsl-split_generic+no_such_field=1")

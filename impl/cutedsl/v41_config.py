@@ -93,7 +93,7 @@ class V41CompressConfig:
 
     def __post_init__(self):
         _one_of("compress_ratio", self.ratio, V41_RATIOS)
-        if self.ctas_per_sm is not None and self.ctas_per_sm not in range(1, 17):
+        if self.ctas_per_sm is not None and (isinstance(self.ctas_per_sm, bool) or self.ctas_per_sm not in range(1, 17)):
             _fail("ctas_per_sm", "None or an integer from 1 to 16", self.ctas_per_sm)
         _one_of("kv dtype", self.kv_dtype, PROJECTION_DTYPES)
         _one_of("rms_norm_weight dtype", self.weight_dtype, WEIGHT_DTYPES)

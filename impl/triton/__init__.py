@@ -28,9 +28,10 @@ and where its window's rows come from: the state, paged or a ring, or the step's
 :mod:`.fused` and :mod:`.save_states` (the kernels: one fused kernel for both head widths),
 :mod:`.launch` (a plan's fast launcher), :mod:`.api` (validation, launch plans, warm-up), :mod:`.ops`
 (the operations as ``torch.ops.dsv4_compressor.triton_*`` custom ops), :mod:`.ptx` (PTX of every
-variant for the SPEC §2 instruction rules, a variant a :mod:`.ptx_variant`). DeepSeek-V4.1: :mod:`.v41_rows` (the projections and
-ratio 2's state rows), :mod:`.v41_latent` (pooling, norm, latent), :mod:`.v41_records` (RoPE and
-the five records), :mod:`.v41_index_key`, :mod:`.v41_save` (the save after the compress),
+variant for the SPEC §2 instruction rules; :mod:`.ptx_variant` is the record of one). DeepSeek-V4.1:
+:mod:`.v41_rows` (the projections and ratio 2's state rows), :mod:`.v41_latent` (pooling, norm,
+latent), :mod:`.v41_records` (RoPE and the five records), :mod:`.v41_index_key`, :mod:`.v41_save`
+(the save after the compress),
 :mod:`.v41_kernels` (three kernels and their static configurations), :mod:`.v41` (the API),
 :mod:`.v41_ops` (``torch.ops.dsv4_compressor.triton_v41_*``), :mod:`.v41_ptx` (their PTX variants).
 """

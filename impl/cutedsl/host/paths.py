@@ -159,12 +159,13 @@ def _cluster_pool(request: PathRequest) -> C128PoolConfig:
     return _pool_config(request, mapping, block8=False)
 
 
-def token_run(num_tokens: int, policy: Policy) -> int:
+def token_run(num_tokens: int, policy: Policy, tokens_per_cta: int = 1) -> int:
     """Tokens per CTA of the split kernels and the step call's save: the largest power of two up to
     32 that leaves ``T`` at least ``policy.split_runs`` runs (1 below twice that): a step where few
-    tokens close a window then launches a CTA per run, not one per token."""
+    tokens close a window then launches a CTA per run, not one per token. A kernel shaped with
+    several token groups a CTA (``tokens_per_cta``) keeps them: 1."""
     run = 1
-    while run < 32 and num_tokens // (2 * run) >= policy.split_runs:
+    while tokens_per_cta == 1 and run < 32 and num_tokens // (2 * run) >= policy.split_runs:
         run *= 2
     return run
 
@@ -206,8 +207,8 @@ def _fused_pipelined_configs(request: PathRequest) -> tuple:
 def _split_configs(block8: bool) -> Callable[[PathRequest], tuple]:
     def configs(request: PathRequest) -> tuple:
         per_cta = request.policy.shapes.store_tokens_per_cta
-        run = token_run(request.num_tokens, request.policy) if per_cta == 1 else 1
-        store = SplitStoreConfig(request.entry, per_cta, request.pdl, run)
+        store = SplitStoreConfig(request.entry, per_cta, request.pdl, token_run(request.num_tokens, request.policy,
+                                                                                 per_cta))
         return (_split_pool(request, block8), store)
 
     return configs
@@ -228,7 +229,7 @@ def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, 
     two tensors. A ring's save writes each request's tail, few rows of a large step: there it takes
     runs of tokens; a paged state's step saves every token, which runs would only serialize."""
     save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
-    run = token_run(num_tokens, policy) if state.ring and save.tokens_per_cta == 1 else 1
+    run = token_run(num_tokens, policy, save.tokens_per_cta) if state.ring else 1
     return dataclasses.replace(save, split_inputs=True, token_run=run)
 
 

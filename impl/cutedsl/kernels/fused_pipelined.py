@@ -106,7 +106,7 @@ class FusedPipelinedKernel:
 
         lane_bytes = self.pooling.channel_bytes(tile, lane)
         walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
-            (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster, lane)
+            (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster)
         self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
                               self.pooling.pool.pdl and self.pooling.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)

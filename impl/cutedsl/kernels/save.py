@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from ..config import SaveConfig
-from ..stages.activity import ballot_run, group_token, take_lowest
+from ..stages.activity import ballot_run, group_token, run_end, take_lowest
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
 from ..stages.memory import element_address, load_fragment, store_fragment
@@ -84,7 +84,7 @@ class SavePartialStatesKernel:
                     self.save_token(mKvScore, mApe, mPos, mState, mScore, tok, slot, t)
         else:
             first = tok * self.token_run  # one group per CTA: tok is the CTA index
-            mask, lane_pos, lane_slot, lane_req = ballot_run(mSlot, None, first, self.token_run, self.ratio)
+            mask, lane_pos, lane_slot, lane_req = ballot_run(mSlot, first, run_end(first, self.token_run, mPos.shape[0]))
             while mask != Int32(0):
                 saved, _, slot, _, mask = take_lowest(mask, first, lane_pos, lane_slot, lane_req)
                 self.save_token(mKvScore, mApe, mPos, mState, mScore, saved, slot, t)

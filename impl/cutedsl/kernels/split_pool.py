@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from ..config import C128PoolConfig
 from .entry import pooling_entry
-from ..stages.activity import ballot_run, take_lowest, token_activity
+from ..stages.activity import ballot_run, run_end, take_lowest, token_activity
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.step_rows import chunk_of
@@ -68,8 +68,8 @@ class SplitPoolKernel:
                 self.pool_token(rows, run, req, position, tile, scratch, mOut)
         else:
             first = run * self.token_run
-            mask, lane_pos, lane_kv_slot, lane_req = ballot_run(mKvSlot, (mPos, mSlot), first, self.token_run, RATIO,
-                                                                mTokenReq)
+            end = run_end(first, self.token_run, mPos.shape[0])
+            mask, lane_pos, lane_kv_slot, lane_req = ballot_run(mKvSlot, first, end, (mPos, mSlot, RATIO), mTokenReq)
             while mask != Int32(0):
                 tok, position, _, req, mask = take_lowest(mask, first, lane_pos, lane_kv_slot, lane_req)
                 self.pool_token(rows, tok, req, position, tile, scratch, mOut)

@@ -19,7 +19,7 @@ try:  # 4.8+
 except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
-from ..stages.activity import ballot_run, take_lowest, token_activity
+from ..stages.activity import ballot_run, run_end, take_lowest, token_activity
 from ..config import SplitStoreConfig
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.memory import element_address, load_fragment
@@ -75,7 +75,8 @@ class SplitStoreKernel:
                     self.finish_token(mX, tok, position, kv_slot, t, sPartial, group, outputs, eps, fp8_inv)
         else:
             first = tok * self.token_run  # one group per CTA: tok is the CTA index
-            mask, lane_pos, lane_kv_slot, lane_req = ballot_run(mKvSlot, (mPos, mSlot), first, self.token_run, RATIO)
+            end = run_end(first, self.token_run, mPos.shape[0])
+            mask, lane_pos, lane_kv_slot, lane_req = ballot_run(mKvSlot, first, end, (mPos, mSlot, RATIO))
             while mask != Int32(0):
                 active_tok, position, kv_slot, _, mask = take_lowest(mask, first, lane_pos, lane_kv_slot, lane_req)
                 self.finish_token(mX, active_tok, position, kv_slot, t, sPartial, group, outputs, eps, fp8_inv)

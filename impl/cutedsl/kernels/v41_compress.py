@@ -20,7 +20,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64
 
 try:  # 4.8+
     from cutlass.memory import SmemAllocator
@@ -28,8 +28,8 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..stages.dependent_launch import wait_for_prerequisite_grids
-from ..stages.memory import element_address, load_if, load_scalar
-from ..stages.postprocess import load_weight, rope_row
+from ..stages.memory import load_scalar
+from ..stages.postprocess import load_cos_sin, load_weight, rope_row
 from ..stages.v41_latent import GROUP_THREADS, Ratio2Window, latent_of, pooled_ratio1, store_latent
 from ..stages.v41_records import ROPE_FIRST_THREAD, RecordStore, rotate_latent
 from ..stages.v41_rows import VEC, input_row, listed_slot, store_row
@@ -95,14 +95,7 @@ class V41CompressKernel:
         if cutlass.const_expr(self.records is None):
             return None, None
         first_pair = Int32(cutlass.select_(t >= ROPE_FIRST_THREAD, (t - ROPE_FIRST_THREAD) * (VEC // 2), 0))
-        row = rope_row(position, self.config.ratio)
-        half = mCosSin.shape[1] // 2
-        cos = cute.make_rmem_tensor((VEC // 2,), Float32)
-        sin = cute.make_rmem_tensor((VEC // 2,), Float32)
-        for k in range(VEC // 2):
-            cos[k] = load_if(Float32, element_address(mCosSin, row, first_pair + k), 1, wanted)[0]
-            sin[k] = load_if(Float32, element_address(mCosSin, row, first_pair + k + half), 1, wanted)[0]
-        return cos, sin
+        return load_cos_sin(mCosSin, rope_row(position, self.config.ratio), first_pair, VEC // 2, wanted)
 
     @cute.jit
     def finish(

@@ -11,8 +11,8 @@ a CTA per token.
 
 from __future__ import annotations
 
-import cutlass.cute as cute
 import cutlass
+import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 
@@ -40,32 +40,35 @@ def lowest_set_bit(mask):
 
 @cute.jit
 def ballot_run(
-    mFlag: cute.Tensor,  # int64 [T]: kv_slot_mapping (token_activity) or the save's slot_mapping
-    metadata,  # (mPos int64 [T], mSlot int64 [T]) with ``ratio``: SPEC §5's activity; None: mFlag >= 0
-    first,  # Int32: the run's first token
-    run: int,  # tokens in a run (<= 32), fixed per compile
-    ratio: int,
-    mTokenReq: cute.Tensor = None,  # int32 [T]: also read lane j's block-table row, or None
+    mFlag: cute.Tensor,  # int64 [T]: kv_slot_mapping (with ``activity``) or a save's slot_mapping
+    start,  # Int32: the token lane 0 reads
+    end,  # Int32: one past the last token to read (at most T)
+    activity=None,  # (mPos int64 [T], mSlot int64 [T], ratio): SPEC §5's activity; None: mFlag >= 0
+    mTokenReq: cute.Tensor = None,  # int32 [T]: also read each lane's block-table row, or None
 ):
-    """Lane ``j < run`` reads token ``first + j``'s metadata (every lane a valid index: token 0 past
-    the run or ``T``); returns ``(mask, position, flag, req)``: bit ``j`` of the ballot set iff that
-    token exists and is active, the lane's own values kept for :func:`take_lowest`. Every warp
-    of a CTA that calls it gets the same mask."""
-    lane = cute.arch.lane_idx()
-    token = first + lane
-    valid = (lane < run) & (token < mFlag.shape[0])
+    """Lane ``j`` reads token ``start + j``'s metadata where it is below ``end`` (token 0 elsewhere: a
+    valid index); returns ``(mask, position, flag, req)``: bit ``j`` of the ballot set iff lane ``j``'s
+    token exists and is active, the lane's own values kept for :func:`take_lowest`. Every warp that
+    calls it with the same bounds gets the same mask."""
+    token = start + cute.arch.lane_idx()
+    valid = token < end
     token = Int32(cutlass.select_(valid, token, Int32(0)))
     position = Int64(0)
     req = Int32(0)
-    if cutlass.const_expr(metadata is None):
+    if cutlass.const_expr(activity is None):
         flag = mFlag[token]
         active = flag >= Int64(0)
     else:
-        mPos, mSlot = metadata
+        mPos, mSlot, ratio = activity
         position, flag, active = token_activity(mPos, mSlot, mFlag, token, ratio)
     if cutlass.const_expr(mTokenReq is not None):
         req = mTokenReq[token]  # issued with the others, before the ballot waits for them
     return cute.arch.vote_ballot_sync(valid & active), position, flag, req
+
+
+def run_end(first, run, num_tokens):
+    """One past the last token of the run of ``run`` tokens from ``first`` (Int32), at most ``num_tokens``."""
+    return Int32(cutlass.select_(first + run < num_tokens, first + run, num_tokens))
 
 
 @cute.jit
@@ -77,4 +80,4 @@ def take_lowest(mask, first, position, flag, req):
             cute.arch.shuffle_sync(req, j), mask & (mask - Int32(1)))
 
 
-__all__ = ["ballot_run", "group_token", "lowest_set_bit", "take_lowest", "token_activity"]
+__all__ = ["ballot_run", "group_token", "lowest_set_bit", "run_end", "take_lowest", "token_activity"]

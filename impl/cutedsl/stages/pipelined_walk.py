@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .activity import lowest_set_bit, token_activity
+from .activity import ballot_run, lowest_set_bit, run_end
 from .dependent_launch import wait_for_prerequisite_grids
 from .memory import run_rows
 from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
@@ -38,25 +38,24 @@ def run_bounds(num_tokens: Int32, clusters: Int32, cluster: Int32):
     (``ceil(T / G)`` each, the last ones shorter or empty)."""
     share = (num_tokens + clusters - 1) // clusters
     first = cluster * share
-    end = Int32(cutlass.select_(first + share < num_tokens, first + share, num_tokens))
-    return first, end
+    return first, run_end(first, share, num_tokens)
 
 
 class RunWalk:
     """The walk and the staging of one CTA of a persistent C128 kernel (the pooling map of
     :class:`.pooling_c128.C128TilePooling`). ``walk`` is the tuple ``(mPos, mSlot, mKvSlot,
-    mTokenReq, first, end, lane)``."""
+    mTokenReq, first, end)``."""
 
     def __init__(self, pooling: C128TilePooling):
         self.pooling = pooling
 
     @cute.jit
-    def begin(self, metadata: tuple, clusters: Int32, cluster: Int32, lane: Int32):
+    def begin(self, metadata: tuple, clusters: Int32, cluster: Int32):
         """Cluster ``cluster``'s walk and its first active token: ``(walk, found, position, kv_slot,
         req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
         mPos, mSlot, mKvSlot, mTokenReq = metadata
         first, end = run_bounds(Int32(mPos.shape[0]), clusters, cluster)  # a contiguous run (coalesced metadata)
-        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end, lane)
+        walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end)
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
 
@@ -76,35 +75,20 @@ class RunWalk:
             self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
 
     @cute.jit
-    def lane_token(self, walk: tuple, batch: Int32):
-        """``(token, valid)``: lane ``j``'s token ``first + 32 batch + j`` of batch ``batch`` of the
-        run ``first .. end - 1``, valid below ``end`` (token 0 otherwise: a valid index even
-        for the last runs, which may be empty)."""
-        first, end, lane = walk[4], walk[5], walk[6]
-        token = first + batch * BATCH + lane
-        valid = token < end
-        return Int32(cutlass.select_(valid, token, Int32(0))), valid
-
-    @cute.jit
     def load_batch(self, walk: tuple, batch: Int32):
-        """``(mask, position, kv_slot, req)`` of batch ``batch``: bit ``j`` of the ballot is set
-        iff lane ``j``'s token exists and is active (SPEC §5); the lane keeps its token's metadata."""
-        mPos, mSlot, mKvSlot, mTokenReq = walk[0], walk[1], walk[2], walk[3]
-        token, valid = self.lane_token(walk, batch)
-        position, kv_slot, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
-        req = mTokenReq[token]  # issued with the other three, before the ballot waits for them
-        return cute.arch.vote_ballot_sync(valid & active), position, kv_slot, req
+        """``(mask, position, kv_slot, req)`` of batch ``batch`` (:func:`.activity.ballot_run`): bit ``j``
+        of the ballot is set iff lane ``j``'s token ``first + 32 batch + j`` exists in the run and is
+        active (SPEC §5); the lane keeps its token's metadata."""
+        mPos, mSlot, mKvSlot, mTokenReq, first, end = walk
+        return ballot_run(mKvSlot, first + batch * BATCH, end, (mPos, mSlot, RATIO), mTokenReq)
 
     @cute.jit
     def probe_batches(self, walk: tuple, batch: Int32):
         """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
         token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
-        mPos, mSlot, mKvSlot = walk[0], walk[1], walk[2]
-        masks = []
-        for k in cutlass.range_constexpr(PROBE):
-            token, valid = self.lane_token(walk, batch + 1 + k)
-            _, _, active = token_activity(mPos, mSlot, mKvSlot, token, RATIO)
-            masks.append(cute.arch.vote_ballot_sync(valid & active))
+        mPos, mSlot, mKvSlot, _, first, end = walk
+        masks = [ballot_run(mKvSlot, first + (batch + 1 + k) * BATCH, end, (mPos, mSlot, RATIO))[0]
+                 for k in range(PROBE)]  # unrolled at trace time
         first_active = Int32(PROBE)
         for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
             first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))

@@ -49,7 +49,7 @@ from .exact_math import (
     tree_sum,
     ue8m0_scale_byte,
 )
-from .memory import load_fragment, load_scalar, store_fragment, store_scalar
+from .memory import element_address, load_fragment, load_if, load_scalar, store_fragment, store_scalar
 
 
 # ---- pieces (plain tracing helpers, no dynamic control flow) ---------------------------
@@ -113,14 +113,20 @@ def rope_row(position, ratio: int):
     return (position // ratio) * ratio
 
 
-def load_cos_sin(mCosSin: cute.Tensor, cos_sin_row, first_pair, pairs: int):
-    """``(cos, sin)`` fragments of ``pairs`` consecutive RoPE pairs from row ``cos_sin_row``."""
+def load_cos_sin(mCosSin: cute.Tensor, cos_sin_row, first_pair, pairs: int, wanted=None):
+    """``(cos, sin)`` fragments of ``pairs`` consecutive RoPE pairs from row ``cos_sin_row``; with
+    ``wanted`` (a Boolean) read only where it holds, by predicated loads (:func:`.memory.load_if`:
+    no branch, so they issue with the loads around them), undefined elsewhere."""
     half = mCosSin.shape[1] // 2
     cos = cute.make_rmem_tensor((pairs,), Float32)
     sin = cute.make_rmem_tensor((pairs,), Float32)
     for k in range(pairs):
-        cos[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k)
-        sin[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k + half)
+        if cutlass.const_expr(wanted is None):
+            cos[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k)
+            sin[k] = load_scalar(mCosSin, cos_sin_row, first_pair + k + half)
+        else:
+            cos[k] = load_if(Float32, element_address(mCosSin, cos_sin_row, first_pair + k), 1, wanted)[0]
+            sin[k] = load_if(Float32, element_address(mCosSin, cos_sin_row, first_pair + k + half), 1, wanted)[0]
     return cos, sin
 
 

@@ -14,7 +14,7 @@ Each row is one decision and its own block-table lookup (a state row only: a chu
 block table), so a row of the chunk never needs a state block. ``kv`` and ``score`` are fp32
 ``[T, SW]`` with 16-byte aligned rows (SPEC §9), read 16 bytes a thread; ``ape`` one element at a
 time (SPEC promises no row alignment there). The names follow V4.1's :mod:`.v41_rows`
-(:func:`chunk_of` is its chunk start, :func:`.v41_rows.chunk_row` its chunk row).
+(:func:`chunk_of` is its chunk start, :func:`.v41_rows.input_row` with :func:`.v41_rows.as_stored` its chunk row).
 """
 
 from __future__ import annotations

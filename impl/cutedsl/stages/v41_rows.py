@@ -67,13 +67,6 @@ def as_stored(values: cute.Tensor, input_dtype, state_dtype) -> cute.Tensor:
     return values
 
 
-def chunk_row(mKv: cute.Tensor, mScore: cute.Tensor, state_dtype, token, t):
-    """SPEC §13.4 step 1: a window row in the chunk, from token ``token``'s projections as the save
-    would store it and pooling read it back: ``(R(kv), R(score))``."""
-    kv, score = input_row(mKv, mScore, token, t)
-    return as_stored(kv, mKv.element_type, state_dtype), as_stored(score, mScore.element_type, state_dtype)
-
-
 def input_raw_if(mKv: cute.Tensor, mScore: cute.Tensor, token, t, predicate):
     """``(kv, score)``: thread ``t``'s channels of token ``token``'s row, unconverted (``(4,)`` in
     ``mKv``'s and ``mScore``'s dtypes; :func:`to_binary32` converts), read where ``predicate``
@@ -134,5 +127,5 @@ def save_row(mKv: cute.Tensor, mScore: cute.Tensor, mState: cute.Tensor, token, 
     store_row(mState, kv, score, slot, block_size, t)
 
 
-__all__ = ["VEC", "as_stored", "chunk_row", "input_raw_if", "input_row", "listed_slot", "load_values",
+__all__ = ["VEC", "as_stored", "input_raw_if", "input_row", "listed_slot", "load_values",
            "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]

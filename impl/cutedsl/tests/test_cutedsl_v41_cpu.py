@@ -375,6 +375,6 @@ def test_the_compress_launch_bound_reaches_the_ptx():
     assert ".minnctapersm 10" in compile_variant("v41_compress", bounded).__ptx__
     assert ".minnctapersm" not in compile_variant("v41_compress", base).__ptx__
     assert bounded.tag == base.tag + "_occ10"
-    for wrong in (0, 17, 2.5):
+    for wrong in (0, 17, 2.5, True):
         with pytest.raises(ValueError, match="ctas_per_sm"):
             V41CompressConfig(**{**base.__dict__, "ctas_per_sm": wrong})
