@@ -98,26 +98,21 @@ class V41CompressKernel:
         return load_cos_sin(mCosSin, rope_row(position, self.config.ratio), first_pair, VEC // 2, wanted)
 
     @cute.jit
-    def finish(
+    def store_outputs(
         self,
-        x: cute.Tensor,  # fp32 (4,): thread t's channels of the pooled vector
-        w: cute.Tensor,  # fp32 (4,): their norm weights
+        latent: cute.Tensor,  # fp32 (4,): thread t's channels of the latent (bf16 values, latent_of)
         cos: cute.Tensor,  # fp32 (2,): thread t's RoPE cosines (:meth:`rope_inputs`)
         sin: cute.Tensor,  # fp32 (2,): and sines
         token: Int64,
         kv_slot: Int64,  # >= 0
         t: Int32,
-        sPartial: cute.Tensor,  # fp32 smem (4,): the group's per-warp sums of squares
-        barrier_id: Int32,
         mLatent: cute.Tensor,  # bf16 [T, 512], or None
         mCache: cute.Tensor,  # k_cache, or None
-        eps: Float32,
         fp8_inv: Float32,
     ):
-        """An active token's stages after the pooling: the latent, written when given, then RoPE
-        and the record when the launch has a cache. No loads: every input came with the pooling's.
-        Every thread of the group calls it."""
-        latent = latent_of(x, w, t, sPartial, barrier_id, eps)
+        """An active token's stages after its latent: the latent's store when the launch has one,
+        then RoPE and the record when it has a cache. No loads: every input came with the pooling's.
+        Every thread of the group calls it (the record's block maxima are shuffles)."""
         if cutlass.const_expr(self.config.latent):
             store_latent(mLatent, token, t, latent)
         if cutlass.const_expr(self.records is not None):
@@ -165,7 +160,8 @@ class V41CompressKernel:
 
         if active:
             x = self.window.pooled(raw, kv, score, token > first, mState.element_type)
-            self.finish(x, w, cos, sin, token, kv_slot, t, sPartial, barrier_id, mLatent, mCache, eps, fp8_inv)
+            latent = latent_of(x, w, t, sPartial, barrier_id, eps)
+            self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
         if save_slot >= Int64(0):
             if self.saves.defers_to_first(defer_inputs, save_slot, chunk_start) == Int32(0):
                 store_row(mState, kv, score, save_slot, self.config.block_size, t)
@@ -194,12 +190,17 @@ class V41CompressKernel:
             position = mPos[tok]
             kv_slot = mKvSlot[tok]
             if cutlass.const_expr(self.config.ratio == 1):
-                if kv_slot >= Int64(0):  # every position is a boundary
-                    cos, sin = self.rope_inputs(mCosSin, position, t, True)
-                    x = pooled_ratio1(mKv, token, t)
-                    w = load_weight(mWeight, t * VEC, VEC)
-                    self.finish(x, w, cos, sin, token, kv_slot, t, sPartial[group, None], barrier_id, mLatent, mCache,
-                                eps, fp8_inv)
+                # One round of loads: row tok exists whether the token stores or not, so every token
+                # reads it and computes its latent; only the stores wait for kv_slot (every position
+                # is a boundary). A branch before the latent would let ptxas sink the row's load into
+                # it, after kv_slot's.
+                stores = kv_slot >= Int64(0)
+                x = pooled_ratio1(mKv, token, t)
+                w = load_weight(mWeight, t * VEC, VEC)
+                cos, sin = self.rope_inputs(mCosSin, position, t, stores)
+                latent = latent_of(x, w, t, sPartial[group, None], barrier_id, eps)
+                if stores:
+                    self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
             else:
                 save_slot = mSave[tok]
                 slot = mSlot[tok]

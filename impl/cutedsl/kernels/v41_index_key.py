@@ -18,7 +18,7 @@ from cutlass import Float32, Int64
 
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.indexer_entry import WarpFinish, indexer_entry_addresses
-from ..stages.v41_index_key import index_key_entry
+from ..stages.v41_index_key import index_key_entry, load_index_key_row
 from ..v41_config import V41IndexKeyConfig
 
 
@@ -58,9 +58,14 @@ class V41IndexKeyKernel:
         if tok < mPos.shape[0]:
             position = mPos[tok]
             kv_slot = mKvSlot[tok]
-            if (kv_slot >= Int64(0)) & ((position + 1) % self.config.ratio == Int64(0)):
-                w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
-                z = index_key_entry(mKPre, Int64(tok), lane, w, cos, sin, eps)
+            # One round of loads: row tok exists whether the token stores or not, so every token reads
+            # it and computes its key; only the stores wait for the test (a branch before the key
+            # would let ptxas sink the row's load into it, after kv_slot's and the position's).
+            stores = (kv_slot >= Int64(0)) & ((position + 1) % self.config.ratio == Int64(0))
+            x = load_index_key_row(mKPre, Int64(tok), lane)
+            w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position, stores)
+            z = index_key_entry(x, lane, w, cos, sin, eps)
+            if stores:
                 data, scales = indexer_entry_addresses(self.config, mCache, kv_slot)
                 if cutlass.const_expr(self.config.layout == "indexer_fp8"):
                     self.finishing.store_fp8_record(data, scales, z, lane)

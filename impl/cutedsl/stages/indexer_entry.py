@@ -133,17 +133,18 @@ class WarpFinish:
         if lane % MXFP4_BLOCK_LANES == 0:
             store_scalar(Uint8, scales + Int64(lane // MXFP4_BLOCK_LANES), scale_byte.to(Uint8))
 
-    def inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position):
+    def inputs(self, mWeight: cute.Tensor, mCosSin: cute.Tensor, lane, position, wanted=None):
         """The lane's 4 norm weights and its 2 RoPE pairs' ``(cos, sin)`` (fp32 fragments), loaded
         before the pooling so that their latency hides behind the state rows' (ptxas sinks
         these loads to their use, after the pooling).
 
         ``mWeight``: fp32 or bf16 ``[128]``; ``mCosSin``: fp32 ``[max_pos, 64]``, row ``(p // r) * r``.
-        Lanes 0..15 (no RoPE) read pair 0's, unused."""
+        Lanes 0..15 (no RoPE) read pair 0's, unused. ``wanted`` (a Boolean): the RoPE pairs are read
+        only where it holds (predicated, :func:`.postprocess.load_cos_sin`), undefined elsewhere."""
         ratio = self.config.ratio
         w = load_weight(mWeight, lane * VEC, VEC)
         first_pair = Int32(cutlass.select_(lane >= ROPE_FIRST_LANE, (lane - ROPE_FIRST_LANE) * (VEC // 2), 0))
-        cos, sin = load_cos_sin(mCosSin, rope_row(position, ratio), first_pair, VEC // 2)
+        cos, sin = load_cos_sin(mCosSin, rope_row(position, ratio), first_pair, VEC // 2, wanted)
         return w, cos, sin
 
     @cute.jit

@@ -20,7 +20,7 @@ from .exact_math import bf16_round_fragment, butterfly_sum, fadd, fdiv, fmax, fm
 from .indexer_entry import select_fragment
 from .memory import element_address, store_fragment
 from .postprocess import normalize, rms_scale, sum_of_squares
-from .v41_rows import VEC, as_stored, input_raw_if, load_values, lookup_state_row, state_raw_if, to_binary32
+from .v41_rows import VEC, as_stored, input_raw_if, load_values, load_values_here, lookup_state_row, state_raw_if, to_binary32
 
 GROUP_THREADS = 128  # threads per token: 4 channels each
 GROUP_WARPS = GROUP_THREADS // 32
@@ -42,8 +42,9 @@ def softmax_then_sum(kv0: cute.Tensor, score0: cute.Tensor, kv1: cute.Tensor, sc
 
 
 def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
-    """Ratio 1's ``x``: thread ``t``'s channels of the token's ``kv`` row (fp32 or bf16 ``[T, 512]``)."""
-    return load_values(mKv, token, t * VEC)
+    """Ratio 1's ``x``: thread ``t``'s channels of the token's ``kv`` row (fp32 or bf16 ``[T, 512]``),
+    read where it is traced (the kernel's per-token round)."""
+    return load_values_here(mKv, token, t * VEC)
 
 
 @dataclass(frozen=True)

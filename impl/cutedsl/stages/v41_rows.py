@@ -43,6 +43,19 @@ def load_values(mRows: cute.Tensor, row, first_channel, align_rows: bool = True)
     return to_binary32(load_fragment(dtype, element_address(mRows, row, first_channel), VEC, align))
 
 
+def load_values_here(mRows: cute.Tensor, row, first_channel, align_rows: bool = True) -> cute.Tensor:
+    """:func:`load_values`, issued where it is traced: a plain load whose value is used only past a
+    branch is sunk below it, and waits for the loads that branch tests (:func:`.memory.load_if`)."""
+    dtype = mRows.element_type
+    address = element_address(mRows, row, first_channel)
+    if cutlass.const_expr(align_rows):
+        return to_binary32(load_if(dtype, address, VEC, True))
+    raw = cute.make_rmem_tensor((VEC,), dtype)
+    for i in range(VEC):  # unrolled as it is traced
+        raw[i] = load_if(dtype, address + i * (dtype.width // 8), 1, True)[0]
+    return to_binary32(raw)
+
+
 def store_values(mRows: cute.Tensor, address, values: cute.Tensor) -> None:
     """fp32 ``values`` (4,) at ``address`` in ``mRows``' dtype: as they are (fp32), or each
     rounded once to bf16 (nearest, ties to even)."""
@@ -128,4 +141,4 @@ def save_row(mKv: cute.Tensor, mScore: cute.Tensor, mState: cute.Tensor, token, 
 
 
 __all__ = ["VEC", "as_stored", "input_raw_if", "input_row", "listed_slot", "load_values",
-           "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]
+           "load_values_here", "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]
