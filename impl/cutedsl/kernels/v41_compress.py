@@ -3,7 +3,8 @@
 
 A group of 128 threads per token (4 channels a thread), ``tokens_per_cta`` groups per CTA, each
 with its own named barrier (its id ``group + 1``) and its own shared memory, so the group of an
-inactive token simply skips. For an active token (SPEC §14.3): the pooled vector (ratio 1:
+inactive token simply skips. At ratio 1 a group may take ``tokens_per_group`` consecutive tokens,
+whose loads it issues together (more bytes in flight a thread, :meth:`V41CompressKernel.ratio1`). For an active token (SPEC §14.3): the pooled vector (ratio 1:
 ``kv``; ratio 2: the rows at ``p - 1`` and ``p`` from the chunk or the state,
 :class:`..stages.v41_latent.Ratio2Window`), the norm and the bf16 latent (written when the
 launch has a latent), then, when it has a cache, RoPE at ``cp = (p // r) * r`` and the record
@@ -28,7 +29,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..stages.dependent_launch import wait_for_prerequisite_grids
-from ..stages.memory import load_scalar
+from ..stages.memory import element_address, load_if, load_scalar
 from ..stages.postprocess import load_cos_sin, load_weight, rope_row
 from ..stages.v41_latent import GROUP_THREADS, Ratio2Window, latent_of, pooled_ratio1, store_latent
 from ..stages.v41_records import ROPE_FIRST_THREAD, RecordStore, rotate_latent
@@ -41,11 +42,12 @@ SMEM_CARVEOUT_PERCENT = 0  # with ctas_per_sm: a few bytes of shared memory a CT
 
 
 class V41CompressKernel:
-    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
+    """Grid ``ceil(T / (tokens_per_cta * tokens_per_group))``, ``128 * tokens_per_cta`` threads."""
 
     def __init__(self, config: V41CompressConfig):
         self.config = config
         self.tokens_per_cta = config.tokens_per_cta
+        self.tokens_per_group = config.tokens_per_group
         self.threads = GROUP_THREADS * config.tokens_per_cta
         self.records = RecordStore(config.record) if config.record is not None else None
         if config.ratio == 2:
@@ -75,7 +77,8 @@ class V41CompressKernel:
         stream: cuda.CUstream,
     ):
         num_tokens = mPos.shape[0]
-        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
+        per_cta = self.tokens_per_cta * self.tokens_per_group
+        grid = (num_tokens + per_cta - 1) // per_cta
         self.kernel(mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent,
                     mCosSin, mCache, eps, fp8_inv, ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl,
@@ -119,6 +122,40 @@ class V41CompressKernel:
             self.records.store(rotate_latent(latent, t, cos, sin), t, mCache, kv_slot, fp8_inv)
 
     @cute.jit
+    def ratio1(
+        self,
+        mKv: cute.Tensor,  # fp32 or bf16 [T, 512]
+        metadata: tuple,  # (mPos int64 [T], mKvSlot int64 [T])
+        outputs: tuple,  # (mWeight fp32 or bf16 [512], mLatent bf16 [T, 512] or None, mCosSin fp32 [max_pos, 64]
+        #                  or None, mCache k_cache or None, eps, fp8_inv)
+        first: Int64,  # the group's first token (< T)
+        t: Int32,
+        sPartial: cute.Tensor,  # fp32 smem (tokens_per_group, 4): each token's per-warp sums of squares
+        barrier_id: Int32,
+    ):
+        """The group's ``tokens_per_group`` consecutive tokens from ``first``, in one round of loads:
+        every row that exists is read (whether its token stores or not) and its latent computed;
+        only the stores wait for ``kv_slot`` (every position is a boundary). A branch before the
+        latent would let ptxas sink the row's load below the slot's."""
+        mPos, mKvSlot = metadata
+        mWeight, mLatent, mCosSin, mCache, eps, fp8_inv = outputs
+        w = load_weight(mWeight, t * VEC, VEC)
+        tokens = []
+        for k in cutlass.range_constexpr(self.tokens_per_group):
+            token = first + k
+            here = token < Int64(mPos.shape[0])
+            position = load_if(Int64, element_address(mPos, token), 1, here)[0]
+            kv_slot = load_if(Int64, element_address(mKvSlot, token), 1, here)[0]
+            stores = here & (kv_slot >= Int64(0))
+            cos, sin = self.rope_inputs(mCosSin, position, t, stores)
+            tokens.append((token, kv_slot, stores, pooled_ratio1(mKv, token, t, here), cos, sin))
+        for k in cutlass.range_constexpr(self.tokens_per_group):
+            token, kv_slot, stores, x, cos, sin = tokens[k]
+            latent = latent_of(x, w, t, sPartial[k, None], barrier_id, eps)  # its own partials: no reuse race
+            if stores:
+                self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
+
+    @cute.jit
     def ratio2(
         self,
         rows: tuple,  # (mKv, mScore): fp32 or bf16 [T, 512] each (the raw scores), and mState: fp32 or bf16
@@ -132,15 +169,17 @@ class V41CompressKernel:
         ring_capacity: Int32,
     ):
         """A ratio-2 token that pools or saves, in two rounds of loads after the per-token round:
-        what the request and the position name (the chunk's bounds, row ``p - 1``'s lookup, the
-        token's own row, the norm and RoPE inputs), then row ``p - 1`` with the saves' loads; then
-        the compress and the ordered saves (:mod:`..stages.v41_save`). A round's guarded loads are
-        predicated (:func:`..stages.memory.load_if`), so no branch splits a round."""
+        what the token and the request name (the chunk's row ``p - 1`` and the token's own, the
+        chunk's bounds, row ``p - 1``'s state lookup, the norm and RoPE inputs), then the state's row
+        ``p - 1`` (a chunk's first token) with the saves' loads; then the compress and the ordered
+        saves (:mod:`..stages.v41_save`). A round's guarded loads are predicated
+        (:func:`..stages.memory.load_if`), so no branch splits a round."""
         mKv, mScore, mState = rows
         mKvSlot, mSlot, mSave, mQsl, mBlockTable = metadata
         mWeight, mLatent, mCosSin, mCache, eps, fp8_inv = outputs
         token, position, kv_slot, save_slot, request, active = facts
         t, sPartial, sFound, barrier_id = group
+        chunk_kv, chunk_score = self.window.load_chunk_row_before(mKv, mScore, token, active, t)
         block, offset, listed = self.window.row_before(mBlockTable, request, position, active, ring_capacity)
         first = Int64(load_scalar(mQsl, request))
         end = Int64(load_scalar(mQsl, request + 1))
@@ -149,7 +188,8 @@ class V41CompressKernel:
         cos, sin = self.rope_inputs(mCosSin, position, t, active)
         chunk_start = position - (token - first)  # P0: a chunk's positions are consecutive (SPEC §13.4)
 
-        raw = self.window.load_earlier_row(mKv, mScore, mState, token, first, block, offset, listed, active, t)
+        state_kv, state_score = self.window.load_state_row_before(mState, (block, offset, listed),
+                                                                  active & (token <= first), t)
         defer_inputs = self.saves.load_defer_inputs(mKvSlot, mSlot, mBlockTable, token, request, first, chunk_start,
                                                     ring_capacity, save_slot >= Int64(0))
         read_slot = listed_slot(block, offset, listed, self.config.block_size)  # row p - 1's (= P0 - 1's for first)
@@ -159,7 +199,8 @@ class V41CompressKernel:
             found = self.saves.scan_deferred(mSave, first, end, read_slot, t)
 
         if active:
-            x = self.window.pooled(raw, kv, score, token > first, mState.element_type)
+            x = self.window.pooled((chunk_kv, chunk_score, state_kv, state_score), kv, score, token > first,
+                                   mState.element_type)
             latent = latent_of(x, w, t, sPartial, barrier_id, eps)
             self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
         if save_slot >= Int64(0):
@@ -178,30 +219,22 @@ class V41CompressKernel:
         cta, _, _ = cute.arch.block_idx()
         group = tidx // GROUP_THREADS
         t = tidx % GROUP_THREADS
-        tok = cta * self.tokens_per_cta + group
+        tok = (cta * self.tokens_per_cta + group) * self.tokens_per_group  # the group's first token
         smem = SmemAllocator()
-        layout = cute.make_layout((self.tokens_per_cta, PARTIALS), stride=(PARTIALS, 1))
+        layout = cute.make_layout((self.tokens_per_cta, self.tokens_per_group, PARTIALS),
+                                  stride=(self.tokens_per_group * PARTIALS, PARTIALS, 1))
         sPartial = smem.allocate_tensor(Float32, layout, byte_alignment=16)
         sFound = smem.allocate_tensor(Int32, layout, byte_alignment=16)
         barrier_id = group + 1
         if tok < mPos.shape[0]:
             token = Int64(tok)
-            # the per-token round: every index is tok < T
-            position = mPos[tok]
-            kv_slot = mKvSlot[tok]
             if cutlass.const_expr(self.config.ratio == 1):
-                # One round of loads: row tok exists whether the token stores or not, so every token
-                # reads it and computes its latent; only the stores wait for kv_slot (every position
-                # is a boundary). A branch before the latent would let ptxas sink the row's load into
-                # it, after kv_slot's.
-                stores = kv_slot >= Int64(0)
-                x = pooled_ratio1(mKv, token, t)
-                w = load_weight(mWeight, t * VEC, VEC)
-                cos, sin = self.rope_inputs(mCosSin, position, t, stores)
-                latent = latent_of(x, w, t, sPartial[group, None], barrier_id, eps)
-                if stores:
-                    self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
+                self.ratio1(mKv, (mPos, mKvSlot), (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv), token, t,
+                            sPartial[group, None, None], barrier_id)
             else:
+                # the per-token round: every index is tok < T
+                position = mPos[tok]
+                kv_slot = mKvSlot[tok]
                 save_slot = mSave[tok]
                 slot = mSlot[tok]
                 request = Int64(mTokenReq[tok])
@@ -212,7 +245,7 @@ class V41CompressKernel:
                     self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
                                 (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
                                 (token, position, kv_slot, save_slot, request, active),
-                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity)
+                                (t, sPartial[group, 0, None], sFound[group, 0, None], barrier_id), ring_capacity)
 
 
 __all__ = ["V41CompressKernel"]

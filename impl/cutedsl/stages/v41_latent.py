@@ -41,18 +41,20 @@ def softmax_then_sum(kv0: cute.Tensor, score0: cute.Tensor, kv1: cute.Tensor, sc
     return x
 
 
-def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
+def pooled_ratio1(mKv: cute.Tensor, token, t, here=True) -> cute.Tensor:
     """Ratio 1's ``x``: thread ``t``'s channels of the token's ``kv`` row (fp32 or bf16 ``[T, 512]``),
-    read where it is traced (the kernel's per-token round)."""
-    return load_values_here(mKv, token, t * VEC)
+    read where it is traced (the kernel's per-token round) and only where ``here`` (a Boolean)."""
+    return load_values_here(mKv, token, t * VEC, predicate=here)
 
 
 @dataclass(frozen=True)
 class Ratio2Window:
     """Ratio 2's two window rows (SPEC §13.4 step 1) for a state of ``block_size`` rows a block,
-    paged or a ring (``ring``), both fixed per compile. The kernel reads them in two rounds of
-    loads: row ``p - 1``'s state lookup next to ``query_start_loc`` (:meth:`row_before`), then
-    the row itself, unconverted (:meth:`load_earlier_row`); :meth:`pooled` converts and combines.
+    paged or a ring (``ring``), both fixed per compile. The kernel reads row ``p - 1`` of the chunk
+    with the token's own row, its state lookup next to ``query_start_loc`` (:meth:`row_before`),
+    then the state row where the chunk does not hold it (:meth:`load_chunk_row_before`,
+    :meth:`load_state_row_before`, unconverted);
+    :meth:`pooled` converts and combines.
     Their loads are predicated, not branched around (:func:`.memory.load_if`)."""
 
     block_size: int
@@ -71,33 +73,37 @@ class Ratio2Window:
         and the position only."""
         return lookup_state_row(mBlockTable, request, position - 1, self.block_size, self.ring, ring_capacity, active)
 
-    def load_earlier_row(
+    def load_chunk_row_before(
         self,
         mKv: cute.Tensor,  # fp32 or bf16 [T, 512]
         mScore: cute.Tensor,  # fp32 or bf16 [T, 512]: the raw scores
-        mState: cute.Tensor,  # fp32 or bf16 [num_state_blocks, bs, 1024]
         token: Int64,  # the token (odd position p where active)
-        first: Int64,  # the chunk's first token
-        block: Int64,  # row p - 1's state block (:meth:`row_before`)
-        offset: Int64,  # its row in the block
-        listed: Boolean,  # the table lists row p - 1 (:meth:`row_before`; always for a first token's row)
         active: Boolean,  # the token pools (else nothing is read)
         t: Int32,  # thread index in the token's group
     ) -> tuple:
-        """Row ``p - 1`` unconverted, as two pairs of which one is read: ``(kv, score)`` of the
-        chunk (``(4,)`` in the inputs' dtypes) where it holds the row, then ``(kv, score)`` of the
-        state (its dtype) where not. Pooling takes token ``first + (p - 1 - P0)``'s row when
-        ``p - 1 >= P0``; a chunk's positions are consecutive (SPEC §13.4's contract), so that token
-        is ``token - 1`` and the chunk holds the row iff ``token > first``: no load of ``P0``
-        stands between ``query_start_loc`` and the row."""
-        in_chunk = token > first
-        chunk_kv, chunk_score = input_raw_if(mKv, mScore, token - 1, t, active & in_chunk)
-        state_kv, state_score = state_raw_if(mState, block, offset, t, active & (token <= first) & listed)
-        return chunk_kv, chunk_score, state_kv, state_score
+        """Row ``token - 1`` of the chunk, unconverted (``(kv, score)``, ``(4,)`` in the inputs'
+        dtypes). Pooling takes token ``first + (p - 1 - P0)``'s row when ``p - 1 >= P0``; a
+        chunk's positions are consecutive (SPEC §13.4's contract), so that token is ``token - 1``
+        and the chunk holds the row iff ``token > first``. The row is read whether or not the chunk
+        holds it, so its load waits for no ``query_start_loc``: the caller issues it first, with the
+        token's own row."""
+        return input_raw_if(mKv, mScore, token - 1, t, active & (token > Int64(0)))
+
+    def load_state_row_before(
+        self,
+        mState: cute.Tensor,  # fp32 or bf16 [num_state_blocks, bs, 1024]
+        lookup: tuple,  # (block, offset, listed) of row p - 1 (:meth:`row_before`)
+        wanted: Boolean,  # the token pools and the chunk does not hold row p - 1 (token == first)
+        t: Int32,  # thread index in the token's group
+    ) -> tuple:
+        """Row ``p - 1`` of the state, unconverted (``(kv, score)``, ``(4,)`` in the state's dtype),
+        read only where ``wanted`` and the table lists it (a chunk's first token)."""
+        block, offset, listed = lookup
+        return state_raw_if(mState, block, offset, t, wanted & listed)
 
     def pooled(
         self,
-        raw: tuple,  # load_earlier_row(): row p - 1
+        raw: tuple,  # row p - 1: (chunk kv, chunk score, state kv, state score), unconverted
         kv: cute.Tensor,  # fp32 (4,): the token's own kv, as input_row reads it
         score: cute.Tensor,  # fp32 (4,): the token's own raw scores, as input_row reads them
         in_chunk: Boolean,  # token > first: row p - 1 is the chunk's
