@@ -72,8 +72,7 @@ class V41RecordFormat:
 @dataclass(frozen=True)
 class V41CompressConfig:
     """The kernel of ``v41_compress_norm`` and ``v41_compress_norm_rope_store`` (one launch):
-    128 threads per token group, ``tokens_per_cta`` groups per CTA, each group ``tokens_per_group``
-    consecutive tokens (ratio 1: 1 or 2; ratio 2: 1).
+    128 threads per token, ``tokens_per_cta`` tokens per CTA.
 
     Ratio 1 reads ``kv`` alone (``score_dtype``, ``state_dtype`` and ``block_size`` are
     ``None``, ``ring`` False); ratio 2 its two rows from the chunk or the state, and saves
@@ -91,11 +90,9 @@ class V41CompressConfig:
     tokens_per_cta: int = 1  # 1, 2 or 4
     pdl: bool = False  # programmatic dependent launch (see .stages.dependent_launch)
     ctas_per_sm: int | None = None  # .minnctapersm: CTAs an SM must hold at once (caps registers), or None
-    tokens_per_group: int = 1  # ratio 1: consecutive tokens a group of 128 threads takes, their loads issued together
 
     def __post_init__(self):
         _one_of("compress_ratio", self.ratio, V41_RATIOS)
-        _one_of("tokens_per_group", self.tokens_per_group, (1, 2) if self.ratio == 1 else (1,))
         if self.ctas_per_sm is not None and (isinstance(self.ctas_per_sm, bool) or self.ctas_per_sm not in range(1, 17)):
             _fail("ctas_per_sm", "None or an integer from 1 to 16", self.ctas_per_sm)
         _one_of("kv dtype", self.kv_dtype, PROJECTION_DTYPES)
@@ -129,8 +126,7 @@ class V41CompressConfig:
         store = self.record.tag if self.record is not None else "nostore"
         return (f"v41_compress_r{self.ratio}_{inputs}_w{_short(self.weight_dtype)}"
                 f"_{'latent' if self.latent else 'nolatent'}_{store}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
-                f"{'' if self.ctas_per_sm is None else f'_occ{self.ctas_per_sm}'}"
-                f"{'' if self.tokens_per_group == 1 else f'_tpg{self.tokens_per_group}'}")
+                f"{'' if self.ctas_per_sm is None else f'_occ{self.ctas_per_sm}'}")
 
 
 @dataclass(frozen=True)

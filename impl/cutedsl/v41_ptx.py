@@ -45,8 +45,6 @@ def _compress_requests() -> list[V41Request]:
         V41Request(layout=None, **_ratio2(state=BF16, block_size=2, ring=True)),  # the reference's ring of 2
         V41Request(layout="v41_nvfp4", entries_per_page=1, **_ratio2(block_size=3)),  # odd bs, B = 1
         V41Request(layout="v41_mxfp8", entries_per_page=B, shapes=V41Shapes(compress_tokens_per_cta=2), **ratio1),
-        V41Request(layout="v41_mxfp8", entries_per_page=B, shapes=V41Shapes(ratio1_tokens_per_group=1,
-                                                                           compress_ctas_per_sm=None), **ratio1),
         V41Request(layout="v41_nvfp4", entries_per_page=B, shapes=V41Shapes(compress_tokens_per_cta=4), **_ratio2()),
         V41Request(layout="v41_nvfp4", entries_per_page=B, pdl=False, **_ratio2()),
     ]

@@ -3,8 +3,7 @@
 
 A group of 128 threads per token (4 channels a thread), ``tokens_per_cta`` groups per CTA, each
 with its own named barrier (its id ``group + 1``) and its own shared memory, so the group of an
-inactive token simply skips. At ratio 1 a group may take ``tokens_per_group`` consecutive tokens,
-whose loads it issues together (more bytes in flight a thread, :meth:`V41CompressKernel.ratio1`). For an active token (SPEC §14.3): the pooled vector (ratio 1:
+inactive token simply skips. For an active token (SPEC §14.3): the pooled vector (ratio 1:
 ``kv``; ratio 2: the rows at ``p - 1`` and ``p`` from the chunk or the state,
 :class:`..stages.v41_latent.Ratio2Window`), the norm and the bf16 latent (written when the
 launch has a latent), then, when it has a cache, RoPE at ``cp = (p // r) * r`` and the record
@@ -29,7 +28,7 @@ except ImportError:  # pragma: no cover - 4.0..4.7
     from cutlass.utils import SmemAllocator
 
 from ..stages.dependent_launch import wait_for_prerequisite_grids
-from ..stages.memory import element_address, load_if, load_scalar
+from ..stages.memory import load_scalar
 from ..stages.postprocess import load_cos_sin, load_weight, rope_row
 from ..stages.v41_latent import GROUP_THREADS, Ratio2Window, latent_of, pooled_ratio1, store_latent
 from ..stages.v41_records import ROPE_FIRST_THREAD, RecordStore, rotate_latent
@@ -42,12 +41,11 @@ SMEM_CARVEOUT_PERCENT = 0  # with ctas_per_sm: a few bytes of shared memory a CT
 
 
 class V41CompressKernel:
-    """Grid ``ceil(T / (tokens_per_cta * tokens_per_group))``, ``128 * tokens_per_cta`` threads."""
+    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
 
     def __init__(self, config: V41CompressConfig):
         self.config = config
         self.tokens_per_cta = config.tokens_per_cta
-        self.tokens_per_group = config.tokens_per_group
         self.threads = GROUP_THREADS * config.tokens_per_cta
         self.records = RecordStore(config.record) if config.record is not None else None
         if config.ratio == 2:
@@ -77,8 +75,7 @@ class V41CompressKernel:
         stream: cuda.CUstream,
     ):
         num_tokens = mPos.shape[0]
-        per_cta = self.tokens_per_cta * self.tokens_per_group
-        grid = (num_tokens + per_cta - 1) // per_cta
+        grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
         self.kernel(mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent,
                     mCosSin, mCache, eps, fp8_inv, ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl,
@@ -120,40 +117,6 @@ class V41CompressKernel:
             store_latent(mLatent, token, t, latent)
         if cutlass.const_expr(self.records is not None):
             self.records.store(rotate_latent(latent, t, cos, sin), t, mCache, kv_slot, fp8_inv)
-
-    @cute.jit
-    def ratio1(
-        self,
-        mKv: cute.Tensor,  # fp32 or bf16 [T, 512]
-        metadata: tuple,  # (mPos int64 [T], mKvSlot int64 [T])
-        outputs: tuple,  # (mWeight fp32 or bf16 [512], mLatent bf16 [T, 512] or None, mCosSin fp32 [max_pos, 64]
-        #                  or None, mCache k_cache or None, eps, fp8_inv)
-        first: Int64,  # the group's first token (< T)
-        t: Int32,
-        sPartial: cute.Tensor,  # fp32 smem (tokens_per_group, 4): each token's per-warp sums of squares
-        barrier_id: Int32,
-    ):
-        """The group's ``tokens_per_group`` consecutive tokens from ``first``, in one round of loads:
-        every row that exists is read (whether its token stores or not) and its latent computed;
-        only the stores wait for ``kv_slot`` (every position is a boundary). A branch before the
-        latent would let ptxas sink the row's load below the slot's."""
-        mPos, mKvSlot = metadata
-        mWeight, mLatent, mCosSin, mCache, eps, fp8_inv = outputs
-        w = load_weight(mWeight, t * VEC, VEC)
-        tokens = []
-        for k in cutlass.range_constexpr(self.tokens_per_group):
-            token = first + k
-            here = token < Int64(mPos.shape[0])
-            position = load_if(Int64, element_address(mPos, token), 1, here)[0]
-            kv_slot = load_if(Int64, element_address(mKvSlot, token), 1, here)[0]
-            stores = here & (kv_slot >= Int64(0))
-            cos, sin = self.rope_inputs(mCosSin, position, t, stores)
-            tokens.append((token, kv_slot, stores, pooled_ratio1(mKv, token, t, here), cos, sin))
-        for k in cutlass.range_constexpr(self.tokens_per_group):
-            token, kv_slot, stores, x, cos, sin = tokens[k]
-            latent = latent_of(x, w, t, sPartial[k, None], barrier_id, eps)  # its own partials: no reuse race
-            if stores:
-                self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
 
     @cute.jit
     def ratio2(
@@ -219,22 +182,30 @@ class V41CompressKernel:
         cta, _, _ = cute.arch.block_idx()
         group = tidx // GROUP_THREADS
         t = tidx % GROUP_THREADS
-        tok = (cta * self.tokens_per_cta + group) * self.tokens_per_group  # the group's first token
+        tok = cta * self.tokens_per_cta + group
         smem = SmemAllocator()
-        layout = cute.make_layout((self.tokens_per_cta, self.tokens_per_group, PARTIALS),
-                                  stride=(self.tokens_per_group * PARTIALS, PARTIALS, 1))
+        layout = cute.make_layout((self.tokens_per_cta, PARTIALS), stride=(PARTIALS, 1))
         sPartial = smem.allocate_tensor(Float32, layout, byte_alignment=16)
         sFound = smem.allocate_tensor(Int32, layout, byte_alignment=16)
         barrier_id = group + 1
         if tok < mPos.shape[0]:
             token = Int64(tok)
+            # the per-token round: every index is tok < T
+            position = mPos[tok]
+            kv_slot = mKvSlot[tok]
             if cutlass.const_expr(self.config.ratio == 1):
-                self.ratio1(mKv, (mPos, mKvSlot), (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv), token, t,
-                            sPartial[group, None, None], barrier_id)
+                # One round of loads: row tok exists whether the token stores or not, so every token
+                # reads it and computes its latent; only the stores wait for kv_slot (every position
+                # is a boundary). A branch before the latent would let ptxas sink the row's load into
+                # it, after kv_slot's.
+                stores = kv_slot >= Int64(0)
+                x = pooled_ratio1(mKv, token, t)
+                w = load_weight(mWeight, t * VEC, VEC)
+                cos, sin = self.rope_inputs(mCosSin, position, t, stores)
+                latent = latent_of(x, w, t, sPartial[group, None], barrier_id, eps)
+                if stores:
+                    self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
             else:
-                # the per-token round: every index is tok < T
-                position = mPos[tok]
-                kv_slot = mKvSlot[tok]
                 save_slot = mSave[tok]
                 slot = mSlot[tok]
                 request = Int64(mTokenReq[tok])
@@ -245,7 +216,7 @@ class V41CompressKernel:
                     self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
                                 (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
                                 (token, position, kv_slot, save_slot, request, active),
-                                (t, sPartial[group, 0, None], sFound[group, 0, None], barrier_id), ring_capacity)
+                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity)
 
 
 __all__ = ["V41CompressKernel"]

@@ -41,10 +41,10 @@ def softmax_then_sum(kv0: cute.Tensor, score0: cute.Tensor, kv1: cute.Tensor, sc
     return x
 
 
-def pooled_ratio1(mKv: cute.Tensor, token, t, here=True) -> cute.Tensor:
+def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
     """Ratio 1's ``x``: thread ``t``'s channels of the token's ``kv`` row (fp32 or bf16 ``[T, 512]``),
-    read where it is traced (the kernel's per-token round) and only where ``here`` (a Boolean)."""
-    return load_values_here(mKv, token, t * VEC, predicate=here)
+    read where it is traced (the kernel's per-token round)."""
+    return load_values_here(mKv, token, t * VEC)
 
 
 @dataclass(frozen=True)

@@ -43,17 +43,16 @@ def load_values(mRows: cute.Tensor, row, first_channel, align_rows: bool = True)
     return to_binary32(load_fragment(dtype, element_address(mRows, row, first_channel), VEC, align))
 
 
-def load_values_here(mRows: cute.Tensor, row, first_channel, align_rows: bool = True, predicate=True) -> cute.Tensor:
+def load_values_here(mRows: cute.Tensor, row, first_channel, align_rows: bool = True) -> cute.Tensor:
     """:func:`load_values`, issued where it is traced: a plain load whose value is used only past a
-    branch is sunk below it, and waits for the loads that branch tests (:func:`.memory.load_if`).
-    Read only where ``predicate`` (a Boolean; the values are undefined elsewhere)."""
+    branch is sunk below it, and waits for the loads that branch tests (:func:`.memory.load_if`)."""
     dtype = mRows.element_type
     address = element_address(mRows, row, first_channel)
     if cutlass.const_expr(align_rows):
-        return to_binary32(load_if(dtype, address, VEC, predicate))
+        return to_binary32(load_if(dtype, address, VEC, True))
     raw = cute.make_rmem_tensor((VEC,), dtype)
     for i in range(VEC):  # unrolled as it is traced
-        raw[i] = load_if(dtype, address + i * (dtype.width // 8), 1, predicate)[0]
+        raw[i] = load_if(dtype, address + i * (dtype.width // 8), 1, True)[0]
     return to_binary32(raw)
 
 

@@ -317,7 +317,7 @@ def test_the_custom_ops_launch_what_the_functions_do(recorded):
 def test_nvfp4_records_divide_and_the_ratio2_softmax_divides():
     """SPEC §14.5: ``v41_nvfp4`` divides (``div.rn``: one for sigma, one per channel a thread), a
     rounded reciprocal would change codes; ratio 2 normalizes its two weights by division (two per
-    channel), and the norm's ``rr`` is one more. Counted per token (a ratio-1 group may take two)."""
+    channel), and the norm's ``rr`` is one more."""
     from dsv4_compressor.impl.cutedsl import v41_ptx
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
@@ -325,7 +325,7 @@ def test_nvfp4_records_divide_and_the_ratio2_softmax_divides():
     for kernel, config in v41_ptx.kernel_configs():
         if kernel != "v41_index_key" and getattr(config, "tokens_per_cta", 1) == 1:
             counts[(kernel, getattr(config, "ratio"), config.record.layout if config.record else None)] = \
-                compile_variant(kernel, config).__ptx__.count("div.rn.f32") / getattr(config, "tokens_per_group", 1)
+                compile_variant(kernel, config).__ptx__.count("div.rn.f32")
     assert counts[("v41_store", 1, "v41_nvfp4")] == 1 + 4 and counts[("v41_store", 1, "v41_mxfp8")] == 0
     assert counts[("v41_compress", 1, "v41_nvfp4")] == 1 + 1 + 4 and counts[("v41_compress", 1, None)] == 1
     assert counts[("v41_compress", 2, None)] == 2 * 4 + 1
@@ -362,23 +362,6 @@ def test_every_declared_option_is_one_launch(recorded):
                 calls += 1
     rings = {config.ring for kernel, config, _ in launches if kernel == "v41_compress" and config.ratio == 2}
     assert len(launches) == calls and rings == {False, True}
-
-
-def test_ratio1_groups_take_two_tokens_unless_the_shapes_say_one(recorded):
-    """Ratio 1's compress kernel takes ``V41Shapes.ratio1_tokens_per_group`` tokens a group (two by
-    default); ratio 2 always one, and a ratio-2 configuration with two is refused by name."""
-    launches, _ = recorded
-    for ratio, shapes, expected in ((1, V41Shapes(), 2), (1, V41Shapes(ratio1_tokens_per_group=1), 1),
-                                    (2, V41Shapes(), 1)):
-        case = S.build_case(MIXED, ratio=ratio, seed=5, layout="v41_mxfp8")
-        v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=shapes)
-        assert launches[-1][1].tokens_per_group == expected
-    base = launches[-1][1]
-    with pytest.raises(ValueError, match="tokens_per_group"):
-        V41CompressConfig(**{**base.__dict__, "tokens_per_group": 2})
-    with pytest.raises(ValueError, match="tokens_per_group"):
-        v41.v41_compress_norm_rope_store(**_combined_arguments(S.build_case(MIXED, ratio=1, seed=5)),
-                                         shapes=V41Shapes(ratio1_tokens_per_group=3))
 
 
 def test_the_compress_launch_bound_reaches_the_ptx():
