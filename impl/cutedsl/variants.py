@@ -86,8 +86,8 @@ nopdl = Variant("nopdl", "auto", pdl=False)  # auto dispatch (also C4 and save) 
 early_metadata = Variant("early_metadata", "auto", _policy(early_metadata=True))
 # the split kernels (and the step call's save) on runs of tokens found by a ballot from T = 2 on,
 # not only on the large steps the default policy gives them
-split_generic_runs = Variant("split_generic_runs", "split_generic", _policy(split_runs=1))
-split_block8_runs = Variant("split_block8_runs", "split_block8", _policy(split_runs=1))
+split_generic_runs = Variant("split_generic_runs", "split_generic", _policy(split_runs=1, step_save_runs=True))
+split_block8_runs = Variant("split_block8_runs", "split_block8", _policy(split_runs=1, step_save_runs=True))
 
 # each forced path without PDL, and with its metadata read before the wait: the launch contracts
 # every path must keep (the sanitizers and the graph tests run them all)

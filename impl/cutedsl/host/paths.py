@@ -226,10 +226,12 @@ def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, polic
 def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
                      head_dim: int, state: StateFormat, num_tokens: int) -> SaveConfig:
     """``compress_and_save``'s save (SPEC §13.4; ``state``: the step's format): ``kv`` and ``score`` as
-    two tensors. A ring's save writes each request's tail, few rows of a large step: there it takes
-    runs of tokens; a paged state's step saves every token, which runs would only serialize."""
+    two tensors, a token per CTA. A ring's save writes each request's tail, few rows of a large step,
+    but those rows are consecutive tokens, which a run would save one after the other: runs of
+    tokens only where ``policy.step_save_runs`` asks for them (a ring). A paged state's step saves
+    every token."""
     save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
-    run = token_run(num_tokens, policy, save.tokens_per_cta) if state.ring else 1
+    run = token_run(num_tokens, policy, save.tokens_per_cta) if state.ring and policy.step_save_runs else 1
     return dataclasses.replace(save, split_inputs=True, token_run=run)
 
 

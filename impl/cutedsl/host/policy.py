@@ -65,13 +65,14 @@ class Policy:
     #                                            many as the device holds at once)
     early_metadata: bool = False  # with pdl, C128 kernels read metadata before griddepcontrol.wait (a contract
     #                               on the previous kernel; see :mod:`..stages.dependent_launch`)
-    split_runs: int = 256  # split kernels and the step call's save: a CTA takes a run of up to 32 tokens
-    #                        (found active by a ballot) while T still gives at least this many runs
+    split_runs: int = 256  # split kernels (and the step call's save where step_save_runs): a CTA takes a run of
+    #                        up to 32 tokens (found active by a ballot) while T still gives at least this many runs
+    step_save_runs: bool = False  # a ring step's save in runs: off, as a run saves a chunk's dense tail token by token
     shapes: KernelShapes = field(default_factory=KernelShapes)
 
     SWEEP = {"cluster_max_tokens": (8, 16, 32), "cluster16_max_tokens": (0, 4, 8), "handoff_max_tokens": (32, 64, 128),
              "pipelined_max_clusters": (None, 8, 16, 30), "early_metadata": (False, True),
-             "split_runs": (64, 256, 1024, 1 << 30)}
+             "split_runs": (64, 256, 1024, 1 << 30), "step_save_runs": (False, True)}
 
     def __post_init__(self):
         cap = self.pipelined_max_clusters
@@ -80,6 +81,8 @@ class Policy:
         runs = self.split_runs
         if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
             raise ValueError(f"split_runs: expected an integer >= 1, got {runs!r}")
+        if not isinstance(self.step_save_runs, bool):
+            raise ValueError(f"step_save_runs: expected a bool, got {self.step_save_runs!r}")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:  # part of every plan key: computed once

@@ -221,12 +221,16 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     assert store.token_run == pool.token_run == 32
     grouped = DEFAULT_POLICY.with_overrides(store_tokens_per_cta=2)
     assert PATHS["split_block8"].configs(dataclasses.replace(request, policy=grouped))[1].token_run == 1
-    # the step call's save: runs for a ring's tail saves, a token per CTA for a paged state's (every token saves)
+    # the step call's save: a token per CTA, runs for a ring's tail saves only where the policy asks for them
     ring, paged = config.StateFormat("bfloat16", "compress", True, True), config.StateFormat(rows_from_inputs=True)
-    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).token_run == 32
-    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).state == ring.stored
-    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, paged, 16384).token_run == 1
-    assert paths.step_save_config(4, 4, True, DEFAULT_POLICY, True, 512, ring, 64).token_run == 1
+    runs = DEFAULT_POLICY.with_overrides(step_save_runs=True)
+    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).token_run == 1
+    assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).token_run == 32
+    assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).state == ring.stored
+    assert paths.step_save_config(128, 8, True, runs, True, 512, paged, 16384).token_run == 1
+    assert paths.step_save_config(4, 4, True, runs, True, 512, ring, 64).token_run == 1
+    with pytest.raises(ValueError, match="step_save_runs"):
+        Policy(step_save_runs=1)
 
 
 def test_a_run_of_tokens_waits_for_every_warp_between_its_tokens():

@@ -44,13 +44,14 @@ def test_compress_and_save_writes_the_spec_bytes(ratio, head, layout, hadamard, 
 
 @pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())
 def test_token_runs_write_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
-    """Every format with the split kernels (and a ring's save) on runs of tokens found by a ballot
-    (``split_runs=1``: runs of up to 32 tokens from ``T = 2``), not only on large steps."""
+    """Every format with the split kernels (and a ring's save, ``step_save_runs``) on runs of tokens
+    found by a ballot (``split_runs=1``: runs of up to 32 tokens from ``T = 2``), not only on large steps."""
     from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
     step = _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, _requests(ratio, ring), 4)
     scenarios.assert_identical(scenarios.run_step(step, DEVICE, family="cutedsl",
-                                                  policy=DEFAULT_POLICY.with_overrides(split_runs=1)))
+                                                  policy=DEFAULT_POLICY.with_overrides(split_runs=1,
+                                                                                      step_save_runs=True)))
 
 
 def test_the_step_reads_its_chunk_from_the_inputs_not_the_state():
