@@ -250,6 +250,8 @@ for s in "$@"; do
       step bench-state-runs 300 $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --mode graph --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --impl cutedsl-split_generic --trials 2 --tag c128-runs --out "$LOGS" ;;
     bench-state-dense-runs)
       step bench-state-dense-runs 300 $PY -m dsv4_compressor.bench.steps state --cases dense --ratio 128 --mode graph --sizes 64 1024 4096 16374 --impl cutedsl --impl cutedsl-split_generic+split_runs=1073741824 --trials 2 --tag dense-runs --out "$LOGS" ;;
+    ncu-step-call)  # each kernel of SPEC §13's step call and of the two calls on the C128 serving steps, under ncu
+      step ncu-step-call 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum $PY -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --state-dtype fp32 --impl cutedsl --profile ;;
     soak-small)  # the small engine: light steps, so that a few minutes make about 10^5 layer steps
       minutes="${SOAK_MINUTES:-5.5}"
       step soak-small "$(awk -v m="$minutes" 'BEGIN { print int(m * 60) + 120 }')" $PY -m dsv4_compressor soak --size small --minutes "$minutes" --json "$LOGS/soak-small.json" ;;

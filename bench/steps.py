@@ -11,7 +11,11 @@ in the same run.
 Common: ``--mode eager|graph`` (default both), ``--trials``, ``--sets``, ``--out``, ``--tag``, and
 ``--dry-run``: every case's metadata built at full size, then each call made once on a small version
 of every case, untimed (on a CPU the Triton kernels run under ``TRITON_INTERPRET=1``); the exit
-status is 1 if a call failed for another reason than a refusal ("unsupported").
+status is 1 if a call failed for another reason than a refusal ("unsupported"). ``--profile``: for
+``ncu --profile-from-start off``: each call (and the floor) warmed up on every input set, then made
+once more between ``cudaProfilerStart`` and ``cudaProfilerStop``, untimed, so that ncu sees each
+kernel of each call once (e.g. ``ncu --profile-from-start off --metrics gpu__time_duration.sum
+python -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --impl cutedsl --profile``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench/out")
     p.add_argument("--tag", default="")
     p.add_argument("--dry-run", action="store_true", help="build every case, call each implementation once, no timing")
+    p.add_argument("--profile", action="store_true", help="each call once inside a profiler range (for ncu "
+                   "--profile-from-start off), no timing")
     return p
 
 
@@ -210,7 +216,45 @@ def main(argv=None) -> int:
     cases, prepare, baseline = (_state_runner if args.suite == "state" else _v41_runner)(args)
     if args.dry_run:
         return dry_run(args, cases, prepare)
+    if args.profile:
+        return profile_run(cases, prepare)
     return timed_run(args, cases, prepare, baseline)
+
+
+def _profiler_range():
+    """The CUDA profiler's capture range (what ``ncu --profile-from-start off`` profiles)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def captured():
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+
+    return captured()
+
+
+def profile_run(cases, prepare, device="cuda", profiled=_profiler_range) -> int:
+    """Each case's calls (a refusal skipped), each warmed up on every input set, then called once on the
+    last set inside ``profiled()``; a line names each call before its range. Untimed."""
+    for case in cases:
+        prepared, calls = prepare(case, device, 2)
+        for name, call in calls.items():
+            if isinstance(call, str):
+                print(f"profile {case.name} {case.variant} n={case.token_num} {name}: skipped ({call})", flush=True)
+                continue
+            for s in prepared.sets:  # compiles and warms up
+                call(s)
+            print(f"profile {case.name} {case.variant} n={case.token_num} {name}", flush=True)
+            with profiled():
+                call(prepared.sets[-1])
+    return 0
 
 
 def timed_run(args, cases, prepare, baseline) -> int:

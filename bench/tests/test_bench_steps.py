@@ -407,6 +407,38 @@ def test_a_dry_run_calls_every_implementation(capsys):
     assert "v41_r1_index_key indexer_fp8 n=3 active=3 triton: ok" in out and "floor: ok" in out
 
 
+def test_a_profile_run_makes_each_call_once_inside_the_range_after_warming_it_up(capsys):
+    """``--profile``: every call that can run the step is warmed up on each input set, then called once
+    on the last set inside the profiler's range (and nothing else is); a refusal is named, not called."""
+    import contextlib
+
+    from dsv4_compressor.bench import steps
+    from dsv4_compressor.bench.step_runner import StepPrepared
+
+    log, inside = [], []
+
+    @contextlib.contextmanager
+    def profiled():
+        inside.append(True)
+        yield
+        inside.pop()
+
+    def call(name):
+        return lambda s: log.append((name, s, bool(inside)))
+
+    def prepare(case, device, sets):
+        assert (device, sets) == ("cpu", 2)
+        return StepPrepared(None, ["set0", "set1"], 0), {"compress_and_save": call("step"),
+                                                           "save+compress": "cannot", "floor": call("floor")}
+
+    case = S.serving_steps(addressing=("ring",), state_dtypes=("fp32",))[0]
+    assert steps.profile_run([case], prepare, device="cpu", profiled=profiled) == 0
+    assert log == [("step", "set0", False), ("step", "set1", False), ("step", "set1", True),
+                   ("floor", "set0", False), ("floor", "set1", False), ("floor", "set1", True)]
+    assert "save+compress: skipped (cannot)" in capsys.readouterr().out
+    assert steps.parser().parse_args(["state", "--profile"]).profile
+
+
 def test_the_state_runner_takes_the_tuners_settings_by_name():
     """``--impl cutedsl-<setting>``: the tuner's variant (its forced path and policy); a name the tuner
     does not generate is refused, naming it."""
