@@ -231,9 +231,9 @@ def _token_floor(t, inputs, tokens, state, outputs, num_tokens, SW: tl.constexpr
 def step_floor(inputs, tokens, state, runs, outputs, out_ptr, num_tokens, token_programs, SW: tl.constexpr,
                H: tl.constexpr, TOKENS: tl.constexpr, RUNS: tl.constexpr, INPUT_BF16: tl.constexpr,
                HAS_SCORE: tl.constexpr, STATE_BF16: tl.constexpr, READS: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
-               ENTRY_BYTES: tl.constexpr, LATENT: tl.constexpr):
+               ENTRY_BYTES: tl.constexpr, LATENT: tl.constexpr, UNROLL: tl.constexpr):
     # The bytes a step must move, with none of SPEC's arithmetic; programs 0 .. token_programs-1 take TOKENS
-    # tokens each, the others RUNS state runs each.
+    # tokens each (UNROLL: unrolled, their loads issued together), the others RUNS state runs each.
     # inputs: (kv [T, SW] fp32 or int16 bf16 patterns, kv row stride, score (the same; read iff HAS_SCORE),
     #   score row stride), strides in elements; READS: 0 no token reads its row, 1 a token that saves or has a
     #   record reads it, 2 every token does;
@@ -247,9 +247,14 @@ def step_floor(inputs, tokens, state, runs, outputs, out_ptr, num_tokens, token_
     pid = tl.program_id(0)
     total = 0.0
     if pid < token_programs:
-        for i in range(TOKENS):
-            total += _token_floor(pid * TOKENS + i, inputs, tokens, state, outputs, num_tokens, SW, INPUT_BF16,
-                                  HAS_SCORE, STATE_BF16, READS, ENTRY_BLOCK, ENTRY_BYTES, LATENT)
+        if UNROLL:
+            for i in tl.static_range(TOKENS):
+                total += _token_floor(pid * TOKENS + i, inputs, tokens, state, outputs, num_tokens, SW, INPUT_BF16,
+                                      HAS_SCORE, STATE_BF16, READS, ENTRY_BLOCK, ENTRY_BYTES, LATENT)
+        else:
+            for i in range(TOKENS):
+                total += _token_floor(pid * TOKENS + i, inputs, tokens, state, outputs, num_tokens, SW, INPUT_BF16,
+                                      HAS_SCORE, STATE_BF16, READS, ENTRY_BLOCK, ENTRY_BYTES, LATENT)
     else:
         state_ptr = state[0]
         offsets_ptr, num_runs = runs

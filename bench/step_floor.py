@@ -17,6 +17,9 @@ import numpy as np
 TOKENS_PER_PROGRAM = 2
 RUNS_PER_PROGRAM = 4
 NUM_WARPS = 4
+NARROW_ROWS = 128  # rows this wide or narrower (the index key's) take a warp a program and the tokens below,
+NARROW_TOKENS_PER_PROGRAM = 8  # unrolled, so that their loads are in flight together: a program per two
+#                                256-byte rows would time its launches, not its bytes
 
 
 @dataclass(frozen=True)
@@ -127,15 +130,18 @@ def floor_launcher(plan: FloorPlan, tensors: dict, device):
     latent_group = (cache, as_values(latent), latent.stride(0)) if latent is not None else (cache, dummy.view(torch.int16), 0)
     to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     saves, entries, runs = to_device(plan.saves), to_device(plan.entries), to_device(plan.runs)
-    token_programs = -(-num_tokens // TOKENS_PER_PROGRAM) if (s.reads or s.entry_bytes) else 0
+    narrow = s.state_width <= NARROW_ROWS
+    tokens_per_program = NARROW_TOKENS_PER_PROGRAM if narrow else TOKENS_PER_PROGRAM
+    token_programs = -(-num_tokens // tokens_per_program) if (s.reads or s.entry_bytes) else 0
     programs = max(1, token_programs + -(-runs.shape[0] // RUNS_PER_PROGRAM))
     out = torch.empty(programs, dtype=torch.float32, device=device)
     entry_block = 1 << max(s.entry_bytes - 1, 0).bit_length()
     args = ((as_values(kv), kv.stride(0), as_values(score), score.stride(0)), (saves, entries), state_group,
             (runs, int(runs.shape[0])), latent_group, out, num_tokens, token_programs)
-    constants = dict(SW=s.state_width, H=s.head_dim, TOKENS=TOKENS_PER_PROGRAM, RUNS=RUNS_PER_PROGRAM,
+    constants = dict(SW=s.state_width, H=s.head_dim, TOKENS=tokens_per_program, RUNS=RUNS_PER_PROGRAM,
                      INPUT_BF16=s.input_bf16, HAS_SCORE=s.has_score, STATE_BF16=s.state_bf16, READS=s.reads,
-                     ENTRY_BLOCK=entry_block, ENTRY_BYTES=s.entry_bytes, LATENT=s.latent, num_warps=NUM_WARPS)
+                     ENTRY_BLOCK=entry_block, ENTRY_BYTES=s.entry_bytes, LATENT=s.latent, UNROLL=narrow,
+                     num_warps=1 if narrow else NUM_WARPS)
 
     def launch() -> None:
         step_floor[(programs,)](*args, **constants)

@@ -123,6 +123,28 @@ def test_the_step_floor_reads_the_step_and_writes_its_saves_and_records(dtype, a
     assert len(written) >= len(starts) * (entry - entry // 256 - 1)  # byte j holds j & 0xFF, zero at j = 0, 256, 512
 
 
+def test_the_narrow_row_floor_reads_every_row_once_and_writes_each_record():
+    """The index key's floor (128-wide rows: several tokens a program, unrolled, a partial last
+    program): the programs' sums add up to every row's, each storing token's record bytes are written
+    and nothing else is."""
+    from dsv4_compressor.bench.step_floor import NARROW_TOKENS_PER_PROGRAM, FloorPlan, FloorShape, floor_launcher
+
+    tokens = NARROW_TOKENS_PER_PROGRAM + 3
+    k_pre = torch.randn((tokens, 128), device=_device()).to(torch.bfloat16)
+    entries = np.array([132 * i if i % 3 else -1 for i in range(tokens)], dtype=np.int64)
+    cache = torch.zeros(132 * tokens, dtype=torch.uint8, device=_device())
+    plan = FloorPlan(FloorShape(128, 128, True, False, False, 2, 132, False), np.full(tokens, -1), entries,
+                     np.zeros(0, dtype=np.int64))
+    launch = floor_launcher(plan, dict(kv=k_pre, cache=cache), _device())
+    launch()
+    np.testing.assert_allclose(launch.out.cpu().numpy().astype(np.float64).sum(),
+                               k_pre.double().sum().item(), rtol=1e-5)
+    written = cache.cpu().numpy().reshape(tokens, 132)
+    for i in range(tokens):
+        expected = np.arange(132) & 0xFF if entries[i] >= 0 else np.zeros(132)
+        assert np.array_equal(written[i], expected), i
+
+
 def test_floor_bytes_count_inputs_saves_runs_and_records():
     from dsv4_compressor.bench.step_floor import FloorPlan, FloorShape
 
