@@ -4,8 +4,9 @@ Every compile-time option of every kernel appears in at least one variant, as in
 family's list (``impl/triton/v41_ptx.py``): both ratios; ``kv``, ``score``, the state and the
 norm weight in fp32 and bf16; a paged state and a ring; the latent written or not; each of the
 five records and no record (``v41_compress_norm``); the ``bf16`` and ``fp8_per_tensor`` rows
-with aligned and unaligned stores; the store kernel in every layout; the index key in both of
-its layouts with both weight dtypes; every thread mapping; PDL on (the calls' default) and off.
+with aligned and unaligned stores; the store kernel in every layout; ratio 2 with and without
+its launch bound; the index key in both of its layouts with both weight dtypes; every thread
+mapping; PDL on (the calls' default) and off.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _compress_requests() -> list[V41Request]:
         V41Request(layout="v41_mxfp8", entries_per_page=B, shapes=V41Shapes(compress_tokens_per_cta=2), **ratio1),
         V41Request(layout="v41_nvfp4", entries_per_page=B, shapes=V41Shapes(compress_tokens_per_cta=4), **_ratio2()),
         V41Request(layout="v41_nvfp4", entries_per_page=B, pdl=False, **_ratio2()),
+        V41Request(layout="v41_nvfp4", entries_per_page=B, shapes=V41Shapes(ratio2_ctas_per_sm=None), **_ratio2()),
     ]
     return out
 

@@ -28,8 +28,8 @@ class V41Shapes:
     """The V4.1 kernels' thread mappings (compile-time; the bytes do not depend on them)."""
 
     compress_tokens_per_cta: int = 1  # 128 threads per token: 1, 2 or 4 tokens per CTA
-    compress_ctas_per_sm: int | None = 10  # the compress kernel's .minnctapersm (ratio 2: 48 registers instead of 72,
-    #                                        more loads in flight), or None
+    ratio2_ctas_per_sm: int | None = 10  # the ratio-2 compress kernel's .minnctapersm (48 registers instead of 72:
+    #                                      more CTAs and loads an SM), or None; ratio 1's fits 32 unbounded
     store_tokens_per_cta: int = 1  # the same for v41_rope_quant_store
     index_key_warps: int = 4  # a warp per token: 1, 2, 4 or 8 tokens per CTA
 
@@ -84,7 +84,8 @@ def record_store_align(layout: str, data_ptr: int, shape: tuple, strides: tuple,
 def _compress_config(request: V41Request) -> V41CompressConfig:
     return V41CompressConfig(request.ratio, request.kv_dtype, request.weight_dtype, request.latent, request.record,
                              request.score_dtype, request.state_dtype, request.block_size, request.ring,
-                             request.shapes.compress_tokens_per_cta, request.pdl, request.shapes.compress_ctas_per_sm)
+                             request.shapes.compress_tokens_per_cta, request.pdl,
+                             request.shapes.ratio2_ctas_per_sm if request.ratio == 2 else None)
 
 
 def _store_config(request: V41Request) -> V41StoreConfig:

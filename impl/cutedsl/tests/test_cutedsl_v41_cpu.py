@@ -103,7 +103,7 @@ def test_ratio2_state_options_choose_the_kernel(recorded, state, bf16_state, inp
     assert config == V41CompressConfig(
         2, "bfloat16" if inputs == "bf16" else "float32", "float32", True, V41RecordFormat("v41_nvfp4", 4),
         "float32" if inputs == "fp32" else "bfloat16", "bfloat16" if bf16_state else "float32",
-        layout_state.block_size, layout_state.ring_capacity is not None, 1, True, V41Shapes().compress_ctas_per_sm)
+        layout_state.block_size, layout_state.ring_capacity is not None, 1, True, V41Shapes().ratio2_ctas_per_sm)
     assert passed[-1] == (layout_state.ring_capacity or 0)
 
 
@@ -364,8 +364,8 @@ def test_every_declared_option_is_one_launch(recorded):
     assert len(launches) == calls and rings == {False, True}
 
 
-def test_the_compress_launch_bound_reaches_the_ptx():
-    """``V41Shapes(compress_ctas_per_sm=n)``: the compress kernel's ``.minnctapersm n`` (ptxas then caps
+def test_the_launch_bound_reaches_the_ptx():
+    """A compress configuration's ``ctas_per_sm=n``: the kernel's ``.minnctapersm n`` (ptxas then caps
     its registers so that n CTAs fit an SM); without it, no bound. Out-of-range counts are refused."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
@@ -378,3 +378,14 @@ def test_the_compress_launch_bound_reaches_the_ptx():
     for wrong in (0, 17, 2.5, True):
         with pytest.raises(ValueError, match="ctas_per_sm"):
             V41CompressConfig(**{**base.__dict__, "ctas_per_sm": wrong})
+
+
+def test_only_ratio2_is_bounded_ten_ctas_an_sm_by_default(recorded):
+    """``V41Shapes(ratio2_ctas_per_sm=n)`` bounds the ratio-2 compress kernel (10 by default, None:
+    unbounded); ratio 1's kernel, at 32 registers, is never bounded."""
+    launches, _ = recorded
+    for ratio, shapes, expected in ((2, V41Shapes(), 10), (2, V41Shapes(ratio2_ctas_per_sm=None), None),
+                                    (2, V41Shapes(ratio2_ctas_per_sm=8), 8), (1, V41Shapes(ratio2_ctas_per_sm=8), None)):
+        case = S.build_case(MIXED, ratio=ratio, seed=5, layout="v41_mxfp8")
+        v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=shapes)
+        assert launches[-1][1].ctas_per_sm == expected, (ratio, shapes)
