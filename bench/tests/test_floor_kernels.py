@@ -156,18 +156,18 @@ from triton.compiler import ASTSource
 from dsv4_compressor.bench.floor_kernels import step_floor
 
 failed = []
-for input_bf16, state_bf16, latent in itertools.product((False, True), repeat=3):
+for input_bf16, state_bf16, latent, unroll in itertools.product((False, True), repeat=4):
     values = lambda bf16: "*i16" if bf16 else "*fp32"
     signature = {"inputs": (values(input_bf16), "i64", values(input_bf16), "i64"), "tokens": ("*i64", "*i64"),
                  "state": (values(state_bf16), "i64", "i64", "i32"), "runs": ("*i64", "i32"),
                  "outputs": ("*u8", "*i16", "i64"), "out_ptr": "*fp32", "num_tokens": "i32", "token_programs": "i32"}
     constants = dict(SW=1024, H=512, TOKENS=4, RUNS=4, INPUT_BF16=input_bf16, HAS_SCORE=True, STATE_BF16=state_bf16,
-                     READS=1, ENTRY_BLOCK=1024, ENTRY_BYTES=584, LATENT=latent)
+                     READS=1, ENTRY_BLOCK=1024, ENTRY_BYTES=584, LATENT=latent, UNROLL=unroll)
     signature.update(dict.fromkeys(constants, "constexpr"))
     try:
         triton.compile(ASTSource(step_floor, signature=signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
     except Exception as error:
-        failed.append((input_bf16, state_bf16, latent, str(error).splitlines()[0]))
+        failed.append((input_bf16, state_bf16, latent, unroll, str(error).splitlines()[0]))
 print(failed)
 sys.exit(1 if failed else 0)
 """
@@ -175,7 +175,7 @@ sys.exit(1 if failed else 0)
 
 def test_the_step_floor_compiles_for_every_dtype():
     """The step floor compiles for Hopper with fp32 and bf16 inputs and state, with and without a
-    latent (the interpreter does not type-check as the compiler does)."""
+    latent, its token loop unrolled or not (the interpreter does not type-check as the compiler does)."""
     import os
     import subprocess
     import sys
