@@ -21,6 +21,7 @@ python -m dsv4_compressor.bench.steps state --cases serving --ratio 128 --impl c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -221,23 +222,18 @@ def main(argv=None) -> int:
     return timed_run(args, cases, prepare, baseline)
 
 
+@contextlib.contextmanager
 def _profiler_range():
     """The CUDA profiler's capture range (what ``ncu --profile-from-start off`` profiles)."""
-    import contextlib
-
     import torch
 
-    @contextlib.contextmanager
-    def captured():
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    try:
+        yield
+    finally:
         torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
-
-    return captured()
+        torch.cuda.cudart().cudaProfilerStop()
 
 
 def profile_run(cases, prepare, device="cuda", profiled=_profiler_range) -> int:

@@ -20,7 +20,8 @@ from .exact_math import bf16_round_fragment, butterfly_sum, fadd, fdiv, fmax, fm
 from .indexer_entry import select_fragment
 from .memory import element_address, store_fragment
 from .postprocess import normalize, rms_scale, sum_of_squares
-from .v41_rows import VEC, as_stored, input_raw_if, load_values, load_values_here, lookup_state_row, state_raw_if, to_binary32
+from .v41_rows import (VEC, as_stored, input_raw_if, load_values, load_values_here, lookup_state_row, state_raw_if,
+                       to_binary32)
 
 GROUP_THREADS = 128  # threads per token: 4 channels each
 GROUP_WARPS = GROUP_THREADS // 32
@@ -51,11 +52,10 @@ def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
 class Ratio2Window:
     """Ratio 2's two window rows (SPEC §13.4 step 1) for a state of ``block_size`` rows a block,
     paged or a ring (``ring``), both fixed per compile. The kernel reads row ``p - 1`` of the chunk
-    with the token's own row, its state lookup next to ``query_start_loc`` (:meth:`row_before`),
-    then the state row where the chunk does not hold it (:meth:`load_chunk_row_before`,
-    :meth:`load_state_row_before`, unconverted);
-    :meth:`pooled` converts and combines.
-    Their loads are predicated, not branched around (:func:`.memory.load_if`)."""
+    with the token's own row (:meth:`load_chunk_row_before`), its state lookup next to
+    ``query_start_loc`` (:meth:`row_before`), then the state row where the chunk does not hold it
+    (:meth:`load_state_row_before`), both unconverted; :meth:`pooled` converts and combines. Their
+    loads are predicated, not branched around (:func:`.memory.load_if`)."""
 
     block_size: int
     ring: bool

@@ -140,5 +140,5 @@ def save_row(mKv: cute.Tensor, mScore: cute.Tensor, mState: cute.Tensor, token, 
     store_row(mState, kv, score, slot, block_size, t)
 
 
-__all__ = ["VEC", "as_stored", "input_raw_if", "input_row", "listed_slot", "load_values",
-           "load_values_here", "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]
+__all__ = ["VEC", "as_stored", "input_raw_if", "input_row", "listed_slot", "load_values", "load_values_here",
+           "lookup_state_row", "save_row", "state_raw_if", "store_row", "store_values", "to_binary32"]
