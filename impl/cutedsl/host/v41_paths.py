@@ -30,8 +30,6 @@ class V41Shapes:
     compress_tokens_per_cta: int = 1  # 128 threads per token: 1, 2 or 4 tokens per CTA
     ratio2_ctas_per_sm: int | None = 10  # the ratio-2 compress kernel's .minnctapersm (48 registers instead of 72:
     #                                      more CTAs and loads an SM), or None; ratio 1's fits 32 unbounded
-    ratio2_rows_first: bool = False  # the ratio-2 compress reads a token's row and row token - 1 with its metadata,
-    #                                  before it knows whether it pools or saves
     store_tokens_per_cta: int = 1  # the same for v41_rope_quant_store
     index_key_warps: int = 4  # a warp per token: 1, 2, 4 or 8 tokens per CTA
 
@@ -87,8 +85,7 @@ def _compress_config(request: V41Request) -> V41CompressConfig:
     return V41CompressConfig(request.ratio, request.kv_dtype, request.weight_dtype, request.latent, request.record,
                              request.score_dtype, request.state_dtype, request.block_size, request.ring,
                              request.shapes.compress_tokens_per_cta, request.pdl,
-                             request.shapes.ratio2_ctas_per_sm if request.ratio == 2 else None,
-                             request.ratio == 2 and request.shapes.ratio2_rows_first)
+                             request.shapes.ratio2_ctas_per_sm if request.ratio == 2 else None)
 
 
 def _store_config(request: V41Request) -> V41StoreConfig:

@@ -32,7 +32,7 @@ from ..stages.memory import load_scalar
 from ..stages.postprocess import load_cos_sin, load_weight, rope_row
 from ..stages.v41_latent import GROUP_THREADS, Ratio2Window, latent_of, pooled_ratio1, store_latent
 from ..stages.v41_records import ROPE_FIRST_THREAD, RecordStore, rotate_latent
-from ..stages.v41_rows import VEC, input_raw_if, input_row, listed_slot, store_row, to_binary32
+from ..stages.v41_rows import VEC, input_row, listed_slot, store_row
 from ..stages.v41_save import Ratio2Save
 from ..v41_config import V41CompressConfig
 
@@ -130,32 +130,23 @@ class V41CompressKernel:
         facts: tuple,  # the token's (token, position, kv_slot, save_slot, request, active): request a valid row
         group: tuple,  # (t, sPartial fp32 smem (4,), sFound int32 smem (4,), barrier_id): the token's group
         ring_capacity: Int32,
-        first_rows: tuple,  # rows_first: ((kv, score) of the token, (kv, score) of token - 1), each (4,) in the
-        #                     inputs' dtypes, unconverted (:meth:`load_rows_first`); else None
     ):
         """A ratio-2 token that pools or saves, in two rounds of loads after the per-token round:
         what the token and the request name (the chunk's row ``p - 1`` and the token's own, the
         chunk's bounds, row ``p - 1``'s state lookup, the norm and RoPE inputs), then the state's row
         ``p - 1`` (a chunk's first token) with the saves' loads; then the compress and the ordered
         saves (:mod:`..stages.v41_save`). A round's guarded loads are predicated
-        (:func:`..stages.memory.load_if`), so no branch splits a round. With ``rows_first`` the
-        token's row and row ``token - 1`` came in the per-token round (:meth:`load_rows_first`)."""
+        (:func:`..stages.memory.load_if`), so no branch splits a round."""
         mKv, mScore, mState = rows
         mKvSlot, mSlot, mSave, mQsl, mBlockTable = metadata
         mWeight, mLatent, mCosSin, mCache, eps, fp8_inv = outputs
         token, position, kv_slot, save_slot, request, active = facts
         t, sPartial, sFound, barrier_id = group
-        if cutlass.const_expr(first_rows is None):
-            chunk_kv, chunk_score = self.window.load_chunk_row_before(mKv, mScore, token, active, t)
-        else:
-            chunk_kv, chunk_score = first_rows[1]
+        chunk_kv, chunk_score = self.window.load_chunk_row_before(mKv, mScore, token, active, t)
         block, offset, listed = self.window.row_before(mBlockTable, request, position, active, ring_capacity)
         first = Int64(load_scalar(mQsl, request))
         end = Int64(load_scalar(mQsl, request + 1))
-        if cutlass.const_expr(first_rows is None):
-            kv, score = input_row(mKv, mScore, token, t)
-        else:
-            kv, score = to_binary32(first_rows[0][0]), to_binary32(first_rows[0][1])
+        kv, score = input_row(mKv, mScore, token, t)
         w = load_weight(mWeight, t * VEC, VEC)
         cos, sin = self.rope_inputs(mCosSin, position, t, active)
         chunk_start = position - (token - first)  # P0: a chunk's positions are consecutive (SPEC §13.4)
@@ -180,32 +171,6 @@ class V41CompressKernel:
                 store_row(mState, kv, score, save_slot, self.config.block_size, t)
         if deferred:
             self.saves.save_deferred(mKv, mScore, mState, found, read_slot, t, sFound, barrier_id)
-
-    def load_rows_first(self, mKv: cute.Tensor, mScore: cute.Tensor, token: Int64, t: Int32):
-        """``rows_first``: ``((kv, score) of token, (kv, score) of token - 1)`` at thread ``t``'s
-        channels, unconverted (``(4,)`` each in the inputs' dtypes), read in the per-token round,
-        before the token's metadata says whether it pools or saves (every index is below ``T``;
-        row ``token - 1`` where ``token >= 1``); ``None`` otherwise. ``mKv``, ``mScore``: fp32 or
-        bf16 ``[T, 512]``."""
-        if cutlass.const_expr(not self.config.rows_first):
-            return None
-        return input_raw_if(mKv, mScore, token, t, True), input_raw_if(mKv, mScore, token - 1, t, token > Int64(0))
-
-    def holds_rows_first(self, first_rows):
-        """A Boolean that reads the ``rows_first`` loads (False without them): whether a row's
-        first element is a NaN. ptxas sinks a load whose value only a branch uses into that branch,
-        behind the loads its condition waits for; a condition that reads the rows keeps them in the
-        per-token round. It can only be True for a token that neither pools nor saves, whose
-        :meth:`ratio2` then writes nothing (every store there is guarded by ``active``, the save
-        slot or the deferred save)."""
-        if cutlass.const_expr(first_rows is None):
-            return False
-        (kv, score), (kv_before, score_before) = first_rows
-        found = False
-        for raw in (kv, score, kv_before, score_before):
-            value = to_binary32(raw)[0]
-            found = found | (value != value)
-        return found
 
     @cute.kernel
     def kernel(self, mKv: cute.Tensor, mScore: cute.Tensor, mPos: cute.Tensor, mKvSlot: cute.Tensor,
@@ -241,20 +206,17 @@ class V41CompressKernel:
                 if stores:
                     self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
             else:
-                first_rows = self.load_rows_first(mKv, mScore, token, t)
                 save_slot = mSave[tok]
                 slot = mSlot[tok]
                 request = Int64(mTokenReq[tok])
                 active = (kv_slot >= Int64(0)) & (slot >= Int64(0)) & ((position + 1) % 2 == Int64(0))
                 # a token of a chunk (padding has every slot -1), whose token_to_req is a request row;
                 # testing that row here keeps its load in this round (ptxas sinks a load to its first use)
-                enters = active | (save_slot >= Int64(0)) | self.holds_rows_first(first_rows)
-                if enters & (request >= Int64(0)) & (request < Int64(mQsl.shape[0] - 1)):
+                if (active | (save_slot >= Int64(0))) & (request >= Int64(0)) & (request < Int64(mQsl.shape[0] - 1)):
                     self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
                                 (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
                                 (token, position, kv_slot, save_slot, request, active),
-                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity,
-                                first_rows)
+                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity)
 
 
 __all__ = ["V41CompressKernel"]

@@ -389,19 +389,3 @@ def test_only_ratio2_is_bounded_ten_ctas_an_sm_by_default(recorded):
         case = S.build_case(MIXED, ratio=ratio, seed=5, layout="v41_mxfp8")
         v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=shapes)
         assert launches[-1][1].ctas_per_sm == expected, (ratio, shapes)
-
-
-def test_rows_first_is_a_ratio2_setting_that_reaches_the_kernel(recorded):
-    """``V41Shapes(ratio2_rows_first=True)`` compiles ratio 2's compress with its rows read in the
-    per-token round (its own tag); ratio 1 reads its row there already and never takes the flag,
-    which its configuration refuses."""
-    launches, _ = recorded
-    for ratio, expected in ((2, True), (1, False)):
-        case = S.build_case(MIXED, ratio=ratio, seed=6, layout="v41_mxfp8")
-        v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=V41Shapes(ratio2_rows_first=True))
-        config = launches[-1][1]
-        assert config.rows_first is expected and config.tag.endswith("_rowsfirst") is expected, (ratio, config.tag)
-    base = V41CompressConfig(1, "bfloat16", "bfloat16", True, V41RecordFormat("v41_mxfp8", 64))
-    for wrong in (True, 1):
-        with pytest.raises(ValueError, match="rows_first"):
-            V41CompressConfig(**{**base.__dict__, "rows_first": wrong})

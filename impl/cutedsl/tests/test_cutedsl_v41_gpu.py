@@ -70,18 +70,17 @@ def test_ring_chunks_longer_than_the_ring_save_after_the_compress_reads(state, r
 @pytest.mark.parametrize("options", [
     dict(pdl=False),
     dict(shapes_compress=2), dict(shapes_compress=4), dict(shapes_store=4), dict(shapes_index_key=1),
-    dict(shapes_index_key=8), dict(shapes_bound=None), dict(shapes_rows_first=True),
+    dict(shapes_index_key=8), dict(shapes_bound=None),
 ], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("ratio", [1, 2])
 def test_thread_mappings_and_pdl_keep_the_bytes(ratio, options):
-    """Other tokens per CTA (a partial last CTA included), no launch bound, ratio 2's rows read first
-    and ``pdl=False`` write the spec's bytes."""
+    """Other tokens per CTA (a partial last CTA included), no launch bound and ``pdl=False`` write the
+    spec's bytes."""
     from dsv4_compressor.impl.cutedsl import V41Shapes
 
     options = dict(options)
     shapes = V41Shapes(compress_tokens_per_cta=options.pop("shapes_compress", 1),
                        ratio2_ctas_per_sm=options.pop("shapes_bound", 10),
-                       ratio2_rows_first=options.pop("shapes_rows_first", False),
                        store_tokens_per_cta=options.pop("shapes_store", 1),
                        index_key_warps=options.pop("shapes_index_key", 4))
     case = build_case(MIXED + [Request(20, 2)], ratio=ratio, seed=16 + ratio, layout="v41_mxfp8", num_padding=2)
