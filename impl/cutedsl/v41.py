@@ -123,9 +123,7 @@ def _compress_plan(check, kv, score, positions, state: V41StateArguments, rms_no
     request = _compress_request(check, kv, score, state, rms_norm_weight, latent, store, k_cache, shapes, pdl)
     config, _, function = _compile("v41_compress", request)
     ring_capacity = int(check.state.state_format.ring_capacity or 0) if check.state is not None else 0
-    grid_ctas_per_sm = shapes.compress_grid_ctas_per_sm
-    max_ctas = 0 if grid_ctas_per_sm is None else buffers.sm_count(kv.device) * grid_ctas_per_sm
-    scalars = (float(check.call.eps), _fp8_inv(None if store is None else store.fp8_scale), ring_capacity, max_ctas)
+    scalars = (float(check.call.eps), _fp8_inv(None if store is None else store.fp8_scale), ring_capacity)
     per_token = (positions, kv_slot_mapping)
     if check.state is not None:
         per_token += (state.token_to_req, state.slot_mapping, state.save_slot_mapping, state.query_start_loc,

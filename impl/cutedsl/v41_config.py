@@ -90,7 +90,6 @@ class V41CompressConfig:
     tokens_per_cta: int = 1  # 1, 2 or 4
     pdl: bool = False  # programmatic dependent launch (see .stages.dependent_launch)
     ctas_per_sm: int | None = None  # .minnctapersm: CTAs an SM must hold at once (caps registers), or None
-    persistent: bool = False  # a grid of at most max_ctas CTAs, each looping over token groups (else one per group)
 
     def __post_init__(self):
         _one_of("compress_ratio", self.ratio, V41_RATIOS)
@@ -98,7 +97,7 @@ class V41CompressConfig:
             _fail("ctas_per_sm", "None or an integer from 1 to 16", self.ctas_per_sm)
         _one_of("kv dtype", self.kv_dtype, PROJECTION_DTYPES)
         _one_of("rms_norm_weight dtype", self.weight_dtype, WEIGHT_DTYPES)
-        for name in ("latent", "ring", "pdl", "persistent"):
+        for name in ("latent", "ring", "pdl"):
             _flag(name, getattr(self, name))
         if self.record is not None and not isinstance(self.record, V41RecordFormat):
             _fail("record", "a V41RecordFormat or None", self.record)
@@ -127,7 +126,7 @@ class V41CompressConfig:
         store = self.record.tag if self.record is not None else "nostore"
         return (f"v41_compress_r{self.ratio}_{inputs}_w{_short(self.weight_dtype)}"
                 f"_{'latent' if self.latent else 'nolatent'}_{store}_tpc{self.tokens_per_cta}{_pdl_tag(self.pdl)}"
-                f"{'' if self.ctas_per_sm is None else f'_occ{self.ctas_per_sm}'}{'_persistent' if self.persistent else ''}")
+                f"{'' if self.ctas_per_sm is None else f'_occ{self.ctas_per_sm}'}")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ family's list (``impl/triton/v41_ptx.py``): both ratios; ``kv``, ``score``, the 
 norm weight in fp32 and bf16; a paged state and a ring; the latent written or not; each of the
 five records and no record (``v41_compress_norm``); the ``bf16`` and ``fp8_per_tensor`` rows
 with aligned and unaligned stores; the store kernel in every layout; ratio 2 with and without
-its launch bound; a persistent grid; the index key in both of its layouts with both weight dtypes; every thread
+its launch bound; the index key in both of its layouts with both weight dtypes; every thread
 mapping; PDL on (the calls' default) and off.
 """
 
@@ -49,9 +49,6 @@ def _compress_requests() -> list[V41Request]:
         V41Request(layout="v41_nvfp4", entries_per_page=B, shapes=V41Shapes(compress_tokens_per_cta=4), **_ratio2()),
         V41Request(layout="v41_nvfp4", entries_per_page=B, pdl=False, **_ratio2()),
         V41Request(layout="v41_nvfp4", entries_per_page=B, shapes=V41Shapes(ratio2_ctas_per_sm=None), **_ratio2()),
-        V41Request(layout="flashmla_fp8", entries_per_page=B, shapes=V41Shapes(compress_grid_ctas_per_sm=16), **ratio1),
-        V41Request(layout="v41_nvfp4", entries_per_page=B,
-                   shapes=V41Shapes(compress_tokens_per_cta=2, compress_grid_ctas_per_sm=8), **_ratio2(block_size=8, ring=True)),
     ]
     return out
 

@@ -396,8 +396,7 @@ def compile_v41_compress(config, *, keep_ptx: bool = False, arch: str | None = N
             fake_per_token(Int64, T), fake_per_token(Int64, T), state["mTokenReq"], state["mSlot"], state["mSave"],
             state["mQsl"], state["mState"], state["mBlockTable"], fake_weight(config.weight_dtype),
             fake_rows("bfloat16", HEAD_DIM, T) if config.latent else None, fake_cos_sin() if store else None,
-            fake_v41_k_cache(config.record) if store else None, Float32(1e-6), Float32(1.0), Int32(2), Int32(1),
-            fake_stream(),
+            fake_v41_k_cache(config.record) if store else None, Float32(1e-6), Float32(1.0), Int32(2), fake_stream(),
             options=_options(keep_ptx, arch),
         )
 

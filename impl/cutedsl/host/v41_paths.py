@@ -30,17 +30,8 @@ class V41Shapes:
     compress_tokens_per_cta: int = 1  # 128 threads per token: 1, 2 or 4 tokens per CTA
     ratio2_ctas_per_sm: int | None = 10  # the ratio-2 compress kernel's .minnctapersm (48 registers instead of 72:
     #                                      more CTAs and loads an SM), or None; ratio 1's fits 32 unbounded
-    compress_grid_ctas_per_sm: int | None = None  # the compress kernel's grid: at most this many CTAs an SM, each
-    #                                                 looping over token groups, and its launch bound; None: a CTA
-    #                                                 per group
     store_tokens_per_cta: int = 1  # the same for v41_rope_quant_store
     index_key_warps: int = 4  # a warp per token: 1, 2, 4 or 8 tokens per CTA
-
-
-    def __post_init__(self):
-        grid = self.compress_grid_ctas_per_sm
-        if grid is not None and (isinstance(grid, bool) or grid not in range(1, 33)):
-            raise ValueError(f"V41Shapes.compress_grid_ctas_per_sm: expected None or an integer from 1 to 32, got {grid!r}")
 
 
 DEFAULT_V41_SHAPES = V41Shapes()
@@ -91,14 +82,10 @@ def record_store_align(layout: str, data_ptr: int, shape: tuple, strides: tuple,
 
 # ---- static configurations -----------------------------------------------------------------------
 def _compress_config(request: V41Request) -> V41CompressConfig:
-    shapes = request.shapes
-    bound = shapes.ratio2_ctas_per_sm if request.ratio == 2 else None
-    if shapes.compress_grid_ctas_per_sm is not None:  # a persistent grid's CTAs must all be resident at once
-        bound = shapes.compress_grid_ctas_per_sm
     return V41CompressConfig(request.ratio, request.kv_dtype, request.weight_dtype, request.latent, request.record,
                              request.score_dtype, request.state_dtype, request.block_size, request.ring,
-                             shapes.compress_tokens_per_cta, request.pdl, bound,
-                             shapes.compress_grid_ctas_per_sm is not None)
+                             request.shapes.compress_tokens_per_cta, request.pdl,
+                             request.shapes.ratio2_ctas_per_sm if request.ratio == 2 else None)
 
 
 def _store_config(request: V41Request) -> V41StoreConfig:
@@ -116,7 +103,7 @@ def compress_arguments(kv, score, positions, kv_slot_mapping, state: tuple | Non
     """:class:`..kernels.v41_compress.V41CompressKernel`'s arguments. ``state``: ratio 2's
     ``(token_to_req, slot_mapping, save_slot_mapping, query_start_loc, state_cache, block_table)``
     (None for ratio 1); ``store``: ``(cos_sin_cache, k_cache)`` (None: no record); ``scalars``:
-    ``(eps, fp8_inv, ring_capacity, max_ctas)``."""
+    ``(eps, fp8_inv, ring_capacity)``."""
     token_to_req, slots, saves, query_start_loc, state_cache, block_table = state or (None,) * 6
     cos_sin, k_cache = store or (None, None)
     return (kv, score, positions, kv_slot_mapping, token_to_req, slots, saves, query_start_loc, state_cache,

@@ -41,9 +41,7 @@ SMEM_CARVEOUT_PERCENT = 0  # with ctas_per_sm: a few bytes of shared memory a CT
 
 
 class V41CompressKernel:
-    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads; ``persistent``: at most
-    ``max_ctas`` CTAs, group ``g`` of CTA ``c`` taking tokens ``c * tokens_per_cta + g``, then one
-    grid further each round (no CTA launched per token)."""
+    """Grid ``ceil(T / tokens_per_cta)``, ``128 * tokens_per_cta`` threads."""
 
     def __init__(self, config: V41CompressConfig):
         self.config = config
@@ -74,13 +72,10 @@ class V41CompressKernel:
         eps: Float32,  # rms_norm_eps as binary32
         fp8_inv: Float32,  # div(1, fp8_scale) (fp8_per_tensor; any value otherwise)
         ring_capacity: Int32,  # C (a ring; any value otherwise)
-        max_ctas: Int32,  # persistent: the grid's largest size (SMs times CTAs an SM); any value otherwise
         stream: cuda.CUstream,
     ):
         num_tokens = mPos.shape[0]
         grid = (num_tokens + self.tokens_per_cta - 1) // self.tokens_per_cta
-        if cutlass.const_expr(self.config.persistent):
-            grid = cutlass.min(grid, max_ctas)
         self.kernel(mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent,
                     mCosSin, mCache, eps, fp8_inv, ring_capacity).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.config.pdl,
@@ -169,55 +164,13 @@ class V41CompressKernel:
         if active:
             x = self.window.pooled((chunk_kv, chunk_score, state_kv, state_score), kv, score, token > first,
                                    mState.element_type)
-            latent = latent_of(x, w, t, sPartial, barrier_id, eps, self.config.persistent)
+            latent = latent_of(x, w, t, sPartial, barrier_id, eps)
             self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
         if save_slot >= Int64(0):
             if self.saves.defers_to_first(defer_inputs, save_slot, chunk_start) == Int32(0):
                 store_row(mState, kv, score, save_slot, self.config.block_size, t)
         if deferred:
             self.saves.save_deferred(mKv, mScore, mState, found, read_slot, t, sFound, barrier_id)
-
-    @cute.jit
-    def one_token(
-        self,
-        tok: Int32,  # the token (< T)
-        tensors: tuple,  # the launch's tensors, in :meth:`kernel`'s order (mKv .. mCache)
-        scalars: tuple,  # (eps, fp8_inv, ring_capacity)
-        group: tuple,  # (t, sPartial fp32 smem (4,), sFound int32 smem (4,), barrier_id): the token's group
-    ):
-        """Token ``tok``'s work, by the 128 threads of its group."""
-        (mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent, mCosSin,
-         mCache) = tensors
-        eps, fp8_inv, ring_capacity = scalars
-        t, sPartial, sFound, barrier_id = group
-        token = Int64(tok)
-        # the per-token round: every index is tok < T
-        position = mPos[tok]
-        kv_slot = mKvSlot[tok]
-        if cutlass.const_expr(self.config.ratio == 1):
-            # One round of loads: row tok exists whether the token stores or not, so every token
-            # reads it and computes its latent; only the stores wait for kv_slot (every position
-            # is a boundary). A branch before the latent would let ptxas sink the row's load into
-            # it, after kv_slot's.
-            stores = kv_slot >= Int64(0)
-            x = pooled_ratio1(mKv, token, t)
-            w = load_weight(mWeight, t * VEC, VEC)
-            cos, sin = self.rope_inputs(mCosSin, position, t, stores)
-            latent = latent_of(x, w, t, sPartial, barrier_id, eps, self.config.persistent)
-            if stores:
-                self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
-        else:
-            save_slot = mSave[tok]
-            slot = mSlot[tok]
-            request = Int64(mTokenReq[tok])
-            active = (kv_slot >= Int64(0)) & (slot >= Int64(0)) & ((position + 1) % 2 == Int64(0))
-            # a token of a chunk (padding has every slot -1), whose token_to_req is a request row;
-            # testing that row here keeps its load in this round (ptxas sinks a load to its first use)
-            if (active | (save_slot >= Int64(0))) & (request >= Int64(0)) & (request < Int64(mQsl.shape[0] - 1)):
-                self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
-                            (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
-                            (token, position, kv_slot, save_slot, request, active),
-                            (t, sPartial, sFound, barrier_id), ring_capacity)
 
     @cute.kernel
     def kernel(self, mKv: cute.Tensor, mScore: cute.Tensor, mPos: cute.Tensor, mKvSlot: cute.Tensor,
@@ -229,21 +182,41 @@ class V41CompressKernel:
         cta, _, _ = cute.arch.block_idx()
         group = tidx // GROUP_THREADS
         t = tidx % GROUP_THREADS
+        tok = cta * self.tokens_per_cta + group
         smem = SmemAllocator()
         layout = cute.make_layout((self.tokens_per_cta, PARTIALS), stride=(PARTIALS, 1))
         sPartial = smem.allocate_tensor(Float32, layout, byte_alignment=16)
         sFound = smem.allocate_tensor(Int32, layout, byte_alignment=16)
-        tensors = (mKv, mScore, mPos, mKvSlot, mTokenReq, mSlot, mSave, mQsl, mState, mBlockTable, mWeight, mLatent,
-                   mCosSin, mCache)
-        lanes = (t, sPartial[group, None], sFound[group, None], group + 1)
-        tok = cta * self.tokens_per_cta + group
-        if cutlass.const_expr(self.config.persistent):
-            stride = cute.arch.grid_dim()[0] * self.tokens_per_cta
-            for each in cutlass.range(tok, mPos.shape[0], stride):
-                self.one_token(each, tensors, (eps, fp8_inv, ring_capacity), lanes)
-        else:
-            if tok < mPos.shape[0]:
-                self.one_token(tok, tensors, (eps, fp8_inv, ring_capacity), lanes)
+        barrier_id = group + 1
+        if tok < mPos.shape[0]:
+            token = Int64(tok)
+            # the per-token round: every index is tok < T
+            position = mPos[tok]
+            kv_slot = mKvSlot[tok]
+            if cutlass.const_expr(self.config.ratio == 1):
+                # One round of loads: row tok exists whether the token stores or not, so every token
+                # reads it and computes its latent; only the stores wait for kv_slot (every position
+                # is a boundary). A branch before the latent would let ptxas sink the row's load into
+                # it, after kv_slot's.
+                stores = kv_slot >= Int64(0)
+                x = pooled_ratio1(mKv, token, t)
+                w = load_weight(mWeight, t * VEC, VEC)
+                cos, sin = self.rope_inputs(mCosSin, position, t, stores)
+                latent = latent_of(x, w, t, sPartial[group, None], barrier_id, eps)
+                if stores:
+                    self.store_outputs(latent, cos, sin, token, kv_slot, t, mLatent, mCache, fp8_inv)
+            else:
+                save_slot = mSave[tok]
+                slot = mSlot[tok]
+                request = Int64(mTokenReq[tok])
+                active = (kv_slot >= Int64(0)) & (slot >= Int64(0)) & ((position + 1) % 2 == Int64(0))
+                # a token of a chunk (padding has every slot -1), whose token_to_req is a request row;
+                # testing that row here keeps its load in this round (ptxas sinks a load to its first use)
+                if (active | (save_slot >= Int64(0))) & (request >= Int64(0)) & (request < Int64(mQsl.shape[0] - 1)):
+                    self.ratio2((mKv, mScore, mState), (mKvSlot, mSlot, mSave, mQsl, mBlockTable),
+                                (mWeight, mLatent, mCosSin, mCache, eps, fp8_inv),
+                                (token, position, kv_slot, save_slot, request, active),
+                                (t, sPartial[group, None], sFound[group, None], barrier_id), ring_capacity)
 
 
 __all__ = ["V41CompressKernel"]

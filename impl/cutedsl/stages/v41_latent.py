@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64
 
@@ -130,13 +129,11 @@ def latent_of(
     sPartial: cute.Tensor,  # fp32 smem (4,): the group's per-warp sums of squares
     barrier_id: Int32,  # named barrier of the group's 128 threads
     eps: Float32,
-    reused: bool = False,  # the group writes sPartial again later (a persistent grid's next token)
 ) -> cute.Tensor:
     """The latent ``l = bf16(y)`` (fp32 ``(4,)`` holding bf16 values), ``y`` SPEC §6's RMSNorm of
     ``x' = bf16(x)``: ``ss = tree(mul(x', x'))`` over the 512 channels, ``rr = div(1,
     sqrt(add(mul(ss, 2^-9), eps)))``, ``y = mul(mul(x', rr), w)``. Every thread of the group
-    calls it (shuffles and a barrier; ``reused``: a second one once every warp has read the partials,
-    so that no warp writes the next token's before)."""
+    calls it (shuffles and a barrier)."""
     rounded = bf16_round_fragment(x)
     sq = butterfly_sum(sum_of_squares(rounded, VEC), 1, 16)
     lane = t % 32
@@ -144,8 +141,6 @@ def latent_of(
         sPartial[t // 32] = sq
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=GROUP_THREADS)
     ss = tree_sum([sPartial[w_] for w_ in range(GROUP_WARPS)])
-    if cutlass.const_expr(reused):
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=GROUP_THREADS)
     return bf16_round_fragment(normalize(rounded, rms_scale(ss, eps), w, VEC))
 
 

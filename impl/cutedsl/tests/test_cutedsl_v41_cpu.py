@@ -82,11 +82,10 @@ def test_the_combined_call_is_one_launch_of_the_compress_kernel(recorded, ratio,
     expected = (a["kv"], a["score"], a["positions"], a["kv_slot_mapping"], *state, a["rms_norm_weight"], a["latent"],
                 a["cos_sin_cache"], a["k_cache"])
     assert passed[:len(expected)] == tuple(_pointer(t) for t in expected)
-    eps, fp8_inv, ring_capacity, max_ctas = passed[len(expected):]
+    eps, fp8_inv, ring_capacity = passed[len(expected):]
     assert eps == float(np.float32(S.EPS))
     assert fp8_inv == (float(np.float32(1) / np.float32(case.fp8_scale)) if layout == "fp8_per_tensor" else 1.0)
     assert ring_capacity == 0  # paged
-    assert max_ctas == 0  # a CTA per token group, no persistent grid
 
 
 @pytest.mark.parametrize("state, bf16_state, inputs", [
@@ -105,7 +104,7 @@ def test_ratio2_state_options_choose_the_kernel(recorded, state, bf16_state, inp
         2, "bfloat16" if inputs == "bf16" else "float32", "float32", True, V41RecordFormat("v41_nvfp4", 4),
         "float32" if inputs == "fp32" else "bfloat16", "bfloat16" if bf16_state else "float32",
         layout_state.block_size, layout_state.ring_capacity is not None, 1, True, V41Shapes().ratio2_ctas_per_sm)
-    assert passed[-2:] == ((layout_state.ring_capacity or 0), 0)
+    assert passed[-1] == (layout_state.ring_capacity or 0)
 
 
 def test_without_a_latent_the_kernel_is_compiled_and_called_without_one(recorded):
@@ -125,7 +124,7 @@ def test_compress_norm_is_the_compress_kernel_without_a_record(recorded, ratio):
     (kernel, config, passed), = launches
     assert kernel == "v41_compress" and config.record is None and config.latent
     assert passed[12:14] == (None, None)  # no cos/sin cache, no k_cache
-    assert passed[-2] == (8 if ratio == 2 else 0)  # vllm_ring(0): C = 8
+    assert passed[-1] == (8 if ratio == 2 else 0)  # vllm_ring(0): C = 8
 
 
 @pytest.mark.parametrize("layout, align", [("bf16", 2), ("fp8_per_tensor", 1), ("v41_nvfp4", 16)])
@@ -390,18 +389,3 @@ def test_only_ratio2_is_bounded_ten_ctas_an_sm_by_default(recorded):
         case = S.build_case(MIXED, ratio=ratio, seed=5, layout="v41_mxfp8")
         v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=shapes)
         assert launches[-1][1].ctas_per_sm == expected, (ratio, shapes)
-
-
-def test_a_persistent_grid_is_bounded_to_its_ctas_an_sm(recorded):
-    """``V41Shapes(compress_grid_ctas_per_sm=n)`` compiles the compress kernel's loop over token groups
-    (its own tag) with the launch bound ``n`` at both ratios, so that all ``n`` CTAs an SM are
-    resident; the grid is at most ``n`` times the SMs (a launch scalar). Out-of-range counts are refused."""
-    launches, _ = recorded
-    for ratio in (1, 2):
-        case = S.build_case(MIXED, ratio=ratio, seed=7, layout="v41_mxfp8")
-        v41.v41_compress_norm_rope_store(**_combined_arguments(case), shapes=V41Shapes(compress_grid_ctas_per_sm=12))
-        config = launches[-1][1]
-        assert config.persistent and config.ctas_per_sm == 12 and config.tag.endswith("_occ12_persistent"), config.tag
-    for wrong in (0, 33, 2.5, True):
-        with pytest.raises(ValueError, match="compress_grid_ctas_per_sm"):
-            V41Shapes(compress_grid_ctas_per_sm=wrong)

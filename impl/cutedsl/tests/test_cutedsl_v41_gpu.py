@@ -90,27 +90,6 @@ def test_thread_mappings_and_pdl_keep_the_bytes(ratio, options):
                                      **options))
 
 
-@pytest.mark.parametrize("tokens_per_cta", [1, 2])
-@pytest.mark.parametrize("ratio", [1, 2])
-def test_a_persistent_grid_keeps_the_bytes(ratio, tokens_per_cta):
-    """``compress_grid_ctas_per_sm=1``: a CTA an SM, each looping over several token groups of an
-    engine-sized batch (decode, verify groups, a prefill chunk longer than vLLM's ring whose tail
-    defers a save to the chunk's first token, padding): the spec's bytes, twice over (CTAs in any order)."""
-    import numpy as np
-
-    from dsv4_compressor.impl.cutedsl import V41Shapes
-    from dsv4_compressor.impl.triton.tests.v41_family_checks import _engine_requests
-    from dsv4_compressor.spec import v41_batch as V
-
-    shapes = V41Shapes(compress_tokens_per_cta=tokens_per_cta, compress_grid_ctas_per_sm=1)
-    case = build_case(_engine_requests(np.random.default_rng(40 + ratio)), ratio=ratio, seed=41, state=V.vllm_ring(3),
-                      layout="v41_nvfp4", entries_per_page=64, bf16_inputs=ratio == 1, num_padding=5)
-    assert case.step.positions.shape[0] > 4 * torch.cuda.get_device_properties(0).multi_processor_count * tokens_per_cta
-    for _ in range(2):
-        assert_identical(combined(case, shapes=shapes))
-        assert_identical(compress_norm(case, shapes=shapes))
-
-
 def test_the_custom_ops_write_the_functions_bytes():
     case = build_case(MIXED, ratio=2, seed=17, layout="v41_nvfp4", bf16_inputs=True)
     arguments = case.compress_arguments(case.latent)
