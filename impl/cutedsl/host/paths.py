@@ -226,13 +226,15 @@ def save_config(compress_ratio: int, block_size: int, vector_inputs: bool, polic
 def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, policy: Policy, pdl: bool,
                      head_dim: int, state: StateFormat, num_tokens: int) -> SaveConfig:
     """``compress_and_save``'s save (SPEC §13.4; ``state``: the step's format): ``kv`` and ``score`` as
-    two tensors, a token per CTA. A ring's save writes each request's tail, few rows of a large step,
-    but those rows are consecutive tokens, which a run would save one after the other: runs of
-    tokens only where ``policy.step_save_runs`` asks for them (a ring). A paged state's step saves
-    every token."""
+    two tensors, ``policy.shapes.step_save_tokens_per_cta`` token groups a CTA. A ring's save writes
+    each request's tail, few rows of a large step, but those rows are consecutive tokens, which a run
+    would save one after the other: runs of tokens (a group a CTA) only where ``policy.step_save_runs``
+    asks for them (a ring). A paged state's step saves every token."""
     save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
-    run = token_run(num_tokens, policy, save.tokens_per_cta) if state.ring and policy.step_save_runs else 1
-    return dataclasses.replace(save, split_inputs=True, token_run=run)
+    runs = state.ring and policy.step_save_runs
+    run = token_run(num_tokens, policy, 1) if runs else 1
+    groups = 1 if run > 1 else policy.shapes.step_save_tokens_per_cta
+    return dataclasses.replace(save, split_inputs=True, token_run=run, tokens_per_cta=groups)
 
 
 # the pooling-only kernels that write x (``compress``): C4's kernel without an entry, or the split

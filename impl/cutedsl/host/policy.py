@@ -32,6 +32,8 @@ class KernelShapes:
 
     c4_tokens_per_cta: int = 1  # C4 fused: token groups of 128 threads per CTA (1, 2, 4)
     save_tokens_per_cta: int = 1  # save_partial_states (1, 2, 4)
+    step_save_tokens_per_cta: int = 1  # compress_and_save's save (1, 2, 4; runs take 1); 4 is faster on large
+    #                                    steps, where most CTAs save nothing (RESULTS), its bytes not yet GPU-checked
     store_tokens_per_cta: int = 1  # split path's store kernel (1, 2, 4)
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)
@@ -42,7 +44,8 @@ class KernelShapes:
     #                             with 1 on dense sweeps, faster on steps of few active tokens
     indexer_c128_warps: int = 16  # indexer C128 kernel: warps per token's CTA (8: 16 rows each, 16: 8 rows)
 
-    SWEEP = {"c4_tokens_per_cta": (1, 2, 4), "save_tokens_per_cta": (1, 2, 4), "store_tokens_per_cta": (1, 2, 4),
+    SWEEP = {"c4_tokens_per_cta": (1, 2, 4), "save_tokens_per_cta": (1, 2, 4), "step_save_tokens_per_cta": (1, 2, 4),
+             "store_tokens_per_cta": (1, 2, 4),
              "handoff_kv_after_max": (False, True), "pipelined_ctas_per_sm": (2, 3),
              "indexer_c4_warps": (1, 2, 4, 8), "indexer_c128_warps": (8, 16)}
 
