@@ -228,12 +228,12 @@ def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, 
     """``compress_and_save``'s save (SPEC §13.4; ``state``: the step's format): ``kv`` and ``score`` as
     two tensors, ``policy.shapes.step_save_tokens_per_cta`` token groups a CTA. A ring's save writes
     each request's tail, few rows of a large step, but those rows are consecutive tokens, which a run
-    would save one after the other: runs of tokens (a group a CTA) only where ``policy.step_save_runs``
-    asks for them (a ring). A paged state's step saves every token."""
+    would save one after the other: runs of tokens only where ``policy.step_save_runs`` asks for them
+    (a ring), and, as for every kernel, only with one group a CTA (:func:`token_run`). A paged
+    state's step saves every token."""
     save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
-    runs = state.ring and policy.step_save_runs
-    run = token_run(num_tokens, policy, 1) if runs else 1
-    groups = 1 if run > 1 else policy.shapes.step_save_tokens_per_cta
+    groups = policy.shapes.step_save_tokens_per_cta
+    run = token_run(num_tokens, policy, groups) if state.ring and policy.step_save_runs else 1
     return dataclasses.replace(save, split_inputs=True, token_run=run, tokens_per_cta=groups)
 
 

@@ -229,14 +229,17 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).state == ring.stored
     assert paths.step_save_config(128, 8, True, runs, True, 512, paged, 16384).token_run == 1
     assert paths.step_save_config(4, 4, True, runs, True, 512, ring, 64).token_run == 1
-    # its token groups a CTA: the step's own shape (not save_partial_states'), one group a CTA on runs
+    # its token groups a CTA: the step's own shape (not save_partial_states'); a shape of several groups
+    # keeps them and takes no runs, as the split store does
     grouped = DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=4, save_tokens_per_cta=2)
     assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).tokens_per_cta == 1
     assert paths.step_save_config(128, 8, True, grouped, True, 512, ring, 16384).tokens_per_cta == 4
     assert paths.save_config(128, 8, True, grouped, True, 512).tokens_per_cta == 2
     both = grouped.with_overrides(step_save_runs=True)
     assert (paths.step_save_config(128, 8, True, both, True, 512, ring, 16384).tokens_per_cta,
-            paths.step_save_config(128, 8, True, both, True, 512, ring, 16384).token_run) == (1, 32)
+            paths.step_save_config(128, 8, True, both, True, 512, ring, 16384).token_run) == (4, 1)
+    assert paths.step_save_config(128, 8, True, runs.with_overrides(save_tokens_per_cta=2), True, 512, ring,
+                                  16384).token_run == 32
     assert paths.step_save_config(128, 8, True, both, True, 512, paged, 16384).tokens_per_cta == 4
     with pytest.raises(ValueError, match="step_save_runs"):
         Policy(step_save_runs=1)
