@@ -32,8 +32,8 @@ class KernelShapes:
 
     c4_tokens_per_cta: int = 1  # C4 fused: token groups of 128 threads per CTA (1, 2, 4)
     save_tokens_per_cta: int = 1  # save_partial_states (1, 2, 4)
-    step_save_tokens_per_cta: int = 1  # compress_and_save's save (1, 2, 4; more than 1 takes no runs); 4 was
-    #                                    faster on large steps (RESULTS) and waits for a GPU check of its bytes
+    step_save_tokens_per_cta: int = 4  # compress_and_save's save (1, 2, 4; more than 1 takes no runs): a CTA a
+    #                                    token spends most of a large step launching CTAs that save nothing
     store_tokens_per_cta: int = 1  # split path's store kernel (1, 2, 4)
     split: PoolShape = PoolShape()  # split path's compress kernel
     cluster: PoolShape = PoolShape(8, None, True, True)  # cluster kernel: kv in smem (64 registers, 4 CTAs/SM)

@@ -224,7 +224,7 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     # the step call's save: a token per CTA, runs for a ring's tail saves only where the policy asks for them
     ring, paged = config.StateFormat("bfloat16", "compress", True, True), config.StateFormat(rows_from_inputs=True)
     runs = DEFAULT_POLICY.with_overrides(step_save_runs=True)
-    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).token_run == 1
+    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).token_run == 1  # 4 groups
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).token_run == 32
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).state == ring.stored
     assert paths.step_save_config(128, 8, True, runs, True, 512, paged, 16384).token_run == 1
@@ -232,7 +232,9 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     # its token groups a CTA: the step's own shape (not save_partial_states'); a shape of several groups
     # keeps them and takes no runs, as the split store does
     grouped = DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=4, save_tokens_per_cta=2)
-    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).tokens_per_cta == 1
+    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).tokens_per_cta == 4
+    single = DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=1)
+    assert paths.step_save_config(128, 8, True, single, True, 512, ring, 16384).tokens_per_cta == 1
     assert paths.step_save_config(128, 8, True, grouped, True, 512, ring, 16384).tokens_per_cta == 4
     assert paths.save_config(128, 8, True, grouped, True, 512).tokens_per_cta == 2
     both = grouped.with_overrides(step_save_runs=True)

@@ -55,14 +55,14 @@ def test_token_runs_write_the_spec_bytes(ratio, head, layout, hadamard, bf16_sta
 
 
 @pytest.mark.parametrize("ratio, head, layout, hadamard, bf16_state, ape_at, ring", _cases())
-def test_four_save_groups_a_cta_write_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
-    """Every format with the step's save taking four tokens a CTA (``step_save_tokens_per_cta=4``, a
-    partial last CTA included)."""
+def test_one_save_group_a_cta_writes_the_spec_bytes(ratio, head, layout, hadamard, bf16_state, ape_at, ring):
+    """Every format with the step's save taking one token a CTA (``step_save_tokens_per_cta=1``; the
+    default's four run in every other test of this module)."""
     from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
 
     step = _step(ratio, head, layout, hadamard, bf16_state, ape_at, ring, _requests(ratio, ring), 4)
     scenarios.assert_identical(scenarios.run_step(step, DEVICE, family="cutedsl",
-                                                  policy=DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=4)))
+                                                  policy=DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=1)))
 
 
 def test_the_step_reads_its_chunk_from_the_inputs_not_the_state():
