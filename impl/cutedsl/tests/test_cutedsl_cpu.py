@@ -221,9 +221,10 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     assert store.token_run == pool.token_run == 32
     grouped = DEFAULT_POLICY.with_overrides(store_tokens_per_cta=2)
     assert PATHS["split_block8"].configs(dataclasses.replace(request, policy=grouped))[1].token_run == 1
-    # the step call's save: a token per CTA, runs for a ring's tail saves only where the policy asks for them
+    # the step call's save: four token groups a CTA by default; runs (one group a CTA) for a ring's tail saves
+    # only where the policy asks for them
     ring, paged = config.StateFormat("bfloat16", "compress", True, True), config.StateFormat(rows_from_inputs=True)
-    runs = DEFAULT_POLICY.with_overrides(step_save_runs=True)
+    runs = DEFAULT_POLICY.with_overrides(step_save_runs=True, step_save_tokens_per_cta=1)  # runs take one group
     assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).token_run == 1  # 4 groups
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).token_run == 32
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).state == ring.stored
