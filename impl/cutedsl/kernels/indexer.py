@@ -164,9 +164,10 @@ class IndexerC4Kernel:
         window_start = (position // 4) * 4 - 4  # p - 7 for a boundary token
         for i in cutlass.range_constexpr(8):
             pos = window_start + i
-            channel = lane * VEC + (i // 4) * INDEXER_HEAD_DIM
-            self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe,
-                                    ring_capacity, chunk, wanted=pos >= Int64(0))  # false only for rows 0..3 at p = 3
+            if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                channel = lane * VEC + (i // 4) * INDEXER_HEAD_DIM
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % 4, mApe,
+                                        ring_capacity, chunk)
         pool_into(x, kv, sc)
 
     @cute.jit

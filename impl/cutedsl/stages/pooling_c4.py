@@ -162,6 +162,7 @@ class C4Window:
         (``q >= P0``) or the state (:class:`.step_rows.StepRows`); ``ape`` row ``q mod 4 = i mod 4``."""
         for i in cutlass.range_constexpr(WINDOW):
             pos = window_start + i
-            channel = (i // RATIO) * HEAD_DIM + t * self.vec
-            self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % RATIO, mApe,
-                                    ring_capacity, chunk, wanted=pos >= Int64(0))  # false only for rows 0..3 at p = 3
+            if pos >= Int64(0):  # false only for rows 0..3 at p = 3
+                channel = (i // RATIO) * HEAD_DIM + t * self.vec
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, pos, channel, i % RATIO, mApe,
+                                        ring_capacity, chunk)
