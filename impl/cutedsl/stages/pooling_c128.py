@@ -135,13 +135,9 @@ class C128TilePooling:
             channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
             sc = self.row_fragments()
             kv = self.row_fragments()
-            if cutlass.const_expr(self.state.dtype == "float32"):  # one load a row and operand, no branch
-                self.step_rows.load_rows(kv, sc, mState, mBlockTable, req, window_start + first_row, channel,
-                                         first_row, mApe, ring_capacity, chunk, self.rows_per_lookup)
-            else:
-                for i in cutlass.range_constexpr(self.rows_per_lane):
-                    self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i,
-                                            channel, first_row + i, mApe, ring_capacity, chunk)
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
+                                        first_row + i, mApe, ring_capacity, chunk)
 
             def kv_rows():
                 return kv
