@@ -271,12 +271,14 @@ def compress_and_save(
     hadamard: bool = False,  # SPEC §12's rotation; indexer layouts only
     debug: bool = False,
     pdl: bool = True,  # programmatic dependent launch (see .dependent_launch)
-    policy: Policy = DEFAULT_POLICY,  # kernel shapes (the C128 step runs split_generic)
+    policy: Policy = DEFAULT_POLICY,  # kernel shapes and the persistent grid's cap
 ) -> None:
-    """SPEC §13.4 in two launches on the current stream: the compress kernel of the call's state
+    """SPEC §13.4 in two launches on the current stream (three for a bf16 C128 state, whose compress is the
+    split path's two): the compress kernel of the call's state
     format compiled with ``rows_from_inputs`` (each window row at or after its request's chunk start
     read from ``kv``/``score`` as the save would store it and pooling read it back, older rows from
-    the state; C4: ``c4``, C128: ``split_generic``, the indexer layouts: ``indexer``), then the save
+    the state; C4: ``c4``, C128: ``fused_pipelined`` for an fp32 state, ``split_generic`` for a bf16 one,
+    the indexer layouts: ``indexer``), then the save
     of the tokens with ``save_slot_mapping >= 0``, after every window has been read. Nothing is
     compiled or launched if validation fails. The first call with a given argument layout validates
     and compiles; later calls reuse that plan (``debug=True`` always validates, and checks values).

@@ -54,8 +54,14 @@ def _state(name: str, value) -> None:
 
 def _default_state(name: str, value) -> None:
     if value != DEFAULT_STATE:
-        _fail(name, "the default StateFormat() (this kernel reads SPEC §3's state only; the split path takes "
-              "SPEC §13's formats)", value)
+        _fail(name, "the default StateFormat() (this kernel reads SPEC §3's state only; the split and pipelined "
+              "paths take SPEC §13's formats)", value)
+
+
+def _float32_state(name: str, value) -> None:
+    if value.dtype != "float32":
+        _fail(name, "a float32 StateFormat (the pipelined kernel stages rows 16 bytes a lane; the split path "
+              "takes a bf16 state)", value)
 
 
 def _one_token_per_cta(name: str, pool) -> None:
@@ -129,11 +135,13 @@ class StateFormat:
     ring: bool = False  # position q at ring row q mod C (C = ring_capacity, dynamic)
     rows_from_inputs: bool = False  # SPEC §13.4: rows at positions >= the chunk start from kv/score
 
-    SWEEP = {  # each option alone, and together; the step's rows alone and with every other option
+    SWEEP = {  # each option alone, and together; the step's rows alone, in a ring, and with every other option
+        #        (in both dtypes: the pipelined kernel takes an fp32 state only)
         ("dtype", "ape_at", "ring", "rows_from_inputs"): (
             ("bfloat16", "save", False, False), ("float32", "compress", False, False), ("float32", "save", True, False),
             ("bfloat16", "compress", False, False), ("bfloat16", "compress", True, False),
-            ("float32", "save", False, True), ("bfloat16", "compress", True, True)),
+            ("float32", "save", False, True), ("float32", "save", True, True), ("float32", "compress", True, True),
+            ("bfloat16", "compress", True, True)),
     }
 
     def __post_init__(self):
@@ -274,8 +282,8 @@ class C128PoolConfig:
     early_metadata: bool = False  # with pdl (split, cluster and handoff kernels): read the per-token
     #                              metadata, the block table, weights and cos/sin before griddepcontrol.wait;
     #                              the previous kernel must not write them (see :mod:`.stages.dependent_launch`)
-    state: StateFormat = DEFAULT_STATE  # SPEC §13: the split compress kernel only (a non-default one
-    #                                     takes ``ape`` and ``ring_capacity``); a bf16 state keeps kv in registers
+    state: StateFormat = DEFAULT_STATE  # SPEC §13: the split compress and pipelined kernels only (a non-default
+    #                                     one takes ``ape`` and ``ring_capacity``); a bf16 state keeps kv in registers
     token_run: int = 1  # the split compress kernel only: consecutive tokens per CTA and tile (a power of two
     #                     <= 32), the active ones found by a ballot and pooled one after the other
 
@@ -308,9 +316,9 @@ class C128PoolConfig:
             _fail("kv_in_smem", "False with a bf16 state (its rows are 8 bytes a lane: no 16-byte cp.async)",
                   self.kv_in_smem)
         _power_of_two("token_run", self.token_run, TOKEN_RUNS)
-        if self.state.rows_from_inputs and (self.kv_in_smem or self.kv_after_max):
-            _fail("kv_in_smem/kv_after_max", "False with rows_from_inputs (each row is read from the chunk or the "
-                  "state, kv and score together, into registers)", (self.kv_in_smem, self.kv_after_max))
+        if self.state.rows_from_inputs and self.kv_after_max:
+            _fail("kv_after_max", "False with rows_from_inputs (the split kernel reads each row from the chunk or "
+                  "the state, kv and score together; the pipelined kernel stages both)", self.kv_after_max)
 
     @property
     def lanes_per_row_group(self) -> int:
@@ -381,15 +389,28 @@ class FusedClusterConfig:
         return HEAD_DIM // self.pool.tile
 
     @property
+    def state(self) -> StateFormat:
+        """The state format its pooling reads (``pool.state``)."""
+        return self.pool.state
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
     def tag(self) -> str:
         return f"fused_cluster_{self.pool.tag}_{self.entry.tag}"
 
 
-def _pool_of_64_channel_ctas(pool: C128PoolConfig, expected: tuple[str, str, str]) -> None:
+def _pool_of_64_channel_ctas(pool: C128PoolConfig, expected: tuple[str, str, str], formats: bool = False) -> None:
     """The pool of a C128 single-launch kernel whose CTAs each take one 64-channel block of a token:
-    SPEC §3's state, ``tile`` 64, 8 warps, the rows staged in shared memory (``expected``: what the
-    kernel's messages say it expects of ``tile``, ``warps`` and ``kv_in_smem``)."""
-    _default_state("pool.state", pool.state)
+    SPEC §3's state (``formats``: any fp32 state of SPEC §13), ``tile`` 64, 8 warps, the rows staged in
+    shared memory (``expected``: what the kernel's messages say it expects of ``tile``, ``warps`` and
+    ``kv_in_smem``)."""
+    if formats:
+        _float32_state("pool.state", pool.state)
+    else:
+        _default_state("pool.state", pool.state)
     _one_token_per_cta("pool", pool)
     if pool.tile != 64:
         _fail("pool.tile", expected[0], pool.tile)
@@ -426,7 +447,8 @@ class FusedPipelinedConfig(FusedClusterConfig):
     warps): each cluster walks a contiguous run of the tokens, skips inactive ones for a ballot
     bit and keeps the next active token's rows in flight (``cp.async`` into shared memory)
     while it finishes the current one. Needs ``pool.tile == 64``, ``pool.warps == 8`` and
-    ``pool.kv_in_smem`` (both the scores and the kv rows are staged)."""
+    ``pool.kv_in_smem`` (both the scores and the kv rows are staged, 16 bytes a lane: any fp32
+    state of SPEC §13, the step's chunk rows included; not a bf16 one)."""
 
     ctas_per_sm: int = 3  # 3 (registers capped at 80) or 2 (128 registers)
 
@@ -434,7 +456,8 @@ class FusedPipelinedConfig(FusedClusterConfig):
 
     def __post_init__(self):
         _pool_of_64_channel_ctas(self.pool, ("64 (8 CTAs per token, one per quantization block)", "8",
-                                             "True (the pipelined kernel stages every row in shared memory)"))
+                                             "True (the pipelined kernel stages every row in shared memory)"),
+                                 formats=True)
         if self.ctas_per_sm not in (1, 2, 3):
             _fail("ctas_per_sm", "1, 2 or 3 (about 72 KiB of shared memory per CTA)", self.ctas_per_sm)
 

@@ -282,7 +282,8 @@ def compile_fused_handoff(config: FusedHandoffConfig, *, keep_ptx: bool = False,
 
 def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = False, arch: str | None = None):
     """C128 single-launch kernel on a persistent grid of 8-CTA clusters (``G`` a launch argument);
-    its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`)."""
+    its cubin is kept for the driver's cluster-occupancy query (:mod:`.occupancy`). An fp32 state of
+    SPEC §13 (``config.pool.state``) adds its launch arguments after the stream."""
     arch = target_arch(arch)
 
     def build():
@@ -291,6 +292,7 @@ def compile_fused_pipelined(config: FusedPipelinedConfig, *, keep_ptx: bool = Fa
         return cute.compile(
             FusedPipelinedKernel(config), *fused_c128_inputs(config),
             Float32(1e-6), Float32(1.0), Int32(1), fake_stream(),
+            *state_format_arguments(config.pool.state, 128, HEAD_DIM),
             options=f"{_options(keep_ptx, arch)} --keep-cubin --dump-dir={_dump_dir()}",
         )
 

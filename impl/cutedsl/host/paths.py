@@ -31,10 +31,14 @@ CTAs takes a run of up to 32 consecutive tokens and finds the active ones by a b
 (:func:`token_run`), so a step where few tokens close a window launches a CTA per run, not a
 CTA per token and channel tile. C4 runs ``c4``; the indexer layouts (SPEC §12) run ``indexer``.
 
-SPEC §13's state formats (a bf16 state, ``ape_at="compress"``, a ring) are compile-time options
-(:class:`..config.StateFormat`) of the paths whose record says ``formats``: ``c4``, ``indexer``
-and the two split paths. A C128 call with a format other than the default takes
-``split_generic`` under ``auto``; a forced path that cannot take it is refused (``ValueError``).
+SPEC §13's state formats (a bf16 state, ``ape_at="compress"``, a ring, the step's chunk rows) are
+compile-time options (:class:`..config.StateFormat`) of the paths whose record lists the state's
+dtype in ``formats``: ``c4``, ``indexer`` and the two split paths take both dtypes, ``fused_pipelined``
+an fp32 state (it stages rows 16 bytes a lane). Under ``auto`` a C128 call with a format other than
+the default takes ``fused_pipelined`` for an fp32 state, whatever ``T``: the persistent grid skips
+the many tokens of a step that close no window for a ballot bit, and its chunk rows stream from
+``kv``/``score`` as state rows do; a bf16 state takes ``split_generic``. A forced path that cannot
+take the call's format is refused (``ValueError``).
 """
 
 from __future__ import annotations
@@ -89,7 +93,12 @@ class KernelPath:
     auto: bool = True  # ``c128_path="auto"`` may pick it (the split paths: only by name)
     pooling: tuple | None = None  # (kernel, configs) of the pooling-only kernel that writes x (``compress``)
     takes_fp8_inv: bool = True  # the kernels take div(1, fp8_scale) after eps (the indexer's: eps alone)
-    formats: bool = False  # takes SPEC §13's state formats (then ``ape`` and ``ring_capacity`` follow)
+    formats: tuple[str, ...] = ()  # the state dtypes whose SPEC §13 formats it takes (then ``ape`` and
+    #                                ``ring_capacity`` follow the launch's scalars)
+
+    def takes(self, state: StateFormat) -> bool:
+        """Whether the path's kernels take a call's state format (SPEC §3's, or one of ``formats``)."""
+        return state == DEFAULT_STATE or state.dtype in self.formats
 
 
 # ---- launches: the kernels' TVM-FFI signatures ------------------------------------------------
@@ -172,7 +181,8 @@ def token_run(num_tokens: int, policy: Policy, tokens_per_cta: int = 1) -> int:
 
 def _split_pool(request: PathRequest, block8: bool) -> C128PoolConfig:
     shape = request.policy.shapes.split
-    pool = _pool_config(request, (shape.warps, shape.tile, shape.kv_in_smem, shape.kv_after_max), block8)
+    staged = shape.kv_in_smem and not request.state.rows_from_inputs  # a step's rows go to registers
+    pool = _pool_config(request, (shape.warps, shape.tile, staged, shape.kv_after_max), block8)
     return dataclasses.replace(pool, token_run=token_run(request.num_tokens, request.policy))
 
 
@@ -250,20 +260,21 @@ BLOCK8_POOLING = ("split_pool", lambda request: _split_pool(request, block8=True
 
 # ---- the registry -------------------------------------------------------------------------------
 _C128, _BOTH = (128,), (4, 128)
+_DTYPES = ("float32", "bfloat16")  # both state dtypes of SPEC §13.1
 PATHS = {path.name: path for path in (
-    KernelPath("c4", (4,), HEAD_DIM, ("c4",), _c4_configs, launch_fused, pooling=C4_POOLING, formats=True),
+    KernelPath("c4", (4,), HEAD_DIM, ("c4",), _c4_configs, launch_fused, pooling=C4_POOLING, formats=_DTYPES),
     KernelPath("indexer", _BOTH, INDEXER_HEAD_DIM, ("indexer",), _indexer_configs, launch_fused,
-               takes_fp8_inv=False, formats=True),
+               takes_fp8_inv=False, formats=_DTYPES),
     KernelPath("fused_cluster", _C128, HEAD_DIM, ("fused_cluster",), _fused_cluster_configs, launch_fused,
                pooling=GENERIC_POOLING),
     KernelPath("fused_handoff", _C128, HEAD_DIM, ("fused_handoff",), _fused_handoff_configs, launch_handoff,
                scratch=True, counters=True, pooling=GENERIC_POOLING),
     KernelPath("fused_pipelined", _C128, HEAD_DIM, ("fused_pipelined",), _fused_pipelined_configs, launch_fused,
-               persistent=True, pooling=GENERIC_POOLING),
+               persistent=True, pooling=GENERIC_POOLING, formats=("float32",)),
     KernelPath("split_block8", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(True), launch_split,
-               scratch=True, auto=False, pooling=BLOCK8_POOLING, formats=True),
+               scratch=True, auto=False, pooling=BLOCK8_POOLING, formats=_DTYPES),
     KernelPath("split_generic", _C128, HEAD_DIM, ("split_pool", "split_store"), _split_configs(False), launch_split,
-               scratch=True, auto=False, pooling=GENERIC_POOLING, formats=True),
+               scratch=True, auto=False, pooling=GENERIC_POOLING, formats=_DTYPES),
 )}
 C128_PATHS = ("auto", "fused_cluster", "fused_handoff", "fused_pipelined", "split_block8", "split_generic")
 
@@ -284,7 +295,8 @@ def choose(c128_path: str, ratio: int, head_dim: int, num_tokens: int, block_siz
     no effect, for a forced one the block size does not allow, or one that cannot take the
     call's SPEC §13 state format). A ratio and head width with one path take it (C4, the
     indexer); C128 takes the forced path or ``auto``'s choice: with a format other than the
-    default, ``split_generic``, the path of any block size that takes every format."""
+    default, ``fused_pipelined`` for an fp32 state and ``split_generic`` for a bf16 one (paths of any
+    block size)."""
     check_c128_path(c128_path)
     candidates = paths_for(ratio, head_dim)
     if len(candidates) == 1:
@@ -292,14 +304,14 @@ def choose(c128_path: str, ratio: int, head_dim: int, num_tokens: int, block_siz
     formatted = state != DEFAULT_STATE
     if c128_path != "auto":
         path = PATHS[c128_path]
-        if formatted and not path.formats:
-            takes = ", ".join(repr(p.name) for p in candidates if p.formats)
+        if not path.takes(state):
+            takes = ", ".join(repr(p.name) for p in candidates if p.takes(state))
             raise ValueError(f"c128_path: expected a path that takes SPEC §13's state formats ({takes} or 'auto') "
                              f"for {state}, got {c128_path!r}")
         path.configs(PathRequest(ratio, block_size, 1, "flashmla_fp8", 1, "float32", 16, False, policy, False))
         return path  # (its configurations raise if the block size does not allow it)
     if formatted:
-        return PATHS["split_generic"]
+        return PATHS["fused_pipelined" if PATHS["fused_pipelined"].takes(state) else "split_generic"]
     if num_tokens <= policy.cluster_max_tokens:
         return PATHS["fused_cluster"]
     if num_tokens <= policy.handoff_max_tokens:

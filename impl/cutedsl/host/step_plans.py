@@ -3,8 +3,9 @@
 :func:`build_step_plan` validates the call with the shared front end (``validate_compress_and_save``:
 every argument, before anything is compiled or launched), then this implementation's own
 constraints (CUDA tensors, ``pdl``, ``policy``), picks the compress path of the call's state format
-with ``rows_from_inputs`` (C4: ``c4``; C128: ``split_generic``; the indexer layouts: ``indexer``),
-compiles it and the save kernel of separate ``kv``/``score`` inputs (``SaveConfig.split_inputs``).
+with ``rows_from_inputs`` (C4: ``c4``; C128: ``fused_pipelined`` for an fp32 state, ``split_generic`` for a
+bf16 one; the indexer layouts: ``indexer``), compiles it and the save kernel of separate ``kv``/``score``
+inputs (``SaveConfig.split_inputs``).
 
 :meth:`StepPlan.run` launches both on the current stream, in order: the compress reads the window
 rows at or after each request's chunk start from ``kv``/``score`` and older rows from the state;
@@ -22,7 +23,7 @@ import torch
 
 from ....spec.constants import HEAD_DIMS
 from ...frontend import validate_compress_and_save
-from . import buffers
+from . import buffers, occupancy
 from .arguments import CompressOptions
 from .paths import PathRequest, choose, state_format, step_save_config
 from .plans import STATE_DTYPES, LaunchPlan, _check_choices, kernels, launch_scalars
@@ -94,7 +95,8 @@ def build_step_plan(t: StepTensors, options: CompressOptions, debug: bool) -> St
     compile_cache = kernels()
     configs = path.configs(request)
     compiled, ffi = compile_cache.compile_path(path, configs)
-    scalars = launch_scalars(path, store)
+    grid = (occupancy.persistent_grid(compiled[0], configs[0], request, facts),) if path.persistent else ()
+    scalars = launch_scalars(path, store, grid)
     restride = any(m.stride(-1) != 1 for m in (t.token_to_req, t.positions, t.slot_mapping, t.block_table,
                                                t.kv_slot_mapping))
     ring_capacity = pooling.state_format.ring_capacity or 0  # any value for a paged state

@@ -14,13 +14,14 @@ arguments, and a call does no more Python work, than a ``__call__`` written out 
   (SPEC §13.4) ``kv`` and ``score`` (fp32 ``[T, SW]``, 16-byte aligned rows) and
   ``query_start_loc`` (int32 ``[num_reqs + 1]``), ``ape`` then always given. ``SW`` is the state
   width: 1024 for C4, 512 for C128.
-- :func:`fused_entry`: the single-launch C128 kernels (:class:`.fused_cluster.FusedClusterKernel`,
-  :class:`.fused_handoff.FusedHandoffKernel`, :class:`.fused_pipelined.FusedPipelinedKernel`): the
+- :func:`fused_entry`: the single-launch C128 kernels of SPEC §3's state only
+  (:class:`.fused_cluster.FusedClusterKernel`, :class:`.fused_handoff.FusedHandoffKernel`): the
   nine tensors every one of them starts with, then the kernel's own arguments, in the order its
   ``launch`` names them (each takes ``eps`` and ``fp8_inv``, one ``mX`` and ``mCounters`` before
-  them, one the cluster count after them, and the stream last). They carry no default: a default
-  would be a parameter of the compiled function. The compiled function names them by position
-  (``_vararg_10``, ...) in its argument errors.
+  them, and the stream last). They carry no default: a default would be a parameter of the compiled
+  function. The compiled function names them by position (``_vararg_10``, ...) in its argument
+  errors. The pipelined kernel, which takes SPEC §13's formats, writes its own entry (as C4's fused
+  kernel does): its format arguments follow the stream, ``None`` where unused.
 """
 
 from __future__ import annotations

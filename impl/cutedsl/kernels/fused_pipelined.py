@@ -26,6 +26,13 @@ Per CTA (rank ``g`` = 64-channel tile ``g``, 8 warps, the pooling map of
    ``k`` only after the barrier of token ``k - 1``, which every CTA passes after reading
    buffer ``k % 2`` for token ``k - 2``.
 
+SPEC §13's fp32 formats (``config.pool.state``) change only where a row's 16 bytes are staged
+from and what a score needs once read back (:mod:`..stages.staged_rows`): a ring's rows at
+``q mod C``, ``ape`` added at read-back with ``ape_at="compress"``, and, in the step call
+``compress_and_save`` (``rows_from_inputs``), the rows at or after each request's chunk start
+staged from this call's ``kv``/``score``. Their launch arguments follow the stream (``None`` for
+SPEC §3's state, which traces to the kernel without them).
+
 A cluster arrive at kernel start, waited on once the first token's rows are in flight,
 ensures every CTA runs before any remote store; after a
 cluster's last barrier nobody touches another CTA's shared memory, so CTAs exit freely.
@@ -46,7 +53,6 @@ except ImportError:  # pragma: no cover - 4.0..4.7
 
 from ..stages.cluster_smem import TileSumExchange
 from ..config import FusedPipelinedConfig
-from .entry import fused_entry
 from ..stages.pipelined_walk import RunWalk
 from ..stages.pooling_c128 import RATIO, C128TilePooling
 from ..stages.postprocess import TileFinish
@@ -76,14 +82,31 @@ class FusedPipelinedKernel:
         stages = 2 * pooling.rows_per_lane * pooling.threads * pooling.vec * 4
         return partials + stages + 2 * self.tiles * 4 + 1024
 
-    __call__ = fused_entry  # the host entry (:mod:`.entry`): the nine tensors, then launch()'s arguments
-
-    def launch(self, tables: tuple, num_tokens, eps: Float32, fp8_inv: Float32, clusters: Int32,
-               stream: cuda.CUstream):
-        """``8 * G`` CTAs (``clusters``: ``G``, ``1 <= G <= T``) in clusters of 8, 256 threads each, on
-        ``stream``, whatever ``T``; ``eps`` is rms_norm_eps as binary32, ``fp8_inv``
-        ``div(1, fp8_scale)`` (fp8_per_tensor only)."""
-        self.kernel(*tables, eps, fp8_inv, clusters).launch(
+    @cute.jit
+    def __call__(
+        self,
+        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
+        mTokenReq: cute.Tensor,  # int32 [T]
+        mPos: cute.Tensor,  # int64 [T]
+        mSlot: cute.Tensor,  # int64 [T]
+        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        mWeight: cute.Tensor,  # fp32 or bf16 [512]
+        mCosSin: cute.Tensor,  # fp32 [max_pos, 64]
+        mCache: cute.Tensor,  # flashmla_fp8: uint8 [P, B, 584]; bf16: bf16 [P, B, 512]; fp8: e4m3 [P, B, 512]
+        mKvSlot: cute.Tensor,  # int64 [T]
+        eps: Float32,  # rms_norm_eps as binary32
+        fp8_inv: Float32,  # div(1, fp8_scale), fp8_per_tensor only
+        clusters: Int32,  # G, 1 <= G <= T
+        stream: cuda.CUstream,
+        mApe: cute.Tensor = None,  # SPEC §13.2: fp32 [128, 512] (ape_at="compress" or rows_from_inputs), else None
+        ring_capacity=None,  # Int32 C (SPEC §13.3), a non-default state format only
+        mKv: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 512], else None
+        mScore: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): fp32 [T, 512], else None
+        mQsl: cute.Tensor = None,  # SPEC §13.4 (rows_from_inputs): int32 [num_reqs + 1], else None
+    ):
+        """``8 * G`` CTAs in clusters of 8, 256 threads each, on ``stream``, whatever ``T``."""
+        self.kernel(mState, mTokenReq, mPos, mSlot, mBlockTable, mWeight, mCosSin, mCache, mKvSlot, eps, fp8_inv,
+                    clusters, mApe, ring_capacity, mKv, mScore, mQsl).launch(
             grid=(self.tiles * clusters, 1, 1), block=(self.pooling.threads, 1, 1), cluster=(self.tiles, 1, 1),
             stream=stream, use_pdl=self.pooling.pool.pdl, min_blocks_per_mp=self.config.ctas_per_sm,
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT)
@@ -91,7 +114,8 @@ class FusedPipelinedKernel:
     @cute.kernel
     def kernel(self, mState: cute.Tensor, mTokenReq: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mBlockTable: cute.Tensor, mWeight: cute.Tensor, mCosSin: cute.Tensor, mCache: cute.Tensor,
-               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32):
+               mKvSlot: cute.Tensor, eps: Float32, fp8_inv: Float32, clusters: Int32, mApe: cute.Tensor,
+               ring_capacity, mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor):
         self.pooling.wait_at_start()
         cta, _, _ = cute.arch.block_idx()
         tile, cluster = self.pooling.tile_and_token(cta)  # rank in the cluster, and the cluster
@@ -104,11 +128,12 @@ class FusedPipelinedKernel:
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
-        lane_bytes = self.pooling.channel_bytes(tile, lane)
+        sources = (mState, mBlockTable, ring_capacity, (mKv, mScore, mQsl, mPos))  # where the rows are
+        thread = (tidx, self.pooling.channel_bytes(tile, lane))
         walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster)
-        self.walk.stage_first(mState, mBlockTable, (sScore, sKv), tidx, lane_bytes, (found, req, position),
-                              self.pooling.pool.pdl and self.pooling.pool.early_metadata)
+        chunk_from = self.walk.stage_first(sources, (sScore, sKv), tidx, thread[1], (found, req, position),
+                                           self.pooling.pool.pdl and self.pooling.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)
@@ -116,15 +141,15 @@ class FusedPipelinedKernel:
             found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
                 self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
             w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
-            x = self.walk.pool_staged(mState, mBlockTable, (sScore, sKv, sMax, sNum, sDen), tidx, lane_bytes,
-                                      (req, position), (found_next, req_next, position_next))
+            x, chunk_from_next = self.walk.pool_staged(sources, mApe, (sScore, sKv, sMax, sNum, sDen), thread,
+                                                       (req, position, chunk_from), (found_next, req_next, position_next))
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
             self.exchange.exchange(tile_sum, x, tile_sums, None, tile, lane, warp)
             if warp == 0:
                 self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
             found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
+            chunk_from = chunk_from_next
             parity = parity ^ Int32(1)
-
 
 __all__ = ["FusedPipelinedKernel"]

@@ -13,7 +13,8 @@ active tokens in the same order (no shared memory, no barrier):
    with an active token is loaded.
 2. staging: each thread copies its own 8 rows x 4 channels of a token's scores or kv into shared
    memory with ``cp.async`` (one commit group each) and reads back only its own slots, so the
-   stages need no CTA barrier.
+   stages need no CTA barrier. Where each row's 16 bytes are (the state, paged or a ring, or the
+   step's chunk) and what a score needs once read back (``ape``) is :mod:`.staged_rows`' part.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from cutlass import Float32, Int32, Int64
 
 from .activity import ballot_run, lowest_set_bit, run_end
 from .dependent_launch import wait_for_prerequisite_grids
-from .memory import run_rows
 from .pooling_c128 import RATIO, C128TilePooling, copy_row_async, read_staged_rows
+from .staged_rows import StagedRows
 
 BATCH = 32  # tokens whose metadata one warp reads at once (a ballot)
 PROBE = 8  # batches whose activity is read at once once a batch is used up
+KV, SCORE = 0, 1  # a row's two halves (the index of its input tensor in a chunk's (kv, score))
 
 
 def run_bounds(num_tokens: Int32, clusters: Int32, cluster: Int32):
@@ -48,6 +50,7 @@ class RunWalk:
 
     def __init__(self, pooling: C128TilePooling):
         self.pooling = pooling
+        self.rows = StagedRows(pooling.state, pooling.block_size, pooling.rows_per_lane, pooling.rows_per_lookup)
 
     @cute.jit
     def begin(self, metadata: tuple, clusters: Int32, cluster: Int32):
@@ -59,20 +62,30 @@ class RunWalk:
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
 
+    def lane_rows(self, sources: tuple, req: Int32, position: Int64) -> tuple:
+        """Where this lane's rows of the window of ``position`` (request ``req``) are:
+        :meth:`.staged_rows.StagedRows.lane_rows` from the lane's first row (``sources``: the kernel's
+        ``(mState, mBlockTable, ring_capacity, chunk)``)."""
+        window_start, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
+        return self.rows.lane_rows(sources, req, window_start + first_row)
+
     @cute.jit
-    def stage_first(self, mState: cute.Tensor, mBlockTable: cute.Tensor, stages: tuple, tidx: Int32,
-                    lane_bytes: tuple, first: tuple, wait_after_metadata: bool):
+    def stage_first(self, sources: tuple, stages: tuple, tidx: Int32, lane_bytes: tuple, first: tuple,
+                    wait_after_metadata: bool):
         """The first active token's rows into ``stages`` (``(sScore, sKv)``): scores, then kv (two
-        commit groups), if ``first = (found, req, position)`` found one. ``wait_after_metadata``: the
-        grid dependency is waited on here, after the metadata reads (early metadata)."""
+        commit groups), if ``first = (found, req, position)`` found one; returns the lane's first chunk
+        row of that token (:meth:`lane_rows`). ``wait_after_metadata``: the grid dependency is waited on
+        here, after the metadata reads (early metadata)."""
         sScore, sKv = stages
-        kv_byte, score_byte = lane_bytes
         found, req, position = first
+        chunk_from = Int32(self.pooling.rows_per_lane)
         if found:
-            rows = self.pooling.lane_runs(mState, mBlockTable, req, position)
-            wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state
-            self.stage_rows(mState, rows, score_byte, sScore, tidx, found)
-            self.stage_rows(mState, rows, kv_byte, sKv, tidx, found)
+            rows = self.lane_rows(sources, req, position)
+            wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state and the inputs
+            self.stage_rows(sources, rows, SCORE, sScore, (tidx, lane_bytes), found)
+            self.stage_rows(sources, rows, KV, sKv, (tidx, lane_bytes), found)
+            chunk_from = rows[2]
+        return chunk_from
 
     @cute.jit
     def load_batch(self, walk: tuple, batch: Int32):
@@ -118,16 +131,18 @@ class RunWalk:
         return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
-    def stage_rows(self, mState: cute.Tensor, runs: list, byte_offset, sStage: cute.Tensor, tidx: Int32,
+    def stage_rows(self, sources: tuple, rows: tuple, source: int, sStage: cute.Tensor, thread: tuple,
                    enabled) -> None:
-        """``cp.async`` of this thread's 4 channels at ``byte_offset`` of each of its rows (the
-        lookup runs of :meth:`.C128TilePooling.lane_runs`) into its own slots of ``sStage`` (if
-        ``enabled``), then one commit group (empty if not)."""
-        row_stride_bytes = Int64(mState.stride[1]) * 4
+        """``cp.async`` of this thread's 4 channels of each of its rows (``rows``: :meth:`lane_rows`) into
+        its own slots of ``sStage`` (if ``enabled``), then one commit group (empty if not): the rows'
+        ``kv`` (``source`` :data:`KV`) or scores (:data:`SCORE`). ``thread``: ``(tidx, (kv_byte,
+        score_byte))``, the thread and its channels' offsets in a state row."""
+        tidx, lane_bytes = thread
+        channel = lane_bytes[KV] // 4  # fp32 elements
         if enabled:
-            rows = (row for start in runs for row in run_rows(start, row_stride_bytes, self.pooling.rows_per_lookup))
-            for i, row in enumerate(rows):
-                copy_row_async(row + byte_offset, sStage[i, tidx, None])
+            for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
+                address = self.rows.row_address(sources, rows, i, lane_bytes[source], source, channel)
+                copy_row_async(address, sStage[i, tidx, None])
         cute.arch.cp_async_commit_group()
 
     def staged_kv(self, sKv: cute.Tensor, tidx: Int32) -> list:
@@ -139,35 +154,37 @@ class RunWalk:
     @cute.jit
     def pool_staged(
         self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
+        sources: tuple,  # (mState, mBlockTable, ring_capacity, chunk): StagedRows' sources
+        mApe: cute.Tensor,  # fp32 [128, 512] where a read-back score takes ape, else None
         stages: tuple,  # (sScore, sKv, sMax, sNum, sDen): the staged rows and the pooling's partials
-        tidx: Int32,
-        lane_bytes: tuple,  # (kv_byte, score_byte): this thread's channels in a state row
-        current: tuple,  # (req, position) of the token being pooled, its rows staged
+        thread: tuple,  # (tidx, (kv_byte, score_byte)): the thread and its channels in a state row
+        current: tuple,  # (req, position, chunk_from) of the token being pooled, its rows staged
         upcoming: tuple,  # (found, req, position) of the next active token
-    ) -> cute.Tensor:
+    ):
         """Pool the current token from its staged rows (SPEC §5, as every C128 kernel) and stage
         the next one's meanwhile: its scores once this token's window max is known (the score stage
-        is read), its kv once this token's products are formed. Returns ``x``, fp32 ``(2,)``,
-        meaningful in warp 0."""
+        is read), its kv once this token's products are formed. Returns ``(x, chunk_from)``: ``x``
+        fp32 ``(2,)``, meaningful in warp 0, and the next token's first chunk row."""
         sScore, sKv, sMax, sNum, sDen = stages
-        kv_byte, score_byte = lane_bytes
-        req, position = current
+        tidx, lane_bytes = thread
+        req, position, chunk_from = current
         found_next, req_next, position_next = upcoming
-        # the next token's block-table entries (this token's again when there is none: valid addresses)
-        rows_next = self.pooling.lane_runs(mState, mBlockTable, Int32(cutlass.select_(found_next, req_next, req)),
-                                           Int64(cutlass.select_(found_next, position_next, position)))
+        # the next token's rows (this token's again when there is none: valid addresses)
+        rows_next = self.lane_rows(sources, Int32(cutlass.select_(found_next, req_next, req)),
+                                   Int64(cutlass.select_(found_next, position_next, position)))
+        _, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
+        ape = self.rows.ape_rows(mApe, first_row, lane_bytes[KV] // 4)  # issued before the wait
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
         sc = read_staged_rows(sScore, tidx, self.pooling.row_fragments())
+        self.rows.fix_scores(sc, ape, chunk_from)
         x = cute.make_rmem_tensor((self.pooling.tile // 32,), Float32)
         x.fill(0.0)
         self.pooling.reduce_rows(
             sc, partial(self.staged_kv, sKv, tidx), sMax, sNum, sDen, x,
-            after_max=partial(self.stage_rows, mState, rows_next, score_byte, sScore, tidx, found_next),
-            after_products=partial(self.stage_rows, mState, rows_next, kv_byte, sKv, tidx, found_next),
+            after_max=partial(self.stage_rows, sources, rows_next, SCORE, sScore, thread, found_next),
+            after_products=partial(self.stage_rows, sources, rows_next, KV, sKv, thread, found_next),
         )
-        return x
+        return x, rows_next[2]
 
 
 __all__ = ["BATCH", "PROBE", "RunWalk", "run_bounds"]

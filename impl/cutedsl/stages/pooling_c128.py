@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import cpasync
 from ..config import HEAD_DIM, C128PoolConfig
 from .dependent_launch import wait_for_prerequisite_grids
 from .exact_math import butterfly_max, butterfly_sum, fdiv, fmul, softmax_weight, tree_max, tree_sum
-from .memory import gmem_tensor, load_into, window_row_addresses, window_run_starts
+from .memory import gmem_tensor, load_into, window_row_addresses
 from .postprocess import rope_row
 from .state_format import add_ape, load_state_into
 from .step_rows import StepRows
@@ -189,20 +189,6 @@ class C128TilePooling:
             else:
                 issue_kv()
                 self.reduce_rows(sc, staged_kv_rows, sMax, sNum, sDen, x)
-
-    @cute.jit
-    def lane_runs(
-        self,
-        mState: cute.Tensor,  # fp32 [num_blocks, bs, 1024]
-        mBlockTable: cute.Tensor,  # int32 [num_reqs, max_blocks]
-        req: Int32,  # block_table row of the token
-        position: Int64,  # p, a boundary position
-    ) -> list:
-        """Byte addresses of the first row of each lookup run of this lane's ``R`` window rows
-        (one block-table read per run; the rows of a run follow at the row stride)."""
-        window_start, first_row = self.lane_window(position, cute.arch.lane_idx())
-        return list(window_run_starts(mState, mBlockTable, req, window_start + first_row, self.rows_per_lane,
-                                      self.rows_per_lookup, self.block_size))
 
     def row_fragments(self) -> list:
         """One fp32 ``(4,)`` register fragment per row of this lane (its 4 channels of each)."""

@@ -1,14 +1,16 @@
 """SPEC §13's state formats in the CuTe DSL kernels, checked on CPU (no GPU needed).
 
 - the configurations: :class:`StateFormat` validates its fields, the default format keeps the
-  kernels' names, the save takes no ring, the fused C128 kernels refuse a non-default format,
-  a bf16 state keeps the C128 kv rows in registers;
-- the PTX list holds every option of the save, C4, indexer and split compress kernels, and each
-  such variant compiles for sm_90a and passes SPEC §2's PTX rules, with the instructions its
-  format implies (a ring: a remainder per lookup; a bf16 state: widening conversions on read,
-  ``cvt.rn.bf16x2.f32`` on save; ``ape_at="compress"``: the save adds nothing);
+  kernels' names, the save takes no ring, the cluster and handoff kernels refuse a non-default
+  format and the pipelined kernel a bf16 one, a bf16 state keeps the C128 kv rows in registers;
+- the PTX list holds every option of the save, C4, indexer and split compress kernels and every
+  fp32 option of the pipelined kernel, and each such variant compiles for sm_90a and passes SPEC
+  §2's PTX rules, with the instructions its format implies (a ring: a remainder per lookup; a bf16
+  state: widening conversions on read, ``cvt.rn.bf16x2.f32`` on save; ``ape_at="compress"``: the
+  save adds nothing, the pipelined kernel adds ``ape`` to each read-back score);
 - dispatch: C4 and the indexer take every format, a formatted C128 call under ``auto`` takes
-  ``split_generic``, a forced path that cannot take the format is refused before any launch;
+  ``fused_pipelined`` for an fp32 state and ``split_generic`` for a bf16 one, a forced path that
+  cannot take the format is refused before any launch;
 - the calls (TVM-FFI stubbed): the kernels get ``ape`` and ``ring_capacity`` after their other
   arguments exactly when the format is not the default; SPEC §9's refusals come before any launch.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,7 +31,8 @@ pytest.importorskip("cutlass")
 from dsv4_compressor.impl import ptx_rules  # noqa: E402
 from dsv4_compressor.impl.cutedsl import api  # noqa: E402
 from dsv4_compressor.impl.cutedsl.config import (DEFAULT_STATE, C4Config, C128PoolConfig, EntryFormat,  # noqa: E402
-                                                 FusedClusterConfig, IndexerConfig, SaveConfig, StateFormat)
+                                                 FusedClusterConfig, FusedPipelinedConfig, IndexerConfig, SaveConfig,
+                                                 StateFormat)
 from dsv4_compressor.impl.cutedsl.host.paths import PATHS, choose  # noqa: E402
 from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY  # noqa: E402
 from dsv4_compressor.impl.cutedsl.ptx import compile_variant, kernel_configs, streams_rows  # noqa: E402
@@ -61,6 +65,11 @@ def test_configs_refuse_formats_their_kernels_do_not_take():
         FusedClusterConfig(C128PoolConfig(8, 1, state=StateFormat(ape_at="compress")), ENTRY)
     with pytest.raises(ValueError, match="^kv_in_smem: expected False with a bf16 state"):
         C128PoolConfig(8, 1, kv_in_smem=True, state=StateFormat("bfloat16"))
+    with pytest.raises(ValueError, match=r"^pool\.state: expected a float32 StateFormat"):
+        FusedPipelinedConfig(C128PoolConfig(8, 8, state=StateFormat("bfloat16", ring=True)), ENTRY)
+    every_fp32 = StateFormat("float32", "compress", True, True)
+    staged = FusedPipelinedConfig(C128PoolConfig(8, 8, kv_in_smem=True, state=every_fp32), ENTRY)
+    assert staged.state == every_fp32 and staged.tag.endswith("_sf32_apec_ring_step_flashmla_fp8_B64_wbf16_a16_occ3")
     with pytest.raises(ValueError, match="^state: expected a StateFormat"):
         IndexerConfig(4, 16, "indexer_fp8", False, 64, "bfloat16", state="bfloat16")
 
@@ -85,7 +94,11 @@ def test_the_ptx_list_has_every_option_of_each_formatted_kernel():
         assert options <= by_kernel[key], key
     assert {StateFormat("bfloat16"), StateFormat(ape_at="compress"),
             StateFormat("bfloat16", "compress")} <= by_kernel[("save", None)]
-    assert not any(kernel.startswith("fused") for kernel, _ in variants)
+    fp32 = {StateFormat(ape_at="compress"), StateFormat(ring=True), StateFormat(rows_from_inputs=True),
+            StateFormat(ring=True, rows_from_inputs=True), StateFormat("float32", "compress", True, True)}
+    assert fp32 <= by_kernel[("fused_pipelined", None)]
+    assert all(state.dtype == "float32" for state in by_kernel[("fused_pipelined", None)])
+    assert not any(kernel in ("fused_cluster", "fused_handoff") for kernel, _ in variants)
 
 
 def _body(ptx: str) -> str:
@@ -97,7 +110,8 @@ def formatted_ptx():
     wanted = {("c4", 4, BF16_RING_APE), ("c4", 4, StateFormat(ring=True)), ("split_pool", 8, BF16_RING_APE),
               ("split_pool", 8, StateFormat(ape_at="compress")), ("indexer", 16, BF16_RING_APE),
               ("indexer", 8, StateFormat(ring=True)), ("save", 4, StateFormat("bfloat16", "compress")),
-              ("save", 4, StateFormat("bfloat16")), ("save", 4, StateFormat(ape_at="compress"))}
+              ("save", 4, StateFormat("bfloat16")), ("save", 4, StateFormat(ape_at="compress")),
+              ("fused_pipelined", 8, StateFormat(ring=True)), ("fused_pipelined", 8, StateFormat(ape_at="compress"))}
     out = []
     for kernel, config in _formatted_variants():
         if (kernel, config.block_size, config.state) in wanted and getattr(config, "pdl", True):
@@ -124,6 +138,11 @@ def test_the_format_shows_in_the_ptx(formatted_ptx):
         widened = len(re.findall(r"cvt\.f32\.bf16", body))
         if kernel in ("c4", "split_pool") and state.dtype == "bfloat16":
             assert widened >= 16, config.tag  # 4 channels of kv and score, row by row
+        if kernel == "fused_pipelined":  # ape_at="compress": one add a read-back score channel, 8 rows x 4
+            default = replace(config, pool=replace(config.pool, state=DEFAULT_STATE))
+            adds = [len(re.findall(r"\badd\.rn\.f32\b", _body(text)))
+                    for text in (ptx, compile_variant(kernel, default).__ptx__)]
+            assert adds[0] - adds[1] == 32 * (state.ape_at == "compress"), (config.tag, adds)
         if kernel == "save":
             rounded = len(re.findall(r"cvt\.rn\.bf16x2\.f32", body))
             assert (rounded > 0) == (state.dtype == "bfloat16"), config.tag
@@ -131,19 +150,25 @@ def test_the_format_shows_in_the_ptx(formatted_ptx):
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("state", [StateFormat("bfloat16"), StateFormat(ape_at="compress"), StateFormat(ring=True)])
+@pytest.mark.parametrize("state", [StateFormat("bfloat16"), StateFormat(ape_at="compress"), StateFormat(ring=True),
+                                   StateFormat(ring=True, rows_from_inputs=True), BF16_RING_APE])
 def test_a_formatted_c128_call_takes_a_path_that_takes_it(state):
-    for tokens in (1, 64, 100000):
-        assert choose("auto", 128, 512, tokens, 8, DEFAULT_POLICY, state).name == "split_generic"
+    fp32 = state.dtype == "float32"
+    for tokens in (1, 64, 100000):  # the persistent grid for an fp32 state whatever T, else the split path
+        assert choose("auto", 128, 512, tokens, 8, DEFAULT_POLICY, state).name == (
+            "fused_pipelined" if fp32 else "split_generic")
         assert choose("auto", 128, 512, tokens, 8, DEFAULT_POLICY).name != "split_generic"
     assert choose("split_block8", 128, 512, 1, 8, DEFAULT_POLICY, state).name == "split_block8"
     assert choose("auto", 4, 512, 1, 4, DEFAULT_POLICY, state).name == "c4"
     assert choose("auto", 128, 128, 1, 8, DEFAULT_POLICY, state).name == "indexer"
-    for name in ("fused_cluster", "fused_handoff", "fused_pipelined"):
-        assert not PATHS[name].formats
+    refused = ("fused_cluster", "fused_handoff") if fp32 else ("fused_cluster", "fused_handoff", "fused_pipelined")
+    for name in refused:
+        assert not PATHS[name].takes(state)
         with pytest.raises(ValueError, match=f"^c128_path: expected a path that takes SPEC §13's state formats.*"
                                              f"got '{name}'"):
             choose(name, 128, 512, 1, 8, DEFAULT_POLICY, state)
+    if fp32:
+        assert choose("fused_pipelined", 128, 512, 1, 8, DEFAULT_POLICY, state).name == "fused_pipelined"
 
 
 # ---- the calls, TVM-FFI stubbed ---------------------------------------------------------------------------
@@ -184,7 +209,8 @@ def test_formatted_calls_launch_with_ape_and_ring_capacity(launches, ratio, head
     args, kwargs, _ = _call(ratio, bf16=bf16, ape_at=ape_at, ring=capacity, head=head)
     api.compress_norm_rope_store(*args, **kwargs)
     kinds = [kind for kind, _, _ in launches]
-    assert kinds == {(4, 512): ["c4"], (128, 512): ["split_pool", "split_store"]}.get((ratio, head), ["indexer"])
+    c128 = ["split_pool", "split_store"] if bf16 else ["fused_pipelined"]
+    assert kinds == {(4, 512): ["c4"], (128, 512): c128}.get((ratio, head), ["indexer"])
     kind, config, call = launches[0]
     assert config.state == StateFormat("bfloat16" if bf16 else "float32", ape_at, ring)
     ape, ring_capacity, kv, score, query_start_loc = call[-5:]  # the last three: the step call's only
@@ -202,6 +228,15 @@ def test_default_calls_launch_as_before(launches, ratio):
         assert kind == "c4" and config.state == DEFAULT_STATE and len(call) == 16 and call[11:] == (None,) * 5
     else:  # auto's fused paths, SPEC §3's state
         assert kind.startswith("fused") and config.pool.state == DEFAULT_STATE
+
+
+def test_the_pipelined_kernel_of_the_default_state_takes_none_for_every_format_argument(launches):
+    args, kwargs, _ = _call(128, bf16=False, ape_at="save", ring=None)
+    api.compress_norm_rope_store(*args, **kwargs, c128_path="fused_pipelined")
+    (kind, config, call), = launches
+    # nine tensors, eps, fp8_inv and the grid, then None for every SPEC §13 parameter of its entry
+    assert kind == "fused_pipelined" and config.state == DEFAULT_STATE and len(call) == 17
+    assert call[12:] == (None,) * 5 and call[11] >= 1
 
 
 def test_formatted_saves_take_no_ape_with_ape_at_compress(launches):

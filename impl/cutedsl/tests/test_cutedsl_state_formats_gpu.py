@@ -52,12 +52,12 @@ def _bound_calls(c128_path: str):
     return calls
 
 
-def run_save_then_compress(step, *, c128_path: str = "auto", bound: bool = False) -> dict:
-    """The two calls in the step's format, spec and CuTe DSL (``bound``: a layer's calls):
-    ``{name: (spec, CuTe DSL)}`` allocations."""
+def run_save_then_compress(step, *, c128_path: str = "auto", bound: bool = False, **options) -> dict:
+    """The two calls in the step's format, spec and CuTe DSL (``bound``: a layer's calls; ``options``:
+    the compress's other keywords, e.g. ``policy``): ``{name: (spec, CuTe DSL)}`` allocations."""
     if bound:
         return scenarios.run_save_then_compress(step, DEVICE, family="cutedsl", calls=_bound_calls(c128_path))
-    return scenarios.run_save_then_compress(step, DEVICE, family="cutedsl", c128_path=c128_path)
+    return scenarios.run_save_then_compress(step, DEVICE, family="cutedsl", c128_path=c128_path, **options)
 
 
 @pytest.mark.parametrize("ratio, head", [(4, 512), (128, 512), (4, 128), (128, 128)])
@@ -79,6 +79,19 @@ def test_save_then_compress_writes_the_spec_bytes(ratio, head, layout, hadamard,
 def test_the_block8_split_path_takes_the_formats(bf16_state, ape_at, ring):
     step = _step(128, 512, "flashmla_fp8", False, bf16_state, ape_at, ring, _requests(128, ring), 5)
     scenarios.assert_identical(run_save_then_compress(step, c128_path="split_block8"))
+
+
+@pytest.mark.parametrize("ape_at, ring", [("save", True), ("compress", False), ("compress", True)])
+def test_one_cluster_walking_every_token_takes_the_formats(ape_at, ring):
+    """An fp32 state's C128 compress on the persistent grid of a single cluster, which walks every
+    token: the next active token's rows (a ring's at ``q mod C``) staged while the current one is
+    pooled, ``ape`` added to the read-back scores with ``ape_at="compress"``."""
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
+
+    step = _step(128, 512, "flashmla_fp8", False, False, ape_at, ring, _requests(128, ring), 8)
+    assert step.batch.num_active >= 2
+    policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=1)
+    scenarios.assert_identical(run_save_then_compress(step, c128_path="fused_pipelined", policy=policy))
 
 
 @pytest.mark.parametrize("ratio", [4, 128])

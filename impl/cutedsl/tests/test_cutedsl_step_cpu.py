@@ -1,10 +1,9 @@
 """SPEC §13.4's step call ``compress_and_save`` in the CuTe DSL family, checked on CPU (no GPU needed).
 
 - the configurations: ``StateFormat(rows_from_inputs=True)`` names its kernels ``..._step``, a save
-  refuses it, the C128 pooling refuses staged or late kv rows with it; the split-input save is its
-  own variant;
-- the PTX list holds the step's C4, split compress and indexer kernels and the split-input save,
-  and those compile for sm_90a and pass SPEC §2's PTX rules;
+  refuses it, the C128 pooling refuses late kv rows with it; the split-input save is its own variant;
+- the PTX list holds the step's C4, split compress, pipelined and indexer kernels and the split-input
+  save, and those compile for sm_90a and pass SPEC §2's PTX rules;
 - the call (TVM-FFI stubbed, on the Triton tests' step scenarios): the compress kernel(s) of the
   format with ``rows_from_inputs``, then the save of ``save_slot_mapping``, in that order, with the
   call's tensors where the kernels take them; a repeated call reuses its plan; SPEC §9's refusals
@@ -48,9 +47,9 @@ def test_the_step_format_names_its_kernels():
 def test_configs_refuse_the_step_where_their_kernels_do_not_take_it():
     with pytest.raises(ValueError, match=r"^state\.rows_from_inputs: expected False"):
         SaveConfig(4, 4, True, state=STEP)
-    for staged, late in ((True, False), (False, True)):
-        with pytest.raises(ValueError, match="^kv_in_smem/kv_after_max: expected False with rows_from_inputs"):
-            C128PoolConfig(8, 8, kv_in_smem=staged, kv_after_max=late, state=STEP)
+    with pytest.raises(ValueError, match="^kv_after_max: expected False with rows_from_inputs"):
+        C128PoolConfig(8, 8, kv_in_smem=True, kv_after_max=True, state=STEP)
+    assert C128PoolConfig(8, 8, kv_in_smem=True, state=STEP).kv_in_smem  # the pipelined kernel stages both
 
 
 # ---- the PTX list ---------------------------------------------------------------------------------------
@@ -65,6 +64,8 @@ def test_the_ptx_list_has_the_step_kernels():
     both = {STEP, StateFormat("bfloat16", "compress", True, True)}
     for kernel, ratio in (("c4", None), ("split_pool", None), ("indexer", 4), ("indexer", 128)):
         assert {state for k, r, state in found if (k, r) == (kernel, ratio)} >= both, kernel
+    pipelined = {state for k, _, state in found if k == "fused_pipelined"}
+    assert {STEP, StateFormat(ring=True, rows_from_inputs=True)} <= pipelined, pipelined
     assert any(kernel == "save" for kernel, _, _ in found)
 
 
@@ -81,7 +82,7 @@ def test_step_variants_pass_the_ptx_rules():
                                      require_vector_loads=streams_rows(kernel, config))
         assert report.ok, (config.tag, report.violations)
         assert "ld.local" not in ptx and "st.local" not in ptx, config.tag
-    assert len(kinds) == 5
+    assert len(kinds) == 6
 
 
 # ---- the call, TVM-FFI stubbed ---------------------------------------------------------------------------
@@ -91,8 +92,8 @@ def launches(monkeypatch):
 
 
 REQUESTS = {4: [Request(11, 1), Request(0, 5), Request(9, 11)], 128: [Request(127, 1), Request(250, 10)]}
-COMPRESS_KERNELS = {(4, 512): ["c4"], (128, 512): ["split_pool", "split_store"], (4, 128): ["indexer"],
-                    (128, 128): ["indexer"]}
+COMPRESS_KERNELS = {(4, 512): ["c4"], (128, 512): ["fused_pipelined"], (4, 128): ["indexer"],
+                    (128, 128): ["indexer"]}  # an fp32 state's; a bf16 state's C128 step: the split path
 
 
 def _arguments(ratio, head, bf16, ape_at, ring):
@@ -113,7 +114,8 @@ def test_the_step_launches_the_compress_then_the_save(launches, ratio, head, bf1
     kv, score, ape, positions, _, qsl, _, saves, _, bs, state = args[:11]
     api.compress_and_save(*args, **options)
     kinds = [kind for kind, _, _ in launches]
-    assert kinds == COMPRESS_KERNELS[ratio, head] + ["save"]
+    compress = ["split_pool", "split_store"] if (ratio, head, bf16) == (128, 512, True) else COMPRESS_KERNELS[ratio, head]
+    assert kinds == compress + ["save"]
     state_format = StateFormat("bfloat16" if bf16 else "float32", ape_at, ring, True)
     kind, config, call = launches[0]
     assert config.state == state_format

@@ -79,3 +79,17 @@ def test_ring_windows_wrap_around(ratio):
     """A decode boundary whose window crosses the ring's end."""
     step = _step(ratio, 512, "flashmla_fp8", False, True, "compress", True, _requests(ratio, True)[:1], 6)
     scenarios.assert_identical(run_step(step))
+
+
+@pytest.mark.parametrize("clusters", [1, 2])
+@pytest.mark.parametrize("ape_at, ring", [("save", True), ("save", False), ("compress", True), ("compress", False)])
+def test_a_cluster_walking_many_tokens_writes_the_spec_bytes(ape_at, ring, clusters):
+    """The C128 fp32 step on a persistent grid of one or two clusters: a cluster walks several active
+    tokens, each window's rows from the state (paged or the ring) and the chunk in another proportion,
+    the next token's rows staged while the current one is pooled."""
+    from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY
+
+    step = _step(128, 512, "flashmla_fp8", False, False, ape_at, ring, _requests(128, ring), 7)
+    assert step.batch.num_active >= 2
+    policy = DEFAULT_POLICY.with_overrides(pipelined_max_clusters=clusters)
+    scenarios.assert_identical(scenarios.run_step(step, DEVICE, family="cutedsl", policy=policy))
