@@ -10,8 +10,9 @@ they land. :class:`StagedRows` gives those 16 bytes' addresses and what a row ne
   chunk start ``P0 = positions[query_start_loc[req]]`` is token ``query_start_loc[req] + (q - P0)``
   of this call's ``kv``/``score``. A lane's rows are consecutive positions, so its chunk rows are a
   suffix: rows ``i >= chunk_from`` with ``chunk_from = clamp(P0 - q0, 0, R)`` (``q0`` its first row's
-  position). Each row's address is selected between its two sources, without a branch; a lookup run
-  made only of chunk rows reads no block-table entry (predicated off: a chunk row needs no state block);
+  position). Each row's address is selected between its two sources, without a branch. A chunk row
+  needs no state block, so a run's block-table entry is read only where the table has its column
+  (predicated: a paged table may end before the chunk), and not made to wait for ``P0``;
 - **the score once read back**: ``add(S, ape[q mod 128])`` for every row with ``ape_at="compress"``,
   and for every chunk row with ``"save"`` (the save would have stored ``add(score, ape)``; an fp32
   state stores values as they are, so a chunk row's ``kv`` needs nothing). The window starts at a
@@ -70,9 +71,11 @@ class StagedRows:
         for r in range(rows // per_lookup):  # unrolled at trace time (a plain function: not AST-rewritten)
             position = ring_position(Int64(first_position) + r * per_lookup, self.state, ring_capacity)
             if self.state.rows_from_inputs:
+                # read where the table has the column, not only where the run holds a state row: the
+                # read then waits for nothing, while query_start_loc and the chunk start arrive
                 column = position // self.block_size
-                needed = Int32(r * per_lookup) < chunk_from  # the run holds a state row
-                block = load_if(Int32, element_address(mBlockTable, req, column), 1, needed)[0]
+                held = Int64(column) < Int64(mBlockTable.shape[1])
+                block = load_if(Int32, element_address(mBlockTable, req, column), 1, held)[0]
                 starts.append(element_address(mState, block, position - column * self.block_size, 0))
             else:
                 starts.append(row_address(mState, mBlockTable, req, position, self.block_size))
