@@ -152,4 +152,5 @@ class FusedPipelinedKernel:
             chunk_from = chunk_from_next
             parity = parity ^ Int32(1)
 
+
 __all__ = ["FusedPipelinedKernel"]

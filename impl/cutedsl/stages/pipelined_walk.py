@@ -141,7 +141,7 @@ class RunWalk:
         channel = lane_bytes[KV] // 4  # fp32 elements
         if enabled:
             for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
-                address = self.rows.row_address(sources, rows, i, lane_bytes[source], source, channel)
+                address = self.rows.staged_address(sources, rows, i, lane_bytes[source], source, channel)
                 copy_row_async(address, sStage[i, tidx, None])
         cute.arch.cp_async_commit_group()
 

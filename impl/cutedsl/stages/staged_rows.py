@@ -30,10 +30,9 @@ from cutlass import Float32, Int32, Int64
 
 from ..config import StateFormat
 from .exact_math import fadd
-from .memory import element_address, load_fragment, load_if, load_scalar, row_address
-from .state_format import ring_position
-
-VEC = 4  # fp32 channels a row copy carries (16 bytes)
+from .memory import element_address, load_fragment, window_run_starts
+from .state_format import VEC
+from .step_rows import chunk_of
 
 
 class StagedRows:
@@ -57,28 +56,20 @@ class StagedRows:
         chunk token of row 0 (``query_start_loc[req] + q0 - P0``; 0 without a chunk) and the lane's
         first chunk row (``R`` without a chunk)."""
         mState, mBlockTable, ring_capacity, chunk = sources
-        rows, per_lookup = self.rows_per_lane, self.rows_per_lookup
-        chunk_token, chunk_from = Int64(0), Int32(rows)
+        rows = self.rows_per_lane
+        chunk_token, chunk_from, state_rows = Int64(0), Int32(rows), None
         if self.state.rows_from_inputs:
-            _, _, mQsl, mPos = chunk
-            first = Int64(load_scalar(mQsl, req))
-            before = Int64(load_scalar(mPos, first)) - Int64(first_position)  # P0 - q0
+            _, _, first, chunk_start = chunk_of(*chunk, req, self.state)
+            before = chunk_start - Int64(first_position)  # P0 - q0
             chunk_token = first - before
             chunk_from = Int32(cutlass.select_(before < Int64(0), Int64(0),
                                                cutlass.select_(before > Int64(rows), Int64(rows), before)))
-        starts = []
-        for r in range(rows // per_lookup):  # unrolled at trace time (a plain function: not AST-rewritten)
-            position = ring_position(Int64(first_position) + r * per_lookup, self.state, ring_capacity)
-            if self.state.rows_from_inputs:
-                column = position // self.block_size
-                needed = Int32(r * per_lookup) < chunk_from  # the run holds a state row
-                block = load_if(Int32, element_address(mBlockTable, req, column), 1, needed)[0]
-                starts.append(element_address(mState, block, position - column * self.block_size, 0))
-            else:
-                starts.append(row_address(mState, mBlockTable, req, position, self.block_size))
+            state_rows = chunk_from
+        starts = list(window_run_starts(mState, mBlockTable, req, Int64(first_position), rows, self.rows_per_lookup,
+                                        self.block_size, ring_capacity if self.state.ring else None, state_rows))
         return starts, chunk_token, chunk_from
 
-    def row_address(self, sources: tuple, lane_rows: tuple, i: int, state_byte, input_index: int, channel):
+    def staged_address(self, sources: tuple, lane_rows: tuple, i: int, state_byte, input_index: int, channel):
         """Byte address of the 16 bytes of this lane's row ``i``: at ``state_byte`` of its state row,
         or, a chunk row, at channel ``channel`` of the chunk's ``kv`` (``input_index`` 0) or ``score``
         (1) row."""
@@ -128,5 +119,6 @@ class StagedRows:
                     sc[i][c] = added
                 else:
                     sc[i][c] = Float32(cutlass.select_(takes, added, sc[i][c]))
+
 
 __all__ = ["StagedRows"]
