@@ -8,9 +8,9 @@ active tokens in the same order (no shared memory, no barrier):
 
 1. lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run (position, slots,
    request; coalesced), and a ballot gives the batch's active tokens (SPEC §5). The next active
-   token's metadata comes from its lane by shuffle. Once a batch is used up, the activity of the
+   token's metadata comes from its lane by shuffle. Once a batch is used up, the metadata of the
    next ``PROBE`` batches is read at once (one round trip for 256 tokens) and the first of them
-   with an active token is loaded.
+   with an active token is kept.
 2. staging: each thread copies its own 8 rows x 4 channels of a token's scores or kv into shared
    memory with ``cp.async`` (one commit group each) and reads back only its own slots, so the
    stages need no CTA barrier. Where each row's 16 bytes are (the state, paged or a ring, or the
@@ -98,32 +98,35 @@ class RunWalk:
 
     @cute.jit
     def probe_batches(self, walk: tuple, batch: Int32):
-        """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
-        token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
-        mPos, mSlot, mKvSlot, _, first, end = walk
-        masks = [ballot_run(mKvSlot, first + (batch + 1 + k) * BATCH, end, (mPos, mSlot, RATIO))[0]
-                 for k in range(PROBE)]  # unrolled at trace time
-        first_active = Int32(PROBE)
+        """The first of batches ``batch + 1 .. batch + PROBE`` with an active token: ``(k, mask, lane
+        metadata)`` with ``k < PROBE`` its index, or ``PROBE`` and an empty mask if none. Every batch's
+        metadata is read at once and the winner's kept: one round trip for them all, none after."""
+        mPos, mSlot, mKvSlot, mTokenReq, first, end = walk
+        batches = [ballot_run(mKvSlot, first + (batch + 1 + k) * BATCH, end, (mPos, mSlot, RATIO), mTokenReq)
+                   for k in range(PROBE)]  # unrolled at trace time
+        found = Int32(PROBE)
+        mask, lane_pos, lane_kv_slot, lane_req = Int32(0), Int64(0), Int64(0), Int32(0)
         for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
-            first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))
-        return first_active
+            hit = batches[k][0] != Int32(0)
+            found = Int32(cutlass.select_(hit, Int32(k), found))
+            mask = Int32(cutlass.select_(hit, batches[k][0], mask))
+            lane_pos = Int64(cutlass.select_(hit, batches[k][1], lane_pos))
+            lane_kv_slot = Int64(cutlass.select_(hit, batches[k][2], lane_kv_slot))
+            lane_req = Int32(cutlass.select_(hit, batches[k][3], lane_req))
+        return found, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
     def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
                     lane_req: Int32):
         """The run's next active token after those already taken from ``mask``: ``(found, position,
         kv_slot, req, index)`` (``index``: the token's own) and the walk's new ``(batch, mask, lane
-        metadata)``. Once a batch
-        is used up, the next ``PROBE`` batches are probed at once and the first with an active token
-        is loaded; ``found`` is false past the last batch."""
+        metadata)``. Once a batch is used up, the next ``PROBE`` batches are read at once
+        (:meth:`probe_batches`) and the first with an active token is taken; ``found`` is false
+        past the last batch."""
         first, end = walk[4], walk[5]
         while (mask == Int32(0)) & (first + (batch + 1) * BATCH < end):
-            skip = self.probe_batches(walk, batch)
-            if skip < Int32(PROBE):
-                batch = batch + Int32(1) + skip
-                mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
-            else:
-                batch = batch + Int32(PROBE)
+            skip, mask, lane_pos, lane_kv_slot, lane_req = self.probe_batches(walk, batch)
+            batch = batch + Int32(cutlass.select_(skip < Int32(PROBE), skip + Int32(1), Int32(PROBE)))
         found = mask != Int32(0)
         j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
         mask = mask & (mask - Int32(1))
