@@ -23,6 +23,8 @@ that is not timed, so device-bound sizes still show their host time):
 - ``bound python``: a bound layer's eager call with its kernels replaced by a no-op (the
   token-count lookup, the dtype checks, the scratch and counters; on a GPU the workspace is
   passed, as an engine should);
+- ``torch.ops floor``: an op of the same schema whose kernel does nothing (the dispatcher's own
+  cost for those arguments: what ``torch.ops`` cannot go below);
 - ``call``, ``bound call``, ``torch.ops``: whole calls (the kernels run on a GPU; on a CPU
   they are replaced by a no-op, so the totals leave out the FFI cost); ``bound call, no
   workspace``: a bound call of a scratch path (C128 handoff and split) without a workspace,
@@ -47,6 +49,8 @@ import time
 import numpy as np
 
 
+NULL_OP_NAMESPACE = "dsv4_compressor_host_time"  # the ``torch.ops floor`` column's do-nothing op
+_NULL_LIBRARY: list = []  # keeps that op's library alive
 QUEUE_BATCH = 200  # calls issued between untimed synchronizations (a few launches each: the launch queue never fills)
 
 
@@ -172,6 +176,8 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
             out["bound call, no workspace"] = timed(lambda: layer.compress_norm_rope_store(*per_token))
         op = torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store
         out["torch.ops"] = timed(lambda: op(*args, ratio, workspace=workspace))
+        floor = _null_op(op)
+        out["torch.ops floor"] = timed(lambda: floor(*args, ratio, workspace=workspace))
         out["save call"] = timed(lambda: api.save_partial_states(kv_score, ape, positions, slots, state, bs))
         out["bound save"] = timed(lambda: layer.save_partial_states(kv_score, ape, positions, slots))
         sync()
@@ -184,6 +190,20 @@ def measure(ratio: int, tokens: int, calls: int, device) -> dict[str, float]:
         out["triton save"] = timed(lambda: triton_impl.save_partial_states(kv_score, ape, positions, slots, state, bs))
         sync()
     return out
+
+
+def _null_op(op):
+    """An op of ``op``'s schema whose kernel does nothing: what the dispatcher alone costs a call
+    with those arguments (defined once, in a namespace of its own)."""
+    import torch
+
+    namespace = getattr(torch.ops, NULL_OP_NAMESPACE)
+    if not hasattr(namespace, "null"):
+        _NULL_LIBRARY.append(library := torch.library.Library(NULL_OP_NAMESPACE, "FRAGMENT"))
+        schema = str(op.default._schema)  # "namespace::name(arguments) -> ()"
+        library.define("null" + schema[schema.index("("):])
+        library.impl("null", lambda *args: None, "CompositeExplicitAutograd")
+    return namespace.null
 
 
 def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed) -> dict[str, float]:
@@ -217,7 +237,7 @@ def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed)
 
 
 COLUMNS = ("path", "validate", "key", "run", "ffi, compiled object", "ffi", "ffi, fixed held", "ffi, all held",
-           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "save call", "save ffi, held",
+           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "torch.ops floor", "save call", "save ffi, held",
            "bound save python", "bound save", "triton call", "triton save")
 
 

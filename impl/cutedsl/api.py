@@ -166,6 +166,26 @@ def compress_norm_rope_store(
     _compress_plan(tensors, workspace, options, debug, ape=ape).run(tensors, workspace, ape)
 
 
+# the compress op's arguments after compress_ratio, at their schema defaults (custom_ops' CuTe DSL schema):
+# layout, fp8_scale, debug, workspace, c128_path, pdl, hadamard, ape, ape_at, ring_capacity
+_OP_TRAILING_DEFAULTS = ("flashmla_fp8", None, False, None, "auto", True, False, None, "save", None)
+
+
+def compress_norm_rope_store_op(*args) -> None:
+    """The kernel of ``torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store``: the op's
+    arguments in its schema's order (the dispatcher leaves trailing defaults out), taken to the
+    cached plan as :func:`compress_norm_rope_store` takes them, without its keyword parsing (on a
+    repeated call that parsing is a sixth of the host time the op adds)."""
+    (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight, rms_norm_eps,
+     cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace, c128_path, pdl,
+     hadamard, ape, ape_at, ring_capacity) = args + _OP_TRAILING_DEFAULTS[len(args) - 12:]
+    tensors = (state_cache, token_to_req_indices, positions, slot_mapping, block_table, rms_norm_weight,
+               cos_sin_cache, k_cache, kv_slot_mapping)  # in CompressTensors' order
+    options = (block_size, rms_norm_eps, compress_ratio, layout, fp8_scale, hadamard, c128_path, pdl, DEFAULT_POLICY,
+               False, ape_at, ring_capacity)
+    _compress_plan(tensors, workspace, options, debug, ape=ape).run(tensors, workspace, ape)
+
+
 def _traced_compress(operation: str, arguments: tuple, policy) -> None:
     """``compress_norm_rope_store`` or ``save_and_compress_norm_rope_store`` as ``torch.compile``
     traces it: one custom op on ``arguments`` (in its schema's order)."""

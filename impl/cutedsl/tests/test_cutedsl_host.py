@@ -207,6 +207,46 @@ def test_every_op_launches_what_its_direct_call_does(recorded):
     assert launches[-1][0] == "split_pool"
 
 
+def _same(a, b) -> bool:
+    """The same arguments: tensors by identity, everything else by value and type."""
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a is b if isinstance(a, torch.Tensor) else (type(a) is type(b) and a == b)
+
+
+@pytest.mark.parametrize("options", [
+    {},  # every trailing argument left to the schema's default
+    {"layout": "bf16", "fp8_scale": 0.5, "debug": True, "workspace": "given", "c128_path": "split_block8",
+     "pdl": False, "hadamard": True, "ape": "given", "ape_at": "compress", "ring_capacity": 256},
+])
+def test_the_compress_op_hands_its_plan_what_the_call_does(monkeypatch, options):
+    """The compress op's own kernel (the schema's arguments in order, the left-out ones filled
+    from a table) asks for the plan with the tensors and options the public call does."""
+    seen = []
+
+    class NoPlan:
+        def run(self, *arguments):
+            seen.append(("run", arguments))
+
+    monkeypatch.setattr(api, "_compress_plan", lambda *a, **k: seen.append(("plan", a, k)) or NoPlan())
+    args, kwargs = _arguments("c128_decode_boundary")
+    given = {"workspace": torch.empty((len(args[2]), 512)), "ape": torch.zeros(128, 512)}
+    options = {name: given[name] if value == "given" else value for name, value in options.items()}
+    api.compress_norm_rope_store(*args, **kwargs, **options)
+    direct = list(seen)
+    seen.clear()
+    torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store(*args, kwargs["compress_ratio"], **options)
+    assert len(direct) == 2 and _same(seen, direct)
+
+
+def test_the_compress_ops_default_table_is_its_schemas():
+    schema = torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store.default._schema
+    assert [a.name for a in schema.arguments[11:13]] == ["compress_ratio", "layout"]
+    assert tuple(a.default_value for a in schema.arguments[12:]) == api._OP_TRAILING_DEFAULTS
+
+
 def test_layers_with_the_same_layout_share_their_plans(recorded):
     launches, _ = recorded
     args, kwargs = _arguments("c128_decode_boundary")
