@@ -23,12 +23,24 @@ def softmax_then_sum(kv0, score0, kv1, score1):
     """Ratio 2's ``x`` per channel: ``M = max(s0, s1)``, ``e_i = exp2s(mul(sub(s_i, M), L))``,
     ``den = add(e0, e1)``, ``w_i = div(e_i, den)``, ``x = add(mul(kv0, w0), mul(kv1, w1))``: the
     weights normalized before the sum, as the reference's ``(kv * softmax(score)).sum()``.
-    (The sign of a zero ``M`` does not matter: ``exp2s(+-0) = 1``.)"""
-    m = tl.maximum(score0, score1)
-    e0 = exp2s((score0 - m) * LOG2E_F32)
-    e1 = exp2s((score1 - m) * LOG2E_F32)
+
+    One ``exp2s`` a channel, not two: a row whose ``d_i = sub(s_i, M)`` is zero has ``e_i =
+    exp2s(+-0) = 1``, and at most one row's ``d`` is non-zero unless a score is NaN or infinite,
+    where both ``x`` are NaN either way (:func:`one_exp_weights`)."""
+    e0, e1 = one_exp_weights(score0, score1)
     den = e0 + e1
     return kv0 * tl.div_rn(e0, den) + kv1 * tl.div_rn(e1, den)
+
+
+@triton.jit
+def one_exp_weights(s0, s1):
+    """``(e0, e1)`` of two scores, ``e_i = exp2s(mul(d_i, L))`` with ``d_i = sub(s_i, max(s0, s1))``,
+    from one ``exp2s``: of ``d1`` where ``d0`` is zero, else of ``d0``; a zero ``d_i`` gives 1."""
+    m = tl.maximum(s0, s1)
+    d0 = s0 - m
+    d1 = s1 - m
+    e = exp2s(tl.where(d0 == 0.0, d1, d0) * LOG2E_F32)
+    return tl.where(d0 == 0.0, 1.0, e), tl.where(d1 == 0.0, 1.0, e)
 
 
 @triton.jit
