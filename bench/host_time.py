@@ -199,7 +199,8 @@ def _null_op(op):
 
     namespace = getattr(torch.ops, NULL_OP_NAMESPACE)
     if not hasattr(namespace, "null"):
-        _NULL_LIBRARY.append(library := torch.library.Library(NULL_OP_NAMESPACE, "FRAGMENT"))
+        library = torch.library.Library(NULL_OP_NAMESPACE, "FRAGMENT")
+        _NULL_LIBRARY.append(library)
         schema = str(op.default._schema)  # "namespace::name(arguments) -> ()"
         library.define("null" + schema[schema.index("("):])
         library.impl("null", lambda *args: None, "CompositeExplicitAutograd")
@@ -237,8 +238,8 @@ def _launch_floors(plan, layer, tensors: tuple, workspace, kv_score, ape, timed)
 
 
 COLUMNS = ("path", "validate", "key", "run", "ffi, compiled object", "ffi", "ffi, fixed held", "ffi, all held",
-           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "torch.ops floor", "save call", "save ffi, held",
-           "bound save python", "bound save", "triton call", "triton save")
+           "bound python", "call", "bound call", "bound call, no workspace", "torch.ops", "torch.ops floor",
+           "save call", "save ffi, held", "bound save python", "bound save", "triton call", "triton save")
 
 
 def main(argv=None) -> int:

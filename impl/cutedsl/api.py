@@ -174,8 +174,8 @@ _OP_TRAILING_DEFAULTS = ("flashmla_fp8", None, False, None, "auto", True, False,
 def compress_norm_rope_store_op(*args) -> None:
     """The kernel of ``torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store``: the op's
     arguments in its schema's order (the dispatcher leaves trailing defaults out), taken to the
-    cached plan as :func:`compress_norm_rope_store` takes them, without its keyword parsing (on a
-    repeated call that parsing is a sixth of the host time the op adds)."""
+    cached plan as :func:`compress_norm_rope_store` takes them, without its keyword parsing (the
+    largest part of the Python an op call adds to torch's dispatcher)."""
     (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight, rms_norm_eps,
      cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace, c128_path, pdl,
      hadamard, ape, ape_at, ring_capacity) = args + _OP_TRAILING_DEFAULTS[len(args) - 12:]
