@@ -66,10 +66,17 @@ CUTEDSL_SCHEMAS = {
 
 
 def _kernels(module, cutedsl: bool) -> dict:
-    """The real implementation of each op: the module's operation with the schema's arguments (the
-    dispatcher may leave out trailing defaults: the module's own defaults then apply), or the
-    module's own kernel for the op where it has one (``compress_norm_rope_store_op``: the
-    schema's arguments in order, no keyword parsing)."""
+    """The real implementation of each op: the module's own kernel for it where it has one
+    (``{operation}_op``, taking the schema's arguments in order, e.g. the CuTe DSL
+    ``compress_norm_rope_store_op``: no keyword parsing), else :func:`_wrappers`' call of the
+    module's operation."""
+    return {operation: getattr(module, f"{operation}_op", wrapper)
+            for operation, wrapper in _wrappers(module, cutedsl).items()}
+
+
+def _wrappers(module, cutedsl: bool) -> dict:
+    """Each op's call of the module's operation with the schema's arguments (the dispatcher may
+    leave out trailing defaults: the module's own defaults then apply)."""
     save_extras = (("pdl",) if cutedsl else ()) + ("ape_at", "ring_capacity")  # SPEC §13
     compress_names = ("layout", "fp8_scale", "debug", *(("workspace", "c128_path", "pdl") if cutedsl else ()),
                       "hadamard", "ape", "ape_at", "ring_capacity")  # after compress_ratio
@@ -85,8 +92,7 @@ def _kernels(module, cutedsl: bool) -> dict:
         names = ("layout", "fp8_scale", "ape_at", "ring_capacity", "hadamard", "debug")  # after compress_ratio
         module.compress_and_save(*args[:16], compress_ratio=args[16], **dict(zip(names, args[17:])))
 
-    kernels = {"save_partial_states": save_partial_states,
-               "compress_norm_rope_store": getattr(module, "compress_norm_rope_store_op", compress_norm_rope_store),
+    kernels = {"save_partial_states": save_partial_states, "compress_norm_rope_store": compress_norm_rope_store,
                "compress_and_save": compress_and_save}
     if not cutedsl:
         return kernels
