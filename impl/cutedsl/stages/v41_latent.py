@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64
 
-from .exact_math import bf16_round_fragment, butterfly_sum, fadd, fdiv, fmax, fmul, softmax_weight, to_bf16_fragment, tree_sum
+from .exact_math import (LOG2E_F32, bf16_round_fragment, butterfly_sum, exp2s, fadd, fdiv, fmax, fmul, fsub,
+                         to_bf16_fragment, tree_sum)
 from .indexer_entry import select_fragment
 from .memory import element_address, store_fragment
 from .postprocess import normalize, rms_scale, sum_of_squares
@@ -30,16 +32,29 @@ GROUP_WARPS = GROUP_THREADS // 32
 def softmax_then_sum(kv0: cute.Tensor, score0: cute.Tensor, kv1: cute.Tensor, score1: cute.Tensor) -> cute.Tensor:
     """Ratio 2's ``x`` per channel: ``M = max(s0, s1)``, ``e_i = exp2s(mul(sub(s_i, M), L))``,
     ``den = add(e0, e1)``, ``w_i = div(e_i, den)``, ``x = add(mul(kv0, w0), mul(kv1, w1))``: the
-    weights normalized before the sum, as the reference's ``(kv * softmax(score)).sum()``. (The
-    sign of a zero ``M`` does not matter: ``exp2s(+-0) = 1``.)"""
+    weights normalized before the sum, as the reference's ``(kv * softmax(score)).sum()``.
+
+    One ``exp2s`` a channel, not two: a row whose ``d_i = sub(s_i, M)`` is zero has ``e_i =
+    exp2s(+-0) = 1``, and at most one row's ``d`` is non-zero unless a score is NaN or infinite,
+    where both ``x`` are NaN either way (:func:`one_exp_weights`)."""
     x = cute.make_rmem_tensor((VEC,), Float32)
     for c in range(VEC):  # traced unrolled (a plain function)
-        m = fmax(score0[c], score1[c])
-        e0 = softmax_weight(score0[c], m)
-        e1 = softmax_weight(score1[c], m)
+        e0, e1 = one_exp_weights(score0[c], score1[c])
         den = fadd(e0, e1)
         x[c] = fadd(fmul(kv0[c], fdiv(e0, den)), fmul(kv1[c], fdiv(e1, den)))
     return x
+
+
+def one_exp_weights(s0: Float32, s1: Float32) -> tuple:
+    """``(e0, e1)`` of two scores, ``e_i = exp2s(mul(d_i, L))`` with ``d_i = sub(s_i, max(s0, s1))``,
+    from one ``exp2s``: of ``d1`` where ``d0`` is zero, else of ``d0``; a zero ``d_i`` gives 1."""
+    m = fmax(s0, s1)
+    d0, d1 = fsub(s0, m), fsub(s1, m)
+    first_is_max = d0 == Float32(0.0)
+    e = exp2s(fmul(Float32(cutlass.select_(first_is_max, d1, d0)), Float32(LOG2E_F32)))
+    one = Float32(1.0)
+    return (Float32(cutlass.select_(first_is_max, one, e)),
+            Float32(cutlass.select_(d1 == Float32(0.0), one, e)))
 
 
 def pooled_ratio1(mKv: cute.Tensor, token, t) -> cute.Tensor:
@@ -155,5 +170,5 @@ def load_latent(mLatent: cute.Tensor, token, t) -> cute.Tensor:
     return load_values(mLatent, token, t * VEC)
 
 
-__all__ = ["GROUP_THREADS", "Ratio2Window", "latent_of", "load_latent", "pooled_ratio1", "softmax_then_sum",
-           "store_latent"]
+__all__ = ["GROUP_THREADS", "Ratio2Window", "latent_of", "load_latent", "one_exp_weights", "pooled_ratio1",
+           "softmax_then_sum", "store_latent"]
