@@ -8,9 +8,9 @@ active tokens in the same order (no shared memory, no barrier):
 
 1. lane ``j`` of every warp reads token ``32b + j`` of batch ``b`` of the run (position, slots,
    request; coalesced), and a ballot gives the batch's active tokens (SPEC §5). The next active
-   token's metadata comes from its lane by shuffle. Once a batch is used up, the metadata of the
+   token's metadata comes from its lane by shuffle. Once a batch is used up, the activity of the
    next ``PROBE`` batches is read at once (one round trip for 256 tokens) and the first of them
-   with an active token is kept.
+   with an active token is loaded.
 2. staging: each thread copies its own 8 rows x 4 channels of a token's scores or kv into shared
    memory with ``cp.async`` (one commit group each) and reads back only its own slots, so the
    stages need no CTA barrier. Where each row's 16 bytes are (the state, paged or a ring, or the
@@ -55,33 +55,32 @@ class RunWalk:
     @cute.jit
     def begin(self, metadata: tuple, clusters: Int32, cluster: Int32):
         """Cluster ``cluster``'s walk and its first active token: ``(walk, found, position, kv_slot,
-        req, index, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
+        req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
         mPos, mSlot, mKvSlot, mTokenReq = metadata
         first, end = run_bounds(Int32(mPos.shape[0]), clusters, cluster)  # a contiguous run (coalesced metadata)
         walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end)
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
 
-    def lane_rows(self, sources: tuple, token: tuple) -> tuple:
-        """Where this lane's rows of a token's window are (``token``: its ``(req, position, index)``):
+    def lane_rows(self, sources: tuple, req: Int32, position: Int64) -> tuple:
+        """Where this lane's rows of the window of ``position`` (request ``req``) are:
         :meth:`.staged_rows.StagedRows.lane_rows` from the lane's first row (``sources``: the kernel's
         ``(mState, mBlockTable, ring_capacity, chunk)``)."""
-        req, position, index = token
         window_start, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
-        return self.rows.lane_rows(sources, req, (position, index), window_start + first_row)
+        return self.rows.lane_rows(sources, req, window_start + first_row)
 
     @cute.jit
     def stage_first(self, sources: tuple, stages: tuple, tidx: Int32, lane_bytes: tuple, first: tuple,
                     wait_after_metadata: bool):
         """The first active token's rows into ``stages`` (``(sScore, sKv)``): scores, then kv (two
-        commit groups), if ``first = (found, req, position, index)`` found one; returns the lane's first chunk
+        commit groups), if ``first = (found, req, position)`` found one; returns the lane's first chunk
         row of that token (:meth:`lane_rows`). ``wait_after_metadata``: the grid dependency is waited on
         here, after the metadata reads (early metadata)."""
         sScore, sKv = stages
-        found, req, position, index = first
+        found, req, position = first
         chunk_from = Int32(self.pooling.rows_per_lane)
         if found:
-            rows = self.lane_rows(sources, (req, position, index))
+            rows = self.lane_rows(sources, req, position)
             wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state and the inputs
             self.stage_rows(sources, rows, SCORE, sScore, (tidx, lane_bytes), found)
             self.stage_rows(sources, rows, KV, sKv, (tidx, lane_bytes), found)
@@ -98,43 +97,38 @@ class RunWalk:
 
     @cute.jit
     def probe_batches(self, walk: tuple, batch: Int32):
-        """The first of batches ``batch + 1 .. batch + PROBE`` with an active token: ``(k, mask, lane
-        metadata)`` with ``k < PROBE`` its index, or ``PROBE`` and an empty mask if none. Every batch's
-        metadata is read at once and the winner's kept: one round trip for them all, none after."""
-        mPos, mSlot, mKvSlot, mTokenReq, first, end = walk
-        batches = [ballot_run(mKvSlot, first + (batch + 1 + k) * BATCH, end, (mPos, mSlot, RATIO), mTokenReq)
-                   for k in range(PROBE)]  # unrolled at trace time
-        found = Int32(PROBE)
-        mask, lane_pos, lane_kv_slot, lane_req = Int32(0), Int64(0), Int64(0), Int32(0)
+        """Index ``k < PROBE`` of the first of batches ``batch + 1 .. batch + PROBE`` with an active
+        token (``PROBE`` if none): their activity is read at once, one round trip for them all."""
+        mPos, mSlot, mKvSlot, _, first, end = walk
+        masks = [ballot_run(mKvSlot, first + (batch + 1 + k) * BATCH, end, (mPos, mSlot, RATIO))[0]
+                 for k in range(PROBE)]  # unrolled at trace time
+        first_active = Int32(PROBE)
         for k in cutlass.range_constexpr(PROBE - 1, -1, -1):  # the lowest non-empty batch wins
-            hit = batches[k][0] != Int32(0)
-            found = Int32(cutlass.select_(hit, Int32(k), found))
-            mask = Int32(cutlass.select_(hit, batches[k][0], mask))
-            lane_pos = Int64(cutlass.select_(hit, batches[k][1], lane_pos))
-            lane_kv_slot = Int64(cutlass.select_(hit, batches[k][2], lane_kv_slot))
-            lane_req = Int32(cutlass.select_(hit, batches[k][3], lane_req))
-        return found, mask, lane_pos, lane_kv_slot, lane_req
+            first_active = Int32(cutlass.select_(masks[k] != Int32(0), Int32(k), first_active))
+        return first_active
 
     @cute.jit
     def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
                     lane_req: Int32):
         """The run's next active token after those already taken from ``mask``: ``(found, position,
-        kv_slot, req, index)`` (``index``: the token's own) and the walk's new ``(batch, mask, lane
-        metadata)``. Once a batch is used up, the next ``PROBE`` batches are read at once
-        (:meth:`probe_batches`) and the first with an active token is taken; ``found`` is false
-        past the last batch."""
+        kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
+        is used up, the next ``PROBE`` batches are probed at once and the first with an active token
+        is loaded; ``found`` is false past the last batch."""
         first, end = walk[4], walk[5]
         while (mask == Int32(0)) & (first + (batch + 1) * BATCH < end):
-            skip, mask, lane_pos, lane_kv_slot, lane_req = self.probe_batches(walk, batch)
-            batch = batch + Int32(cutlass.select_(skip < Int32(PROBE), skip + Int32(1), Int32(PROBE)))
+            skip = self.probe_batches(walk, batch)
+            if skip < Int32(PROBE):
+                batch = batch + Int32(1) + skip
+                mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, batch)
+            else:
+                batch = batch + Int32(PROBE)
         found = mask != Int32(0)
         j = Int32(cutlass.select_(found, lowest_set_bit(mask), Int32(0)))
         mask = mask & (mask - Int32(1))
         position = cute.arch.shuffle_sync(lane_pos, j)
         kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
         req = cute.arch.shuffle_sync(lane_req, j)
-        index = first + batch * BATCH + j
-        return found, position, kv_slot, req, index, batch, mask, lane_pos, lane_kv_slot, lane_req
+        return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
     def stage_rows(self, sources: tuple, rows: tuple, source: int, sStage: cute.Tensor, thread: tuple,
@@ -164,8 +158,8 @@ class RunWalk:
         mApe: cute.Tensor,  # fp32 [128, 512] where a read-back score takes ape, else None
         stages: tuple,  # (sScore, sKv, sMax, sNum, sDen): the staged rows and the pooling's partials
         thread: tuple,  # (tidx, (kv_byte, score_byte)): the thread and its channels in a state row
-        current: tuple,  # (req, position, index, chunk_from) of the token being pooled, its rows staged
-        upcoming: tuple,  # (found, req, position, index) of the next active token
+        current: tuple,  # (req, position, chunk_from) of the token being pooled, its rows staged
+        upcoming: tuple,  # (found, req, position) of the next active token
     ):
         """Pool the current token from its staged rows (SPEC §5, as every C128 kernel) and stage
         the next one's meanwhile: its scores once this token's window max is known (the score stage
@@ -173,12 +167,11 @@ class RunWalk:
         fp32 ``(2,)``, meaningful in warp 0, and the next token's first chunk row."""
         sScore, sKv, sMax, sNum, sDen = stages
         tidx, lane_bytes = thread
-        req, position, index, chunk_from = current
-        found_next, req_next, position_next, index_next = upcoming
+        req, position, chunk_from = current
+        found_next, req_next, position_next = upcoming
         # the next token's rows (this token's again when there is none: valid addresses)
-        rows_next = self.lane_rows(sources, (Int32(cutlass.select_(found_next, req_next, req)),
-                                             Int64(cutlass.select_(found_next, position_next, position)),
-                                             Int32(cutlass.select_(found_next, index_next, index))))
+        rows_next = self.lane_rows(sources, Int32(cutlass.select_(found_next, req_next, req)),
+                                   Int64(cutlass.select_(found_next, position_next, position)))
         _, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
         ape = self.rows.ape_rows(mApe, first_row, lane_bytes[KV] // 4)  # issued before the wait
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
