@@ -130,25 +130,26 @@ class FusedPipelinedKernel:
 
         sources = (mState, mBlockTable, ring_capacity, (mKv, mScore, mQsl, mPos))  # where the rows are
         thread = (tidx, self.pooling.channel_bytes(tile, lane))
-        walk, found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
+        walk, found, position, kv_slot, req, index, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster)
-        chunk_from = self.walk.stage_first(sources, (sScore, sKv), tidx, thread[1], (found, req, position),
+        chunk_from = self.walk.stage_first(sources, (sScore, sKv), tidx, thread[1], (found, req, position, index),
                                            self.pooling.pool.pdl and self.pooling.pool.early_metadata)
         cute.arch.cluster_wait()  # every CTA of the cluster runs (the first token's rows are in flight)
 
         parity = Int32(0)
         while found:
-            found_next, position_next, kv_slot_next, req_next, batch, mask, lane_pos, lane_kv_slot, lane_req = \
-                self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
+            found_next, position_next, kv_slot_next, req_next, index_next, batch, mask, lane_pos, lane_kv_slot, \
+                lane_req = self.walk.next_active(walk, batch, mask, lane_pos, lane_kv_slot, lane_req)
             w, _, cos, sin, data, scales = self.finishing.inputs(mWeight, mCosSin, mCache, position, kv_slot, tile, lane)
             x, chunk_from_next = self.walk.pool_staged(sources, mApe, (sScore, sKv, sMax, sNum, sDen), thread,
-                                                       (req, position, chunk_from), (found_next, req_next, position_next))
+                                                       (req, position, index, chunk_from),
+                                                       (found_next, req_next, position_next, index_next))
             tile_sum = self.finishing.tile_sum(x)  # meaningful in warp 0
             tile_sums = cute.make_tensor(sTileSums.iterator + parity * self.tiles, cute.make_layout(self.tiles))
             self.exchange.exchange(tile_sum, x, tile_sums, None, tile, lane, warp)
             if warp == 0:
                 self.finishing.finish(x, w, w, tile_sums, None, cos, sin, lane, tile, data, scales, eps, fp8_inv)
-            found, position, kv_slot, req = found_next, position_next, kv_slot_next, req_next
+            found, position, kv_slot, req, index = found_next, position_next, kv_slot_next, req_next, index_next
             chunk_from = chunk_from_next
             parity = parity ^ Int32(1)
 

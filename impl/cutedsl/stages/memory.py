@@ -61,37 +61,35 @@ def load_scalar(tensor: cute.Tensor, *indices):
     return gmem_tensor(dtype, element_address(tensor, *indices), 1, dtype.width // 8)[0]
 
 
-def row_address(mState: cute.Tensor, mBlockTable: cute.Tensor, req, pos, block_size: int, held=None) -> Int64:
+def row_address(mState: cute.Tensor, mBlockTable: cute.Tensor, req, pos, block_size: int, bounded: bool = False) -> Int64:
     """Byte address of the state row at position ``pos`` of request row ``req`` (one block-table
-    read); the rows after it up to the end of its state block follow at the row stride. ``held``
-    (``(row, state_rows)``, Int32s): the block-table entry is read only where ``row < state_rows``
-    (a predicated load, no branch), and the address is meaningless elsewhere."""
+    read); the rows after it up to the end of its state block follow at the row stride.
+    ``bounded``: the block-table entry is read only where the table has its column (a predicated
+    load, no branch), and the address is meaningless elsewhere."""
     column = pos // block_size
-    if held is None:
-        block = load_scalar(mBlockTable, req, column)
+    if bounded:
+        held = Int64(column) < Int64(mBlockTable.shape[1])
+        block = load_if(Int32, element_address(mBlockTable, req, column), 1, held)[0]
     else:
-        row, state_rows = held
-        needed = row < state_rows
-        block = load_if(Int32, element_address(mBlockTable, req, column), 1, needed)[0]
+        block = load_scalar(mBlockTable, req, column)
     return element_address(mState, block, pos - column * block_size, 0)
 
 
 def window_run_starts(mState: cute.Tensor, mBlockTable: cute.Tensor, req, first_pos, rows: int, rows_per_lookup: int,
-                      block_size: int, ring_capacity=None, state_rows=None):
+                      block_size: int, ring_capacity=None, bounded: bool = False):
     """Byte addresses of the first row of each lookup run of the ``rows`` consecutive state rows
     from position ``first_pos`` of request row ``req``: one block-table read per ``rows_per_lookup``
     rows, a run that never crosses a state block. ``ring_capacity``: ``C`` of a ring (SPEC §13.3;
     each run looked up at its first position ``mod C``, ``C`` a multiple of the block size and so
-    of the run), or ``None`` (paged). ``state_rows``: how many of the rows, from the first, live in
-    the state (an Int32; SPEC §13.4's step reads the others from its inputs), so a run after them
-    reads no block-table entry; ``None``: all of them. A generator: each read is traced where the
+    of the run), or ``None`` (paged). ``bounded``: some rows may lie past the table (SPEC §13.4's
+    step reads them from its inputs), so each entry is read only where the table has its column
+    (:func:`row_address`), which waits for nothing else. A generator: each read is traced where the
     caller takes it, next to the rows that use it."""
     for r in range(rows // rows_per_lookup):
         position = first_pos + r * rows_per_lookup
         if ring_capacity is not None:
             position = Int64(position) % Int64(ring_capacity)
-        held = None if state_rows is None else (Int32(r * rows_per_lookup), state_rows)
-        yield row_address(mState, mBlockTable, req, position, block_size, held)
+        yield row_address(mState, mBlockTable, req, position, block_size, bounded)
 
 
 def run_rows(start, row_stride_bytes, rows_per_lookup: int):

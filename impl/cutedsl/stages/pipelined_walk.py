@@ -61,32 +61,33 @@ class RunWalk:
     @cute.jit
     def begin(self, metadata: tuple, clusters: Int32, cluster: Int32):
         """Cluster ``cluster``'s walk and its first active token: ``(walk, found, position, kv_slot,
-        req, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
+        req, index, batch, mask, lane metadata)`` (``metadata``: ``(mPos, mSlot, mKvSlot, mTokenReq)``)."""
         mPos, mSlot, mKvSlot, mTokenReq = metadata
         first, end = run_bounds(Int32(mPos.shape[0]), clusters, cluster)  # a contiguous run (coalesced metadata)
         walk = (mPos, mSlot, mKvSlot, mTokenReq, first, end)
         mask, lane_pos, lane_kv_slot, lane_req = self.load_batch(walk, Int32(0))
         return (walk, *self.next_active(walk, Int32(0), mask, lane_pos, lane_kv_slot, lane_req))
 
-    def lane_rows(self, sources: tuple, req: Int32, position: Int64) -> tuple:
-        """Where this lane's rows of the window of ``position`` (request ``req``) are:
+    def lane_rows(self, sources: tuple, token: tuple) -> tuple:
+        """Where this lane's rows of a token's window are (``token``: its ``(req, position, index)``):
         :meth:`.staged_rows.StagedRows.lane_rows` from the lane's first row (``sources``: the kernel's
         ``(mState, mBlockTable, ring_capacity, chunk)``)."""
+        req, position, index = token
         window_start, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
-        return self.rows.lane_rows(sources, req, window_start + first_row)
+        return self.rows.lane_rows(sources, req, (position, index), window_start + first_row)
 
     @cute.jit
     def stage_first(self, sources: tuple, stages: tuple, tidx: Int32, lane_bytes: tuple, first: tuple,
                     wait_after_metadata: bool):
         """The first active token's rows into ``stages`` (``(sScore, sKv)``): scores, then kv (two
-        commit groups), if ``first = (found, req, position)`` found one; returns the lane's first chunk
+        commit groups), if ``first = (found, req, position, index)`` found one; returns the lane's first chunk
         row of that token (:meth:`lane_rows`). ``wait_after_metadata``: the grid dependency is waited on
         here, after the metadata reads (early metadata)."""
         sScore, sKv = stages
-        found, req, position = first
+        found, req, position, index = first
         chunk_from = Int32(self.pooling.rows_per_lane)
         if found:
-            rows = self.lane_rows(sources, req, position)
+            rows = self.lane_rows(sources, (req, position, index))
             wait_for_prerequisite_grids(wait_after_metadata)  # metadata read: now the state and the inputs
             self.stage_rows(sources, rows, SCORE, sScore, (tidx, lane_bytes), found)
             self.stage_rows(sources, rows, KV, sKv, (tidx, lane_bytes), found)
@@ -117,7 +118,8 @@ class RunWalk:
     def next_active(self, walk: tuple, batch: Int32, mask: Int32, lane_pos: Int64, lane_kv_slot: Int64,
                     lane_req: Int32):
         """The run's next active token after those already taken from ``mask``: ``(found, position,
-        kv_slot, req)`` and the walk's new ``(batch, mask, lane metadata)``. Once a batch
+        kv_slot, req, index)`` (``index``: the token's own) and the walk's new ``(batch, mask, lane
+        metadata)``. Once a batch
         is used up, the next ``PROBE`` batches are probed at once and the first with an active token
         is loaded; ``found`` is false past the last batch."""
         first, end = walk[4], walk[5]
@@ -134,7 +136,10 @@ class RunWalk:
         position = cute.arch.shuffle_sync(lane_pos, j)
         kv_slot = cute.arch.shuffle_sync(lane_kv_slot, j)
         req = cute.arch.shuffle_sync(lane_req, j)
-        return found, position, kv_slot, req, batch, mask, lane_pos, lane_kv_slot, lane_req
+        index = Int32(0)  # read only by the step's chunk rows: a constant elsewhere, carried by no loop
+        if cutlass.const_expr(self.pooling.state.rows_from_inputs):
+            index = first + batch * BATCH + j
+        return found, position, kv_slot, req, index, batch, mask, lane_pos, lane_kv_slot, lane_req
 
     @cute.jit
     def stage_rows(self, sources: tuple, rows: tuple, source: int, sStage: cute.Tensor, thread: tuple,
@@ -164,8 +169,8 @@ class RunWalk:
         mApe: cute.Tensor,  # fp32 [128, 512] where a read-back score takes ape, else None
         stages: tuple,  # (sScore, sKv, sMax, sNum, sDen): the staged rows and the pooling's partials
         thread: tuple,  # (tidx, (kv_byte, score_byte)): the thread and its channels in a state row
-        current: tuple,  # (req, position, chunk_from) of the token being pooled, its rows staged
-        upcoming: tuple,  # (found, req, position) of the next active token
+        current: tuple,  # (req, position, index, chunk_from) of the token being pooled, its rows staged
+        upcoming: tuple,  # (found, req, position, index) of the next active token
     ):
         """Pool the current token from its staged rows (SPEC §5, as every C128 kernel) and stage
         the next one's meanwhile: its scores once this token's window max is known (the score stage
@@ -173,11 +178,12 @@ class RunWalk:
         fp32 ``(2,)``, meaningful in warp 0, and the next token's first chunk row."""
         sScore, sKv, sMax, sNum, sDen = stages
         tidx, lane_bytes = thread
-        req, position, chunk_from = current
-        found_next, req_next, position_next = upcoming
+        req, position, index, chunk_from = current
+        found_next, req_next, position_next, index_next = upcoming
         # the next token's rows (this token's again when there is none: valid addresses)
-        rows_next = self.lane_rows(sources, Int32(cutlass.select_(found_next, req_next, req)),
-                                   Int64(cutlass.select_(found_next, position_next, position)))
+        rows_next = self.lane_rows(sources, (Int32(cutlass.select_(found_next, req_next, req)),
+                                             Int64(cutlass.select_(found_next, position_next, position)),
+                                             Int32(cutlass.select_(found_next, index_next, index))))
         _, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
         ape = self.rows.ape_rows(mApe, first_row, first_channel(lane_bytes))  # issued before the wait
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)

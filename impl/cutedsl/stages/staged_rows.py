@@ -7,11 +7,14 @@ they land. :class:`StagedRows` gives those 16 bytes' addresses and what a row ne
 - **the state's rows**: one block-table read per lookup run, at position ``q`` (paged) or ``q mod C``
   (a ring, SPEC §13.3);
 - **the chunk's rows** (``rows_from_inputs``, SPEC §13.4's step): a row at or after the request's
-  chunk start ``P0 = positions[query_start_loc[req]]`` is token ``query_start_loc[req] + (q - P0)``
-  of this call's ``kv``/``score``. A lane's rows are consecutive positions, so its chunk rows are a
-  suffix: rows ``i >= chunk_from`` with ``chunk_from = clamp(P0 - q0, 0, R)`` (``q0`` its first row's
-  position). Each row's address is selected between its two sources, without a branch; a lookup run
-  made only of chunk rows reads no block-table entry (predicated off: a chunk row needs no state block);
+  chunk start ``P0`` is token ``query_start_loc[req] + (q - P0)`` of this call's ``kv``/``score``,
+  which by §13.4's caller's contract (a chunk's tokens at consecutive positions) is ``u - (p - q)``
+  for the pooled token ``u`` at position ``p``: the chunk start's position is never read. A lane's
+  rows are consecutive positions, so its chunk rows are a suffix: rows ``i >= chunk_from``,
+  ``chunk_from = clamp(query_start_loc[req] - (u - (p - q0)), 0, R)`` (``q0`` its first row's
+  position). Each row's address is selected between its two sources, without a branch. A chunk
+  row needs no state block, so a run's block-table entry is read wherever the table has its
+  column (a paged table may end before the chunk), beside ``query_start_loc`` rather than after;
 - **the score once read back**: ``add(S, ape[q mod 128])`` for every row with ``ape_at="compress"``,
   and for every chunk row with ``"save"`` (the save would have stored ``add(score, ape)``; an fp32
   state stores values as they are, so a chunk row's ``kv`` needs nothing). The window starts at a
@@ -30,9 +33,8 @@ from cutlass import Float32, Int32, Int64
 
 from ..config import StateFormat
 from .exact_math import fadd
-from .memory import element_address, load_fragment, window_run_starts
+from .memory import element_address, load_fragment, load_scalar, window_run_starts
 from .state_format import VEC
-from .step_rows import chunk_of
 
 
 class StagedRows:
@@ -40,7 +42,8 @@ class StagedRows:
     lane and ``rows_per_lookup`` fixed per compile. ``sources`` is the kernel's tuple ``(mState,
     mBlockTable, ring_capacity, chunk)``: fp32 ``[num_blocks, bs, 1024]``, int32 ``[num_reqs,
     max_blocks]``, ``C`` (read only in a ring), and ``(mKv, mScore, mQsl, mPos)`` with
-    ``rows_from_inputs`` (fp32 ``[T, 512]`` twice, int32 ``[num_reqs + 1]``, int64 ``[T]``), else None."""
+    ``rows_from_inputs`` (fp32 ``[T, 512]`` twice, int32 ``[num_reqs + 1]``, int64 ``[T]``; ``mPos``
+    is not read here), else None."""
 
     def __init__(self, state: StateFormat, block_size: int, rows_per_lane: int, rows_per_lookup: int):
         if state.dtype != "float32":
@@ -50,23 +53,23 @@ class StagedRows:
         self.rows_per_lane = rows_per_lane
         self.rows_per_lookup = rows_per_lookup
 
-    def lane_rows(self, sources: tuple, req: Int32, first_position: Int64) -> tuple:
+    def lane_rows(self, sources: tuple, req: Int32, token: tuple, first_position: Int64) -> tuple:
         """``(starts, chunk_token, chunk_from)`` of this lane's rows from position ``first_position``
-        (``q0``) of request ``req``: the byte addresses of the state's lookup runs' first rows, the
-        chunk token of row 0 (``query_start_loc[req] + q0 - P0``; 0 without a chunk) and the lane's
-        first chunk row (``R`` without a chunk)."""
+        (``q0``) of the window of ``token = (p, u)`` (its position and index) of request ``req``: the
+        byte addresses of the state's lookup runs' first rows, the chunk token of row 0
+        (``u - (p - q0)``; 0 without a chunk) and the lane's first chunk row (``R`` without a chunk)."""
         mState, mBlockTable, ring_capacity, chunk = sources
         rows = self.rows_per_lane
-        chunk_token, chunk_from, state_rows = Int64(0), Int32(rows), None
+        chunk_token, chunk_from = Int64(0), Int32(rows)
         if self.state.rows_from_inputs:
-            _, _, first, chunk_start = chunk_of(*chunk, req, self.state)
-            before = chunk_start - Int64(first_position)  # P0 - q0
-            chunk_token = first - before
+            position, index = token
+            chunk_token = Int64(index) - (Int64(position) - Int64(first_position))
+            before = Int64(load_scalar(chunk[2], req)) - chunk_token  # P0 - q0: the lane's rows before the chunk
             chunk_from = Int32(cutlass.select_(before < Int64(0), Int64(0),
                                                cutlass.select_(before > Int64(rows), Int64(rows), before)))
-            state_rows = chunk_from
         starts = list(window_run_starts(mState, mBlockTable, req, Int64(first_position), rows, self.rows_per_lookup,
-                                        self.block_size, ring_capacity if self.state.ring else None, state_rows))
+                                        self.block_size, ring_capacity if self.state.ring else None,
+                                        bounded=self.state.rows_from_inputs))
         return starts, chunk_token, chunk_from
 
     def staged_address(self, sources: tuple, lane_rows: tuple, i: int, state_byte, input_index: int, channel):
