@@ -12,6 +12,7 @@ numbers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -48,8 +49,7 @@ def resident_clusters(compiled, device: torch.device, threads: int, smem_bytes: 
 def _query(cubin: bytes, device: torch.device, threads: int, smem_bytes: int, cluster_size: int) -> int:
     from cuda.bindings import driver
 
-    with torch.cuda.device(device):
-        torch.cuda.init()  # the runtime's primary context, current on this thread
+    with _primary_context(driver, device):
         library = _checked(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0))
         try:
             kernel = _checked(driver.cuLibraryEnumerateKernels(1, library))[0]
@@ -63,6 +63,25 @@ def _query(cubin: bytes, device: torch.device, threads: int, smem_bytes: int, cl
             return int(_checked(driver.cuOccupancyMaxActiveClusters(function, config)))
         finally:  # the count is all that is kept: the query's copy of the module goes
             driver.cuLibraryUnload(library)
+
+
+@contextlib.contextmanager
+def _primary_context(driver, device: torch.device):
+    """The device's primary context (the one torch's runtime uses) current on this thread for the
+    query: in a fresh process torch creates it only at its first allocation or launch, and
+    ``cuKernelGetFunction`` needs one."""
+    torch.cuda.init()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = _checked(driver.cuDeviceGet(index))
+    context = _checked(driver.cuDevicePrimaryCtxRetain(handle))
+    try:
+        _checked(driver.cuCtxPushCurrent(context))
+        try:
+            yield
+        finally:
+            driver.cuCtxPopCurrent()
+    finally:
+        driver.cuDevicePrimaryCtxRelease(handle)
 
 
 def _cluster_launch(driver, threads: int, smem_bytes: int, cluster_size: int):

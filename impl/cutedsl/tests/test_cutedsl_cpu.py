@@ -486,6 +486,21 @@ class _StandInDriver:
         self.calls.append(name)
         return (1 if name == self.fail else 0, *values)
 
+    def cuDeviceGet(self, index):
+        return self._result(f"device {index}", f"device {index}")
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return self._result(f"retain {device}", "primary")
+
+    def cuCtxPushCurrent(self, context):
+        return self._result(f"push {context}")
+
+    def cuCtxPopCurrent(self):
+        return self._result("pop", "primary")
+
+    def cuDevicePrimaryCtxRelease(self, device):
+        return self._result(f"release {device}")
+
     def cuLibraryLoadData(self, cubin, *_):
         return self._result("load", "library")
 
@@ -509,30 +524,29 @@ class _StandInDriver:
 @pytest.mark.parametrize("fail", [None, "occupancy"])
 def test_occupancy_query_asks_for_the_kernels_cluster_shape_and_unloads_its_module(monkeypatch, fail):
     """The driver is asked for clusters of the kernel's own shape, threads and shared memory (all
-    the carveout in shared memory, as the launch asks), and the query's module is unloaded
+    the carveout in shared memory, as the launch asks), inside the device's primary context (a
+    fresh process has none current yet); the query's module is unloaded and the context released
     whether or not the count comes back; a failed call raises and names itself."""
-    import contextlib
-
     from cuda import bindings
 
     from dsv4_compressor.impl.cutedsl.host import occupancy
 
     driver = _StandInDriver(fail=fail)
     monkeypatch.setattr(bindings, "driver", driver)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     if fail:
         with pytest.raises(RuntimeError, match="CUDA driver call failed: 1"):
-            occupancy._query(b"cubin", torch.device("cuda"), 256, 73000, 8)
+            occupancy._query(b"cubin", torch.device("cuda", 1), 256, 73000, 8)
     else:
-        assert occupancy._query(b"cubin", torch.device("cuda"), 256, 73000, 8) == 45
+        assert occupancy._query(b"cubin", torch.device("cuda", 1), 256, 73000, 8) == 45
         config = driver.config
         (shape,) = config.attrs
         assert (config.blockDimX, config.sharedMemBytes, config.numAttrs) == (256, 73000, 1)
         assert config.gridDimX % 8 == 0 and shape.id == "cluster_dimension"
         assert (shape.value.clusterDim.x, shape.value.clusterDim.y, shape.value.clusterDim.z) == (8, 1, 1)
     assert "max_dynamic_smem=73000" in driver.calls and "carveout=100" in driver.calls
-    assert driver.calls[0] == "load" and driver.calls[-1] == "unload"
+    assert driver.calls[:4] == ["device 1", "retain device 1", "push primary", "load"]
+    assert driver.calls[-3:] == ["unload", "pop", "release device 1"]
 
 
 def test_resident_clusters_without_a_driver_answer_is_none_and_asked_once(monkeypatch):

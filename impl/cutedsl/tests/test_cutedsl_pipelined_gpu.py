@@ -68,3 +68,32 @@ def test_grid_is_as_many_clusters_as_the_device_holds(ctas_per_sm):
     slots = buffers.sm_count(device) * ctas_per_sm // kernel.tiles
     print(f"resident 8-CTA clusters at {ctas_per_sm} CTAs per SM: {resident} (SM slots: {slots})")
     assert resident is not None and 1 <= resident <= slots and grid == (resident,)
+
+
+def test_cluster_count_is_asked_before_torch_has_touched_the_device():
+    """In a fresh process whose first CUDA work is the occupancy query (no tensor allocated, no
+    kernel launched, so no context current yet) the driver still answers: the query makes the
+    primary context current itself rather than sizing the grid from the SM count."""
+    import subprocess
+    import sys
+
+    program = (
+        "import torch\n"
+        "from dsv4_compressor.impl.cutedsl.host import compile_cache, occupancy\n"
+        "from dsv4_compressor.impl.cutedsl.host.paths import PATHS, PathRequest\n"
+        "from dsv4_compressor.impl.cutedsl.host.policy import DEFAULT_POLICY\n"
+        "from dsv4_compressor.impl.cutedsl.kernels.fused_pipelined import FusedPipelinedKernel\n"
+        "path = PATHS['fused_pipelined']\n"
+        "request = PathRequest(128, 8, 100000, 'flashmla_fp8', 64, 'bfloat16', 16, False, DEFAULT_POLICY, True)\n"
+        "configs = path.configs(request)\n"
+        "compiled, _ = compile_cache.compile_path(path, configs)\n"
+        "kernel = FusedPipelinedKernel(configs[0])\n"
+        "print(occupancy.resident_clusters(compiled[0], torch.device('cuda'), kernel.threads, kernel.smem_bytes,"
+        " kernel.tiles))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no cluster occupancy" not in done.stderr, done.stderr[-2000:]
+    resident = int(done.stdout.strip().splitlines()[-1])
+    assert 1 <= resident <= torch.cuda.get_device_properties(0).multi_processor_count
