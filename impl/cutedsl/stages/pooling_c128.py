@@ -45,11 +45,10 @@ SPEC §13 (``pool.state`` not the default, the split compress kernel only; :mod:
 a bf16 state's rows are read 8 bytes a lane and widened exactly (kv in registers); a ring's run
 of rows is looked up at its first position ``mod C``; with ``ape_at="compress"`` each score gets
 ``add(S, ape[q mod 128])``, the window starting at a multiple of 128, so the lane's row ``i`` takes
-``ape`` row ``first_row + i``. With ``rows_from_inputs`` (SPEC §13.4's step,
-:meth:`.step_rows.StepRows.load_lane_rows`) a lane's rows at or after the chunk start (a suffix of
-its consecutive rows) are read from the chunk's ``kv``/``score``, the others from the state (a
-block-table read per lookup run), without a branch, kv and score together into registers (no
-``kv_in_smem``, no ``kv_after_max``).
+``ape`` row ``first_row + i``. With ``rows_from_inputs`` (SPEC §13.4's step, :mod:`.step_rows`)
+each of a lane's rows is read from the chunk's ``kv``/``score`` when its position is at or after the
+chunk start, else from the state (a block-table read per row), kv and score together into
+registers (no ``kv_in_smem``, no ``kv_after_max``).
 """
 
 from __future__ import annotations
@@ -129,11 +128,16 @@ class C128TilePooling:
         mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
         sMax, sNum, sDen = partials
         if cutlass.const_expr(self.state.rows_from_inputs):
+            if cutlass.const_expr(self.pool.early_metadata):
+                wait_for_prerequisite_grids(True)
             lane = cute.arch.lane_idx()
             window_start, first_row = self.lane_window(position, lane)
             channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
-            sc, kv = self.step_rows.load_lane_rows(window, window_start + first_row, first_row, channel,
-                                                   (self.rows_per_lane, self.rows_per_lookup), self.pool.early_metadata)
+            sc = self.row_fragments()
+            kv = self.row_fragments()
+            for i in cutlass.range_constexpr(self.rows_per_lane):
+                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
+                                        first_row + i, mApe, ring_capacity, chunk)
 
             def kv_rows():
                 return kv
