@@ -99,7 +99,7 @@ def _wrappers(module, cutedsl: bool) -> dict:
 
     def save_and_compress_norm_rope_store(kv_score, ape, *args):
         # layout .. hadamard as in the schema, then SPEC §13's ape_at and ring_capacity
-        defaults = ("flashmla_fp8", None, False, None, "auto", True, False, "save", None)
+        defaults = trailing_defaults("save_and_compress_norm_rope_store", 14, cutedsl=True)
         (state_cache, token_to_req_indices, positions, slot_mapping, block_table, block_size, rms_norm_weight,
          rms_norm_eps, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio, layout, fp8_scale, debug, workspace,
          c128_path, pdl, hadamard, *formats) = tuple(args) + defaults[len(args) - 12:]
@@ -178,6 +178,35 @@ def _described(value) -> str:
     return f"a {type(value).__name__}"
 
 
+def registered_schemas(cutedsl: bool) -> dict:
+    """``{operation: schema}`` as :func:`register` defines the ops (``cutedsl``: the CuTe DSL
+    implementation's): the saves' ``ape`` optional, SPEC §13's options appended."""
+    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
+    schemas["save_partial_states"] = schemas["save_partial_states"].replace(
+        "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
+    schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
+        ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
+    if cutedsl:
+        schemas["save_and_compress_norm_rope_store"] = schemas["save_and_compress_norm_rope_store"].replace(
+            "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
+    schemas["compress_and_save"] = STATE_FORMAT_SCHEMAS["compress_and_save"]
+    return schemas
+
+
+@functools.cache
+def trailing_defaults(operation: str, first: int, cutedsl: bool) -> tuple:
+    """The schema defaults of ``operation``'s arguments from position ``first`` on (every one of
+    them has one), as the dispatcher would fill in those it leaves out: what an op's kernel
+    appends to the arguments it is given."""
+    schema = torch._C.parse_schema(f"{NAMESPACE}::{operation}{registered_schemas(cutedsl)[operation]}")
+    arguments = schema.arguments[first:]
+    missing = [a.name for a in arguments if not a.has_default_value()]
+    if missing:
+        raise ValueError(f"first: expected a position after every argument without a default in {operation}'s "
+                         f"schema, got {first} (no default: {', '.join(missing)})")
+    return tuple(a.default_value for a in arguments)
+
+
 def register(prefix: str, module, *, cutedsl: bool) -> dict:
     """Define ``{prefix}_save_partial_states``, ``{prefix}_compress_norm_rope_store``,
     ``{prefix}_compress_and_save`` (SPEC §13.4) and, for the CuTe DSL implementation (``cutedsl``:
@@ -192,15 +221,7 @@ def register(prefix: str, module, *, cutedsl: bool) -> dict:
     runner importing the repository root as a package) finds the ops already defined.
     """
     namespace = getattr(torch.ops, NAMESPACE)
-    schemas = {**SCHEMAS, **(CUTEDSL_SCHEMAS if cutedsl else {})}
-    schemas["save_partial_states"] = schemas["save_partial_states"].replace(
-        "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
-    schemas["compress_norm_rope_store"] = schemas["compress_norm_rope_store"].replace(
-        ") -> ()", _COMPRESS_STATE_OPTIONS + ") -> ()")
-    if cutedsl:
-        schemas["save_and_compress_norm_rope_store"] = schemas["save_and_compress_norm_rope_store"].replace(
-            "Tensor ape,", "Tensor? ape,").replace(") -> ()", _STATE_OPTIONS + ") -> ()")
-    schemas["compress_and_save"] = STATE_FORMAT_SCHEMAS["compress_and_save"]
+    schemas = registered_schemas(cutedsl)
     if not hasattr(namespace, f"{prefix}_save_partial_states"):
         for operation, kernel in _kernels(module, cutedsl).items():
             name = f"{prefix}_{operation}"

@@ -166,9 +166,9 @@ def compress_norm_rope_store(
     _compress_plan(tensors, workspace, options, debug, ape=ape).run(tensors, workspace, ape)
 
 
-# the compress op's arguments after compress_ratio, at their schema defaults (custom_ops' CuTe DSL schema):
-# layout, fp8_scale, debug, workspace, c128_path, pdl, hadamard, ape, ape_at, ring_capacity
-_OP_TRAILING_DEFAULTS = ("flashmla_fp8", None, False, None, "auto", True, False, None, "save", None)
+# the compress op's arguments after compress_ratio at their schema defaults: layout, fp8_scale, debug,
+# workspace, c128_path, pdl, hadamard, ape, ape_at, ring_capacity
+_OP_TRAILING_DEFAULTS = custom_ops.trailing_defaults("compress_norm_rope_store", 12, cutedsl=True)
 
 
 def compress_norm_rope_store_op(*args) -> None:

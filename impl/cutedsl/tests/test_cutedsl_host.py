@@ -241,10 +241,26 @@ def test_the_compress_op_hands_its_plan_what_the_call_does(monkeypatch, options)
     assert len(direct) == 2 and _same(seen, direct)
 
 
-def test_the_compress_ops_default_table_is_its_schemas():
-    schema = torch.ops.dsv4_compressor.cutedsl_compress_norm_rope_store.default._schema
-    assert [a.name for a in schema.arguments[11:13]] == ["compress_ratio", "layout"]
-    assert tuple(a.default_value for a in schema.arguments[12:]) == api._OP_TRAILING_DEFAULTS
+@pytest.mark.parametrize("operation, first", [("compress_norm_rope_store", 12),
+                                               ("save_and_compress_norm_rope_store", 14)])
+def test_the_ops_trailing_defaults_are_their_registered_schemas(operation, first):
+    """The defaults an op's kernel appends (the dispatcher leaves trailing defaults out) are those
+    of the op torch registered, from the argument after compress_ratio on."""
+    from dsv4_compressor.impl import custom_ops
+
+    schema = getattr(torch.ops.dsv4_compressor, f"cutedsl_{operation}").default._schema
+    assert [a.name for a in schema.arguments[first - 1:first + 1]] == ["compress_ratio", "layout"]
+    expected = tuple(a.default_value for a in schema.arguments[first:])
+    assert custom_ops.trailing_defaults(operation, first, cutedsl=True) == expected
+    if operation == "compress_norm_rope_store":
+        assert api._OP_TRAILING_DEFAULTS == expected
+
+
+def test_trailing_defaults_refuse_a_position_before_an_argument_without_one():
+    from dsv4_compressor.impl import custom_ops
+
+    with pytest.raises(ValueError, match=r"first: .* got 11 \(no default: compress_ratio\)"):
+        custom_ops.trailing_defaults("compress_norm_rope_store", 11, cutedsl=True)
 
 
 def test_layers_with_the_same_layout_share_their_plans(recorded):
