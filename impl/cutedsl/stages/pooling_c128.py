@@ -132,7 +132,7 @@ class C128TilePooling:
                 wait_for_prerequisite_grids(True)
             lane = cute.arch.lane_idx()
             window_start, first_row = self.lane_window(position, lane)
-            channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+            channel = self.lane_channel(tile, lane)
             sc = self.row_fragments()
             kv = self.row_fragments()
             for i in cutlass.range_constexpr(self.rows_per_lane):
@@ -161,7 +161,7 @@ class C128TilePooling:
                 for i in cutlass.range_constexpr(self.rows_per_lane):
                     load_into(sc[i], rows[i] + score_byte, 16)
             else:
-                channel = tile * self.tile + (lane % self.lanes_per_group) * self.vec
+                channel = self.lane_channel(tile, lane)
                 for i in cutlass.range_constexpr(self.rows_per_lane):
                     load_state_into(sc[i], rows[i] + score_byte, self.state)
                     add_ape(sc[i], mApe, first_row + i, channel, self.state)
@@ -202,12 +202,15 @@ class C128TilePooling:
         first_row = (warp * self.groups_per_warp + group) * self.rows_per_lane
         return rope_row(position, RATIO), first_row  # the group's first position, p - 127 for a boundary token
 
+    def lane_channel(self, tile, lane):
+        """The first of lane ``lane``'s 4 channels (within ``SW``) in channel tile ``tile``."""
+        return tile * self.tile + (lane % self.lanes_per_group) * self.vec
+
     def channel_bytes(self, tile, lane) -> tuple:
         """Byte offsets within a state row of lane ``lane``'s 4 kv and 4 score channels of channel
         tile ``tile``."""
-        column = lane % self.lanes_per_group  # 4-channel column within the tile
         width = self.state.element_bytes  # 4, or 2 for a bf16 state
-        kv_byte = (tile * self.tile + column * self.vec) * width
+        kv_byte = self.lane_channel(tile, lane) * width
         return kv_byte, kv_byte + STATE_WIDTH * width
 
     @cute.jit
