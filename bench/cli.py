@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -57,11 +58,21 @@ def _versions() -> dict:
                                             capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         versions["driver"] = None
-    try:
-        versions["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        versions["commit"] = None
+    versions["commit"] = _commit()
     return versions
+
+
+def _commit() -> str | None:
+    """The package's own commit, ``-dirty`` where its files differ from it (a copied working tree
+    whose git metadata lags behind says so); None outside a git checkout."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=package,
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip() if done.returncode == 0 else ""
+    return commit or None
 
 
 DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-cluster8", "cutedsl-cluster16"],

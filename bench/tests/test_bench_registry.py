@@ -105,3 +105,26 @@ def test_the_bound_impl_calls_one_bound_layer_per_input_set(ratio, tokens, monke
     assert [layer.state_cache is s.args[0] for layer, s in zip(layers, compress_sets)] == [True, True]
     assert [layer.state_cache is s.args[4] for layer, s in zip(layers[2:], save_sets)] == [True, True]
     assert tokens in layers[0]._launches and all(layer._save_kernel is not None for layer in layers[2:])
+
+
+def test_the_commit_is_the_packages_own_and_says_when_its_files_differ(tmp_path, monkeypatch):
+    """Results name the package's commit wherever the benchmark runs from, with ``-dirty`` where
+    the files differ from it (a copied tree whose git metadata lags behind must not pass for the
+    commit it names); outside a git checkout, None."""
+    import re
+    import subprocess
+
+    from dsv4_compressor.bench import cli
+
+    monkeypatch.chdir(tmp_path)  # another folder: the package's own checkout still answers
+    commit = cli._commit()
+    package = cli.os.path.dirname(cli.os.path.dirname(cli.os.path.abspath(cli.__file__)))
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=package, capture_output=True, text=True)
+    if inside.returncode != 0:
+        assert commit is None
+        return
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=package, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=package,
+                           capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", commit)
+    assert commit.startswith(head.stdout.strip()) and commit.endswith("-dirty") == bool(dirty)
