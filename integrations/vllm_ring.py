@@ -29,9 +29,8 @@ How that maps onto SPEC §13 (docs/engine.md has the whole table):
 - ``is_circular=False`` -> ``compress_norm_rope_store`` as in :mod:`.vllm`.
 
 :func:`compress_norm_rope_store_cutedsl` with ``is_circular=True`` runs the CuTe DSL family's
-``compress_and_save`` on steps of up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens (decode and
-verify steps) and the Triton family's above (steps that carry a prefill chunk, where the CuTe DSL
-step call is slower): the same bytes either way. Everything is validated before anything is
+``compress_and_save`` on every step, and :func:`compress_norm_rope_store_triton` the Triton
+family's: the same bytes either way. Everything is validated before anything is
 launched; ``ValueError`` names the argument.
 """
 
@@ -54,7 +53,6 @@ __all__ = [
 ]
 
 C128 = 128
-RING_CUTEDSL_MAX_TOKENS = 512  # CuTe DSL's step call led up to here on an H100, Triton's on 4608 and 16384 tokens
 
 
 def c128_ring_capacity(num_speculative_tokens: int) -> int:
@@ -130,9 +128,8 @@ def _compress(
     is_circular: bool,
     ring_capacity: int | None,
 ) -> None:
-    """Validate, then run one compressor call: the ring step (``compress_and_save``: CuTe DSL's for
-    ``backend_name="cutedsl"`` up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens, else Triton's) or the
-    paged compress of ``backend_name``."""
+    """Validate, then run one compressor call on ``backend_name``'s kernels: the ring step
+    (``compress_and_save``) or the paged compress."""
     t, s = tensors, scalars
     num_actual, state_width, ratio = s["num_actual"], s["state_width"], s["compress_ratio"]
     _check_ratio(ratio, state_width, t["state_cache"], s["overlap"])
@@ -141,28 +138,23 @@ def _compress(
         slot_mapping=t["slot_mapping"])
     if not isinstance(is_circular, bool):
         raise ValueError(f"is_circular: expected True (a ring state) or False (a paged one), got {is_circular!r}")
+    if backend_name == "triton":
+        from ..impl import triton as backend
+    else:
+        from ..impl import cutedsl as backend
     if not is_circular:
         _check_paged_inputs(t["kv"], t["score"], t["ape"], t["query_start_loc"], num_actual, state_width)
-        if backend_name == "triton":
-            from ..impl import triton as backend
-        else:
-            from ..impl import cutedsl as backend
         backend.compress_norm_rope_store(
             t["state_cache"], token_to_req, positions, slots, t["block_table"], s["block_size"], t["rms_norm_weight"],
             s["rms_norm_eps"], t["cos_sin_cache"], t["kv_cache"], kv_slots, compress_ratio=ratio, layout=layout,
             fp8_scale=fp8_scale)
         return
-    if backend_name == "cutedsl" and num_actual <= RING_CUTEDSL_MAX_TOKENS:
-        from ..impl import cutedsl as ring_backend
-    else:
-        from ..impl import triton as ring_backend
-
     kv = _projection("kv", t["kv"], num_actual, state_width)
     score = _projection("score", t["score"], num_actual, state_width)
     query_start_loc = _query_start_loc(t["query_start_loc"])
     capacity = _capacity(ring_capacity, s["block_size"], ratio)
     no_saves = torch.full_like(slots, -1)  # the tail is saved by the save_partial_states call that follows
-    ring_backend.compress_and_save(
+    backend.compress_and_save(
         kv, score, t["ape"], positions, token_to_req, query_start_loc, slots, no_saves, t["block_table"],
         s["block_size"], t["state_cache"], t["rms_norm_weight"], s["rms_norm_eps"], t["cos_sin_cache"], t["kv_cache"],
         kv_slots, compress_ratio=ratio, layout=layout, fp8_scale=fp8_scale, ape_at="save", ring_capacity=capacity)
@@ -258,8 +250,7 @@ def compress_norm_rope_store_cutedsl(
     ring_capacity: int | None = None,  # C when the ring spans several blocks (default: block_size)
 ) -> None:
     """vLLM's newer CuTe DSL compressor call (``kv=``, ``score=``, ``ape=``, ``query_start_loc=``,
-    ``is_circular=``): a paged call on the CuTe DSL kernels; a ring (``is_circular=True``) on
-    ``compress_and_save`` (SPEC §13.4): CuTe DSL's up to :data:`RING_CUTEDSL_MAX_TOKENS` tokens,
-    Triton's above."""
+    ``is_circular=``) on the CuTe DSL kernels: a paged call's compress, or a ring's
+    (``is_circular=True``) ``compress_and_save`` (SPEC §13.4)."""
     layout = _store_layout(store_full_kv, store_full_fp8)
     _compress_call("cutedsl", locals(), layout, _host_scale(fp8_scale, layout))

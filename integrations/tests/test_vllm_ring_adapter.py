@@ -246,13 +246,10 @@ def test_c4_ring_windows_across_the_rings_end(block_size, ring_capacity):
     assert written == sum(len([p for p in range(end) if (p + 1) % 4 == 0]) for end in (18, 25))
 
 
-@pytest.mark.parametrize("family", ["triton", pytest.param("cutedsl", marks=pytest.mark.gpu)])
-def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout(family, monkeypatch):
-    """``is_circular=True`` on the CuTe DSL entry point takes a family's step call (CuTe DSL's on
-    steps of up to ``RING_CUTEDSL_MAX_TOKENS`` tokens, else Triton's; here each by moving the
-    threshold), with ``store_full_kv`` as the bf16 layout."""
-    if family == "triton":
-        monkeypatch.setattr(vllm_ring, "RING_CUTEDSL_MAX_TOKENS", 0)
+@pytest.mark.gpu
+def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout():
+    """``is_circular=True`` on the CuTe DSL entry point runs CuTe DSL's step call, with
+    ``store_full_kv`` as the bf16 layout, and writes the spec's bytes."""
     capacity = vllm_ring.c128_ring_capacity(1)
     engine = _engine(128, capacity, capacity, num_reqs=2, layout="bf16", seed=4)
     plans = [[(127, 1), (100, 160)]]
@@ -260,12 +257,29 @@ def test_cutedsl_call_on_a_ring_runs_the_step_call_with_its_store_layout(family,
     assert written == 1 + 2
 
 
-@pytest.mark.parametrize("tokens, family", [(3, "cutedsl"), (vllm_ring.RING_CUTEDSL_MAX_TOKENS, "cutedsl"),
-                                            (vllm_ring.RING_CUTEDSL_MAX_TOKENS + 1, "triton")])
-def test_a_cutedsl_ring_call_takes_cutedsls_step_call_up_to_the_threshold(monkeypatch, tokens, family):
-    """The CuTe DSL entry point's ring step goes to ``cutedsl.compress_and_save`` for decode-sized
-    steps and to ``triton.compress_and_save`` above, with the same arguments; the Triton entry
-    point always takes Triton's."""
+@pytest.mark.parametrize("store_full_kv, layout", [(False, "flashmla_fp8"), (True, "bf16")])
+def test_a_cutedsl_ring_call_passes_its_store_layout(monkeypatch, store_full_kv, layout):
+    """The CuTe DSL entry point's ring step hands ``store_full_kv`` on as the layout it names."""
+    try:
+        import dsv4_compressor.impl.cutedsl as cutedsl_impl
+    except ImportError:
+        pytest.skip("the CuTe DSL family needs nvidia-cutlass-dsl")
+    seen = []
+    monkeypatch.setattr(cutedsl_impl, "compress_and_save", lambda *a, **k: seen.append(k))
+    capacity = vllm_ring.c128_ring_capacity(1)
+    engine = _engine(128, capacity, capacity, num_reqs=1, layout=layout, seed=6)
+    step = _step(engine, [(0, 130)])
+    _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_cutedsl, store_full_kv=store_full_kv,
+                  store_full_fp8=False)
+    (keywords,) = seen
+    assert keywords["layout"] == layout
+
+
+@pytest.mark.parametrize("tokens", [3, 512, 600])
+def test_a_ring_call_takes_its_familys_step_call_at_every_size(monkeypatch, tokens):
+    """The CuTe DSL entry point's ring step goes to ``cutedsl.compress_and_save`` and the Triton
+    entry point's to ``triton.compress_and_save``, decode-sized or carrying a prefill chunk, with
+    the same arguments."""
     import dsv4_compressor.impl.triton as triton_impl
 
     seen = []
@@ -281,7 +295,7 @@ def test_a_cutedsl_ring_call_takes_cutedsls_step_call_up_to_the_threshold(monkey
     _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_cutedsl)
     _adapter_step(engine, step, vllm_ring.compress_norm_rope_store_triton)
     (first, args, keywords), (second, args2, keywords2) = seen
-    assert (first, second) == (family, "triton") and keywords == keywords2 and len(args) == len(args2) == 16
+    assert (first, second) == ("cutedsl", "triton") and keywords == keywords2 and len(args) == len(args2) == 16
     for index, (a, b) in enumerate(zip(args, args2)):  # the same arguments, tensor for tensor
         same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
         assert same, f"positional argument {index} differs between the two calls"
