@@ -128,7 +128,7 @@ class FusedPipelinedKernel:
         sTileSums = smem.allocate_tensor(Float32, cute.make_layout(2 * self.tiles), byte_alignment=16)  # 2 buffers
         cute.arch.cluster_arrive_relaxed()  # "this CTA runs"; waited on before the first remote store
 
-        sources = (mState, mBlockTable, ring_capacity, (mKv, mScore, mQsl, mPos))  # where the rows are
+        sources = (mState, mBlockTable, ring_capacity, (mKv, mScore, mQsl))  # where the rows are
         thread = (tidx, self.pooling.channel_bytes(tile, lane))
         walk, found, position, kv_slot, req, index, batch, mask, lane_pos, lane_kv_slot, lane_req = self.walk.begin(
             (mPos, mSlot, mKvSlot, mTokenReq), clusters, cluster)

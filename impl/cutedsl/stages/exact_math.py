@@ -99,7 +99,12 @@ def exp2s(x):
 
 def softmax_weight(score, row_max):
     """``e = exp2s(mul(sub(s, M), L))`` of SPEC §5."""
-    return exp2s(fmul(fsub(score, row_max), Float32(LOG2E_F32)))
+    return weight_of_difference(fsub(score, row_max))
+
+
+def weight_of_difference(d):
+    """``exp2s(mul(d, L))``: SPEC §5's weight of a row whose ``sub(s, M)`` is ``d``."""
+    return exp2s(fmul(d, Float32(LOG2E_F32)))
 
 
 # ---- trees -----------------------------------------------------------------------------
@@ -250,7 +255,7 @@ def abs_max_fragment(frag: cute.Tensor, n: int):
 __all__ = [
     "RN", "LOG2E_F32", "AMIN_F32", "INV_HEAD_DIM", "FP8_MAX",
     "fadd", "fsub", "fmul", "fdiv", "fsqrt", "fmax",
-    "exp2s", "softmax_weight", "tree_sum", "tree_max", "butterfly_sum", "butterfly_max",
+    "exp2s", "softmax_weight", "weight_of_difference", "tree_sum", "tree_max", "butterfly_sum", "butterfly_max",
     "bf16_round", "bf16_round_fragment", "to_bf16_fragment", "to_e4m3_fragment",
     "pow2_scale_byte", "ue8m0_scale_byte", "pow2_neg_k", "e2m1_scale_byte", "e2m1_code", "abs_max_fragment",
 ]

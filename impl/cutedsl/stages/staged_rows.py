@@ -41,9 +41,8 @@ class StagedRows:
     """The row sources of one lane of a persistent C128 CTA: the state format, ``bs``, ``R`` rows per
     lane and ``rows_per_lookup`` fixed per compile. ``sources`` is the kernel's tuple ``(mState,
     mBlockTable, ring_capacity, chunk)``: fp32 ``[num_blocks, bs, 1024]``, int32 ``[num_reqs,
-    max_blocks]``, ``C`` (read only in a ring), and ``(mKv, mScore, mQsl, mPos)`` with
-    ``rows_from_inputs`` (fp32 ``[T, 512]`` twice, int32 ``[num_reqs + 1]``, int64 ``[T]``; ``mPos``
-    is not read here), else None."""
+    max_blocks]``, ``C`` (read only in a ring), and ``(mKv, mScore, mQsl)`` with
+    ``rows_from_inputs`` (fp32 ``[T, 512]`` twice, int32 ``[num_reqs + 1]``), else None."""
 
     def __init__(self, state: StateFormat, block_size: int, rows_per_lane: int, rows_per_lookup: int):
         if state.dtype != "float32":

@@ -17,8 +17,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64
 
-from .exact_math import (LOG2E_F32, bf16_round_fragment, butterfly_sum, exp2s, fadd, fdiv, fmax, fmul, fsub,
-                         to_bf16_fragment, tree_sum)
+from .exact_math import (bf16_round_fragment, butterfly_sum, fadd, fdiv, fmax, fmul, fsub, to_bf16_fragment,
+                         tree_sum, weight_of_difference)
 from .indexer_entry import select_fragment
 from .memory import element_address, store_fragment
 from .postprocess import normalize, rms_scale, sum_of_squares
@@ -51,7 +51,7 @@ def one_exp_weights(s0: Float32, s1: Float32) -> tuple:
     m = fmax(s0, s1)
     d0, d1 = fsub(s0, m), fsub(s1, m)
     first_is_max = d0 == Float32(0.0)
-    e = exp2s(fmul(Float32(cutlass.select_(first_is_max, d1, d0)), Float32(LOG2E_F32)))
+    e = weight_of_difference(Float32(cutlass.select_(first_is_max, d1, d0)))
     one = Float32(1.0)
     return (Float32(cutlass.select_(first_is_max, one, e)),
             Float32(cutlass.select_(d1 == Float32(0.0), one, e)))

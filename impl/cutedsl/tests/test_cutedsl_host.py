@@ -245,7 +245,10 @@ def test_the_compress_op_hands_its_plan_what_the_call_does(monkeypatch, options)
                                                ("save_and_compress_norm_rope_store", 14)])
 def test_the_ops_trailing_defaults_are_their_registered_schemas(operation, first):
     """The defaults an op's kernel appends (the dispatcher leaves trailing defaults out) are those
-    of the op torch registered, from the argument after compress_ratio on."""
+    of the op torch registered, from the argument after compress_ratio on, and they are the public
+    function's own defaults for those arguments (what a direct call would take)."""
+    import inspect
+
     from dsv4_compressor.impl import custom_ops
 
     schema = getattr(torch.ops.dsv4_compressor, f"cutedsl_{operation}").default._schema
@@ -254,6 +257,9 @@ def test_the_ops_trailing_defaults_are_their_registered_schemas(operation, first
     assert custom_ops.trailing_defaults(operation, first, cutedsl=True) == expected
     if operation == "compress_norm_rope_store":
         assert api._OP_TRAILING_DEFAULTS == expected
+    public = inspect.signature(getattr(api, operation)).parameters
+    assert {a.name: a.default_value for a in schema.arguments[first:]} == {
+        a.name: public[a.name].default for a in schema.arguments[first:]}
 
 
 def test_trailing_defaults_refuse_a_position_before_an_argument_without_one():
