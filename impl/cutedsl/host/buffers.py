@@ -173,9 +173,14 @@ def sm_count(device: torch.device) -> int | None:
     return _SM_COUNTS[device]
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA ordinal of ``device`` (the current device when it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _current_stream(device: torch.device) -> int:
     try:
-        return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+        return torch._C._cuda_getCurrentRawStream(device_index(device))
     except AttributeError:  # pragma: no cover - older torch
         return torch.cuda.current_stream(device).cuda_stream
 

@@ -17,6 +17,8 @@ import logging
 
 import torch
 
+from .buffers import device_index
+
 log = logging.getLogger("dsv4_compressor")
 _RESIDENT: dict = {}
 
@@ -71,8 +73,7 @@ def _primary_context(driver, device: torch.device):
     query: in a fresh process torch creates it only at its first allocation or launch, and
     ``cuKernelGetFunction`` needs one."""
     torch.cuda.init()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    handle = _checked(driver.cuDeviceGet(index))
+    handle = _checked(driver.cuDeviceGet(device_index(device)))
     context = _checked(driver.cuDevicePrimaryCtxRetain(handle))
     try:
         _checked(driver.cuCtxPushCurrent(context))
