@@ -46,9 +46,11 @@ a bf16 state's rows are read 8 bytes a lane and widened exactly (kv in registers
 of rows is looked up at its first position ``mod C``; with ``ape_at="compress"`` each score gets
 ``add(S, ape[q mod 128])``, the window starting at a multiple of 128, so the lane's row ``i`` takes
 ``ape`` row ``first_row + i``. With ``rows_from_inputs`` (SPEC §13.4's step, :mod:`.step_rows`)
-each of a lane's rows is read from the chunk's ``kv``/``score`` when its position is at or after the
-chunk start, else from the state (a block-table read per row), kv and score together into
-registers (no ``kv_in_smem``, no ``kv_after_max``).
+a lane whose rows all precede the chunk start reads them from the state as above (one block-table
+read per lookup run; a decode step's window is such rows but for its last); another lane reads
+each row from the chunk's ``kv``/``score`` when its position is at or after the chunk start, else
+from the state (a block-table read per row); kv and score go together into registers (no
+``kv_in_smem``, no ``kv_after_max``).
 """
 
 from __future__ import annotations
@@ -122,9 +124,10 @@ class C128TilePooling:
         x: cute.Tensor,  # fp32 (tile/32,) out, valid in warp 0: channels tile0 + (tile/32)*lane ..
     ):
         """SPEC §5 for one channel tile of the token's window: the state's rows, or with
-        ``rows_from_inputs`` (SPEC §13.4 step 1) the chunk's or the state's row by row
-        (:class:`.step_rows.StepRows`: ``ape`` row ``first_row + i``, kv and score together into
-        registers), then :meth:`reduce_rows`."""
+        ``rows_from_inputs`` (SPEC §13.4 step 1) a lane's rows from the state alone where all of
+        them precede the chunk (:meth:`load_state_rows`), else the chunk's or the state's row by row
+        (:class:`.step_rows.StepRows`: ``ape`` row ``first_row + i``), kv and score together into
+        registers; then :meth:`reduce_rows`."""
         mState, mBlockTable, req, position, mApe, ring_capacity, chunk = window
         sMax, sNum, sDen = partials
         if cutlass.const_expr(self.state.rows_from_inputs):
@@ -135,9 +138,14 @@ class C128TilePooling:
             channel = self.lane_channel(tile, lane)
             sc = self.row_fragments()
             kv = self.row_fragments()
-            for i in cutlass.range_constexpr(self.rows_per_lane):
-                self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, window_start + first_row + i, channel,
-                                        first_row + i, mApe, ring_capacity, chunk)
+            first_position = window_start + first_row
+            if chunk[3] >= Int64(first_position) + self.rows_per_lane:  # every row of the lane is in the state
+                self.load_state_rows(window, first_position, (first_row, channel), self.channel_bytes(tile, lane),
+                                     (sc, kv))
+            else:
+                for i in cutlass.range_constexpr(self.rows_per_lane):
+                    self.step_rows.load_row(kv[i], sc[i], mState, mBlockTable, req, first_position + i, channel,
+                                            first_row + i, mApe, ring_capacity, chunk)
 
             def kv_rows():
                 return kv
@@ -189,6 +197,27 @@ class C128TilePooling:
             else:
                 issue_kv()
                 self.reduce_rows(sc, staged_kv_rows, sMax, sNum, sDen, x)
+
+    def load_state_rows(self, window: TokenWindow, first_position, lane_columns: tuple, row_bytes: tuple,
+                        rows: tuple) -> None:
+        """A step's lane whose rows all precede the chunk: its ``R`` state rows from ``first_position``
+        as the default compress reads them (one block-table read per lookup run, every load issued
+        before any is used), into ``rows = (sc, kv)`` (fp32 ``(4,)`` fragments); ``ape`` added with
+        ``ape_at="compress"``. ``lane_columns``: ``(first_row, channel)``, the lane's ``ape`` row and
+        first channel; ``row_bytes``: :meth:`channel_bytes`."""
+        mState, mBlockTable, req, _, mApe, ring_capacity, _ = window
+        first_row, channel = lane_columns
+        kv_byte, score_byte = row_bytes
+        sc, kv = rows
+        row_stride_bytes = Int64(mState.stride[1]) * self.state.element_bytes
+        addresses = window_row_addresses(mState, mBlockTable, req, first_position, row_stride_bytes,
+                                         self.rows_per_lane, self.rows_per_lookup, self.block_size,
+                                         ring_capacity if self.state.ring else None)
+        for i in range(self.rows_per_lane):  # unrolled at trace time
+            load_state_into(sc[i], addresses[i] + score_byte, self.state)
+            load_state_into(kv[i], addresses[i] + kv_byte, self.state)
+        for i in range(self.rows_per_lane):  # unrolled at trace time
+            add_ape(sc[i], mApe, first_row + i, channel, self.state)
 
     def row_fragments(self) -> list:
         """One fp32 ``(4,)`` register fragment per row of this lane (its 4 channels of each)."""

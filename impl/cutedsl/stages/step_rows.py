@@ -41,6 +41,18 @@ def chunk_of(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, mPos: cut
     return mKv, mScore, first, Int64(load_scalar(mPos, first))
 
 
+def chunk_of_token(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, req, token, position,
+                   state: StateFormat):
+    """:func:`chunk_of` for the window of token ``token`` (its index in this call) at ``position``:
+    under §13.4's caller's contract (a chunk's tokens at consecutive positions) the chunk start is
+    ``P0 = position - (token - query_start_loc[req])``, so ``positions`` is not read (one dependent
+    load fewer before the rows). ``None`` unless ``state.rows_from_inputs``."""
+    if not state.rows_from_inputs:
+        return None
+    first = Int64(load_scalar(mQsl, req))
+    return mKv, mScore, first, Int64(position) - (Int64(token) - first)
+
+
 def _as_stored(values: cute.Tensor, state: StateFormat) -> cute.Tensor:
     """``R(values)``: bf16-rounded for a bf16 state, else as they are."""
     if cutlass.const_expr(state.dtype == "bfloat16"):
@@ -114,4 +126,4 @@ class StepRows:
             load_state_into(kv, start + channel * width, self.state)
 
 
-__all__ = ["StepRows", "chunk_of", "chunk_window_row"]
+__all__ = ["StepRows", "chunk_of", "chunk_of_token", "chunk_window_row"]
