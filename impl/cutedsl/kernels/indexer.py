@@ -214,7 +214,7 @@ class IndexerC4Kernel:
             if active:
                 w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)
                 x = cute.make_rmem_tensor((VEC,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
+                chunk = chunk_of(mKv, mScore, mQsl, req, tok, position, self.config.state)
                 window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
                 self.pool_window(window, lane, sKv, warp, x)
                 self.finishing.finish(x, lane, w, cos, sin, mCache, kv_slot, eps)
@@ -329,7 +329,7 @@ class IndexerC128Kernel:
         if active:
             w, cos, sin = self.finishing.inputs(mWeight, mCosSin, lane, position)  # every warp: no branch around it
             x = cute.make_rmem_tensor((VEC,), Float32)
-            chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.config.state)
+            chunk = chunk_of(mKv, mScore, mQsl, req, tok, position, self.config.state)
             window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
             self.pool_rows(window, lane, warp, partials, sSum, x)
             if warp == 0:

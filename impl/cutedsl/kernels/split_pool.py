@@ -24,7 +24,7 @@ from .entry import pooling_entry
 from ..stages.activity import ballot_run, run_end, take_lowest, token_activity
 from ..stages.memory import element_address, store_fragment
 from ..stages.pooling_c128 import RATIO, C128TilePooling
-from ..stages.step_rows import chunk_of_token
+from ..stages.step_rows import chunk_of
 from ..stages.token_window import TokenWindow
 
 
@@ -89,7 +89,7 @@ class SplitPoolKernel:
         mState, mBlockTable, mApe, ring_capacity, (mKv, mScore, mQsl, mPos) = rows
         sMax, sNum, sDen, sKv = scratch
         x = cute.make_rmem_tensor((self.pooling.final_channels,), Float32)
-        chunk = chunk_of_token(mKv, mScore, mQsl, req, tok, position, self.pool.state)
+        chunk = chunk_of(mKv, mScore, mQsl, req, tok, position, self.pool.state)
         window = TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk)
         self.pooling.pool_tile(window, tile, (sMax, sNum, sDen), sKv, x)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())

@@ -109,7 +109,7 @@ class C4Window:
             req = mTokenReq[tok]
             if active:
                 x = cute.make_rmem_tensor((self.vec,), Float32)
-                chunk = chunk_of(mKv, mScore, mQsl, mPos, req, self.state)
+                chunk = chunk_of(mKv, mScore, mQsl, req, tok, position, self.state)
                 self.pool_window(TokenWindow(mState, mBlockTable, req, position, mApe, ring_capacity, chunk), t, x)
                 finish(x, position, kv_slot)
 

@@ -30,23 +30,14 @@ from .state_format import VEC, add_ape, load_state_into, ring_position
 from .v41_rows import load_values
 
 
-def chunk_of(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, mPos: cute.Tensor, req,
-             state: StateFormat):
-    """``None`` unless ``state.rows_from_inputs``; else ``(mKv, mScore, first, P0)``: the chunk's
-    inputs (fp32 ``[T, SW]`` each), its first token ``query_start_loc[req]`` and that token's
-    position. ``mQsl``: int32 ``[num_reqs + 1]``; ``mPos``: int64 ``[T]``."""
-    if not state.rows_from_inputs:
-        return None
-    first = Int64(load_scalar(mQsl, req))
-    return mKv, mScore, first, Int64(load_scalar(mPos, first))
-
-
-def chunk_of_token(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, req, token, position,
+def chunk_of(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, req, token, position,
                    state: StateFormat):
-    """:func:`chunk_of` for the window of token ``token`` (its index in this call) at ``position``:
-    under §13.4's caller's contract (a chunk's tokens at consecutive positions) the chunk start is
-    ``P0 = position - (token - query_start_loc[req])``, so ``positions`` is not read (one dependent
-    load fewer before the rows). ``None`` unless ``state.rows_from_inputs``."""
+    """``None`` unless ``state.rows_from_inputs``; else ``(mKv, mScore, first, P0)`` for the window of
+    token ``token`` (its index in this call) at ``position``: the chunk's inputs (fp32 ``[T, SW]``
+    each), its first token ``first = query_start_loc[req]`` (``mQsl``: int32 ``[num_reqs + 1]``) and
+    its first position ``P0``, which under §13.4's caller's contract (a chunk's tokens at
+    consecutive positions) is ``position - (token - first)``: ``positions`` is not read (one
+    dependent load fewer before the rows)."""
     if not state.rows_from_inputs:
         return None
     first = Int64(load_scalar(mQsl, req))
@@ -126,4 +117,4 @@ class StepRows:
             load_state_into(kv, start + channel * width, self.state)
 
 
-__all__ = ["StepRows", "chunk_of", "chunk_of_token", "chunk_window_row"]
+__all__ = ["StepRows", "chunk_of", "chunk_window_row"]
