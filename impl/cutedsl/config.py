@@ -479,6 +479,7 @@ class SaveConfig:
     state: StateFormat = DEFAULT_STATE  # SPEC §13.1/§13.2: dtype and ape_at (a ring saves as it is paged)
     split_inputs: bool = False  # SPEC §13.4: kv [T, SW] and score [T, SW] as two tensors (score after the stream)
     token_run: int = 1  # consecutive tokens per CTA (one token group), the saved ones found by a ballot
+    inputs_before_wait: bool = False  # the step's save (pdl, split_inputs): inputs read before griddepcontrol.wait
 
     SWEEP = {
         ("compress_ratio", "block_size"): ((4, 4), (128, 8), (4, 3), (4, 16)),
@@ -488,6 +489,7 @@ class SaveConfig:
         "head_dim": (HEAD_DIM, INDEXER_HEAD_DIM),
         "split_inputs": (False, True),
         "token_run": (1, 32),
+        "inputs_before_wait": (False, True),
     }
 
     def __post_init__(self):
@@ -505,6 +507,10 @@ class SaveConfig:
                   self.state.rows_from_inputs)
         _flag("split_inputs", self.split_inputs)
         _token_run(self.token_run, self.tokens_per_cta)
+        _flag("inputs_before_wait", self.inputs_before_wait)
+        if self.inputs_before_wait and not (self.pdl and self.split_inputs and self.token_run == 1):
+            _fail("inputs_before_wait", "False unless pdl, split_inputs and token_run = 1 (the step call's save, "
+                  "whose predecessor is the step's own compress)", self.inputs_before_wait)
 
     @property
     def state_width(self) -> int:
@@ -521,8 +527,9 @@ class SaveConfig:
         v = "v4" if self.vector_inputs else "v1"
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
         split = "_split" if self.split_inputs else ""
+        early = "_early" if self.inputs_before_wait else ""
         return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}{split}_tpc{self.tokens_per_cta}"
-                f"{_pdl_tag(self.pdl)}{self.state.tag}{_run_tag(self.token_run)}")
+                f"{_pdl_tag(self.pdl)}{early}{self.state.tag}{_run_tag(self.token_run)}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ approximate functions, no ``.ftz``, 128-bit loads where state rows stream).
 The list is generated, not written out: for every kernel path of the registry
 (:data:`.host.paths.PATHS`), the configurations its kernels run in production (the default
 policy, PDL, bf16 weights, 64 entries a page, the production block sizes), the pooling-only
-kernels of ``compress`` and the save kernel, each with its neighbours in the configuration
+kernels of ``compress`` and the save kernel (also as SPEC §13.4's step call saves), each with its neighbours in the configuration
 space (:func:`.space.neighbours`: every layout with each store alignment it allows, both
 weight dtypes, ``B`` of 1, 7 and 64, block sizes that take each lookup granularity, every
 mapping knob, PDL on and off, early metadata, SPEC §13's state formats where a kernel takes
@@ -41,7 +41,8 @@ def _production_requests():
 def kernel_configs() -> Iterator[tuple[str, object]]:
     """``(kernel, static config)`` of every CI variant, without duplicates."""
     from ...spec.entry_layout import ENTRY_LAYOUTS
-    from .host.paths import paths_for, save_config
+    from .config import StateFormat
+    from .host.paths import paths_for, save_config, step_save_config
     from .space import neighbours
 
     bases = {}
@@ -53,6 +54,9 @@ def kernel_configs() -> Iterator[tuple[str, object]]:
                 kernel, configs = path.pooling
                 bases[(kernel, configs(request))] = None
         bases[("save", save_config(request.ratio, request.block_size, True, request.policy, True, head_dim))] = None
+        ring_step = StateFormat("float32", "save", True, True)  # the step call's save (SPEC §13.4) on a ring
+        bases[("save", step_save_config(request.ratio, request.block_size, True, request.policy, True, head_dim,
+                                        ring_step, 1))] = None
     seen = {}
     for kernel, base in bases:
         for config in neighbours(base):

@@ -240,11 +240,13 @@ def step_save_config(compress_ratio: int, block_size: int, vector_inputs: bool, 
     each request's tail, few rows of a large step, but those rows are consecutive tokens, which a run
     would save one after the other: runs of tokens only where ``policy.step_save_runs`` asks for them
     (a ring), and, as for every kernel, only with one group a CTA (:func:`token_run`). A paged
-    state's step saves every token."""
+    state's step saves every token. With ``pdl`` and no runs, the save reads its inputs before the
+    grid-dependency wait (``SaveConfig.inputs_before_wait``: its predecessor is the step's compress)."""
     save = save_config(compress_ratio, block_size, vector_inputs, policy, pdl, head_dim, state.stored)
     groups = policy.shapes.step_save_tokens_per_cta
     run = token_run(num_tokens, policy, groups) if state.ring and policy.step_save_runs else 1
-    return dataclasses.replace(save, split_inputs=True, token_run=run, tokens_per_cta=groups)
+    return dataclasses.replace(save, split_inputs=True, token_run=run, tokens_per_cta=groups,
+                               inputs_before_wait=pdl and run == 1)
 
 
 # the pooling-only kernels that write x (``compress``): C4's kernel without an entry, or the split

@@ -15,6 +15,11 @@ ties to even: ``cvt.rn.bf16x2.f32``), 8 bytes a chunk. A ring saves exactly as a
 
 SPEC §13.4's step saves from ``kv`` and ``score`` given as two fp32 ``[T, SW]`` tensors
 (``config.split_inputs``): the launch's first tensor is then ``kv`` and ``score`` follows the stream.
+Its predecessor on the stream is the step's own compress, which writes none of the save's inputs
+and waits for its own predecessor before it lets its dependents start; so with
+``config.inputs_before_wait`` a token's slot, position and rows are read (predicated loads, no
+branch) before the grid-dependency wait, and only the stores, which overwrite rows the compress
+may still read, wait for it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from ..config import SaveConfig
 from ..stages.activity import ballot_run, group_token, run_end, take_lowest
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
-from ..stages.memory import element_address, load_fragment, store_fragment
+from ..stages.memory import element_address, load_fragment, load_if, store_fragment
 from ..stages.state_format import store_state
 
 
@@ -75,6 +80,15 @@ class SavePartialStatesKernel:
     @cute.kernel
     def kernel(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
                mState: cute.Tensor, mScore: cute.Tensor):
+        if cutlass.const_expr(self.config.inputs_before_wait):
+            self.save_inputs_first(mKvScore, mApe, mPos, mSlot, mState, mScore)
+        else:
+            self.save_after_wait(mKvScore, mApe, mPos, mSlot, mState, mScore)
+
+    @cute.jit
+    def save_after_wait(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+                        mState: cute.Tensor, mScore: cute.Tensor):
+        """Every token's save after the grid-dependency wait (the kernel's arguments)."""
         wait_for_prerequisite_grids(self.pdl)  # first: before any global access
         t, tok = group_token(self.group_threads, self.tokens_per_cta)
         if cutlass.const_expr(self.token_run == 1):
@@ -88,6 +102,48 @@ class SavePartialStatesKernel:
             while mask != Int32(0):
                 saved, _, slot, _, mask = take_lowest(mask, first, lane_pos, lane_slot, lane_req)
                 self.save_token(mKvScore, mApe, mPos, mState, mScore, saved, slot, t)
+
+    @cute.jit
+    def save_inputs_first(self, mKvScore: cute.Tensor, mApe: cute.Tensor, mPos: cute.Tensor, mSlot: cute.Tensor,
+                          mState: cute.Tensor, mScore: cute.Tensor):
+        """``inputs_before_wait`` (the step's save; the kernel's arguments, ``mKvScore`` its ``kv``): a
+        token's slot, position, ``kv``, ``score`` and ``ape`` rows read where it saves, then the wait,
+        then its state row."""
+        t, tok = group_token(self.group_threads, self.tokens_per_cta)
+        in_range = tok < mPos.shape[0]
+        slot = load_if(Int64, element_address(mSlot, tok), 1, in_range)[0]
+        saves = in_range & (slot >= Int64(0))
+        rows = []
+        for k in cutlass.range_constexpr(self.chunks_per_thread):
+            kv_byte = (t + k * self.group_threads) * (self.vec * 4)
+            kv = self.load_input(element_address(mKvScore, tok, 0) + kv_byte, saves)
+            score = self.load_input(element_address(mScore, tok, 0) + kv_byte, saves)
+            rows.append((kv, score))
+        if cutlass.const_expr(self.state.ape_at == "save"):
+            position = load_if(Int64, element_address(mPos, tok), 1, saves)[0]
+            ape = element_address(mApe, position % self.ratio, 0)
+            for k in cutlass.range_constexpr(self.chunks_per_thread):
+                bias = self.load_input(ape + (t + k * self.group_threads) * (self.vec * 4), saves)
+                for i in cutlass.range_constexpr(self.vec):
+                    rows[k][1][i] = fadd(rows[k][1][i], bias[i])
+        wait_for_prerequisite_grids(True)  # the compress may still read the rows these stores overwrite
+        if saves:
+            block = slot // self.block_size
+            dst = element_address(mState, block, slot - block * self.block_size, 0)
+            for k in cutlass.range_constexpr(self.chunks_per_thread):
+                state_kv_byte = (t + k * self.group_threads) * (self.vec * self.state_bytes)
+                store_state(mState, dst + state_kv_byte, rows[k][0])
+                store_state(mState, dst + state_kv_byte + self.state_width * self.state_bytes, rows[k][1])
+
+    def load_input(self, address, predicate) -> cute.Tensor:
+        """fp32 ``(4,)``: 4 input elements at ``address`` where ``predicate`` (undefined elsewhere):
+        one 128-bit predicated load with ``vector_inputs``, else four scalar ones."""
+        if cutlass.const_expr(self.input_align == 16):
+            return load_if(Float32, address, self.vec, predicate)
+        out = cute.make_rmem_tensor((self.vec,), Float32)
+        for i in range(self.vec):  # unrolled at trace time
+            out[i] = load_if(Float32, address + 4 * i, 1, predicate)[0]
+        return out
 
     @cute.jit
     def save_token(

@@ -230,6 +230,11 @@ def test_split_kernels_take_runs_of_tokens_on_large_steps():
     assert paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).state == ring.stored
     assert paths.step_save_config(128, 8, True, runs, True, 512, paged, 16384).token_run == 1
     assert paths.step_save_config(4, 4, True, runs, True, 512, ring, 64).token_run == 1
+    # it reads its inputs before the grid-dependency wait with PDL and no runs (its predecessor is the
+    # step's own compress)
+    assert paths.step_save_config(128, 8, True, DEFAULT_POLICY, True, 512, ring, 16384).inputs_before_wait
+    assert not paths.step_save_config(128, 8, True, DEFAULT_POLICY, False, 512, ring, 16384).inputs_before_wait
+    assert not paths.step_save_config(128, 8, True, runs, True, 512, ring, 16384).inputs_before_wait
     # its token groups a CTA: the step's own shape (not save_partial_states'); a shape of several groups
     # keeps them and takes no runs, as the split store does
     grouped = DEFAULT_POLICY.with_overrides(step_save_tokens_per_cta=4, save_tokens_per_cta=2)

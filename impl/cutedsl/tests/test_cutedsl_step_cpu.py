@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 from pathlib import Path
@@ -42,6 +44,18 @@ def test_the_step_format_names_its_kernels():
     assert SaveConfig(4, 4, True, split_inputs=True).tag == "save_r4_bs4_v4_split_tpc1"
     with pytest.raises(ValueError, match="^rows_from_inputs: expected True or False"):
         StateFormat(rows_from_inputs=1)
+
+
+def test_the_steps_save_reads_its_inputs_before_the_wait_only_where_that_is_safe():
+    """The step call's save may read its inputs before the grid-dependency wait only with PDL, two
+    input tensors and a token group per token (its predecessor is then the step's own compress)."""
+    early = SaveConfig(128, 8, True, 4, pdl=True, split_inputs=True, inputs_before_wait=True)
+    assert early.tag == "save_r128_bs8_v4_split_tpc4_pdl_early"
+    for changes in ({"pdl": False}, {"split_inputs": False}, {"tokens_per_cta": 1, "token_run": 32}):
+        with pytest.raises(ValueError, match="^inputs_before_wait: expected False unless pdl, split_inputs"):
+            dataclasses.replace(early, **changes)
+    with pytest.raises(ValueError, match="^inputs_before_wait: expected True or False"):
+        dataclasses.replace(early, inputs_before_wait=1)
 
 
 def test_configs_refuse_the_step_where_their_kernels_do_not_take_it():
@@ -123,6 +137,7 @@ def test_the_step_launches_the_compress_then_the_save(launches, ratio, head, bf1
     assert call[0] == _ptr(state) and call[2] == _ptr(positions)
     kind, config, call = launches[-1]
     assert config.split_inputs and config.state == state_format.stored and config.block_size == bs
+    assert config.inputs_before_wait == (options.get("pdl", True) and config.token_run == 1)
     assert call == (_ptr(kv), _ptr(ape) if ape_at == "save" else None, _ptr(positions), _ptr(saves), _ptr(state),
                     _ptr(score))
     api.compress_and_save(*args, **options)  # the plan again: the same launches (a C128 scratch of its own)
