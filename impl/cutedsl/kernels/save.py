@@ -33,7 +33,7 @@ from ..config import SaveConfig
 from ..stages.activity import ballot_run, group_token, run_end, take_lowest
 from ..stages.dependent_launch import wait_for_prerequisite_grids
 from ..stages.exact_math import fadd
-from ..stages.memory import element_address, load_fragment, load_if, store_fragment
+from ..stages.memory import element_address, load_elements_if, load_fragment, load_if, store_fragment
 from ..stages.state_format import store_state
 
 
@@ -138,12 +138,7 @@ class SavePartialStatesKernel:
     def load_input(self, address, predicate) -> cute.Tensor:
         """fp32 ``(4,)``: 4 input elements at ``address`` where ``predicate`` (undefined elsewhere):
         one 128-bit predicated load with ``vector_inputs``, else four scalar ones."""
-        if cutlass.const_expr(self.input_align == 16):
-            return load_if(Float32, address, self.vec, predicate)
-        out = cute.make_rmem_tensor((self.vec,), Float32)
-        for i in range(self.vec):  # unrolled at trace time
-            out[i] = load_if(Float32, address + 4 * i, 1, predicate)[0]
-        return out
+        return load_elements_if(Float32, address, self.vec, self.input_align == 16, predicate)
 
     @cute.jit
     def save_token(

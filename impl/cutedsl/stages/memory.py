@@ -161,3 +161,14 @@ def load_if(dtype, byte_address, count: int, predicate, *, loc=None, ip=None) ->
             bits = llvm.bitcast(dtype.mlir_type, bits, loc=loc, ip=ip)
         frag[i] = dtype(bits)
     return frag
+
+
+def load_elements_if(dtype, byte_address, count: int, aligned: bool, predicate) -> cute.Tensor:
+    """``count`` contiguous ``dtype`` elements at ``byte_address``, read only where ``predicate``:
+    one vector :func:`load_if` when ``aligned`` to their total size, else ``count`` scalar ones."""
+    if aligned:
+        return load_if(dtype, byte_address, count, predicate)
+    out = cute.make_rmem_tensor((count,), dtype)
+    for i in range(count):  # unrolled as it is traced
+        out[i] = load_if(dtype, byte_address + i * (dtype.width // 8), 1, predicate)[0]
+    return out

@@ -19,7 +19,7 @@ from cutlass import BFloat16, Float32, Int32, Int64
 
 from ..config import HEAD_DIM
 from .exact_math import bf16_round_fragment, to_bf16_fragment
-from .memory import element_address, load_fragment, load_if, store_fragment
+from .memory import element_address, load_elements_if, load_fragment, load_if, store_fragment
 
 VEC = 4  # channels per thread
 
@@ -46,14 +46,8 @@ def load_values(mRows: cute.Tensor, row, first_channel, align_rows: bool = True)
 def load_values_here(mRows: cute.Tensor, row, first_channel, align_rows: bool = True) -> cute.Tensor:
     """:func:`load_values`, issued where it is traced: a plain load whose value is used only past a
     branch is sunk below it, and waits for the loads that branch tests (:func:`.memory.load_if`)."""
-    dtype = mRows.element_type
     address = element_address(mRows, row, first_channel)
-    if cutlass.const_expr(align_rows):
-        return to_binary32(load_if(dtype, address, VEC, True))
-    raw = cute.make_rmem_tensor((VEC,), dtype)
-    for i in range(VEC):  # unrolled as it is traced
-        raw[i] = load_if(dtype, address + i * (dtype.width // 8), 1, True)[0]
-    return to_binary32(raw)
+    return to_binary32(load_elements_if(mRows.element_type, address, VEC, align_rows, True))
 
 
 def store_values(mRows: cute.Tensor, address, values: cute.Tensor) -> None:
