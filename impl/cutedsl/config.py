@@ -527,9 +527,9 @@ class SaveConfig:
         v = "v4" if self.vector_inputs else "v1"
         head = "" if self.head_dim == HEAD_DIM else f"_h{self.head_dim}"
         split = "_split" if self.split_inputs else ""
-        early = "_early" if self.inputs_before_wait else ""
+        first = "_readfirst" if self.inputs_before_wait else ""
         return (f"save_r{self.compress_ratio}{head}_bs{self.block_size}_{v}{split}_tpc{self.tokens_per_cta}"
-                f"{_pdl_tag(self.pdl)}{early}{self.state.tag}{_run_tag(self.token_run)}")
+                f"{_pdl_tag(self.pdl)}{first}{self.state.tag}{_run_tag(self.token_run)}")
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,15 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
     start while the previous kernel still writes); a kernel without PDL has none. With
     ``early_metadata`` only scalar and small vector metadata loads (positions, block table,
     weights, cos/sin) may come first: every state row load (16-byte ``ld.global.v4``,
-    ``cp.async``) and every store or atomic follows the wait."""
+    ``cp.async``) and every store or atomic follows the wait. The step call's save
+    (``inputs_before_wait``, tag ``_readfirst``) reads its inputs, rows included, before it: only
+    its stores and atomics follow."""
     from dsv4_compressor.impl.cutedsl.ptx import compile_variant
 
     memory_ops = ("ld.global", "st.global", "cp.async", "atom.global", "red.global", "ld.volatile.global")
     state_and_writes = ("ld.global.v4", "ld.global.nc.v4", "cp.async", "st.global", "atom.global", "red.global")
-    early = 0
+    writes = ("st.global", "atom.global", "red.global")
+    early = read_first = 0
     for kind, cfg in kernel_configs():
         name = cfg.tag
         body = compile_variant(kind, cfg).__ptx__.split(".entry", 1)[1]
@@ -80,12 +83,14 @@ def test_pdl_kernels_wait_before_any_global_access(ptx_reports):
             assert "griddepcontrol" not in body, name
             continue
         wait = body.index("griddepcontrol.wait")
-        ops = state_and_writes if "_early" in name else memory_ops
+        ops = writes if "_readfirst" in name else state_and_writes if "_early" in name else memory_ops
         early += "_early" in name
+        read_first += "_readfirst" in name
         first_access = min(i for i in (body.find(op) for op in ops) if i >= 0)
         assert wait < first_access < len(body), name
         assert wait < body.index("griddepcontrol.launch_dependents"), name
     assert early >= 4  # the split, cluster, handoff and pipelined kernels
+    assert read_first >= 2  # the step save, both head widths
 
 
 def test_handoff_kernel_publishes_before_it_counts(ptx_reports):

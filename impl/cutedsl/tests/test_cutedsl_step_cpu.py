@@ -50,7 +50,7 @@ def test_the_steps_save_reads_its_inputs_before_the_wait_only_where_that_is_safe
     """The step call's save may read its inputs before the grid-dependency wait only with PDL, two
     input tensors and a token group per token (its predecessor is then the step's own compress)."""
     early = SaveConfig(128, 8, True, 4, pdl=True, split_inputs=True, inputs_before_wait=True)
-    assert early.tag == "save_r128_bs8_v4_split_tpc4_pdl_early"
+    assert early.tag == "save_r128_bs8_v4_split_tpc4_pdl_readfirst"
     for changes in ({"pdl": False}, {"split_inputs": False}, {"tokens_per_cta": 1, "token_run": 32}):
         with pytest.raises(ValueError, match="^inputs_before_wait: expected False unless pdl, split_inputs"):
             dataclasses.replace(early, **changes)
