@@ -31,7 +31,7 @@ from .v41_rows import load_values
 
 
 def chunk_of(mKv: cute.Tensor, mScore: cute.Tensor, mQsl: cute.Tensor, req, token, position,
-                   state: StateFormat):
+             state: StateFormat):
     """``None`` unless ``state.rows_from_inputs``; else ``(mKv, mScore, first, P0)`` for the window of
     token ``token`` (its index in this call) at ``position``: the chunk's inputs (fp32 ``[T, SW]``
     each), its first token ``first = query_start_loc[req]`` (``mQsl``: int32 ``[num_reqs + 1]``) and
