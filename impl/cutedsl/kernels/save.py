@@ -128,12 +128,17 @@ class SavePartialStatesKernel:
                     rows[k][1][i] = fadd(rows[k][1][i], bias[i])
         wait_for_prerequisite_grids(True)  # the compress may still read the rows these stores overwrite
         if saves:
-            block = slot // self.block_size
-            dst = element_address(mState, block, slot - block * self.block_size, 0)
+            dst = self.state_row(mState, slot)
             for k in cutlass.range_constexpr(self.chunks_per_thread):
                 state_kv_byte = (t + k * self.group_threads) * (self.vec * self.state_bytes)
                 store_state(mState, dst + state_kv_byte, rows[k][0])
                 store_state(mState, dst + state_kv_byte + self.state_width * self.state_bytes, rows[k][1])
+
+    def state_row(self, mState: cute.Tensor, slot: Int64):
+        """The byte address of the state row at ``slot`` (``mState``: fp32 or bf16 ``[num_blocks, bs,
+        2*SW]``): row ``slot mod bs`` of block ``slot // bs``."""
+        block = slot // self.block_size
+        return element_address(mState, block, slot - block * self.block_size, 0)
 
     def load_input(self, address, predicate) -> cute.Tensor:
         """fp32 ``(4,)``: 4 input elements at ``address`` where ``predicate`` (undefined elsewhere):
@@ -153,8 +158,7 @@ class SavePartialStatesKernel:
         t,  # thread index in the token group
     ):
         """SPEC §4 (§13.1/§13.2's formats) for token ``tok``: its state row at ``slot``."""
-        block = slot // self.block_size
-        dst = element_address(mState, block, slot - block * self.block_size, 0)
+        dst = self.state_row(mState, slot)
         src = element_address(mKvScore, tok, 0)
         if cutlass.const_expr(self.state.is_default):
             ape = element_address(mApe, mPos[tok] % self.ratio, 0)
