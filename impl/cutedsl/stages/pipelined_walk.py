@@ -35,12 +35,6 @@ PROBE = 8  # batches whose activity is read at once once a batch is used up
 KV, SCORE = 0, 1  # a row's two halves (the index of its input tensor in a chunk's (kv, score))
 
 
-def first_channel(lane_bytes: tuple):
-    """The first of a thread's 4 channels (its fp32 element in a row's half) from its ``(kv_byte,
-    score_byte)`` offsets in an fp32 state row."""
-    return lane_bytes[KV] // 4
-
-
 def run_bounds(num_tokens: Int32, clusters: Int32, cluster: Int32):
     """``(first, end)``: cluster ``cluster``'s contiguous run of the ``num_tokens`` tokens
     (``ceil(T / G)`` each, the last ones shorter or empty)."""
@@ -149,7 +143,7 @@ class RunWalk:
         ``kv`` (``source`` :data:`KV`) or scores (:data:`SCORE`). ``thread``: ``(tidx, (kv_byte,
         score_byte))``, the thread and its channels' offsets in a state row."""
         tidx, lane_bytes = thread
-        channel = first_channel(lane_bytes)
+        channel = self.pooling.byte_channel(lane_bytes[KV])
         if enabled:
             for i in cutlass.range_constexpr(self.pooling.rows_per_lane):
                 address = self.rows.staged_address(sources, rows, i, lane_bytes[source], source, channel)
@@ -185,7 +179,7 @@ class RunWalk:
                                              Int64(cutlass.select_(found_next, position_next, position)),
                                              Int32(cutlass.select_(found_next, index_next, index))))
         _, first_row = self.pooling.lane_window(position, cute.arch.lane_idx())
-        ape = self.rows.ape_rows(mApe, first_row, first_channel(lane_bytes))  # issued before the wait
+        ape = self.rows.ape_rows(mApe, first_row, self.pooling.byte_channel(lane_bytes[KV]))  # issued before the wait
         cute.arch.cp_async_wait_group(1)  # this token's scores (its kv may still be in flight)
         sc = read_staged_rows(sScore, tidx, self.pooling.row_fragments())
         self.rows.fix_scores(sc, ape, chunk_from)

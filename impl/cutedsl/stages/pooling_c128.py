@@ -242,6 +242,11 @@ class C128TilePooling:
         kv_byte = self.lane_channel(tile, lane) * width
         return kv_byte, kv_byte + STATE_WIDTH * width
 
+    def byte_channel(self, kv_byte):
+        """The channel whose kv element starts at byte ``kv_byte`` of a state row: the inverse of
+        :meth:`channel_bytes`' first offset."""
+        return kv_byte // self.state.element_bytes
+
     @cute.jit
     def reduce_rows(
         self,
