@@ -86,7 +86,12 @@ def _per_token(name: str, tensor: torch.Tensor, num_actual: int) -> torch.Tensor
     if tensor.dim() != 1 or tensor.shape[0] < num_actual:
         raise ValueError(f"{name}: expected a 1-D tensor of at least num_actual = {num_actual} entries, "
                          f"got shape {list(tensor.shape)}")
-    return tensor[:num_actual]
+    return _first_rows(tensor, num_actual)
+
+
+def _first_rows(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` rows of ``tensor``: itself when it has no more (a view costs host time)."""
+    return tensor if tensor.shape[0] == count else tensor[:count]
 
 
 def _save_entry_point(family: str, name: str, kernels: str):
@@ -112,7 +117,7 @@ def _save_entry_point(family: str, name: str, kernels: str):
             from ..impl import cutedsl as backend
         _check_ratio(compress_ratio, state_width, state_cache)
         num_actual = slot_mapping.shape[0]
-        backend.save_partial_states(_kv_score(kv[:num_actual], score[:num_actual], state_width), ape,
+        backend.save_partial_states(_kv_score(_first_rows(kv, num_actual), _first_rows(score, num_actual), state_width), ape,
                                     _per_token("positions", positions, num_actual), slot_mapping, state_cache, block_size)
 
     save_partial_states.__name__ = save_partial_states.__qualname__ = name

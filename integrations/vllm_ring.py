@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..spec.constants import ratio_config
-from .vllm import (_check_fixed, _check_ratio, _expect, _host_scale, _store_layout, _token_views,
+from .vllm import (_check_fixed, _check_ratio, _expect, _first_rows, _host_scale, _store_layout, _token_views,
                    save_partial_states, save_partial_states_cutedsl)
 
 __all__ = [
@@ -78,7 +78,7 @@ def _projection(
                          f"got {list(tensor.shape)}")
     if tensor.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"{name}: expected dtype float32 or bfloat16, got {tensor.dtype}")
-    return tensor[:num_actual].float()  # a view when already fp32
+    return _first_rows(tensor, num_actual).float()  # itself when already fp32 and num_actual rows long
 
 
 def _query_start_loc(query_start_loc: torch.Tensor | None) -> torch.Tensor:  # int32 [num_reqs + 1]

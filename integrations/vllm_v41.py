@@ -54,7 +54,7 @@ import torch
 
 from ..impl.v41_frontend import V41StateArguments, validate_v41_compress_norm
 from ..spec.constants import HEAD_DIM, INDEXER_HEAD_DIM
-from .vllm import _expect, _per_token
+from .vllm import _expect, _first_rows, _per_token
 
 __all__ = [
     "fused_save_compress_norm",
@@ -91,10 +91,10 @@ def _rows(
     count: int,
     width: int,
 ) -> torch.Tensor:
-    """The first ``count`` rows of a 2-D ``[>= count, width]`` tensor (a view)."""
+    """The first ``count`` rows of a 2-D ``[>= count, width]`` tensor (a view, or itself)."""
     if tensor.dim() != 2 or tensor.shape[1] != width or tensor.shape[0] < count:
         raise ValueError(f"{name}: expected a 2-D tensor [>= {count}, {width}], got shape {list(tensor.shape)}")
-    return tensor[:count]
+    return _first_rows(tensor, count)
 
 
 def _split_kv_score(
@@ -257,7 +257,7 @@ def _state_arguments(
     if ratio == 1:
         return NO_STATE
     count, capacity = slot_mapping.shape[0], state_cache.shape[1]
-    token_to_req = token_to_req_indices[:count]
+    token_to_req = _first_rows(token_to_req_indices, count)
     saves = (_tail_saves(slot_mapping, query_start_loc, token_to_req, capacity) if save
              else torch.full_like(slot_mapping, -1))
     return V41StateArguments(token_to_req, query_start_loc, slot_mapping, saves,
