@@ -29,6 +29,7 @@ How the arguments map (docs/engine.md has the whole table):
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -44,6 +45,18 @@ __all__ = [
 
 # vLLM's constants for head 512: (quant_block, token_stride, scale_dim)
 _RECORD = {"quant_block": QUANT_BLOCK, "token_stride": NOPE_DIM + 2 * ROPE_DIM, "scale_dim": NOPE_DIM // QUANT_BLOCK + 1}
+# what a consistent call passes: (head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
+_FIXED = (HEAD_DIM, ROPE_DIM, *_RECORD.values(), False)
+_AGREEING = {r: ratio_config(r).state_width for r in (4, 128)}  # compress_ratio -> state_width
+_BACKENDS: dict = {}  # "triton" / "cutedsl" -> the kernel family's module, imported on first use
+
+
+def _backend(family: str):
+    """``dsv4_compressor.impl.<family>``, imported on the first call (CuTe DSL only when asked for)."""
+    module = _BACKENDS.get(family)
+    if module is None:
+        module = _BACKENDS[family] = importlib.import_module(f"..impl.{family}", __package__)
+    return module
 
 
 def _expect(name: str, given: Any, expected: Any, why: str) -> None:
@@ -53,6 +66,9 @@ def _expect(name: str, given: Any, expected: Any, why: str) -> None:
 
 def _check_ratio(compress_ratio: int, state_width: int, state_cache: torch.Tensor, overlap: bool | None = None) -> None:
     """``compress_ratio``, ``state_width`` (and ``overlap``) agree with SPEC §1 and with ``state_cache``."""
+    if (type(compress_ratio) is int and _AGREEING.get(compress_ratio) == state_width == state_cache.shape[-1] // 2
+            and (overlap is None or overlap == (compress_ratio == 4))):
+        return  # every call of a running engine: no message built
     config = ratio_config(compress_ratio)  # ValueError naming compress_ratio unless 4 or 128
     _expect("state_width", state_width, config.state_width,
             f"{config.overlap} x head {HEAD_DIM} for compress_ratio {compress_ratio}")
@@ -62,7 +78,17 @@ def _check_ratio(compress_ratio: int, state_width: int, state_cache: torch.Tenso
 
 
 def _kv_score(kv: torch.Tensor, score: torch.Tensor, state_width: int) -> torch.Tensor:
-    """``[T, 2*SW]`` fp32 from the two halves: a view when they are the halves of one row."""
+    """``[T, 2*SW]`` fp32 from the two halves: a view when they are the fp32 halves of one row (the
+    layer's ``kv_score.split``), else a copy."""
+    strides, rows = kv.stride(), kv.shape
+    if (kv.dtype is torch.float32 and score.dtype is torch.float32 and len(rows) == 2 and rows[1] == state_width
+            and score.shape == rows and score.stride() == strides and strides[1] == 1
+            and strides[0] >= 2 * state_width and score.get_device() == kv.get_device()
+            and score.data_ptr() == kv.data_ptr() + 4 * state_width):
+        try:  # score's elements follow kv's in every row: kv's storage holds them unless it ends first
+            return torch.as_strided(kv, (rows[0], 2 * state_width), strides)
+        except RuntimeError:  # kv's storage ends before score's last row: score lives elsewhere
+            pass
     for name, tensor in (("kv", kv), ("score", score)):
         if tensor.dim() != 2 or tensor.shape[1] != state_width:
             raise ValueError(f"{name}: expected shape [T, {state_width}] (state_width), got {list(tensor.shape)}")
@@ -71,14 +97,6 @@ def _kv_score(kv: torch.Tensor, score: torch.Tensor, state_width: int) -> torch.
     if kv.shape[0] != score.shape[0] or kv.dtype != score.dtype or kv.device != score.device:
         raise ValueError(f"score: expected the shape, dtype and device of kv {list(kv.shape)} {kv.dtype} {kv.device}, "
                          f"got {list(score.shape)} {score.dtype} {score.device}")
-    halves_of_one_row = (
-        kv.dtype == torch.float32 and kv.stride(1) == 1 and score.stride(1) == 1 and kv.stride(0) == score.stride(0)
-        and kv.untyped_storage().data_ptr() == score.untyped_storage().data_ptr()
-        and score.data_ptr() == kv.data_ptr() + state_width * kv.element_size()
-        and kv.stride(0) >= 2 * state_width
-    )
-    if halves_of_one_row:
-        return torch.as_strided(kv, (kv.shape[0], 2 * state_width), (kv.stride(0), 1))
     return torch.cat((kv, score), dim=1).float()
 
 
@@ -111,10 +129,7 @@ def _save_entry_point(family: str, name: str, kernels: str):
         compress_ratio: int,  # 4 or 128
         pdl_kwargs: dict | None = None,  # ignored (see the module docstring)
     ) -> None:
-        if family == "triton":
-            from ..impl import triton as backend
-        else:
-            from ..impl import cutedsl as backend
+        backend = _backend(family)
         _check_ratio(compress_ratio, state_width, state_cache)
         num_actual = slot_mapping.shape[0]
         backend.save_partial_states(_kv_score(_first_rows(kv, num_actual), _first_rows(score, num_actual), state_width), ape,
@@ -140,6 +155,8 @@ def _store_layout(store_full_kv: bool, store_full_fp8: bool) -> str:
 def _check_fixed(head_dim: int, rope_head_dim: int, quant_block: int, token_stride: int, scale_dim: int,
                  use_fp4_cache: bool) -> None:
     """The parameters vLLM passes that this project fixes (SPEC §1 and §7)."""
+    if (head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache) == _FIXED:
+        return
     _expect("head_dim", head_dim, HEAD_DIM, "the attention compressor; the 128-wide indexer is not covered here")
     _expect("use_fp4_cache", bool(use_fp4_cache), False, "MXFP4 caches belong to the indexer")
     _expect("rope_head_dim", rope_head_dim, ROPE_DIM, "SPEC §1")
@@ -154,7 +171,11 @@ def _token_views(num_actual: int, k_cache_metadata: Any, **tensors: torch.Tensor
         raise ValueError(f"k_cache_metadata: expected an object whose slot_mapping is the compressed-cache slot "
                          f"tensor, got {type(k_cache_metadata).__name__}")
     tensors["k_cache_metadata.slot_mapping"] = kv_slot_mapping
-    return [_per_token(name, tensor, num_actual) for name, tensor in tensors.items()]
+    views = list(tensors.values())
+    for tensor in views:
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != (num_actual,):
+            return [_per_token(name, tensor, num_actual) for name, tensor in tensors.items()]
+    return views  # unpadded buffers, as an eager engine passes them
 
 
 def _host_scale(fp8_scale: torch.Tensor | float | None, layout: str) -> float | None:
@@ -194,7 +215,7 @@ def compress_norm_rope_store_triton(
     scale_dim: int,  # 8
 ) -> None:
     """vLLM's ``compress_norm_rope_store_triton`` on this project's Triton kernel (SPEC §5-§7)."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
     _check_ratio(compress_ratio, state_width, state_cache, overlap)
@@ -232,7 +253,7 @@ def compress_norm_rope_store_cutedsl(
     fp8_scale: torch.Tensor | float | None = None,  # dequantization scale: stored = e4m3(x / fp8_scale)
 ) -> None:
     """vLLM's ``compress_norm_rope_store_cutedsl`` on this project's CuTe DSL kernels (SPEC §5-§7)."""
-    from ..impl import cutedsl as backend
+    backend = _backend("cutedsl")
 
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
     _check_ratio(compress_ratio, state_width, state_cache, overlap)

@@ -163,6 +163,17 @@ def test_split_halves_are_viewed_not_copied():
     assert widened.dtype == torch.float32 and torch.equal(widened, kv_score)
 
 
+def test_halves_past_the_end_of_kvs_storage_are_copied():
+    # score sits right after kv in every row, but kv's storage ends before score's last row: the
+    # view over kv's storage would run out of it, so the halves are joined by a copy
+    rows = torch.arange(4 * 8, dtype=torch.float32)
+    short = rows.untyped_storage()[0:(8 + 4) * 4]  # rows 0 and 1's kv, not row 1's score
+    kv = torch.empty(0).set_(short, 0, (2, 4), (8, 1))
+    score = rows.view(4, 8)[:2, 4:]
+    joined = vllm._kv_score(kv, score, 4)
+    assert joined.data_ptr() != kv.data_ptr() and torch.equal(joined, rows.view(4, 8)[:2])
+
+
 def _compress_kwargs(step: Step, **changes) -> dict:
     b = step.batch
     state_width = step.state_cache.shape[-1] // 2
