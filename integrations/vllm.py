@@ -164,18 +164,22 @@ def _check_fixed(head_dim: int, rope_head_dim: int, quant_block: int, token_stri
         _expect(name, given, _RECORD[name], "the FlashMLA record of SPEC §7")
 
 
-def _token_views(num_actual: int, k_cache_metadata: Any, **tensors: torch.Tensor) -> list[torch.Tensor]:
-    """The per-token tensors cut to ``num_actual`` (views), ``k_cache_metadata.slot_mapping`` last."""
+def _token_views(num_actual: int, k_cache_metadata: Any, token_to_req_indices: torch.Tensor, positions: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> list[torch.Tensor]:
+    """The per-token tensors cut to ``num_actual`` (views; themselves where they have no more),
+    ``k_cache_metadata.slot_mapping`` last."""
     kv_slot_mapping = getattr(k_cache_metadata, "slot_mapping", None)
     if not isinstance(kv_slot_mapping, torch.Tensor):
         raise ValueError(f"k_cache_metadata: expected an object whose slot_mapping is the compressed-cache slot "
                          f"tensor, got {type(k_cache_metadata).__name__}")
-    tensors["k_cache_metadata.slot_mapping"] = kv_slot_mapping
-    views = list(tensors.values())
-    for tensor in views:
-        if not isinstance(tensor, torch.Tensor) or tensor.shape != (num_actual,):
-            return [_per_token(name, tensor, num_actual) for name, tensor in tensors.items()]
-    return views  # unpadded buffers, as an eager engine passes them
+    tensors = [token_to_req_indices, positions, slot_mapping, kv_slot_mapping]
+    one_d = (num_actual,)
+    if (type(token_to_req_indices) is torch.Tensor and type(positions) is torch.Tensor
+            and type(slot_mapping) is torch.Tensor and token_to_req_indices.shape == one_d
+            and positions.shape == one_d and slot_mapping.shape == one_d and kv_slot_mapping.shape == one_d):
+        return tensors  # unpadded buffers, as an eager engine passes them
+    names = ("token_to_req_indices", "positions", "slot_mapping", "k_cache_metadata.slot_mapping")
+    return [_per_token(name, tensor, num_actual) for name, tensor in zip(names, tensors)]
 
 
 def _host_scale(fp8_scale: torch.Tensor | float | None, layout: str) -> float | None:
@@ -219,8 +223,8 @@ def compress_norm_rope_store_triton(
 
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
     _check_ratio(compress_ratio, state_width, state_cache, overlap)
-    token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices=token_to_req_indices,
-                                                      positions=positions, slot_mapping=slot_mapping)
+    token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices, positions,
+                                                      slot_mapping)
     backend.compress_norm_rope_store(state_cache, token_to_req, pos, slots, block_table, block_size, rms_norm_weight,
                                      rms_norm_eps, cos_sin_cache, kv_cache, kv_slots, compress_ratio=compress_ratio)
 
@@ -258,8 +262,8 @@ def compress_norm_rope_store_cutedsl(
     _check_fixed(head_dim, rope_head_dim, quant_block, token_stride, scale_dim, use_fp4_cache)
     _check_ratio(compress_ratio, state_width, state_cache, overlap)
     layout = _store_layout(store_full_kv, store_full_fp8)
-    token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices=token_to_req_indices,
-                                                      positions=positions, slot_mapping=slot_mapping)
+    token_to_req, pos, slots, kv_slots = _token_views(num_actual, k_cache_metadata, token_to_req_indices, positions,
+                                                      slot_mapping)
     backend.compress_norm_rope_store(state_cache, token_to_req, pos, slots, block_table, block_size, rms_norm_weight,
                                      rms_norm_eps, cos_sin_cache, kv_cache, kv_slots, compress_ratio=compress_ratio,
                                      layout=layout, fp8_scale=_host_scale(fp8_scale, layout))

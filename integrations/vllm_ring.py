@@ -134,8 +134,7 @@ def _compress(
     num_actual, state_width, ratio = s["num_actual"], s["state_width"], s["compress_ratio"]
     _check_ratio(ratio, state_width, t["state_cache"], s["overlap"])
     token_to_req, positions, slots, kv_slots = _token_views(
-        num_actual, t["k_cache_metadata"], token_to_req_indices=t["token_to_req_indices"], positions=t["positions"],
-        slot_mapping=t["slot_mapping"])
+        num_actual, t["k_cache_metadata"], t["token_to_req_indices"], t["positions"], t["slot_mapping"])
     if not isinstance(is_circular, bool):
         raise ValueError(f"is_circular: expected True (a ring state) or False (a paged one), got {is_circular!r}")
     if backend_name == "triton":
