@@ -132,8 +132,9 @@ def _save_entry_point(family: str, name: str, kernels: str):
         backend = _backend(family)
         _check_ratio(compress_ratio, state_width, state_cache)
         num_actual = slot_mapping.shape[0]
-        backend.save_partial_states(_kv_score(_first_rows(kv, num_actual), _first_rows(score, num_actual), state_width), ape,
-                                    _per_token("positions", positions, num_actual), slot_mapping, state_cache, block_size)
+        kv_score = _kv_score(_first_rows(kv, num_actual), _first_rows(score, num_actual), state_width)
+        backend.save_partial_states(kv_score, ape, _per_token("positions", positions, num_actual), slot_mapping,
+                                    state_cache, block_size)
 
     save_partial_states.__name__ = save_partial_states.__qualname__ = name
     save_partial_states.__doc__ = f"vLLM's ``save_partial_states`` on the {kernels} kernel (SPEC §4)."
