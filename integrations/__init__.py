@@ -10,6 +10,8 @@
   ``save_ring_rows``, ``rope_quant_insert``, ``indexer_k_norm_rope_store``) on the Triton kernels
   of SPEC §14, and ``fused_save_compress_norm_rope_quant_insert``: the compress and the insert in
   one launch.
+- :mod:`.vllm_impl`: :mod:`.vllm`'s entry points behind the interface the bench and the
+  conformance suite take (``cutedsl``, ``triton``), called as vLLM's layer calls them.
 
 The engine guide, with the conventions of other engines mapped to the spec's, is
 docs/engine.md.
