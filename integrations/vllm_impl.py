@@ -15,22 +15,16 @@ Triton kernel does.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import torch
 
 from ..conformance.capabilities import Capabilities
-from ..spec.constants import HEAD_DIM, NOPE_DIM, QUANT_BLOCK, ROPE_DIM
+from ..spec.constants import HEAD_DIM, ROPE_DIM
+from ..spec.entry_layout import LAYOUTS
 from . import vllm
 
 __all__ = ["VllmEntryPoints", "cutedsl", "triton"]
-
-_LAYOUTS = ("flashmla_fp8", "bf16", "fp8_per_tensor")
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class VllmEntryPoints:
@@ -41,10 +35,18 @@ class VllmEntryPoints:
         if family not in ("cutedsl", "triton"):
             raise ValueError(f"family: expected 'cutedsl' or 'triton', got {family!r}")
         self.family = family
-        self.SUPPORTED_DEVICES = ("cpu",) if family == "triton" and _interpreting() else ("cuda",)
-        # vLLM's V4 calls: the fp32 paged state with ape added at the save, the two calls
-        self.CAPABILITIES = Capabilities(devices=self.SUPPORTED_DEVICES,
-                                         layouts=_LAYOUTS if family == "cutedsl" else ("flashmla_fp8",))
+
+    @property
+    def SUPPORTED_DEVICES(self) -> tuple[str, ...]:  # noqa: N802 - the implementation protocol's name
+        """The kernel family's own (its module is imported on first use)."""
+        return vllm._backend(self.family).SUPPORTED_DEVICES
+
+    @property
+    def CAPABILITIES(self) -> Capabilities:  # noqa: N802 - the implementation protocol's name
+        """vLLM's V4 calls: SPEC §3's fp32 paged state, ``ape`` added at the save, the two calls;
+        every layout on CuTe DSL, the FlashMLA record alone on Triton (as vLLM's Triton entry point)."""
+        return Capabilities(devices=self.SUPPORTED_DEVICES,
+                            layouts=LAYOUTS if self.family == "cutedsl" else ("flashmla_fp8",))
 
     def save_partial_states(
         self,
@@ -79,16 +81,15 @@ class VllmEntryPoints:
         layout: str = "flashmla_fp8",
         fp8_scale: float | None = None,
     ) -> None:
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout: expected one of {_LAYOUTS}, got {layout!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         kwargs = dict(
             state_cache=state_cache, num_actual=slot_mapping.shape[0], token_to_req_indices=token_to_req_indices,
             positions=positions, slot_mapping=slot_mapping, block_table=block_table, block_size=block_size,
             state_width=state_cache.shape[-1] // 2, cos_sin_cache=cos_sin_cache, kv_cache=k_cache,
             k_cache_metadata=SimpleNamespace(slot_mapping=kv_slot_mapping), pdl_kwargs={}, head_dim=HEAD_DIM,
             rope_head_dim=ROPE_DIM, compress_ratio=compress_ratio, overlap=compress_ratio == 4, use_fp4_cache=False,
-            rms_norm_weight=rms_norm_weight, rms_norm_eps=rms_norm_eps, quant_block=QUANT_BLOCK,
-            token_stride=NOPE_DIM + 2 * ROPE_DIM, scale_dim=NOPE_DIM // QUANT_BLOCK + 1)
+            rms_norm_weight=rms_norm_weight, rms_norm_eps=rms_norm_eps, **vllm._RECORD)
         if self.family == "triton":
             if layout != "flashmla_fp8":
                 raise NotImplementedError(f"layout {layout!r}: vLLM's Triton entry point writes only the "

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from ..spec.constants import ratio_config
-from .vllm import (_check_fixed, _check_ratio, _expect, _first_rows, _host_scale, _store_layout, _token_views,
-                   save_partial_states, save_partial_states_cutedsl)
+from .vllm import (_backend, _check_fixed, _check_ratio, _expect, _first_rows, _host_scale, _store_layout,
+                   _token_views, save_partial_states, save_partial_states_cutedsl)
 
 __all__ = [
     "c128_ring_capacity",
@@ -137,10 +137,7 @@ def _compress(
         num_actual, t["k_cache_metadata"], t["token_to_req_indices"], t["positions"], t["slot_mapping"])
     if not isinstance(is_circular, bool):
         raise ValueError(f"is_circular: expected True (a ring state) or False (a paged one), got {is_circular!r}")
-    if backend_name == "triton":
-        from ..impl import triton as backend
-    else:
-        from ..impl import cutedsl as backend
+    backend = _backend(backend_name)
     if not is_circular:
         _check_paged_inputs(t["kv"], t["score"], t["ape"], t["query_start_loc"], num_actual, state_width)
         backend.compress_norm_rope_store(

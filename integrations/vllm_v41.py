@@ -54,7 +54,7 @@ import torch
 
 from ..impl.v41_frontend import V41StateArguments, validate_v41_compress_norm
 from ..spec.constants import HEAD_DIM, INDEXER_HEAD_DIM
-from .vllm import _expect, _first_rows, _per_token
+from .vllm import _backend, _expect, _first_rows, _per_token
 
 __all__ = [
     "fused_save_compress_norm",
@@ -227,7 +227,7 @@ def _save_rows(
 ) -> None:
     """SPEC §14.3's save of ``rows`` ``[n, 1024]`` at ring ``slots`` ``[n]`` (-1: skipped): a ratio-2
     compress whose tokens are all inactive (no state slot, no cache slot), so only the save writes."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     count, device, capacity = rows.shape[0], rows.device, state_cache.shape[1]
     none = torch.full((count,), -1, dtype=torch.int64, device=device)
@@ -281,7 +281,7 @@ def fused_save_compress_norm(
 ) -> None:
     """vLLM's ``fused_save_compress_norm`` on SPEC §14.3 (Triton's ``v41_compress_norm``, one launch;
     with ``prev_rows``, one save launch before it)."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     ratio = _check_ratio(compress_ratio)
     count = _num_tokens("slot_mapping", slot_mapping)
@@ -330,7 +330,7 @@ def rope_quant_insert(
     fp8_scale: torch.Tensor | float | None = None,  # float8_e4m3fn rows only: stored = e4m3(x / fp8_scale)
 ) -> None:
     """vLLM's ``rope_quant_insert`` on SPEC §14.4-§14.5 (Triton's ``v41_rope_quant_store``, one launch)."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     ratio = _check_ratio(compress_ratio)
     count = _num_tokens("slot_mapping", slot_mapping)
@@ -354,7 +354,7 @@ def indexer_k_norm_rope_store(
     use_fp4_cache: bool,  # indexer_mxfp4 when True, else indexer_fp8
 ) -> None:
     """vLLM's ``indexer_k_norm_rope_store`` on SPEC §14.6 (Triton's ``v41_index_key_store``, one launch)."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     ratio = _check_ratio(compress_ratio)
     count = _num_tokens("kv_slot_mapping", kv_slot_mapping)
@@ -388,7 +388,7 @@ def fused_save_compress_norm_rope_quant_insert(
     sense: a boundary with a compressed-cache slot and (ratio 2) a ring slot. Wherever the pair's
     result is defined (the record of a token whose latent the compress wrote) the bytes are the
     pair's. Prefill context parallelism (``prev_rows``) takes the pair."""
-    from ..impl import triton as backend
+    backend = _backend("triton")
 
     ratio = _check_ratio(compress_ratio)
     count = _num_tokens("slot_mapping", slot_mapping)
