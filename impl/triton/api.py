@@ -1,4 +1,5 @@
-"""Public Triton entry points: SPEC §9 validation on the host, then exactly one launch.
+"""Public Triton entry points: SPEC §9 validation on the host, then the launches (one for a save and a
+C4 compress; C128's split path two; a step call its compress's, then the save's).
 
 Both functions take torch tensors (CUDA tensors; CPU tensors when ``TRITON_INTERPRET=1`` was set
 before import) and write in place. Validation runs first and raises ``ValueError`` before any
@@ -25,11 +26,12 @@ from ..frontend import (flashmla_page_view, layout_key, validate_compress_and_sa
 from ..plan_cache import PlanCache
 from ...spec.constants import HEAD_DIMS, INDEXER_HEAD_DIM
 from ...spec.validation import STATE_CACHE_DTYPES
-from .config import FusedConfig, SaveConfig, fused_config, indexer_config, save_config
+from .config import FusedConfig, SaveConfig, SplitConfig, compress_config, save_config
 from .fused import compress_norm_rope_store_kernel, kernel_constants
 from .launch import Launcher
 from .rows import row_format
 from .save_states import save_partial_states_kernel
+from .split_launch import SplitLaunch, split_constants
 
 
 log = logging.getLogger("dsv4_compressor")
@@ -175,9 +177,11 @@ def compress_norm_rope_store(
     ape_at: str = "save",  # "save": the state's scores include ape; "compress": pooling adds it
     ring_capacity: int | None = None,  # SPEC §13.3: None paged, C a ring of C rows per request
     debug: bool = False,
-    config: FusedConfig | None = None,
+    config: FusedConfig | SplitConfig | None = None,
 ) -> None:
-    """SPEC §5-§7 in one launch: pool, RMSNorm, RoPE, quantize and store each active token's entry.
+    """SPEC §5-§7: pool, RMSNorm, RoPE, quantize and store each active token's entry; C4 in one
+    launch, C128 on the split path (a pool and a store launch; ``config`` a :class:`SplitConfig`, or
+    a :class:`FusedConfig` for the fused kernel's one launch).
 
     The head width follows from the state width: 512, or the indexer's 128 (SPEC §12, layouts
     ``indexer_fp8`` / ``indexer_mxfp4``, ``hadamard`` optional). SPEC §13: a bf16 state (the
@@ -233,19 +237,22 @@ class _Options(NamedTuple):
     ape_at: str
     ring_capacity: int | None
     debug: bool
-    config: FusedConfig | None
+    config: FusedConfig | SplitConfig | None
 
 
-def _fused_launcher(pooling, store, weight_bf16: bool, chunk: bool, config: FusedConfig | None) -> Launcher:
-    """The fused kernel's launcher for validated pooling and store checks (SPEC §13's options from
-    ``pooling.state_format``; ``chunk``: §13.4's rows from the call's inputs)."""
+def _compress_launcher(pooling, store, weight_bf16: bool, chunk: bool, config, device: torch.device):
+    """The compress launch of validated pooling and store checks, called with the fused kernel's
+    runtime arguments: the fused kernel's :class:`.launch.Launcher` (C4, or a :class:`FusedConfig`), or
+    C128's :class:`.split_launch.SplitLaunch` (:func:`.config.compress_config`). SPEC §13's options come
+    from ``pooling.state_format``; ``chunk``: §13.4's rows from the call's inputs."""
     head_dim, ratio = pooling.config.head_dim, pooling.config.ratio
-    if head_dim == INDEXER_HEAD_DIM:
-        knobs = indexer_config(ratio, config, pooling.num_tokens)
-    else:
-        knobs = fused_config(ratio, config)
+    knobs = compress_config(ratio, head_dim, config, pooling.num_tokens)
     state_format = pooling.state_format
     rows = row_format(state_format.dtype == "bf16", state_format.ape_at, state_format.ring_capacity, chunk)
+    if isinstance(knobs, SplitConfig):
+        constants = split_constants(head_dim, pooling.block_size, (store.layout, store.hadamard, weight_bf16), rows,
+                                    knobs)
+        return SplitLaunch(pooling.num_tokens, head_dim, knobs, constants, device)
     constants = dict(
         **kernel_constants(head_dim, ratio, pooling.block_size, store.layout, store.hadamard, weight_bf16, knobs,
                            knobs.plan(pooling.config.window), rows),
@@ -283,7 +290,7 @@ def _compress_plan(tensors, options: _Options) -> tuple | None:
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
     scalars = _fused_scalars(pooling, store, (state_cache, block_table, cos_sin_cache, k_cache))
     ape_stride = ape.stride(0) if pooling.state_format.ape_at == "compress" else None
-    launch = _fused_launcher(pooling, store, weight_bf16, False, options.config)
+    launch = _compress_launcher(pooling, store, weight_bf16, False, options.config, state_cache.device)
     if pooling.num_tokens == 0:
         return None
     return launch, scalars, weight_bf16, pooling.state_format.dtype == "bf16", ape_stride
@@ -314,7 +321,7 @@ def compress_and_save(
     ring_capacity: int | None = None,  # SPEC §13.3: None paged, C a ring of C rows per request
     hadamard: bool = False,  # SPEC §12's rotation; indexer layouts only
     debug: bool = False,
-    config: FusedConfig | None = None,
+    config: FusedConfig | SplitConfig | None = None,
     save_config: SaveConfig | None = None,
 ) -> None:
     """SPEC §13.4 in two launches on one stream: compress every active token, its window's rows at or
@@ -383,7 +390,7 @@ def _step_plan(tensors, options: _Options, save_knobs: SaveConfig | None) -> tup
     weight_bf16 = rms_norm_weight.dtype == torch.bfloat16
     scalars = _fused_scalars(pooling, store, (state_cache, block_table, cos_sin_cache, k_cache))
     add_ape = pooling.state_format.ape_at == "save"
-    compress = _fused_launcher(pooling, store, weight_bf16, True, options.config)
+    compress = _compress_launcher(pooling, store, weight_bf16, True, options.config, state_cache.device)
     save = _save_launcher(pooling, save_knobs, pooling.num_tokens, add_ape)
     if pooling.num_tokens == 0:
         return None
@@ -394,7 +401,7 @@ def _step_plan(tensors, options: _Options, save_knobs: SaveConfig | None) -> tup
 
 def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8", entries_per_page: int,
             weight_dtype: torch.dtype = torch.bfloat16, device="cuda", fp8_scale: float | None = None,
-            hadamard: bool = False, config: FusedConfig | None = None, save: bool = True,
+            hadamard: bool = False, config: FusedConfig | SplitConfig | None = None, save: bool = True,
             save_config: SaveConfig | None = None, state_dtype: torch.dtype = torch.float32, ape_at: str = "save",
             ring_capacity: int | None = None, step: bool = False) -> None:
     """Compile a layer's kernels before CUDA-graph capture: one launch of each on a small dummy
@@ -404,12 +411,13 @@ def warm_up(*, compress_ratio: int, block_size: int, layout: str = "flashmla_fp8
     SPEC §12 too, with ``hadamard``), ``entries_per_page`` (``k_cache.shape[1]``),
     ``weight_dtype``, ``device``, ``fp8_scale`` (``fp8_per_tensor``), the launch configurations
     and SPEC §13's state options: ``state_dtype`` (``torch.float32`` or ``torch.bfloat16``),
-    ``ape_at``, ``ring_capacity``; ``step`` compiles ``compress_and_save``'s two kernels (instead of
+    ``ape_at``, ``ring_capacity``; ``step`` compiles ``compress_and_save``'s kernels (instead of
     ``compress_norm_rope_store``'s and, with ``save``, ``save_partial_states``'). Triton also
     specializes on whether integer arguments (strides) are multiples of 16 and on 16-byte pointer
     alignment; the dummy tensors are contiguous, like a freshly allocated cache, so a layer whose
     caches or projections have other strides compiles once more at its first call. The token
-    count is not compiled in (the grid is ``T`` programs).
+    count is not compiled in (the grid follows ``T``; the split path's ``T`` and runs are
+    arguments its kernels do not specialize on).
     """
     from ...spec.constants import HEAD_DIM, ratio_config
     from ...spec.entry_layout import PAGED_LAYOUTS

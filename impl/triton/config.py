@@ -58,6 +58,66 @@ def launch_options(num_warps: int, max_registers: int | None) -> dict:
     return {"num_warps": num_warps, **({} if max_registers is None else {"maxnreg": max_registers})}
 
 
+MAX_TOKEN_RUN = 64  # the longest run of tokens a split-path program walks (its metadata is one vector load)
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Knobs of the C128 split path (:mod:`.split_pool`, then :mod:`.split_store`).
+
+    - ``block_c``, ``num_warps``: the pool program's ``[128, block_c]`` channel tile (a power of
+      two dividing the head) and its warps;
+    - ``store_warps``: warps of a store program;
+    - ``pool_run``, ``store_run``: consecutive tokens one pool / store program walks, 1 ..
+      :data:`MAX_TOKEN_RUN`; None: from the device's SM count (:func:`token_run`).
+    """
+
+    block_c: int = 64
+    num_warps: int = 8
+    store_warps: int = 4
+    pool_run: int | None = None
+    store_run: int | None = None
+
+    def __post_init__(self):
+        if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):
+            raise ValueError(f"block_c: expected a power of two in [4, 512], got {self.block_c}")
+        for name in ("num_warps", "store_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1) or value > 32:
+                raise ValueError(f"{name}: expected a power of two in [1, 32], got {value}")
+        for name in ("pool_run", "store_run"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and 1 <= value <= MAX_TOKEN_RUN):
+                raise ValueError(f"{name}: expected None or an int in [1, {MAX_TOKEN_RUN}], got {value!r}")
+
+    def plan(self) -> RowPlan:
+        """Which window-row bits of the pool tile sit on lanes, warps and registers (:mod:`.pooling`)."""
+        return row_plan(128, self.block_c, self.num_warps)
+
+
+# grid sizes of the split path's automatic runs, in programs per SM
+POOL_PROGRAMS_PER_SM = 4  # about two [128, 64] pool programs fit an SM at once: two rounds of them
+STORE_PROGRAMS_PER_SM = 8  # a store program is small: several fit an SM at once
+
+
+def token_run(num_tokens: int, programs_per_token: int, sm_count: int | None, programs_per_sm: int,
+              fixed: int | None) -> int:
+    """Tokens one split-path program walks: ``fixed`` if given; else the smallest power of two (at
+    most :data:`MAX_TOKEN_RUN`) that keeps ``ceil(T / run) * programs_per_token`` within
+    ``programs_per_sm`` programs per SM, so that a step with few active tokens spreads them over
+    every SM and a long step pays one program, not one per token, for a run of inactive ones
+    (``sm_count`` None, no device to ask: :data:`MAX_TOKEN_RUN`)."""
+    if fixed is not None:
+        return fixed
+    if sm_count is None:
+        return MAX_TOKEN_RUN
+    run = 1
+    while run < MAX_TOKEN_RUN and -(-num_tokens // run) * programs_per_token > sm_count * programs_per_sm:
+        run *= 2
+    return run
+
+
 @dataclass(frozen=True)
 class SaveConfig:
     """Knobs of :func:`save_partial_states_kernel`: floats per program and warps."""
@@ -99,8 +159,32 @@ INDEXER_C4_MANY = FusedConfig(block_c=64, num_warps=1)
 INDEXER_HEAD_DIM = 128
 
 
+# the split path's defaults by head width: the fused kernel's C128 tiles, one per program
+# (a 128-wide store program in one warp: four channels, one 128-bit load, a thread)
+DEFAULT_SPLIT = {512: SplitConfig(block_c=64, num_warps=8),
+                 128: SplitConfig(block_c=32, num_warps=4, store_warps=1)}
+
+
 def fused_config(compress_ratio: int, config: FusedConfig | None) -> FusedConfig:
     return DEFAULT_FUSED[compress_ratio] if config is None else config
+
+
+def compress_config(compress_ratio: int, head_dim: int, config, num_tokens: int):
+    """The kernel configuration of a compress call: ``config`` if given (a :class:`FusedConfig`, or
+    a :class:`SplitConfig` for C128); else C128's split path (:data:`DEFAULT_SPLIT`) and C4's fused
+    kernel (:data:`DEFAULT_FUSED`, the indexer's :func:`indexer_config`)."""
+    if config is not None and not isinstance(config, (FusedConfig, SplitConfig)):
+        raise ValueError(f"config: expected None, a FusedConfig or a SplitConfig, got {type(config).__name__}")
+    if isinstance(config, SplitConfig) or (config is None and compress_ratio == 128):
+        if compress_ratio != 128:
+            raise ValueError(f"config: a SplitConfig takes compress_ratio 128 (a C128 window), got {compress_ratio}")
+        split = DEFAULT_SPLIT[head_dim] if config is None else config
+        if split.block_c > head_dim:
+            raise ValueError(f"config: expected block_c <= {head_dim} for a {head_dim}-wide head, got {split.block_c}")
+        return split
+    if head_dim == INDEXER_HEAD_DIM:
+        return indexer_config(compress_ratio, config, num_tokens)
+    return fused_config(compress_ratio, config)
 
 
 def save_config(config: SaveConfig | None) -> SaveConfig:

@@ -1,20 +1,19 @@
 """The fused ``compress_norm_rope_store`` kernel of both head widths: one launch, one program per
-token.
+token (C4, and C128 with a :class:`.config.FusedConfig`; C128's default is the split path,
+:mod:`.split_pool` and :mod:`.split_store`).
 
 Each program checks SPEC §5's activity rule and returns at once for inactive tokens (they
 write nothing). An active token's program runs the stages of ``spec.operator``:
 
-1. the window (:mod:`.window`): its W window rows resolved once: position, validity,
+1. the window (:func:`.window.window_rows`): its W window rows resolved once: position, validity,
    ``block_table`` entry and the int64 element offset of the row's kv half (C4: rows 0..3 read
    channels 0..H-1 of kv and score, rows 4..7 channels H..2H-1);
 2. pooling (:mod:`.pooling`): the ``HEAD`` channels in ``HEAD / BLOCK_C`` channel tiles of
    ``[W, BLOCK_C]``, the pooled tiles collected in a ``[HEAD/BLOCK_C, BLOCK_C]`` register tensor
-   (the RMSNorm needs all channels before anything can be stored, and a single launch cannot
-   hand them to another program);
-3. rms_norm and the entry's ``cos_sin_cache`` row (:mod:`.postprocess`);
-4. rope, quantize and store, by head: the 512-wide entry in one of three layouts
-   (:mod:`.kv_entry`), or the indexer's 128-wide entry (SPEC §12, :mod:`.indexer_entry`:
-   RoPE on channels 64..127, the optional Hadamard rotation, FP8 or MXFP4).
+   (the RMSNorm needs all channels before anything can be stored);
+3. the finishing stage (:func:`.finish.finish_entry`): RMSNorm, then by head RoPE, quantization
+   and the store of the 512-wide entry in one of three layouts, or of the indexer's 128-wide
+   entry (SPEC §12: RoPE on channels 64..127, the optional Hadamard rotation, FP8 or MXFP4).
 
 Defaults: 512-wide C4 two ``[8, 256]`` tiles, C128 a runtime loop over eight ``[128, 64]``
 tiles; the indexer's in :mod:`.config`. Argument shapes and dtypes are documented on the
@@ -25,13 +24,13 @@ kernel; all offsets are int64.
 import triton
 import triton.language as tl
 
-from .indexer_entry import (INDEXER_HEAD, INDEXER_LAYOUT_CODES, LOG2_INDEXER_HEAD, ROWS as INDEXER_ROWS, hadamard_rotate,
-                            indexer_rope, store_indexer_entry)
-from .kv_entry import BLOCKS, LAYOUT_CODES, LOG2_HEAD_DIM, rope_rotate, store_entry
+from .finish import finish_entry, layout_code
+from .indexer_entry import ROWS as INDEXER_ROWS
+from .kv_entry import BLOCKS
 from .pooling import pool_window_tiles
-from .postprocess import load_norm_weight, rms_norm, rope_row
+from .postprocess import rope_row
 from .rows import PAGED_FP32_ROWS, RowFormat
-from .window import ape_rows, chunk_rows, token_activity, window_row_offsets
+from .window import token_activity, window_rows
 
 
 @triton.jit
@@ -73,36 +72,16 @@ def compress_norm_rope_store_kernel(
     position, request, kv_slot, active = token_activity(token, tokens, RATIO)
     if active:
         W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
-        chunk_window = 0  # placeholders (Triton takes no None inside a tuple built here): the constexpr
-        chunk_first = 0  # ROW_FORMAT says which of the row sources below exist
-        if ROW_FORMAT.chunk:
-            chunk_window, chunk_first = chunk_rows(chunk, tokens, request, position, RATIO, HEAD, LANE_BITS, WARP_BITS,
-                                                   REG_BITS)
-        ape_window = 0
-        if ROW_FORMAT.ape_at_compress or ROW_FORMAT.chunk:
-            ape_window = ape_rows(ape, RATIO, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
-        kv_row_offsets, row_valid = window_row_offsets(
-            (state_block_stride16b, state_row_stride16b), (block_table_ptr, block_table_stride), request, position,
-            chunk_first, RATIO, BLOCK_SIZE, HEAD, ROW_FORMAT, LANE_BITS, WARP_BITS, REG_BITS)
-        pooled = pool_window_tiles((state_ptr, kv_row_offsets, row_valid, chunk_window, ape_window), position >= W - 1,
-                                   HEAD, RATIO, BLOCK_C, UNROLL_TILES, TILE_STAGES, ROW_FORMAT, LANE_BITS, WARP_BITS,
-                                   REG_BITS)
-        # the entry's [ROWS, HEAD / ROWS] view (row-major = channel order): 512, [8, 64] (the seven
-        # NoPE quantization blocks, then RoPE); 128, [4, 32] (the MXFP4 blocks; RoPE on rows 2, 3)
+        rows = window_rows((state_ptr, state_block_stride16b, state_row_stride16b),
+                           (block_table_ptr, block_table_stride), ape, chunk, tokens, request, position, RATIO,
+                           BLOCK_SIZE, HEAD, ROW_FORMAT, LANE_BITS, WARP_BITS, REG_BITS)
+        pooled = pool_window_tiles(rows, position >= W - 1, HEAD, RATIO, BLOCK_C, UNROLL_TILES, TILE_STAGES,
+                                   ROW_FORMAT, LANE_BITS, WARP_BITS, REG_BITS)
         ROWS: tl.constexpr = BLOCKS if HEAD == 512 else INDEXER_ROWS
-        LOG2_HEAD: tl.constexpr = LOG2_HEAD_DIM if HEAD == 512 else LOG2_INDEXER_HEAD
-        x = tl.reshape(pooled, (ROWS, HEAD // ROWS))
-        y = rms_norm(x, load_norm_weight(weight_ptr, ROWS, HEAD // ROWS, WEIGHT_BF16), eps, HEAD, LOG2_HEAD)
-        cos_sin_row_ptr = cos_sin_ptr + rope_row(position, RATIO) * cos_sin_stride
-        if HEAD == 512:
-            rope = rope_rotate(y, cos_sin_row_ptr)
-            store_entry(y, rope, cache_u8_ptr, cache_i16_ptr, kv_slot, entries_per_page, cache_page_stride,
-                        cache_entry_stride, fp8_scale, LAYOUT)
-        else:
-            z = indexer_rope(y, cos_sin_row_ptr)
-            if HADAMARD:
-                z = hadamard_rotate(z)
-            store_indexer_entry(z, cache_u8_ptr, kv_slot, entries_per_page, cache_page_stride, LAYOUT)
+        finish_entry(tl.reshape(pooled, (ROWS, HEAD // ROWS)), (weight_ptr, eps),
+                     cos_sin_ptr + rope_row(position, RATIO) * cos_sin_stride, kv_slot, cache_u8_ptr, cache_i16_ptr,
+                     cache_page_stride, cache_entry_stride, entries_per_page, fp8_scale, HEAD, LAYOUT, HADAMARD,
+                     WEIGHT_BF16)
 
 
 def kernel_constants(head_dim: int, ratio: int, block_size: int, layout: str, hadamard: bool, weight_bf16: bool,
@@ -111,10 +90,9 @@ def kernel_constants(head_dim: int, ratio: int, block_size: int, layout: str, ha
     configuration (the launch plans and the PTX variants alike): ``knobs`` a
     :class:`.config.FusedConfig`, ``plan`` its :class:`.pooling.RowPlan` for the window, ``rows``
     SPEC §13's state format and row sources."""
-    indexer = head_dim == INDEXER_HEAD
     return dict(
         HEAD=head_dim, RATIO=ratio, BLOCK_SIZE=block_size,
-        LAYOUT=(INDEXER_LAYOUT_CODES if indexer else LAYOUT_CODES)[layout], HADAMARD=hadamard,
+        LAYOUT=layout_code(head_dim, layout), HADAMARD=hadamard,
         WEIGHT_BF16=weight_bf16, ROW_FORMAT=rows, BLOCK_C=knobs.block_c, UNROLL_TILES=knobs.unroll_tiles,
         TILE_STAGES=knobs.tile_stages,
         LANE_BITS=plan.lane_bits, WARP_BITS=plan.warp_bits, REG_BITS=plan.reg_bits,

@@ -171,6 +171,50 @@ def save_variant(name: str, ratio: int, state_width: int, config, *, state_bf16:
                    divisible_ints=("kv_score_stride", "ape_stride", "score_rows[1]"))
 
 
+def split_variants() -> list[Variant]:
+    """The C128 split path's two kernels (:mod:`.split_pool`, :mod:`.split_store`) on both head widths:
+    the pool kernel with SPEC §13's options one at a time and all together, the store kernel in every
+    layout and weight dtype."""
+    from .config import DEFAULT_SPLIT
+    from .rows import RowFormat
+    from .split_launch import split_constants
+
+    def variant(name: str, kernel: str, constexprs: dict, types: dict, num_warps: int, divisible: tuple = ()):
+        # the pool kernel streams state rows (128-bit loads required); the store reads a pooled vector
+        return Variant(name, kernel, constexprs, types, num_warps, kernel == "split_pool", divisible_ints=divisible)
+
+    out = []
+    for head, block_size, ring, layouts in ((512, 8, 256, ("flashmla_fp8", "bf16", "fp8_per_tensor")),
+                                            (128, 8, 136, ("indexer_fp8", "indexer_mxfp4"))):
+        config = DEFAULT_SPLIT[head]
+        prefix = f"split{'' if head == 512 else '_indexer'}"
+        for rows in (RowFormat(), RowFormat(state_bf16=True), RowFormat(ape_at_compress=True),
+                     RowFormat(ring_capacity=ring), RowFormat(chunk=True), RowFormat(True, True, ring, True)):
+            pool, _ = split_constants(head, block_size, (layouts[0], False, True), rows, config)
+            types, nones = _fused_arguments(layouts[0], True, rows)
+            pool_types = {name: types[name] for name in ("state_ptr", "state_block_stride16b", "state_row_stride16b",
+                                                         "tokens", "block_table_ptr", "block_table_stride", "ape",
+                                                         "chunk")}
+            pool_types.update(num_tokens="i32", token_run="i32", pooled_ptr="*fp32")
+            divisible = tuple(name for name in ("ape[1]", "chunk[1]", "chunk[3]") if name.partition("[")[0] not in nones)
+            out.append(variant(f"{prefix}_pool_c128_bs{block_size}_bc{config.block_c}_w{config.num_warps}{rows_suffix(rows)}",
+                               "split_pool", {**pool, **{k: v for k, v in nones.items() if k in ("ape", "chunk")}},
+                               pool_types, config.num_warps, divisible))
+        for layout in layouts:
+            for weight_bf16, hadamard in ((True, head == 128), (False, False)):
+                _, store = split_constants(head, block_size, (layout, hadamard, weight_bf16), RowFormat(), config)
+                types, nones = _fused_arguments(layout, weight_bf16, RowFormat())
+                store_types = {name: types[name] for name in ("tokens", "weight_ptr", "eps", "cos_sin_ptr", "cos_sin_stride",
+                                                              "cache_u8_ptr", "cache_i16_ptr", "cache_page_stride",
+                                                              "cache_entry_stride", "entries_per_page", "fp8_scale")}
+                store_types.update(num_tokens="i32", token_run="i32", pooled_ptr="*fp32")
+                constexprs = {**store, **{k: v for k, v in nones.items() if k in store_types}}
+                out.append(variant(f"{prefix}_store_c128_{layout}{'_hadamard' if hadamard else ''}"
+                                   f"_{'bf16w' if weight_bf16 else 'f32w'}_w{config.store_warps}", "split_store",
+                                   constexprs, store_types, config.store_warps))
+    return out
+
+
 def state_format_variants() -> list[Variant]:
     """SPEC §13's options, one at a time and all together, on both head widths and both ratios: a
     bf16 state, ``ape`` added at pooling, a ring, the step call (rows from ``kv`` / ``score``), and
@@ -239,6 +283,7 @@ def variants() -> list[Variant]:
         out.append(save_variant(f"save_indexer_c{ratio}_block{block}_w{warps}_contiguous_rows", ratio, state_width,
                                 DEFAULT_SAVE))
     out += state_format_variants()
+    out += split_variants()
     out += v41_ptx.variants()  # DeepSeek-V4.1's kernels (SPEC §14)
     return out
 
@@ -267,6 +312,10 @@ def _compile(variant: Variant, target: str = TARGET) -> str:
 
     if variant.kernel == "fused":
         from .fused import compress_norm_rope_store_kernel as kernel
+    elif variant.kernel == "split_pool":
+        from .split_pool import split_pool_kernel as kernel
+    elif variant.kernel == "split_store":
+        from .split_store import split_store_kernel as kernel
     elif variant.kernel in v41_ptx.V41_KERNELS:
         kernel = v41_ptx.kernel(variant.kernel)
     else:

@@ -11,7 +11,7 @@ class Variant:
     """One static configuration of a kernel."""
 
     name: str
-    kernel: str  # "fused" (both head widths), "save", or one of v41_ptx.V41_KERNELS
+    kernel: str  # "fused" (both head widths), "split_pool", "split_store", "save", or one of v41_ptx.V41_KERNELS
     constexprs: dict
     signature_types: dict  # non-constexpr argument -> Triton type string (a tuple of them for a tuple argument)
     num_warps: int

@@ -1,12 +1,16 @@
 """SPEC §5 (with §13's state formats) in Triton device code, before the pooling: a token's activity
 and where each row of its window comes from.
 
-:func:`token_activity` loads a token's metadata and applies SPEC §5's activity rule;
+:func:`token_activity` loads a token's metadata and applies SPEC §5's activity rule
+(:func:`run_activity` for a run of tokens at once, taken in order with :func:`take_next`);
 :func:`window_row_offsets` resolves the W window rows of an active token once (position,
 validity, ``block_table`` entry, paged or in a ring, and the int64 element offset of the row's kv
 half in the state) for the channel tiles of :mod:`.pooling`. In SPEC §13.4's step call,
 :func:`chunk_rows` says which rows the call's own ``kv`` / ``score`` hold and where; where ``ape``
 is added at pooling, :func:`ape_rows` gives each row's ``ape`` row.
+
+:func:`window_rows` puts them together: what the pooling stage (:mod:`.pooling`) reads a token's
+window from, for the fused kernel and the split path's pool kernel alike.
 
 A window row's ``ape`` row is ``pos_i mod r = i mod r`` for every active token (``p + 1`` is a
 multiple of ``r`` and ``W`` is ``r`` or ``2r``), so its offset needs no position.
@@ -33,6 +37,30 @@ def token_activity(token, tokens, RATIO: tl.constexpr):
     request = tl.load(token_to_req_ptr + token).to(tl.int64)
     active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
     return position, request, kv_slot, active
+
+
+@triton.jit
+def run_activity(first, token_run, num_tokens, tokens, RATIO: tl.constexpr, MAX_RUN: tl.constexpr):
+    """SPEC §5's activity rule for a run of ``token_run <= MAX_RUN`` consecutive tokens from ``first``
+    (those at or past ``num_tokens`` are not in it), their metadata read at once (coalesced):
+    ``(active int1 [MAX_RUN], count)``; take them in order with :func:`take_next`."""
+    _, positions_ptr, slot_mapping_ptr, kv_slot_mapping_ptr = tokens
+    offset = tl.arange(0, MAX_RUN)
+    token = first + offset
+    in_run = (offset < token_run) & (token < num_tokens)
+    slot = tl.load(slot_mapping_ptr + token, mask=in_run, other=-1)
+    kv_slot = tl.load(kv_slot_mapping_ptr + token, mask=in_run, other=-1)
+    position = tl.load(positions_ptr + token, mask=in_run, other=0)
+    active = in_run & (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+    return active, tl.sum(active.to(tl.int32), axis=0)
+
+
+@triton.jit
+def take_next(active, MAX_RUN: tl.constexpr):
+    """``(offset, active without it)``: the lowest offset still set in ``active`` (int1 [MAX_RUN])."""
+    offset = tl.arange(0, MAX_RUN)
+    first = tl.min(tl.where(active, offset, MAX_RUN), axis=0)
+    return first, active & (offset != first)
 
 
 @triton.jit
@@ -112,3 +140,30 @@ def ape_rows(ape, RATIO: tl.constexpr, HEAD: tl.constexpr,
     W: tl.constexpr = (2 if RATIO == 4 else 1) * RATIO
     window_row = window_row_of(tl.arange(0, W), LANE_BITS, WARP_BITS, REG_BITS)
     return ape_ptr, (window_row % RATIO) * ape_stride + (window_row // RATIO) * HEAD
+
+
+@triton.jit
+def window_rows(state, block_table, ape, chunk, tokens, request, position, RATIO: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, HEAD: tl.constexpr, ROW_FORMAT: tl.constexpr,
+                LANE_BITS: tl.constexpr, WARP_BITS: tl.constexpr, REG_BITS: tl.constexpr):
+    """The rows of an active token's window as :func:`.pooling.pool_channel_tile` takes them:
+    ``(state_ptr, kv_row_offsets int64 [W], row_valid int1 [W], chunk rows, ape rows)``.
+
+    ``state``: ``(state_ptr fp32 or int16 bf16 patterns [num_state_blocks, bs, 2*SW], block stride,
+    row stride)``, strides in 16-byte units; ``block_table``: ``(block_table_ptr int32 [num_reqs,
+    max_blocks], row stride)``; ``ape``: ``(ape_ptr fp32 [r, SW], row stride)`` or None, ``chunk``:
+    :func:`chunk_rows`' tuple or None, as ``ROW_FORMAT`` has them (placeholders 0 in the result
+    otherwise); ``tokens``: the kernel's per-token tuple."""
+    state_ptr, state_block_stride16b, state_row_stride16b = state
+    chunk_window = 0  # placeholders (Triton takes no None inside a tuple built here): the constexpr
+    chunk_first = 0  # ROW_FORMAT says which of the row sources below exist
+    if ROW_FORMAT.chunk:
+        chunk_window, chunk_first = chunk_rows(chunk, tokens, request, position, RATIO, HEAD, LANE_BITS, WARP_BITS,
+                                               REG_BITS)
+    ape_window = 0
+    if ROW_FORMAT.ape_at_compress or ROW_FORMAT.chunk:
+        ape_window = ape_rows(ape, RATIO, HEAD, LANE_BITS, WARP_BITS, REG_BITS)
+    kv_row_offsets, row_valid = window_row_offsets(
+        (state_block_stride16b, state_row_stride16b), block_table, request, position, chunk_first, RATIO, BLOCK_SIZE,
+        HEAD, ROW_FORMAT, LANE_BITS, WARP_BITS, REG_BITS)
+    return state_ptr, kv_row_offsets, row_valid, chunk_window, ape_window
