@@ -1,8 +1,8 @@
 """Sweep the Triton kernels' knobs on a CUDA GPU: ``python -m dsv4_compressor.bench.triton_sweep``.
 
 On the main bench's decode-boundary cases (:mod:`.cases`: every token closes a window, one
-token per request, the production case) of several sizes it first runs every
-:class:`FusedConfig` once on one input set and checks that it writes the same ``k_cache`` bytes
+token per request) of several sizes it first runs every configuration (:class:`FusedConfig`,
+and at C128 :class:`SplitConfig`, the split path's) once on one input set and checks that it writes the same ``k_cache`` bytes
 as the call's default configuration, then times all of them with the bench's own machinery
 (:func:`.sweep.run_case`: input sets rotated past L2 by :func:`.timing.prepare`, CUDA-graph
 replay, trials interleaved across configs; the host-side validation and launch cost stays out
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..impl.triton.api import compress_norm_rope_store, save_partial_states
-from ..impl.triton.config import DEFAULT_FUSED, FusedConfig, SaveConfig
+from ..impl.triton.config import DEFAULT_FUSED, DEFAULT_SPLIT, FusedConfig, SaveConfig, SplitConfig
 from ..impl.triton.pooling import THREADS_PER_WARP
 from ..spec import batch as spec_batch
 from ..spec.constants import ratio_config
@@ -53,9 +53,13 @@ def fused_grid(ratio: int, block_cs: tuple, warps: tuple, per_thread: tuple[int,
 # C4 ([8, block_c] tiles): 16 to 64 values a thread; C128 ([128, block_c]): 16 to 32, as a runtime loop
 # (one stage, or two software-pipelined), and the unrolled default shape
 C4_CONFIGS = fused_grid(4, (512, 256, 128), (1, 2, 4, 8), (16, 64))
+# C128's split path (the default): its tile, its store's warps and fixed runs beside the device's own
+SPLIT_C128_CONFIGS = [DEFAULT_SPLIT[512], SplitConfig(pool_run=1, store_run=1), SplitConfig(pool_run=8),
+                      SplitConfig(pool_run=64, store_run=64), SplitConfig(block_c=32, num_warps=4),
+                      SplitConfig(block_c=128, num_warps=8), SplitConfig(store_warps=8)]
 C128_CONFIGS = (fused_grid(128, (64, 32), (4, 8), (16, 32), unroll_tiles=False)
                 + fused_grid(128, (64, 32), (4, 8), (16, 32), unroll_tiles=False, tile_stages=2)
-                + [FusedConfig(block_c=64, num_warps=8)])
+                + [FusedConfig(block_c=64, num_warps=8)] + SPLIT_C128_CONFIGS)
 KV_TOKENS = {128: (256, 1024, 4096), 4: (1024, 4096, 16384, 65536)}
 
 # The indexer's head (SPEC §12, head 128): block_c <= 128, tile_stages 1. A one-token program is
@@ -67,7 +71,8 @@ INDEXER_C4_CONFIGS = fused_grid(4, (128, 64), (1, 2, 4), (8, 32)) + [
     FusedConfig(block_c=128, num_warps=2, max_registers=32),
     FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32),
 ]
-INDEXER_C128_CONFIGS = fused_grid(128, (32, 64, 16), (4, 8, 2), (16, 64), unroll_tiles=False)
+INDEXER_C128_CONFIGS = (fused_grid(128, (32, 64, 16), (4, 8, 2), (16, 64), unroll_tiles=False)
+                        + [DEFAULT_SPLIT[128], SplitConfig(block_c=64, num_warps=4, store_warps=1)])
 INDEXER_TOKENS = {4: (1024, 4096, 16384), 128: (256, 1024, 4096)}
 
 SAVE_CONFIGS = (SaveConfig(), SaveConfig(block=256, num_warps=2), SaveConfig(block=512, num_warps=8),
@@ -77,9 +82,12 @@ HOST_CALLS = 50  # eager calls timed for the host cost of one call
 K_CACHE_ARG = 9  # k_cache's place in compress_norm_rope_store's positional arguments
 
 
-def config_name(config: FusedConfig | None) -> str:
+def config_name(config: FusedConfig | SplitConfig | None) -> str:
     if config is None:
         return "default"  # the call's own choice (the indexer's C4 default depends on the token count)
+    if isinstance(config, SplitConfig):
+        runs = "-".join("auto" if run is None else str(run) for run in (config.pool_run, config.store_run))
+        return f"split_bc{config.block_c}_w{config.num_warps}_s{config.store_warps}_runs{runs}"
     loop = "unrolled" if config.unroll_tiles else f"loop{config.tile_stages}"
     cap = "" if config.max_registers is None else f"_r{config.max_registers}"
     return f"bc{config.block_c}_w{config.num_warps}_{loop}{cap}"
@@ -115,7 +123,7 @@ def kv_sweeps(ratios, token_counts, default_only: bool) -> list[Sweep]:
     """The 512-wide sweeps (``flashmla_fp8``): C128 then C4 unless ``ratios`` says otherwise."""
     out = []
     for ratio in ratios or (128, 4):
-        configs = (DEFAULT_FUSED[ratio],) if default_only else tuple(C4_CONFIGS if ratio == 4 else C128_CONFIGS)
+        configs = (None,) if default_only else tuple(C4_CONFIGS if ratio == 4 else C128_CONFIGS)
         out.append(Sweep(512, ratio, "flashmla_fp8", False, tuple(token_counts or KV_TOKENS[ratio]), configs))
     return out
 
@@ -130,7 +138,7 @@ def indexer_sweeps(ratios, layouts, hadamard: bool, token_counts, default_only: 
     return out
 
 
-def compress_impl(config: FusedConfig | None) -> BenchImpl:
+def compress_impl(config: FusedConfig | SplitConfig | None) -> BenchImpl:
     """The Triton compress call with ``config`` as a bench row named by :func:`config_name`."""
     return BenchImpl(config_name(config), functools.partial(compress_norm_rope_store, config=config), None)
 

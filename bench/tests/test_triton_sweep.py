@@ -9,17 +9,21 @@ pytest.importorskip("torch")
 
 from dsv4_compressor.bench import triton_sweep as ts
 from dsv4_compressor.bench.cases import c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep
-from dsv4_compressor.impl.triton.config import DEFAULT_FUSED, DEFAULT_INDEXER, INDEXER_C4_MANY, indexer_config
+from dsv4_compressor.impl.triton.config import (DEFAULT_FUSED, DEFAULT_INDEXER, DEFAULT_SPLIT, INDEXER_C4_MANY, SplitConfig,
+                                                compress_config, indexer_config)
 
 
 @pytest.mark.parametrize("ratio, configs", [(4, ts.INDEXER_C4_CONFIGS), (128, ts.INDEXER_C128_CONFIGS)])
 def test_indexer_configs_are_valid_distinct_and_hold_the_default(ratio, configs):
-    assert all(indexer_config(ratio, c) is c for c in configs)  # raises on block_c > 128 or tile_stages != 1
+    fused = [c for c in configs if not isinstance(c, SplitConfig)]
+    assert all(indexer_config(ratio, c) is c for c in fused)  # raises on block_c > 128 or tile_stages != 1
+    assert all(compress_config(ratio, 128, c, 1) is c for c in configs)  # the split path's block_c <= 128 too
     names = [ts.config_name(c) for c in configs]
     assert len(set(names)) == len(names) == len(set(configs))
     assert DEFAULT_INDEXER[ratio] in configs
     assert ratio != 4 or INDEXER_C4_MANY in configs  # the C4 default from 4096 tokens too
-    assert len(configs) <= 10  # the whole default sweep stays within a few minutes on one GPU
+    assert ratio == 4 or DEFAULT_SPLIT[128] in configs  # C128's default: the split path
+    assert len(configs) <= 11  # the whole default sweep stays within a few minutes on one GPU
 
 
 @pytest.mark.parametrize("ratio, configs", [(4, ts.C4_CONFIGS), (128, ts.C128_CONFIGS)])
@@ -27,6 +31,7 @@ def test_kv_configs_are_distinct_and_hold_the_default(ratio, configs):
     names = [ts.config_name(c) for c in configs]
     assert len(set(names)) == len(names) == len(set(configs))
     assert DEFAULT_FUSED[ratio] in configs
+    assert ratio == 4 or DEFAULT_SPLIT[512] in configs  # C128's default: the split path
 
 
 def test_fused_grid_keeps_the_pairs_within_the_per_thread_bounds():
@@ -46,6 +51,8 @@ def test_config_names_show_every_knob():
     assert ts.config_name(FusedConfig(block_c=64, num_warps=2, unroll_tiles=False, max_registers=32)) == "bc64_w2_loop1_r32"
     assert ts.config_name(FusedConfig(block_c=128, num_warps=1)) == "bc128_w1_unrolled"
     assert ts.config_name(None) == "default"
+    assert ts.config_name(SplitConfig()) == "split_bc64_w8_s4_runsauto-auto"
+    assert ts.config_name(SplitConfig(block_c=32, num_warps=4, store_warps=1, pool_run=8)) == "split_bc32_w4_s1_runs8-auto"
 
 
 def test_default_indexer_sweeps_are_c4_over_both_layouts():
@@ -65,7 +72,7 @@ def test_default_kv_sweeps_are_c128_then_c4_on_flashmla():
     assert [s.token_counts for s in sweeps] == [ts.KV_TOKENS[128], ts.KV_TOKENS[4]]
     assert [s.configs for s in sweeps] == [tuple(ts.C128_CONFIGS), tuple(ts.C4_CONFIGS)]
     only = ts.kv_sweeps([4], [64], True)
-    assert [(s.ratio, s.token_counts, s.configs) for s in only] == [(4, (64,), (DEFAULT_FUSED[4],))]
+    assert [(s.ratio, s.token_counts, s.configs) for s in only] == [(4, (64,), (None,))]  # the call's own default
 
 
 def test_kv_cases_are_the_main_benchs():
