@@ -1,15 +1,15 @@
 """Sweep the Triton kernels' knobs on a CUDA GPU: ``python -m dsv4_compressor.bench.triton_sweep``.
 
-On the main bench's decode-boundary cases (:mod:`.cases`: every token closes a window, one
-token per request) of several sizes it first runs every configuration (:class:`FusedConfig`,
-and at C128 :class:`SplitConfig`, the split path's) once on one input set and checks that it writes the same ``k_cache`` bytes
-as the call's default configuration, then times all of them with the bench's own machinery
-(:func:`.sweep.run_case`: input sets rotated past L2 by :func:`.timing.prepare`, CUDA-graph
-replay, trials interleaved across configs; the host-side validation and launch cost stays out
-of the kernel time) and prints the effective bandwidth (the case's bytes moved,
-:meth:`.cases.Case.bytes_moved`) against a measured device-to-device copy. It also reports the
-host cost of one eager call. ``--check-spec`` also compares the default configuration's bytes
-with the NumPy spec on the smallest case of each sweep.
+On the main bench's decode-boundary cases (:mod:`.cases`: every token closes a window, one token
+per request) of several sizes it first runs every configuration (:class:`FusedConfig`, and at C128
+:class:`SplitConfig`, the split path's) once on one input set and checks that it writes the same
+``k_cache`` bytes as the call's default configuration, then times all of them with the bench's own
+machinery (:func:`.sweep.run_case`: input sets rotated past L2 by :func:`.timing.prepare`,
+CUDA-graph replay, trials interleaved across configs; the host-side validation and launch cost
+stays out of the kernel time) and prints the effective bandwidth (the case's bytes moved,
+:meth:`.cases.Case.bytes_moved`) against a measured device-to-device copy. It also reports the host
+cost of one eager call. ``--check-spec`` also compares the default configuration's bytes with the
+NumPy spec on the smallest case of each sweep.
 
 ``--head 128`` sweeps the fused kernel on the indexer's head (SPEC §12) instead, per layout
 (``--layout``, ``--hadamard``), on the main bench's indexer cases; C4 by default, ``--ratio 128``
