@@ -324,10 +324,10 @@ def compress_and_save(
     config: FusedConfig | SplitConfig | None = None,
     save_config: SaveConfig | None = None,
 ) -> None:
-    """SPEC §13.4 in two launches on one stream: compress every active token, its window's rows at or
-    after its chunk's start read from ``kv`` / ``score`` (as the save would store them and pooling
-    read them back) and earlier rows from the state; then save the tokens with
-    ``save_slot_mapping >= 0``. Nothing is launched if validation fails. Under ``torch.compile``:
+    """SPEC §13.4 on one stream (the compress's launches, then the save's): compress every active
+    token, its window's rows at or after its chunk's start read from ``kv`` / ``score`` (as the save
+    would store them and pooling read them back) and earlier rows from the state; then save the
+    tokens with ``save_slot_mapping >= 0``. Nothing is launched if validation fails. Under ``torch.compile``:
     the custom op ``triton_compress_and_save`` (``config`` and ``save_config`` must be None)."""
     if _compiling():
         return _traced_step((kv, score, ape, positions, token_to_req, query_start_loc, slot_mapping, save_slot_mapping,
