@@ -10,7 +10,7 @@
   (``"save"`` or ``"compress"``, where ``ape`` is added) and ``ring_capacity`` (a ring of rows
   per request), each a compile-time option of the same kernels.
 - :func:`compress_and_save`: SPEC §13.4's step call, the compress reading each chunk's own
-  rows from ``kv`` / ``score``, then the save (two launches on one stream).
+  rows from ``kv`` / ``score``, then the save (on one stream: C4 two launches, C128 three).
 - :data:`SUPPORTED_DEVICES`: ``("cpu",)`` when ``TRITON_INTERPRET=1`` was set at import, else
   ``("cuda",)``.
 - :class:`FusedConfig` / :class:`SplitConfig` / :class:`SaveConfig`: speed knobs (``config=`` keyword of
