@@ -13,6 +13,12 @@ from .pooling import RowPlan, row_plan
 HEAD_DIM = 512
 
 
+def check_power_of_two(name: str, value: int, low: int, high: int, why: str = "") -> None:
+    """A knob's check: ``value`` a power of two in ``[low, high]``, else a ``ValueError`` naming it."""
+    if value < low or value > high or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two in [{low}, {high}]{why}, got {value}")
+
+
 @dataclass(frozen=True)
 class FusedConfig:
     """Knobs of :func:`compress_norm_rope_store_kernel`.
@@ -35,10 +41,8 @@ class FusedConfig:
     max_registers: int | None = None
 
     def __post_init__(self):
-        if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):
-            raise ValueError(f"block_c: expected a power of two in [4, 512], got {self.block_c}")
-        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
-            raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
+        check_power_of_two("block_c", self.block_c, 4, HEAD_DIM)
+        check_power_of_two("num_warps", self.num_warps, 1, 32)
         if self.tile_stages < 1:
             raise ValueError(f"tile_stages: expected >= 1, got {self.tile_stages}")
         if self.max_registers is not None and not (isinstance(self.max_registers, int) and 16 <= self.max_registers <= 255):
@@ -79,12 +83,9 @@ class SplitConfig:
     store_run: int | None = None
 
     def __post_init__(self):
-        if self.block_c < 4 or self.block_c > HEAD_DIM or self.block_c & (self.block_c - 1):
-            raise ValueError(f"block_c: expected a power of two in [4, 512], got {self.block_c}")
-        for name in ("num_warps", "store_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1) or value > 32:
-                raise ValueError(f"{name}: expected a power of two in [1, 32], got {value}")
+        check_power_of_two("block_c", self.block_c, 4, HEAD_DIM)
+        check_power_of_two("num_warps", self.num_warps, 1, 32)
+        check_power_of_two("store_warps", self.store_warps, 1, 32)
         for name in ("pool_run", "store_run"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
@@ -126,10 +127,8 @@ class SaveConfig:
     num_warps: int = 4
 
     def __post_init__(self):
-        if self.block < 4 or self.block > HEAD_DIM or self.block & (self.block - 1):
-            raise ValueError(f"block: expected a power of two in [4, 512] (it must divide SW), got {self.block}")
-        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
-            raise ValueError(f"num_warps: expected a power of two in [1, 32], got {self.num_warps}")
+        check_power_of_two("block", self.block, 4, HEAD_DIM, " (it must divide SW)")
+        check_power_of_two("num_warps", self.num_warps, 1, 32)
 
     def launch_shape(self, state_width: int) -> tuple[int, int]:
         """``(block, num_warps)`` for state rows of ``SW = state_width`` floats: a block never spans

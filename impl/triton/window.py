@@ -24,6 +24,13 @@ from .pooling import window_row_of
 
 
 @triton.jit
+def is_active(slot, position, kv_slot, RATIO: tl.constexpr):
+    """SPEC §5's activity rule on loaded metadata (scalars or vectors alike): a state slot, a
+    boundary position (``p + 1`` a multiple of ``r``) and an entry slot."""
+    return (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+
+
+@triton.jit
 def token_activity(token, tokens, RATIO: tl.constexpr):
     """SPEC §5's activity rule for ``token``: ``(position, request (int64), kv_slot, active)``.
 
@@ -35,8 +42,7 @@ def token_activity(token, tokens, RATIO: tl.constexpr):
     kv_slot = tl.load(kv_slot_mapping_ptr + token)
     position = tl.load(positions_ptr + token)
     request = tl.load(token_to_req_ptr + token).to(tl.int64)
-    active = (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
-    return position, request, kv_slot, active
+    return position, request, kv_slot, is_active(slot, position, kv_slot, RATIO)
 
 
 @triton.jit
@@ -51,7 +57,7 @@ def run_activity(first, token_run, num_tokens, tokens, RATIO: tl.constexpr, MAX_
     slot = tl.load(slot_mapping_ptr + token, mask=in_run, other=-1)
     kv_slot = tl.load(kv_slot_mapping_ptr + token, mask=in_run, other=-1)
     position = tl.load(positions_ptr + token, mask=in_run, other=0)
-    active = in_run & (slot >= 0) & ((position + 1) % RATIO == 0) & (kv_slot >= 0)
+    active = in_run & is_active(slot, position, kv_slot, RATIO)
     return active, tl.sum(active.to(tl.int32), axis=0)
 
 
