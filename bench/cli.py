@@ -2,8 +2,8 @@
 
 Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the serving steps and the
 save pass) for every available implementation; ``--head 128`` runs the indexer's compressor
-instead (SPEC §12: the C4 decode sweep for each ``--layout``, default both, ``--hadamard``
-for the rotation; with ``--extra`` its mixed steps and save pass), prints Markdown tables (token_num | µs per
+instead (SPEC §12: the C4 decode sweep, or with ``--ratio 128`` the C128 one, for each ``--layout``,
+default both, ``--hadamard`` for the rotation; with ``--extra`` and C4 its mixed steps and save pass), prints Markdown tables (token_num | µs per
 implementation | speedup vs the baseline | GB/s | % of the copy bandwidth measured in the
 same run), and writes CSV, JSON and a PNG plot. Needs a CUDA GPU.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both)")
+    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both; with --head 128, C4)")
     parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-<variant> (the names in "
                         "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-<setting> (a setting of the tuner's generated "
                         "space, e.g. cutedsl-fused_cluster+cluster.tile=32), cutedsl-bound (a bound layer), cutedsl-op and "
@@ -82,16 +82,18 @@ DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-clu
 def selected_cases(args) -> tuple[list[int], list]:
     """The ratios (for the file names) and the benchmark cases that the arguments select."""
     from .cases import (
-        c4_decode_sweep, c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps,
-        save_sweep,
+        c4_decode_sweep, c128_decode_sweep, indexer_c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps,
+        indexer_save_sweep, mixed_steps, save_sweep,
     )
     from ..spec.entry_layout import INDEXER_LAYOUTS
 
     sizes = {"sizes": tuple(args.sizes)} if args.sizes else {}
-    if args.head == 128:  # the indexer's compressor: C4 only
-        ratios, layouts = [4], tuple(args.layout or INDEXER_LAYOUTS)
-        cases = [c for layout in layouts for c in indexer_decode_sweep(**sizes, layout=layout, hadamard=args.hadamard)]
-        extra = indexer_mixed_steps(layouts, hadamard=args.hadamard) + indexer_save_sweep()
+    if args.head == 128:  # the indexer's compressor: C4 unless --ratio says otherwise (its serving steps are C4's)
+        ratios, layouts = args.ratio or [4], tuple(args.layout or INDEXER_LAYOUTS)
+        sweeps = {4: indexer_decode_sweep, 128: indexer_c128_decode_sweep}
+        cases = [c for r in ratios for layout in layouts
+                 for c in sweeps[r](**sizes, layout=layout, hadamard=args.hadamard)]
+        extra = indexer_mixed_steps(layouts, hadamard=args.hadamard) + indexer_save_sweep() if 4 in ratios else []
     else:
         ratios = args.ratio or [128, 4]
         cases = [c for r in ratios for c in (c128_decode_sweep if r == 128 else c4_decode_sweep)(**sizes)]

@@ -46,10 +46,19 @@ def test_cli_accepts_the_indexer_options():
 def test_cli_selects_the_sweeps_of_each_head():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    ratios, cases = cli.selected_cases(parser.parse_args(["--head", "128", "--extra", "--ratio", "128"]))
+    ratios, cases = cli.selected_cases(parser.parse_args(["--head", "128", "--extra"]))
     assert ratios == [4] and all(c.head_dim == 128 and c.compress_ratio == 4 for c in cases)
     assert [c.kind for c in cases] == ["decode"] * 2 * len(C4_SWEEP) + ["mixed"] * 2 + ["save"] * 4
     assert {c.layout for c in cases} == {"indexer_fp8", "indexer_mxfp4"}
+    # --ratio 128: the indexer kernel's C128 sweep for each layout (its serving steps and save are C4's)
+    ratios, cases = cli.selected_cases(parser.parse_args(["--head", "128", "--extra", "--ratio", "128",
+                                                          "--sizes", "1", "64"]))
+    assert ratios == [128] and [(c.kind, c.compress_ratio, c.head_dim, c.token_num) for c in cases] == \
+        [("decode", 128, 128, 1), ("decode", 128, 128, 64)] * 2
+    assert [c.layout for c in cases] == ["indexer_fp8"] * 2 + ["indexer_mxfp4"] * 2
+    ratios, cases = cli.selected_cases(parser.parse_args(["--head", "128", "--ratio", "128", "--ratio", "4",
+                                                          "--sizes", "8", "--layout", "indexer_fp8"]))
+    assert ratios == [128, 4] and [c.compress_ratio for c in cases] == [128, 4]
     ratios, cases = cli.selected_cases(parser.parse_args(["--sizes", "8"]))
     assert ratios == [128, 4] and [(c.compress_ratio, c.token_num, c.head_dim) for c in cases] == [(128, 8, 512), (4, 8, 512)]
     _, cases = cli.selected_cases(parser.parse_args(["--ratio", "4", "--extra"]))
