@@ -2,10 +2,11 @@
 
 Runs the C128 and C4 decode-boundary sweeps (plus, with ``--extra``, the serving steps and the
 save pass) for every available implementation; ``--head 128`` runs the indexer's compressor
-instead (SPEC §12: the C4 decode sweep, or with ``--ratio 128`` the C128 one, for each ``--layout``,
-default both, ``--hadamard`` for the rotation; with ``--extra`` and C4 its mixed steps and save pass), prints Markdown tables (token_num | µs per
-implementation | speedup vs the baseline | GB/s | % of the copy bandwidth measured in the
-same run), and writes CSV, JSON and a PNG plot. Needs a CUDA GPU.
+instead (SPEC §12: the C4 decode sweep, or with ``--ratio 128`` the C128 one, for each
+``--layout``, default both, ``--hadamard`` for the rotation; with ``--extra`` and C4 its mixed
+steps and save pass), prints Markdown tables (token_num | µs per implementation | speedup vs
+the baseline | GB/s | % of the copy bandwidth measured in the same run), and writes CSV, JSON
+and a PNG plot. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append", help="sweep(s) to run (default: both; with --head 128, C4)")
+    parser.add_argument("--ratio", type=int, choices=(4, 128), action="append",
+                        help="sweep(s) to run (default: both; with --head 128, C4)")
     parser.add_argument("--impl", action="append", help="implementation(s): triton, cutedsl, cutedsl-<variant> (the names in "
                         "dsv4_compressor.impl.cutedsl.variants.VARIANTS), cutedsl-<setting> (a setting of the tuner's generated "
                         "space, e.g. cutedsl-fused_cluster+cluster.tile=32), cutedsl-bound (a bound layer), cutedsl-op and "
