@@ -135,6 +135,15 @@ def indexer_c128_decode_sweep(sizes=C128_SWEEP, layout="indexer_fp8", hadamard=F
     return [_indexer_compress("decode", layout, hadamard, n, ratio=128) for n in sizes]
 
 
+def decode_sweep(head: int, ratio: int, sizes=None, **options) -> list[Case]:
+    """The decode-boundary sweep of a head width (512, or the indexer's 128) and ratio, at ``sizes``
+    (None: the sweep's own); ``options``: ``layout``, and ``hadamard`` for the indexer's."""
+    sweeps = {(HEAD_DIM, 128): c128_decode_sweep, (HEAD_DIM, 4): c4_decode_sweep,
+              (INDEXER_HEAD_DIM, 128): indexer_c128_decode_sweep, (INDEXER_HEAD_DIM, 4): indexer_decode_sweep}
+    sweep = sweeps[head, ratio]
+    return sweep(tuple(sizes), **options) if sizes else sweep(**options)
+
+
 def indexer_mixed_steps(layouts=INDEXER_LAYOUTS, hadamard=False) -> list[Case]:
     """512 decode tokens at random positions plus a 4096-token prefill chunk, per layout."""
     return [_indexer_compress("mixed", layout, hadamard, 4096 + 512) for layout in layouts]

@@ -83,22 +83,17 @@ DEFAULT_IMPLS = {512: ["triton", "cutedsl", "cutedsl-split_block8", "cutedsl-clu
 
 def selected_cases(args) -> tuple[list[int], list]:
     """The ratios (for the file names) and the benchmark cases that the arguments select."""
-    from .cases import (
-        c4_decode_sweep, c128_decode_sweep, indexer_c128_decode_sweep, indexer_decode_sweep, indexer_mixed_steps,
-        indexer_save_sweep, mixed_steps, save_sweep,
-    )
+    from .cases import decode_sweep, indexer_mixed_steps, indexer_save_sweep, mixed_steps, save_sweep
     from ..spec.entry_layout import INDEXER_LAYOUTS
 
-    sizes = {"sizes": tuple(args.sizes)} if args.sizes else {}
     if args.head == 128:  # the indexer's compressor: C4 unless --ratio says otherwise (its serving steps are C4's)
         ratios, layouts = args.ratio or [4], tuple(args.layout or INDEXER_LAYOUTS)
-        sweeps = {4: indexer_decode_sweep, 128: indexer_c128_decode_sweep}
         cases = [c for r in ratios for layout in layouts
-                 for c in sweeps[r](**sizes, layout=layout, hadamard=args.hadamard)]
+                 for c in decode_sweep(128, r, args.sizes, layout=layout, hadamard=args.hadamard)]
         extra = indexer_mixed_steps(layouts, hadamard=args.hadamard) + indexer_save_sweep() if 4 in ratios else []
     else:
         ratios = args.ratio or [128, 4]
-        cases = [c for r in ratios for c in (c128_decode_sweep if r == 128 else c4_decode_sweep)(**sizes)]
+        cases = [c for r in ratios for c in decode_sweep(512, r, args.sizes)]
         extra = mixed_steps() + save_sweep()
     return ratios, cases + (extra if args.extra else [])
 

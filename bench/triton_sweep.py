@@ -33,8 +33,7 @@ from ..impl.triton.pooling import THREADS_PER_WARP
 from ..spec import batch as spec_batch
 from ..spec.constants import ratio_config
 from ..spec.entry_layout import INDEXER_LAYOUTS
-from .cases import (Case, c4_decode_sweep, c128_decode_sweep, indexer_c128_decode_sweep, indexer_decode_sweep,
-                    save_sweep)
+from .cases import Case, decode_sweep, save_sweep
 from .sweep import TRIALS, Row, run_case
 from .timing import BenchImpl, InputSet, copy_bandwidth_gbs, prepare, time_eager
 
@@ -107,11 +106,8 @@ class Sweep:
 
     def cases(self) -> list[Case]:
         """The main bench's decode cases of this head and ratio (their batches and bytes moved)."""
-        if self.head == 128:
-            sweep = indexer_decode_sweep if self.ratio == 4 else indexer_c128_decode_sweep
-            return sweep(self.token_counts, layout=self.layout, hadamard=self.hadamard)
-        sweep = c4_decode_sweep if self.ratio == 4 else c128_decode_sweep
-        return sweep(self.token_counts, layout=self.layout)
+        indexer = {"hadamard": self.hadamard} if self.head == 128 else {}
+        return decode_sweep(self.head, self.ratio, self.token_counts, layout=self.layout, **indexer)
 
     def label(self) -> str:
         if self.head == 128:
